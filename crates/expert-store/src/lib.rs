@@ -1,0 +1,1 @@
+//! Checkpoint access (safetensors shards, typed tensor views) and routed-expert residency: an (layer, expert) -> byte-range table, a bounded cache with parallel miss loads, preload, pinning and usage statistics.

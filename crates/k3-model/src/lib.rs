@@ -1,0 +1,1 @@
+//! The Kimi K3 model: config parsing, trunk weights, KDA, gated MLA, attention residuals, latent MoE, the per-sequence Session, decode and chunked prefill, tokenizer, chat rendering and sampling.

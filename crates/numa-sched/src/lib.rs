@@ -1,0 +1,1 @@
+//! Where work runs: NUMA topology (sysfs, or a synthetic split of the CPUs into N domains), pinned worker pools per domain, node-local allocation, and a dispatcher that writes each task result to a slot fixed in advance.
