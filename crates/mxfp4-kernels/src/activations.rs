@@ -1,0 +1,163 @@
+//! Activation vectors prepared once per tier, in the layouts the kernels read.
+//!
+//! The kernels never shuffle weights into column order; instead each tier lays the activations
+//! out in the order its weight decode produces (kt-kernel's idea: permute the activation, which
+//! is small and shared by every row, not the weights).
+
+use crate::codes::f32_to_bf16;
+use crate::error::{Error, Result};
+use crate::tier::Tier;
+
+/// The most activation vectors one call takes (the small-batch GEMM width).
+pub const MAX_TOKENS: usize = 16;
+
+/// Columns are padded with zeros to a multiple of this, so every layout below has whole blocks.
+pub(crate) const PAD: usize = 128;
+
+/// One to [`MAX_TOKENS`] activation vectors of `cols` f32, prepared for one tier.
+#[derive(Debug, Clone)]
+pub struct Activations {
+    tier: Tier,
+    cols: usize,
+    tokens: usize,
+    /// The vectors as given, token-major (the scalar tier reads these).
+    pub(crate) raw: Vec<f32>,
+    /// Exact tier: per 32 columns `[x0, x2, .., x30, x1, x3, .., x31]`, padded; stride `padded`.
+    pub(crate) perm32: Vec<f32>,
+    /// BF16 tiers: BF16 of `x` in column order, padded (BF16 matrices).
+    pub(crate) bf16_natural: Vec<u16>,
+    /// BF16 tier: BF16 of `x`, per 64 columns `[A even, B even, A odd, B odd]` where A and B
+    /// are the two 32-groups (MXFP4 matrices).
+    pub(crate) bf16_mx: Vec<u16>,
+    /// VNNI tier: per 128 columns (4 groups), 64 low-nibble partners then 64 high-nibble
+    /// partners: byte `16*g + j` of each half pairs with column `32*g + 2*j` (+1 for high).
+    pub(crate) q8: Vec<i8>,
+    /// VNNI tier: per 128 columns, per `vpdpbusd` lane, `-12 * Σ q` over the lane's 8 bytes
+    /// (the weights are stored offset by +12 to be unsigned).
+    pub(crate) q8_correction: Vec<i32>,
+    /// VNNI tier: per 128 columns, per lane, the int8 step `d` of the lane's group.
+    pub(crate) q8_step: Vec<f32>,
+}
+
+impl Activations {
+    pub(crate) fn new(tier: Tier, x: &[f32], cols: usize) -> Result<Self> {
+        if cols == 0 || x.is_empty() || !x.len().is_multiple_of(cols) || x.len() / cols > MAX_TOKENS {
+            return Err(Error::ActivationLength { cols, found: x.len(), max: MAX_TOKENS });
+        }
+        let tokens = x.len() / cols;
+        let padded = padded_cols(cols);
+        let mut act = Self {
+            tier,
+            cols,
+            tokens,
+            raw: x.to_vec(),
+            perm32: Vec::new(),
+            bf16_natural: Vec::new(),
+            bf16_mx: Vec::new(),
+            q8: Vec::new(),
+            q8_correction: Vec::new(),
+            q8_step: Vec::new(),
+        };
+        let padded_token = |t: usize| {
+            let mut v = vec![0.0f32; padded];
+            v[..cols].copy_from_slice(&x[t * cols..(t + 1) * cols]);
+            v
+        };
+        match tier {
+            Tier::Scalar => {}
+            Tier::Avx512 => {
+                act.perm32 = (0..tokens).flat_map(|t| permute32(&padded_token(t))).collect();
+            }
+            Tier::Avx512Bf16 | Tier::Avx512Vnni => {
+                for t in 0..tokens {
+                    let v = padded_token(t);
+                    act.bf16_natural.extend(v.iter().map(|&a| f32_to_bf16(a)));
+                    if tier == Tier::Avx512Bf16 {
+                        act.bf16_mx.extend(permute64(&v).iter().map(|&a| f32_to_bf16(a)));
+                    } else {
+                        act.push_q8(&v);
+                    }
+                }
+            }
+        }
+        Ok(act)
+    }
+
+    pub fn tier(&self) -> Tier {
+        self.tier
+    }
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+    /// Vector `t` as given.
+    pub fn token(&self, t: usize) -> &[f32] {
+        &self.raw[t * self.cols..(t + 1) * self.cols]
+    }
+    /// Columns after zero padding (the stride of the prepared layouts).
+    pub(crate) fn padded(&self) -> usize {
+        padded_cols(self.cols)
+    }
+
+    /// Quantises one padded vector to int8 per 32-group (`d = max|x| / 127`, round half to
+    /// even) and appends it in the VNNI layout.
+    fn push_q8(&mut self, v: &[f32]) {
+        for block in v.chunks_exact(PAD) {
+            let mut q = [0i8; PAD];
+            let mut steps = [0.0f32; 4];
+            for (g, group) in block.chunks_exact(32).enumerate() {
+                let amax = group.iter().fold(0.0f32, |m, a| m.max(a.abs()));
+                let step = amax / 127.0;
+                steps[g] = step;
+                for (j, &a) in group.iter().enumerate() {
+                    let scaled = if step > 0.0 { (a / step).round_ties_even() } else { 0.0 };
+                    q[32 * g + j] = scaled.clamp(-127.0, 127.0) as i8;
+                }
+            }
+            let mut lo = [0i8; 64];
+            let mut hi = [0i8; 64];
+            for g in 0..4 {
+                for j in 0..16 {
+                    lo[16 * g + j] = q[32 * g + 2 * j];
+                    hi[16 * g + j] = q[32 * g + 2 * j + 1];
+                }
+            }
+            for lane in 0..16 {
+                let sum: i32 = (4 * lane..4 * lane + 4).map(|i| i32::from(lo[i]) + i32::from(hi[i])).sum();
+                self.q8_correction.push(-12 * sum);
+                self.q8_step.push(steps[lane / 4]);
+            }
+            self.q8.extend_from_slice(&lo);
+            self.q8.extend_from_slice(&hi);
+        }
+    }
+}
+
+pub(crate) fn padded_cols(cols: usize) -> usize {
+    cols.div_ceil(PAD) * PAD
+}
+
+/// Per 32 columns: even columns then odd columns (the order of low then high nibbles).
+fn permute32(v: &[f32]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(v.len());
+    for block in v.chunks_exact(32) {
+        out.extend((0..16).map(|j| block[2 * j]));
+        out.extend((0..16).map(|j| block[2 * j + 1]));
+    }
+    out
+}
+
+/// Per 64 columns (groups A, B): A even, B even, A odd, B odd.
+fn permute64(v: &[f32]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(v.len());
+    for block in v.chunks_exact(64) {
+        for parity in 0..2 {
+            for group in 0..2 {
+                out.extend((0..16).map(|j| block[32 * group + 2 * j + parity]));
+            }
+        }
+    }
+    out
+}

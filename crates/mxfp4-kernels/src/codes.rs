@@ -1,0 +1,58 @@
+//! E2M1 element codes and E8M0 block scales, with OCP MX v1.0 semantics.
+
+/// E2M1 value of each 4-bit code: bit 3 is the sign, bits 2..0 index {0, .5, 1, 1.5, 2, 3, 4, 6}.
+/// Code 8 is -0.0 (kept as -0.0, which compares equal to 0).
+pub const E2M1_VALUES: [f32; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+];
+
+/// E2M1 codes doubled, as exact signed integers (ggml's `kvalues_mxfp4`).
+pub const E2M1_DOUBLED: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// The E8M0 byte that means NaN; validation rejects it.
+pub const E8M0_NAN: u8 = 0xFF;
+
+/// Decodes an E8M0 scale byte: `s` in 1..=254 is 2^(s-127), 0 is 2^-127 (an f32 subnormal,
+/// so the plain `s << 23` trick is wrong for it) and 0xFF is NaN.
+#[inline]
+pub const fn e8m0_to_f32(s: u8) -> f32 {
+    match s {
+        0 => f32::from_bits(0x0040_0000), // 2^-127: mantissa bit 22 of a subnormal
+        E8M0_NAN => f32::NAN,
+        _ => f32::from_bits((s as u32) << 23),
+    }
+}
+
+/// `e8m0_to_f32` for every byte, built at compile time; kernels index it instead of branching.
+pub static E8M0_TO_F32: [f32; 256] = {
+    let mut table = [0.0f32; 256];
+    let mut s = 0;
+    while s < 256 {
+        table[s] = e8m0_to_f32(s as u8);
+        s += 1;
+    }
+    table
+};
+
+/// Exact value of one MXFP4 element.
+#[inline]
+pub fn mxfp4_value(code: u8, scale: u8) -> f32 {
+    E2M1_VALUES[(code & 0xF) as usize] * E8M0_TO_F32[scale as usize]
+}
+
+/// Rounds an f32 to BF16 (round to nearest, ties to even; NaN stays a quiet NaN).
+#[inline]
+pub fn f32_to_bf16(x: f32) -> u16 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        return ((bits >> 16) as u16) | 0x0040;
+    }
+    let round = 0x7FFF + ((bits >> 16) & 1);
+    (bits.wrapping_add(round) >> 16) as u16
+}
+
+/// Widens a BF16 bit pattern to f32 (exact).
+#[inline]
+pub fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}

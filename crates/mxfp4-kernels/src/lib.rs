@@ -1,0 +1,38 @@
+//! Exact MXFP4 and BF16 weight kernels for K3 decode: dequant, GEMV, batch-invariant small GEMM
+//! and the fused routed-expert FFN, with a scalar oracle tier and AVX-512 tiers chosen at runtime.
+//!
+//! This crate does no I/O and spawns no threads: a kernel computes the row range it is given,
+//! and the caller splits rows across its own workers.
+//!
+//! ```
+//! use mxfp4_kernels::{Kernels, MxFp4Matrix};
+//! // One 2x32 matrix: every code 2 (value 1.0), scale byte 127 (2^0).
+//! let packed = vec![0x22u8; 2 * 16];
+//! let scales = vec![127u8; 2];
+//! let w = MxFp4Matrix::new(&packed, &scales, 2, 32).unwrap();
+//! let kernels = Kernels::detect();
+//! let x = vec![0.5f32; 32];
+//! let act = kernels.prepare(&x, 32).unwrap();
+//! let mut y = vec![0.0; 2];
+//! kernels.matmul_mxfp4(&w, &act, 0..2, &mut y).unwrap();
+//! assert_eq!(y, [16.0, 16.0]);
+//! ```
+
+mod activations;
+pub mod codes;
+mod error;
+mod expert;
+pub mod ggml;
+mod scalar;
+pub mod situ;
+mod tier;
+mod view;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub use activations::{Activations, MAX_TOKENS};
+pub use error::{Error, Result};
+pub use expert::ExpertScratch;
+pub use situ::Situ;
+pub use tier::{Kernels, Tier};
+pub use view::{Bf16Matrix, GROUP, GROUP_BYTES, MxFp4Matrix};

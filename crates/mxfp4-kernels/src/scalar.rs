@@ -1,0 +1,59 @@
+//! The scalar tier: the oracle. Weights decoded exactly, f32 products summed sequentially by
+//! column (`acc += w * x`), one row and one token at a time. Every SIMD tier is tested against it.
+
+use std::ops::Range;
+
+use crate::activations::Activations;
+use crate::codes::{E2M1_VALUES, E8M0_TO_F32, bf16_to_f32};
+use crate::view::{Bf16Matrix, GROUP, MxFp4Matrix};
+
+pub(crate) fn dequant_mxfp4(matrix: &MxFp4Matrix<'_>, rows: Range<usize>, out: &mut [f32]) {
+    let cols = matrix.cols();
+    for (row, out_row) in rows.zip(out.chunks_exact_mut(cols)) {
+        let packed = matrix.packed_row(row);
+        let scales = matrix.scale_row(row);
+        for (c, w) in out_row.iter_mut().enumerate() {
+            let code = (packed[c / 2] >> (4 * (c & 1))) & 0xF;
+            *w = E2M1_VALUES[code as usize] * E8M0_TO_F32[scales[c / GROUP] as usize];
+        }
+    }
+}
+
+pub(crate) fn dequant_bf16(matrix: &Bf16Matrix<'_>, rows: Range<usize>, out: &mut [f32]) {
+    let cols = matrix.cols();
+    for (row, out_row) in rows.zip(out.chunks_exact_mut(cols)) {
+        for (w, pair) in out_row.iter_mut().zip(matrix.row_bytes(row).chunks_exact(2)) {
+            *w = bf16_to_f32(u16::from_le_bytes([pair[0], pair[1]]));
+        }
+    }
+}
+
+pub(crate) fn matmul_mxfp4(matrix: &MxFp4Matrix<'_>, act: &Activations, rows: Range<usize>, out: &mut [f32]) {
+    let n_rows = rows.len();
+    let mut w = vec![0.0f32; matrix.cols()];
+    for (i, row) in rows.enumerate() {
+        dequant_mxfp4(matrix, row..row + 1, &mut w);
+        for t in 0..act.tokens() {
+            out[t * n_rows + i] = dot(&w, act.token(t));
+        }
+    }
+}
+
+pub(crate) fn matmul_bf16(matrix: &Bf16Matrix<'_>, act: &Activations, rows: Range<usize>, out: &mut [f32]) {
+    let n_rows = rows.len();
+    let mut w = vec![0.0f32; matrix.cols()];
+    for (i, row) in rows.enumerate() {
+        dequant_bf16(matrix, row..row + 1, &mut w);
+        for t in 0..act.tokens() {
+            out[t * n_rows + i] = dot(&w, act.token(t));
+        }
+    }
+}
+
+fn dot(w: &[f32], x: &[f32]) -> f32 {
+    let mut acc = 0.0f32;
+    for (a, b) in w.iter().zip(x) {
+        acc += a * b;
+    }
+    acc
+}

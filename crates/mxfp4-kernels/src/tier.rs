@@ -1,0 +1,236 @@
+//! Kernel tiers and the capability token (`Kernels`) that dispatches to them.
+
+use std::fmt;
+use std::ops::Range;
+use std::str::FromStr;
+
+use crate::activations::Activations;
+use crate::error::{Error, Result};
+use crate::view::{Bf16Matrix, MxFp4Matrix};
+use crate::scalar;
+
+/// A family of kernels. Exact tiers decode weights exactly to f32 and use f32 arithmetic; they
+/// differ from `Scalar` only by summation order. Approximate tiers round the activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tier {
+    /// Plain Rust, sequential sums: the oracle every other tier is tested against.
+    Scalar,
+    /// Exact activations: weights decoded exactly to f32, f32 FMA (the default where available).
+    Avx512,
+    /// Activations rounded to BF16, `vdpbf16ps`; E2M1 and BF16 weights are exact in BF16.
+    Avx512Bf16,
+    /// MXFP4: activations quantised to int8 per 32-group, E2M1 as doubled int8, `vpdpbusd`.
+    /// BF16 matrices use the `Avx512Bf16` path (int8 cannot hold BF16 weights).
+    Avx512Vnni,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 4] = [Tier::Scalar, Tier::Avx512, Tier::Avx512Bf16, Tier::Avx512Vnni];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Scalar => "scalar",
+            Tier::Avx512 => "avx512",
+            Tier::Avx512Bf16 => "avx512-bf16",
+            Tier::Avx512Vnni => "avx512-vnni",
+        }
+    }
+
+    /// True for tiers whose activations stay f32 (results differ from scalar by order only).
+    pub fn is_exact(self) -> bool {
+        matches!(self, Tier::Scalar | Tier::Avx512)
+    }
+
+    /// The first CPU feature this tier needs that this CPU lacks, if any.
+    fn missing_feature(self) -> Option<&'static str> {
+        if self == Tier::Scalar {
+            return None;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            let mut needed: Vec<(&'static str, bool)> = vec![
+                ("avx512f", std::arch::is_x86_feature_detected!("avx512f")),
+                ("avx512bw", std::arch::is_x86_feature_detected!("avx512bw")),
+                ("avx512vl", std::arch::is_x86_feature_detected!("avx512vl")),
+            ];
+            if self == Tier::Avx512Bf16 || self == Tier::Avx512Vnni {
+                needed.push(("avx512bf16", std::arch::is_x86_feature_detected!("avx512bf16")));
+            }
+            if self == Tier::Avx512Vnni {
+                needed.push(("avx512vnni", std::arch::is_x86_feature_detected!("avx512vnni")));
+                needed.push(("avx512vbmi", std::arch::is_x86_feature_detected!("avx512vbmi")));
+            }
+            needed.into_iter().find(|(_, present)| !present).map(|(name, _)| name)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Some("x86_64")
+    }
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Tier {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Tier::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| Error::UnknownTier(s.to_owned()))
+    }
+}
+
+/// A capability token: holding one proves the CPU supports its tier, so the dispatch below may
+/// call that tier's `#[target_feature]` entry points. Cheap to copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kernels {
+    tier: Tier,
+}
+
+impl Kernels {
+    /// Kernels of the given tier, or `TierUnavailable` naming the missing CPU feature.
+    pub fn new(tier: Tier) -> Result<Self> {
+        match tier.missing_feature() {
+            None => Ok(Self { tier }),
+            Some(missing) => Err(Error::TierUnavailable { tier, missing }),
+        }
+    }
+
+    /// The scalar oracle (always available).
+    pub fn scalar() -> Self {
+        Self { tier: Tier::Scalar }
+    }
+
+    /// The default: the exact `avx512` tier where the CPU has it, else `scalar`. Never an
+    /// approximate tier: those are chosen explicitly.
+    pub fn detect() -> Self {
+        Self::new(Tier::Avx512).unwrap_or_else(|_| Self::scalar())
+    }
+
+    /// Every tier this CPU can run.
+    pub fn available() -> Vec<Kernels> {
+        Tier::ALL.into_iter().filter_map(|t| Self::new(t).ok()).collect()
+    }
+
+    pub fn tier(&self) -> Tier {
+        self.tier
+    }
+
+    /// Dequantizes `rows` of `matrix` into `out` (`rows.len() * cols` f32, row-major).
+    /// Every tier is bit-identical to scalar.
+    pub fn dequant_mxfp4(&self, matrix: &MxFp4Matrix<'_>, rows: Range<usize>, out: &mut [f32]) -> Result<()> {
+        check_rows(&rows, matrix.rows())?;
+        check_out(rows.len() * matrix.cols(), out.len())?;
+        match self.tier {
+            Tier::Scalar => scalar::dequant_mxfp4(matrix, rows, out),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `self` exists only if `Kernels::new` found avx512f/bw/vl on this CPU.
+            _ => unsafe { crate::x86::exact::dequant_mxfp4(matrix, rows, out) },
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => unreachable!("non-scalar tiers cannot be constructed off x86_64"),
+        }
+        Ok(())
+    }
+
+    /// Widens `rows` of a BF16 matrix to f32 (exact in every tier).
+    pub fn dequant_bf16(&self, matrix: &Bf16Matrix<'_>, rows: Range<usize>, out: &mut [f32]) -> Result<()> {
+        check_rows(&rows, matrix.rows())?;
+        check_out(rows.len() * matrix.cols(), out.len())?;
+        scalar::dequant_bf16(matrix, rows, out);
+        Ok(())
+    }
+
+    /// Prepares `tokens = x.len() / cols` activation vectors (1..=16, token-major) for this
+    /// tier. Prepare once, then run any number of row ranges against it.
+    pub fn prepare(&self, x: &[f32], cols: usize) -> Result<Activations> {
+        Activations::new(self.tier, x, cols)
+    }
+
+    /// `out[t * rows.len() + (r - rows.start)] = Σ_c W[r, c] · x_t[c]` for every prepared token
+    /// `t`: a GEMV for one token, a small GEMM for several that decodes each weight group once.
+    /// Batch-invariant: the row of token `t` is bit-identical to a one-token call with `x_t`.
+    pub fn matmul_mxfp4(
+        &self,
+        matrix: &MxFp4Matrix<'_>,
+        act: &Activations,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.check_matmul(matrix.rows(), matrix.cols(), act, &rows, out)?;
+        match self.tier {
+            Tier::Scalar => scalar::matmul_mxfp4(matrix, act, rows, out),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves avx512f/bw/vl; `check_matmul` proved the shapes.
+            Tier::Avx512 => unsafe { crate::x86::exact::matmul_mxfp4(matrix, act, rows, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves avx512f/bw/vl + bf16; shapes checked above.
+            Tier::Avx512Bf16 => unsafe { crate::x86::bf16::matmul_mxfp4(matrix, act, rows, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves avx512f/bw/vl + vnni + vbmi; shapes checked above.
+            Tier::Avx512Vnni => unsafe { crate::x86::vnni::matmul_mxfp4(matrix, act, rows, out) },
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => unreachable!("non-scalar tiers cannot be constructed off x86_64"),
+        }
+        Ok(())
+    }
+
+    /// As [`Kernels::matmul_mxfp4`], for a BF16 matrix.
+    pub fn matmul_bf16(
+        &self,
+        matrix: &Bf16Matrix<'_>,
+        act: &Activations,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.check_matmul(matrix.rows(), matrix.cols(), act, &rows, out)?;
+        match self.tier {
+            Tier::Scalar => scalar::matmul_bf16(matrix, act, rows, out),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves avx512f/bw/vl; shapes checked above.
+            Tier::Avx512 => unsafe { crate::x86::exact::matmul_bf16(matrix, act, rows, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves avx512f/bw/vl + bf16 (both approximate tiers have it).
+            Tier::Avx512Bf16 | Tier::Avx512Vnni => unsafe {
+                crate::x86::bf16::matmul_bf16(matrix, act, rows, out)
+            },
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => unreachable!("non-scalar tiers cannot be constructed off x86_64"),
+        }
+        Ok(())
+    }
+
+    fn check_matmul(
+        &self,
+        matrix_rows: usize,
+        matrix_cols: usize,
+        act: &Activations,
+        rows: &Range<usize>,
+        out: &[f32],
+    ) -> Result<()> {
+        if act.tier() != self.tier {
+            return Err(Error::TierMismatch { prepared: act.tier(), kernels: self.tier });
+        }
+        if act.cols() != matrix_cols {
+            return Err(Error::ActivationCols { expected: matrix_cols, found: act.cols() });
+        }
+        check_rows(rows, matrix_rows)?;
+        check_out(rows.len() * act.tokens(), out.len())
+    }
+}
+
+fn check_rows(rows: &Range<usize>, n_rows: usize) -> Result<()> {
+    if rows.start > rows.end || rows.end > n_rows {
+        return Err(Error::RowRange { start: rows.start, end: rows.end, rows: n_rows });
+    }
+    Ok(())
+}
+
+fn check_out(expected: usize, found: usize) -> Result<()> {
+    if expected != found {
+        return Err(Error::OutputLength { expected, found });
+    }
+    Ok(())
+}

@@ -1,0 +1,160 @@
+//! The approximate `avx512-bf16` tier: activations rounded to BF16 (round to nearest even),
+//! products by `vdpbf16ps` (BF16 x BF16 products are exact in f32; the instruction sums pairs
+//! and flushes subnormals). E2M1 and BF16 weights are exact in BF16, so the only approximation
+//! is the activation rounding (relative 2^-9 per element) plus the instruction's own rounding.
+//!
+//! MXFP4: 32 packed bytes (two groups A, B) are zero-extended to 32 words; `vpermw` reads bits
+//! 4..0 of each index, so a 32-entry table (E2M1 twice) decodes the low nibbles directly and
+//! the words shifted right by 4 give the high nibbles. The pair products land in dword lanes
+//! 0..7 (group A) and 8..15 (group B); each lane is then scaled by its group's exact scale.
+
+use core::arch::x86_64::*;
+use std::ops::Range;
+
+use super::{by_tokens, run_rows, scales16, store_sums};
+use crate::activations::Activations;
+use crate::codes::E2M1_VALUES;
+use crate::view::{Bf16Matrix, MxFp4Matrix};
+
+/// E2M1 as BF16 bit patterns, repeated so a 5-bit `vpermw` index needs no masking.
+static E2M1_BF16_X2: [u16; 32] = {
+    let mut table = [0u16; 32];
+    let mut i = 0;
+    while i < 32 {
+        // E2M1 values have at most 2 significant bits: their f32 low halves are zero.
+        table[i] = (E2M1_VALUES[i % 16].to_bits() >> 16) as u16;
+        i += 1;
+    }
+    table
+};
+
+/// Lane patterns selecting the scales of groups (2p, 2p+1) out of 16: lanes 0..7, 8..15.
+static PAIR_LANES: [[i32; 16]; 8] = {
+    let mut idx = [[0i32; 16]; 8];
+    let mut p = 0;
+    while p < 8 {
+        let mut l = 0;
+        while l < 16 {
+            idx[p][l] = (2 * p + l / 8) as i32;
+            l += 1;
+        }
+        p += 1;
+    }
+    idx
+};
+
+#[inline]
+fn as_bh(v: __m512i) -> __m512bh {
+    // SAFETY: both are 64-byte plain vector types; every bit pattern is valid for each.
+    unsafe { core::mem::transmute::<__m512i, __m512bh>(v) }
+}
+
+/// # Safety
+/// The CPU must have avx512f/bw/vl and avx512bf16; shapes as checked by `Kernels`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub(crate) unsafe fn matmul_mxfp4(matrix: &MxFp4Matrix<'_>, act: &Activations, rows: Range<usize>, out: &mut [f32]) {
+    by_tokens!(mxfp4_block, matrix, act, rows, out);
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
+fn mxfp4_block<const R: usize, const T: usize>(
+    m: &MxFp4Matrix<'_>,
+    act: &Activations,
+    row0: usize,
+    local0: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    assert!(row0 + R <= m.rows() && act.bf16_mx.len() >= T * act.padded());
+    let groups = m.groups();
+    let row_bytes = m.cols() / 2;
+    let stride = act.padded();
+    let packed = m.packed()[row0 * row_bytes..].as_ptr();
+    let scales = m.scales()[row0 * groups..(row0 + R) * groups].as_ptr();
+    let x = act.bf16_mx.as_ptr();
+    // SAFETY: the table is 32 u16 = 64 bytes.
+    let table = unsafe { _mm512_loadu_si512(E2M1_BF16_X2.as_ptr().cast()) };
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    let mut row_scales = [_mm512_setzero_ps(); R];
+    for pair in 0..groups.div_ceil(2) {
+        let g = 2 * pair;
+        if g % 16 == 0 {
+            for (r, s) in row_scales.iter_mut().enumerate() {
+                // SAFETY: reads min(16, groups - g) scale bytes of row row0 + r.
+                *s = unsafe { scales16(scales.add(r * groups + g), (groups - g).min(16)) };
+            }
+        }
+        // SAFETY: PAIR_LANES rows are 16 i32.
+        let lanes = unsafe { _mm512_loadu_si512(PAIR_LANES[(g % 16) / 2].as_ptr().cast()) };
+        let code_mask: __mmask32 = if g + 1 < groups { u32::MAX } else { 0xFFFF };
+        let mut x_low = [_mm512_setzero_si512(); T];
+        let mut x_high = [_mm512_setzero_si512(); T];
+        for t in 0..T {
+            // SAFETY: 32g + 64 <= stride (padded to 128 columns), inside `bf16_mx`.
+            unsafe {
+                x_low[t] = _mm512_loadu_si512(x.add(t * stride + 32 * g).cast());
+                x_high[t] = _mm512_loadu_si512(x.add(t * stride + 32 * g + 32).cast());
+            }
+        }
+        for r in 0..R {
+            // SAFETY: the mask limits the load to the groups left in row row0 + r.
+            let bytes = unsafe { _mm256_maskz_loadu_epi8(code_mask, packed.add(r * row_bytes + 16 * g).cast()) };
+            let words = _mm512_cvtepu8_epi16(bytes);
+            let w_low = _mm512_permutexvar_epi16(words, table);
+            let w_high = _mm512_permutexvar_epi16(_mm512_srli_epi16::<4>(words), table);
+            let scale = _mm512_permutexvar_ps(lanes, row_scales[r]);
+            for t in 0..T {
+                let dot = _mm512_dpbf16_ps(_mm512_setzero_ps(), as_bh(w_low), as_bh(x_low[t]));
+                let dot = _mm512_dpbf16_ps(dot, as_bh(w_high), as_bh(x_high[t]));
+                acc[r][t] = _mm512_fmadd_ps(dot, scale, acc[r][t]);
+            }
+        }
+    }
+    store_sums(&acc, local0, n, out);
+}
+
+/// # Safety
+/// The CPU must have avx512f/bw/vl and avx512bf16; shapes as checked by `Kernels`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub(crate) unsafe fn matmul_bf16(matrix: &Bf16Matrix<'_>, act: &Activations, rows: Range<usize>, out: &mut [f32]) {
+    by_tokens!(bf16_block, matrix, act, rows, out);
+}
+
+/// BF16 rows: 32 weights and 32 BF16 activations in column order, one `vdpbf16ps`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
+fn bf16_block<const R: usize, const T: usize>(
+    m: &Bf16Matrix<'_>,
+    act: &Activations,
+    row0: usize,
+    local0: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    assert!(row0 + R <= m.rows() && act.bf16_natural.len() >= T * act.padded());
+    let cols = m.cols();
+    let stride = act.padded();
+    let base = m.bytes()[row0 * cols * 2..].as_ptr().cast::<u16>();
+    let x = act.bf16_natural.as_ptr();
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    for block in 0..cols.div_ceil(32) {
+        let valid = (cols - 32 * block).min(32);
+        let mask: __mmask32 = if valid == 32 { u32::MAX } else { (1u32 << valid) - 1 };
+        let mut xs = [_mm512_setzero_si512(); T];
+        for (t, xt) in xs.iter_mut().enumerate() {
+            // SAFETY: 32 * block + 32 <= stride, inside `bf16_natural`.
+            *xt = unsafe { _mm512_loadu_si512(x.add(t * stride + 32 * block).cast()) };
+        }
+        for r in 0..R {
+            // SAFETY: the mask limits the load to the `valid` values left in row row0 + r.
+            let w = unsafe { _mm512_maskz_loadu_epi16(mask, base.add(r * cols + 32 * block).cast()) };
+            for t in 0..T {
+                acc[r][t] = _mm512_dpbf16_ps(acc[r][t], as_bh(w), as_bh(xs[t]));
+            }
+        }
+    }
+    store_sums(&acc, local0, n, out);
+}

@@ -1,0 +1,163 @@
+//! The exact `avx512` tier: weights decoded exactly to f32, activations f32, f32 FMA. Differs
+//! from scalar only in summation order (16 lanes, then a fixed horizontal tree).
+//!
+//! MXFP4 decode: 16 packed bytes (one group) are zero-extended to 16 dword lanes; `vpermps`
+//! reads only bits 3..0 of each index, so the lanes themselves index the low nibbles and the
+//! lanes shifted right by 4 index the high nibbles, into a 16-entry E2M1 table pre-multiplied
+//! by the group's scale (E2M1 x 2^k is exact in f32). Low nibbles are the even columns, so the
+//! activations are laid out per group as [even 16, odd 16] (see `Activations::perm32`).
+
+use core::arch::x86_64::*;
+use std::ops::Range;
+
+use super::{by_tokens, run_rows, store_sums};
+use crate::activations::Activations;
+use crate::codes::{E2M1_VALUES, E8M0_TO_F32};
+use crate::view::{Bf16Matrix, GROUP, GROUP_BYTES, MxFp4Matrix};
+
+/// # Safety
+/// The CPU must have avx512f, avx512bw and avx512vl; `rows` must lie inside `matrix` and
+/// `out` hold `rows.len() * cols` f32 (checked by `Kernels`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn dequant_mxfp4(matrix: &MxFp4Matrix<'_>, rows: Range<usize>, out: &mut [f32]) {
+    let table = e2m1_table();
+    // Interleave low (even column) and high (odd column) lanes back into column order.
+    let first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    let second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    let cols = matrix.cols();
+    for (row, out_row) in rows.zip(out.chunks_exact_mut(cols)) {
+        let packed = matrix.packed_row(row).chunks_exact(GROUP_BYTES);
+        for ((codes, &scale), dst) in packed.zip(matrix.scale_row(row)).zip(out_row.chunks_exact_mut(GROUP)) {
+            // SAFETY: `codes` is exactly 16 readable bytes.
+            let v = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(codes.as_ptr().cast()) });
+            let scaled = _mm512_mul_ps(table, _mm512_set1_ps(E8M0_TO_F32[scale as usize]));
+            let low = _mm512_permutexvar_ps(v, scaled);
+            let high = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), scaled);
+            // SAFETY: `dst` is exactly 32 writable f32.
+            unsafe {
+                _mm512_storeu_ps(dst.as_mut_ptr(), _mm512_permutex2var_ps(low, first, high));
+                _mm512_storeu_ps(dst.as_mut_ptr().add(16), _mm512_permutex2var_ps(low, second, high));
+            }
+        }
+    }
+}
+
+/// # Safety
+/// As [`dequant_mxfp4`]; `act` was prepared for this tier with `matrix.cols()` columns and
+/// `out` holds `rows.len() * act.tokens()` f32.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn matmul_mxfp4(matrix: &MxFp4Matrix<'_>, act: &Activations, rows: Range<usize>, out: &mut [f32]) {
+    by_tokens!(mxfp4_block, matrix, act, rows, out);
+}
+
+/// Rows `row0..row0+R` for all `T` tokens.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
+fn mxfp4_block<const R: usize, const T: usize>(
+    m: &MxFp4Matrix<'_>,
+    act: &Activations,
+    row0: usize,
+    local0: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    assert!(row0 + R <= m.rows() && act.perm32.len() >= T * act.padded());
+    let groups = m.groups();
+    let row_bytes = m.cols() / 2;
+    let stride = act.padded();
+    let packed = m.packed()[row0 * row_bytes..].as_ptr();
+    let scales = &m.scales()[row0 * groups..(row0 + R) * groups];
+    let x = act.perm32.as_ptr();
+    let table = e2m1_table();
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    for g in 0..groups {
+        let mut even = [_mm512_setzero_ps(); T];
+        let mut odd = [_mm512_setzero_ps(); T];
+        for t in 0..T {
+            // SAFETY: t < T tokens and 32g + 32 <= cols <= stride, so both loads are inside
+            // `perm32` (length checked by the assert above).
+            unsafe {
+                even[t] = _mm512_loadu_ps(x.add(t * stride + GROUP * g));
+                odd[t] = _mm512_loadu_ps(x.add(t * stride + GROUP * g + 16));
+            }
+        }
+        for r in 0..R {
+            // SAFETY: row0 + r < rows (assert above); the group's 16 bytes lie in that row.
+            let v = _mm512_cvtepu8_epi32(unsafe {
+                _mm_loadu_si128(packed.add(r * row_bytes + GROUP_BYTES * g).cast())
+            });
+            let scale = E8M0_TO_F32[scales[r * groups + g] as usize];
+            let scaled = _mm512_mul_ps(table, _mm512_set1_ps(scale));
+            let low = _mm512_permutexvar_ps(v, scaled);
+            let high = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), scaled);
+            for t in 0..T {
+                acc[r][t] = _mm512_fmadd_ps(low, even[t], acc[r][t]);
+                acc[r][t] = _mm512_fmadd_ps(high, odd[t], acc[r][t]);
+            }
+        }
+    }
+    store_sums(&acc, local0, n, out);
+}
+
+/// # Safety
+/// As [`matmul_mxfp4`], for a BF16 matrix.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn matmul_bf16(matrix: &Bf16Matrix<'_>, act: &Activations, rows: Range<usize>, out: &mut [f32]) {
+    by_tokens!(bf16_block, matrix, act, rows, out);
+}
+
+/// BF16 rows: 64 bytes hold 32 values; dword lane j has column 2j in its low half and 2j+1 in
+/// its high half, so `<< 16` gives the even columns as f32 and masking the low half the odd
+/// ones — exact widening in two instructions, paired with the same [even, odd] activations.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
+fn bf16_block<const R: usize, const T: usize>(
+    m: &Bf16Matrix<'_>,
+    act: &Activations,
+    row0: usize,
+    local0: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    assert!(row0 + R <= m.rows() && act.perm32.len() >= T * act.padded());
+    let cols = m.cols();
+    let stride = act.padded();
+    let base = m.bytes()[row0 * cols * 2..].as_ptr().cast::<u16>();
+    let x = act.perm32.as_ptr();
+    let high_half = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    for block in 0..cols.div_ceil(32) {
+        let valid = (cols - 32 * block).min(32);
+        let mask: __mmask32 = if valid == 32 { u32::MAX } else { (1u32 << valid) - 1 };
+        let mut even = [_mm512_setzero_ps(); T];
+        let mut odd = [_mm512_setzero_ps(); T];
+        for t in 0..T {
+            // SAFETY: 32 * block + 32 <= stride (cols padded to 128), inside `perm32`.
+            unsafe {
+                even[t] = _mm512_loadu_ps(x.add(t * stride + 32 * block));
+                odd[t] = _mm512_loadu_ps(x.add(t * stride + 32 * block + 16));
+            }
+        }
+        for r in 0..R {
+            // SAFETY: the mask limits the load to the `valid` values left in row row0 + r.
+            let v = unsafe { _mm512_maskz_loadu_epi16(mask, base.add(r * cols + 32 * block).cast()) };
+            let w_even = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v));
+            let w_odd = _mm512_castsi512_ps(_mm512_and_si512(v, high_half));
+            for t in 0..T {
+                acc[r][t] = _mm512_fmadd_ps(w_even, even[t], acc[r][t]);
+                acc[r][t] = _mm512_fmadd_ps(w_odd, odd[t], acc[r][t]);
+            }
+        }
+    }
+    store_sums(&acc, local0, n, out);
+}
+
+/// The 16 E2M1 values as one vector.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn e2m1_table() -> __m512 {
+    // SAFETY: E2M1_VALUES is 16 f32.
+    unsafe { _mm512_loadu_ps(E2M1_VALUES.as_ptr()) }
+}

@@ -1,0 +1,105 @@
+//! AVX-512 tiers. Each tier's public functions are `#[target_feature]` entry points called only
+//! through a `Kernels` token; helpers are `#[inline]` target-feature functions so they inline
+//! into the entries.
+//!
+//! Batch invariance by construction: a tier's row kernel is generic over `R` rows and `T`
+//! tokens, and the arithmetic applied to one (row, token) pair — the loads, the FMA chain into
+//! one accumulator, the final horizontal sum — does not depend on `R` or `T`. The GEMM is the
+//! GEMV with more accumulators, so its rows equal the GEMV's bit for bit.
+
+use core::arch::x86_64::*;
+
+pub(crate) mod bf16;
+pub(crate) mod exact;
+pub(crate) mod vnni;
+
+/// Runs `$kernel::<R, T>` over `$rows` in blocks of `R` rows (then single rows for the tail).
+macro_rules! run_rows {
+    ($kernel:ident, $r:literal, $t:literal, $m:expr, $act:expr, $rows:expr, $out:expr) => {{
+        let rows: core::ops::Range<usize> = $rows;
+        let n = rows.len();
+        let mut row = rows.start;
+        while rows.end - row >= $r {
+            $kernel::<$r, $t>($m, $act, row, row - rows.start, n, $out);
+            row += $r;
+        }
+        while row < rows.end {
+            $kernel::<1, $t>($m, $act, row, row - rows.start, n, $out);
+            row += 1;
+        }
+    }};
+}
+
+/// Picks the row blocking for the token count (enough independent FMA chains to hide latency,
+/// few enough accumulators to stay in the 32 vector registers) and runs the kernel.
+macro_rules! by_tokens {
+    ($kernel:ident, $m:expr, $act:expr, $rows:expr, $out:expr) => {
+        match $act.tokens() {
+            1 => run_rows!($kernel, 8, 1, $m, $act, $rows, $out),
+            2 => run_rows!($kernel, 4, 2, $m, $act, $rows, $out),
+            3 => run_rows!($kernel, 2, 3, $m, $act, $rows, $out),
+            4 => run_rows!($kernel, 2, 4, $m, $act, $rows, $out),
+            5 => run_rows!($kernel, 1, 5, $m, $act, $rows, $out),
+            6 => run_rows!($kernel, 1, 6, $m, $act, $rows, $out),
+            7 => run_rows!($kernel, 1, 7, $m, $act, $rows, $out),
+            8 => run_rows!($kernel, 1, 8, $m, $act, $rows, $out),
+            9 => run_rows!($kernel, 1, 9, $m, $act, $rows, $out),
+            10 => run_rows!($kernel, 1, 10, $m, $act, $rows, $out),
+            11 => run_rows!($kernel, 1, 11, $m, $act, $rows, $out),
+            12 => run_rows!($kernel, 1, 12, $m, $act, $rows, $out),
+            13 => run_rows!($kernel, 1, 13, $m, $act, $rows, $out),
+            14 => run_rows!($kernel, 1, 14, $m, $act, $rows, $out),
+            15 => run_rows!($kernel, 1, 15, $m, $act, $rows, $out),
+            16 => run_rows!($kernel, 1, 16, $m, $act, $rows, $out),
+            _ => unreachable!("Activations holds 1..=MAX_TOKENS tokens"),
+        }
+    };
+}
+pub(crate) use {by_tokens, run_rows};
+
+/// Horizontal sum in a fixed tree (halves, then quarters, ...), written out so the order never
+/// depends on how the compiler lowers a reduction intrinsic.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn hsum(v: __m512) -> f32 {
+    let s = _mm512_add_ps(v, _mm512_shuffle_f32x4::<0b00_00_11_10>(v, v));
+    let s = _mm512_add_ps(s, _mm512_shuffle_f32x4::<0b00_00_00_01>(s, s));
+    let x = _mm512_castps512_ps128(s);
+    let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    let x = _mm_add_ss(x, _mm_shuffle_ps::<0b01>(x, x));
+    _mm_cvtss_f32(x)
+}
+
+/// The exact f32 scales of 16 consecutive groups (bytes beyond `n` read as 0, giving 2^-127
+/// for groups whose weights are also masked to zero). Same values as `E8M0_TO_F32` (0xFF was
+/// rejected when the matrix view was built).
+///
+/// # Safety
+/// `ptr..ptr + n` must be readable, `n <= 16`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+pub(crate) unsafe fn scales16(ptr: *const u8, n: usize) -> __m512 {
+    let mask: __mmask16 = if n >= 16 { 0xFFFF } else { (1u16 << n) - 1 };
+    // SAFETY: the masked load touches only the `n` bytes the caller vouches for.
+    let bytes = unsafe { _mm_maskz_loadu_epi8(mask, ptr.cast()) };
+    let s = _mm512_cvtepu8_epi32(bytes);
+    let normal = _mm512_slli_epi32::<23>(s);
+    let zero = _mm512_cmpeq_epi32_mask(s, _mm512_setzero_si512());
+    _mm512_castsi512_ps(_mm512_mask_mov_epi32(normal, zero, _mm512_set1_epi32(0x0040_0000)))
+}
+
+/// Writes the `R x T` accumulators: `out[t * n + local0 + r]`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn store_sums<const R: usize, const T: usize>(
+    acc: &[[__m512; T]; R],
+    local0: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    for (r, row_acc) in acc.iter().enumerate() {
+        for (t, &a) in row_acc.iter().enumerate() {
+            out[t * n + local0 + r] = hsum(a);
+        }
+    }
+}

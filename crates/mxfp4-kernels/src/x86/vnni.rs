@@ -1,0 +1,123 @@
+//! The approximate `avx512-vnni` tier for MXFP4: activations quantised to int8 per 32-group
+//! (`q = round(x / d)`, `d = max|x| / 127`), E2M1 codes as exact doubled integers, `vpdpbusd`.
+//!
+//! Zen 4 has only the unsigned x signed form, so the doubled codes {0, ±1, .., ±12} are stored
+//! offset by +12 (0..24, unsigned) and `-12 * Σq` per lane (precomputed with the activations)
+//! is the dot product's starting value. One 64-byte load holds four groups; `vpermb` reads
+//! bits 5..0 of each byte, so a 64-entry table (the 16 codes four times) decodes the low
+//! nibbles with no masking, and the bytes shifted right by 4 give the high nibbles. Dword lane
+//! `l` then holds group `l / 4`; it is converted to f32 and scaled by `2^(s-128) * d`.
+
+use core::arch::x86_64::*;
+use std::ops::Range;
+
+use super::{by_tokens, run_rows, scales16, store_sums};
+use crate::activations::Activations;
+use crate::codes::E2M1_DOUBLED;
+use crate::view::MxFp4Matrix;
+
+/// Offset doubled E2M1 codes (`2 * E2M1 + 12`), four times over for a 6-bit `vpermb` index.
+static CODES_U8_X4: [u8; 64] = {
+    let mut table = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        table[i] = (E2M1_DOUBLED[i % 16] + 12) as u8;
+        i += 1;
+    }
+    table
+};
+
+/// Lane patterns selecting the scales of groups 4q..4q+3 out of 16 (four lanes each).
+static QUAD_LANES: [[i32; 16]; 4] = {
+    let mut idx = [[0i32; 16]; 4];
+    let mut q = 0;
+    while q < 4 {
+        let mut l = 0;
+        while l < 16 {
+            idx[q][l] = (4 * q + l / 4) as i32;
+            l += 1;
+        }
+        q += 1;
+    }
+    idx
+};
+
+/// # Safety
+/// The CPU must have avx512f/bw/vl, avx512vnni and avx512vbmi; shapes as checked by `Kernels`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+pub(crate) unsafe fn matmul_mxfp4(matrix: &MxFp4Matrix<'_>, act: &Activations, rows: Range<usize>, out: &mut [f32]) {
+    by_tokens!(mxfp4_block, matrix, act, rows, out);
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+#[inline]
+fn mxfp4_block<const R: usize, const T: usize>(
+    m: &MxFp4Matrix<'_>,
+    act: &Activations,
+    row0: usize,
+    local0: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    let stride = act.padded();
+    let blocks_per_token = stride / 128;
+    assert!(
+        row0 + R <= m.rows()
+            && act.q8.len() >= T * stride
+            && act.q8_correction.len() >= T * blocks_per_token * 16
+            && act.q8_step.len() >= T * blocks_per_token * 16
+    );
+    let groups = m.groups();
+    let row_bytes = m.cols() / 2;
+    let packed = m.packed()[row0 * row_bytes..].as_ptr();
+    let scales = m.scales()[row0 * groups..(row0 + R) * groups].as_ptr();
+    let q8 = act.q8.as_ptr();
+    let correction = act.q8_correction.as_ptr();
+    let step = act.q8_step.as_ptr();
+    // SAFETY: the table is 64 bytes.
+    let table = unsafe { _mm512_loadu_si512(CODES_U8_X4.as_ptr().cast()) };
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    let mut row_scales = [_mm512_setzero_ps(); R];
+    for block in 0..groups.div_ceil(4) {
+        let g = 4 * block;
+        if g % 16 == 0 {
+            for (r, s) in row_scales.iter_mut().enumerate() {
+                // SAFETY: reads min(16, groups - g) scale bytes of row row0 + r.
+                *s = unsafe { scales16(scales.add(r * groups + g), (groups - g).min(16)) };
+            }
+        }
+        // SAFETY: QUAD_LANES rows are 16 i32.
+        let lanes = unsafe { _mm512_loadu_si512(QUAD_LANES[(g % 16) / 4].as_ptr().cast()) };
+        let live = (groups - g).min(4);
+        let code_mask: __mmask64 = if live == 4 { u64::MAX } else { (1u64 << (16 * live)) - 1 };
+        let mut x_low = [_mm512_setzero_si512(); T];
+        let mut x_high = [_mm512_setzero_si512(); T];
+        let mut start = [_mm512_setzero_si512(); T];
+        let mut x_step = [_mm512_setzero_ps(); T];
+        for t in 0..T {
+            let at = t * blocks_per_token + block;
+            // SAFETY: block < blocks_per_token, so every load is inside its array (assert).
+            unsafe {
+                x_low[t] = _mm512_loadu_si512(q8.add(128 * at).cast());
+                x_high[t] = _mm512_loadu_si512(q8.add(128 * at + 64).cast());
+                start[t] = _mm512_loadu_si512(correction.add(16 * at).cast());
+                x_step[t] = _mm512_loadu_ps(step.add(16 * at));
+            }
+        }
+        for r in 0..R {
+            // SAFETY: the mask limits the load to the groups left in row row0 + r.
+            let v = unsafe { _mm512_maskz_loadu_epi8(code_mask, packed.add(r * row_bytes + 16 * g).cast()) };
+            let w_low = _mm512_permutexvar_epi8(v, table);
+            let w_high = _mm512_permutexvar_epi8(_mm512_srli_epi16::<4>(v), table);
+            // 2^(s-127) / 2 undoes the doubled codes; exact (a power of two).
+            let w_scale = _mm512_mul_ps(_mm512_permutexvar_ps(lanes, row_scales[r]), _mm512_set1_ps(0.5));
+            for t in 0..T {
+                let dot = _mm512_dpbusd_epi32(start[t], w_low, x_low[t]);
+                let dot = _mm512_dpbusd_epi32(dot, w_high, x_high[t]);
+                let scale = _mm512_mul_ps(w_scale, x_step[t]);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r][t]);
+            }
+        }
+    }
+    store_sums(&acc, local0, n, out);
+}

@@ -1,0 +1,152 @@
+//! `cargo xtask`: the project's development tasks, written in Rust so they need only cargo.
+//!
+//! `main` is a dispatcher: each task is one entry of [`TASKS`] with its own module. To add a
+//! task, write `fn run(args: &[String]) -> Result<()>` in a new module and list it there.
+
+mod oracle;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+
+/// One subcommand: `cargo xtask <name> <usage>`.
+struct Task {
+    name: &'static str,
+    usage: &'static str,
+    about: &'static str,
+    run: fn(&[String]) -> Result<()>,
+}
+
+const TASKS: &[Task] = &[Task {
+    name: "oracle-mxfp4",
+    usage: "[--venv DIR] [--out FILE]",
+    about: "regenerate the frozen MXFP4 decode oracle from pinned PyPI references \
+            (ml-dtypes, compressed-tensors) in a Python venv",
+    run: oracle::run,
+}];
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match dispatch(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // `{:#}` prints the context chain on one line; a backtrace would only show xtask.
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(args: &[String]) -> Result<()> {
+    let Some((name, rest)) = args.split_first() else {
+        print_help();
+        return Ok(());
+    };
+    if matches!(name.as_str(), "help" | "-h" | "--help") {
+        print_help();
+        return Ok(());
+    }
+    let Some(task) = TASKS.iter().find(|t| t.name == name) else {
+        bail!("unknown task {name:?} (`cargo xtask help` lists them)");
+    };
+    if rest.iter().any(|a| a == "-h" || a == "--help") {
+        println!(
+            "cargo xtask {} {}\n    {}",
+            task.name, task.usage, task.about
+        );
+        return Ok(());
+    }
+    (task.run)(rest).with_context(|| format!("cargo xtask {} failed", task.name))
+}
+
+fn print_help() {
+    println!("usage: cargo xtask <task> [options]\n\ntasks:");
+    println!("    {:<16} print this list", "help");
+    for task in TASKS {
+        println!("    {:<16} {}", task.name, task.about);
+        println!(
+            "    {:<16} usage: cargo xtask {} {}",
+            "", task.name, task.usage
+        );
+    }
+    println!("\nrelative paths are taken from the workspace root");
+}
+
+/// The workspace root. Tasks run from there, whatever directory cargo was started in, so that
+/// default paths and the commands recorded in generated files do not depend on it.
+fn workspace_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask sits one level below the root")
+}
+
+/// `path` if absolute, else `path` under the workspace root.
+fn from_root(path: &str) -> PathBuf {
+    workspace_root().join(path)
+}
+
+/// The `--name VALUE` (or `--name=VALUE`) options of one task: each at most once, and only
+/// the names the task declares, so a typo is an error rather than a silently ignored flag.
+#[derive(Debug)]
+struct Options {
+    values: Vec<(&'static str, String)>,
+}
+
+impl Options {
+    fn parse(args: &[String], allowed: &[&'static str]) -> Result<Self> {
+        let mut values: Vec<(&'static str, String)> = Vec::new();
+        let mut iter = args.iter();
+        while let Some(arg) = iter.next() {
+            let Some(flag) = arg.strip_prefix("--") else {
+                bail!("unexpected argument {arg:?} (options are --name VALUE)");
+            };
+            let (flag, inline) = match flag.split_once('=') {
+                Some((flag, value)) => (flag, Some(value.to_owned())),
+                None => (flag, None),
+            };
+            let Some(&name) = allowed.iter().find(|&&a| a == flag) else {
+                bail!("unknown option --{flag} (known: {})", allowed.join(", "));
+            };
+            if values.iter().any(|(n, _)| *n == name) {
+                bail!("option --{name} given twice");
+            }
+            let value = match inline {
+                Some(value) => value,
+                None => iter
+                    .next()
+                    .with_context(|| format!("option --{name} needs a value"))?
+                    .clone(),
+            };
+            values.push((name, value));
+        }
+        Ok(Self { values })
+    }
+
+    fn get(&self, name: &str) -> Option<&str> {
+        self.values
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// `cargo xtask <task> <args>` as a shell line, for provenance records in generated files.
+fn command_line(task: &str, args: &[String]) -> String {
+    let mut line = format!("cargo xtask {task}");
+    for arg in args {
+        line.push(' ');
+        let plain = !arg.is_empty()
+            && arg
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./=:+,@".contains(c));
+        if plain {
+            line.push_str(arg);
+        } else {
+            line.push('\'');
+            line.push_str(&arg.replace('\'', r"'\''"));
+            line.push('\'');
+        }
+    }
+    line
+}

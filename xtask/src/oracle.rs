@@ -1,0 +1,149 @@
+//! `cargo xtask oracle-mxfp4`: freezes an MXFP4 decode oracle made by independent PyPI
+//! references (compressed-tensors quantises and packs, ml_dtypes decodes) for the
+//! `mxfp4-kernels` integration tests, with a sha256 sidecar so an edited vector fails.
+//!
+//! The references need torch (a ~5 GB wheel), so they run here, in a venv under `target/`,
+//! and never in `cargo test`: the tests read only the committed JSON.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail, ensure};
+use sha2::{Digest, Sha256};
+
+use crate::{Options, command_line, from_root, workspace_root};
+
+/// Exact pins: a different release could change packing or rounding, and the oracle would
+/// silently follow it.
+const PINNED: [&str; 2] = ["ml-dtypes==0.6.0", "compressed-tensors==0.20.0"];
+/// Fixed so that regenerating reproduces the committed bytes; changing it changes the oracle.
+const SEED: u64 = 0x4B33;
+const SCRIPT: &str = "xtask/oracle/mxfp4_oracle.py";
+const DEFAULT_VENV: &str = "target/oracle-venv";
+const DEFAULT_OUT: &str = "crates/mxfp4-kernels/tests/data/mxfp4_oracle.json";
+
+pub(crate) fn run(args: &[String]) -> Result<()> {
+    let started = Instant::now();
+    let options = Options::parse(args, &["venv", "out"])?;
+    let venv = from_root(options.get("venv").unwrap_or(DEFAULT_VENV));
+    let out = from_root(options.get("out").unwrap_or(DEFAULT_OUT));
+    let command = command_line("oracle-mxfp4", args);
+
+    let python = ensure_venv(&venv)?;
+    let mut pip = Command::new(&python);
+    pip.args(["-m", "pip", "install", "--disable-pip-version-check"])
+        .args(PINNED);
+    // Already-satisfied exact pins make this a quick no-op when the venv is reused.
+    run_checked(&mut pip)?;
+
+    let dir = out
+        .parent()
+        .with_context(|| format!("output path {} has no parent", out.display()))?;
+    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let file_name = out
+        .file_name()
+        .and_then(|n| n.to_str())
+        .with_context(|| format!("output path {} has no utf-8 file name", out.display()))?;
+    // Write beside the target and rename, so an interrupted run never leaves a half vector
+    // that matches no sidecar.
+    let partial = dir.join(format!("{file_name}.partial"));
+    let mut script = Command::new(&python);
+    script
+        .arg(from_root(SCRIPT))
+        .args(["--seed", &SEED.to_string(), "--command", &command, "--out"])
+        .arg(&partial);
+    run_checked(&mut script)?;
+
+    let bytes = fs::read(&partial).with_context(|| format!("cannot read {}", partial.display()))?;
+    let versions =
+        check_oracle(&bytes).with_context(|| format!("bad oracle in {}", partial.display()))?;
+    let digest: String = Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    fs::rename(&partial, &out)
+        .with_context(|| format!("cannot move oracle to {}", out.display()))?;
+    let sidecar = dir.join(format!("{file_name}.sha256"));
+    // sha256sum's format, so `sha256sum -c` in the data directory checks it too.
+    fs::write(&sidecar, format!("{digest}  {file_name}\n"))
+        .with_context(|| format!("cannot write {}", sidecar.display()))?;
+
+    println!("command:  {command}");
+    println!("wrote:    {} ({} bytes)", relative(&out), bytes.len());
+    println!("sha256:   {digest}");
+    println!("packages: {versions}");
+    println!("wall:     {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The venv's interpreter, creating the venv with the system `python3` if it is missing.
+fn ensure_venv(venv: &Path) -> Result<PathBuf> {
+    let python = venv.join("bin").join("python");
+    if !python.exists() {
+        println!("creating venv {}", relative(venv));
+        run_checked(Command::new("python3").args(["-m", "venv"]).arg(venv))?;
+    }
+    Ok(python)
+}
+
+/// Sanity checks on what the script wrote, before it replaces the committed oracle; returns
+/// the recorded package versions for the summary.
+fn check_oracle(bytes: &[u8]) -> Result<String> {
+    let json: serde_json::Value = serde_json::from_slice(bytes).context("oracle is not json")?;
+    let tensors = json["tensors"]
+        .as_array()
+        .context("oracle has no tensors list")?;
+    ensure!(!tensors.is_empty(), "oracle has an empty tensors list");
+    for tensor in tensors {
+        let name = tensor["name"].as_str().context("tensor without a name")?;
+        let rows = tensor["rows"]
+            .as_u64()
+            .with_context(|| format!("{name}: no rows"))?;
+        let cols = tensor["cols"]
+            .as_u64()
+            .with_context(|| format!("{name}: no cols"))?;
+        for (field, expected) in [
+            ("weight_packed", rows * cols / 2),
+            ("weight_scale", rows * cols / 32),
+            ("dequant_f32_bits", rows * cols * 4),
+        ] {
+            let hex = tensor[field]
+                .as_str()
+                .with_context(|| format!("{name}: no {field}"))?;
+            let found = hex.len() as u64 / 2;
+            if found != expected {
+                bail!("{name}: {field} holds {found} bytes, expected {expected} for {rows}x{cols}");
+            }
+        }
+    }
+    let versions = json["packages"]
+        .as_object()
+        .context("oracle records no package versions")?;
+    Ok(versions
+        .iter()
+        .map(|(name, version)| format!("{name}=={}", version.as_str().unwrap_or("?")))
+        .collect::<Vec<_>>()
+        .join(" "))
+}
+
+/// Runs `command` with inherited stdio (pip's progress is worth seeing) and fails on a
+/// non-zero exit.
+fn run_checked(command: &mut Command) -> Result<()> {
+    command.current_dir(workspace_root());
+    let shown = format!("{command:?}");
+    let status = command
+        .status()
+        .with_context(|| format!("cannot start {shown}"))?;
+    ensure!(status.success(), "{shown} exited with {status}");
+    Ok(())
+}
+
+/// `path` relative to the workspace root when it lies inside it, for shorter messages.
+fn relative(path: &Path) -> String {
+    path.strip_prefix(workspace_root())
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
