@@ -1,1 +1,326 @@
-//! Shared helpers of the k3 criterion benchmarks live in `benches/kernels.rs`; this library is empty on purpose.
+//! Workloads shared by the criterion benches (`benches/kernels.rs`) and `cargo xtask
+//! bench-kernels`: K3-shaped weights, a STREAM-like read-bandwidth probe, and a pinned pool
+//! that splits rows (or experts) across threads the way a caller of the kernels does.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use mxfp4_kernels::codes::f32_to_bf16;
+use mxfp4_kernels::{Activations, Bf16Matrix, ExpertScratch, Kernels, MxFp4Matrix, Situ};
+
+/// K3's routed expert: gate/up `[3072, 3584]`, down `[3584, 3072]` (K3_SPEC §3.3).
+pub const EXPERT_INTER: usize = 3072;
+pub const EXPERT_LATENT: usize = 3584;
+/// KDA q/k/v/g projections `[12288, 7168]`.
+pub const KDA_ROWS: usize = 12288;
+pub const HIDDEN: usize = 7168;
+/// The lm_head is `[163840, 7168]` (2.35 GB); benches use a 16384-row slice (235 MB), which is
+/// already 7x the L3, so every pass streams from DRAM exactly as the full head would.
+pub const LM_HEAD_SLICE_ROWS: usize = 16384;
+
+/// A zeroed, 2 MiB-aligned byte buffer. On Linux it is advised into transparent huge pages
+/// (`MADV_HUGEPAGE`; this machine's THP mode is `madvise`), as the expert store's owned expert
+/// buffers are: with 4 KiB pages every row stream of a GEMV restarts the hardware prefetcher
+/// at each page boundary and the kernels lose a third of the bandwidth (PERFORMANCE.md).
+#[derive(Debug)]
+pub struct HugeBuf {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+const HUGE_ALIGN: usize = 2 << 20;
+
+impl HugeBuf {
+    pub fn zeroed(len: usize, huge_pages: bool) -> Self {
+        let layout = std::alloc::Layout::from_size_align(len.max(1), HUGE_ALIGN).expect("layout");
+        // SAFETY: the layout has non-zero size.
+        let raw = unsafe { std::alloc::alloc(layout) };
+        let ptr = std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        // Advise before the first touch: pages faulted in earlier stay 4 KiB.
+        #[cfg(target_os = "linux")]
+        if huge_pages {
+            // SAFETY: the range is one live allocation; madvise only changes paging policy.
+            unsafe { libc::madvise(raw.cast(), len.max(1), libc::MADV_HUGEPAGE) };
+        }
+        let _ = huge_pages;
+        // SAFETY: `raw` is valid for `len` bytes; zeroing initialises them.
+        unsafe { std::ptr::write_bytes(raw, 0, len) };
+        Self { ptr, len }
+    }
+    pub fn from_slice(bytes: &[u8], huge_pages: bool) -> Self {
+        let mut buf = Self::zeroed(bytes.len(), huge_pages);
+        buf.copy_from_slice(bytes);
+        buf
+    }
+}
+
+impl std::ops::Deref for HugeBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr` owns `len` initialised (zeroed) bytes until drop.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for HugeBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`, and `&mut self` makes the access unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for HugeBuf {
+    fn drop(&mut self) {
+        let layout = std::alloc::Layout::from_size_align(self.len.max(1), HUGE_ALIGN).expect("layout");
+        // SAFETY: allocated in `zeroed` with this very layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+    }
+}
+
+// SAFETY: HugeBuf owns its bytes like a Vec<u8>.
+unsafe impl Send for HugeBuf {}
+// SAFETY: shared access is read-only (`&[u8]`).
+unsafe impl Sync for HugeBuf {}
+
+/// SplitMix64: deterministic bytes without a dependency.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        for chunk in buf.chunks_mut(8) {
+            let v = self.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+    }
+    /// Uniform in [-1, 1).
+    pub fn unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// An owned MXFP4 matrix with random codes and realistic scales (2^-9 .. 2^-3, as QAT experts).
+#[derive(Debug)]
+pub struct MxOwned {
+    pub packed: HugeBuf,
+    pub scales: HugeBuf,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl MxOwned {
+    pub fn random(rng: &mut Rng, rows: usize, cols: usize) -> Self {
+        let mut packed = HugeBuf::zeroed(rows * cols / 2, true);
+        rng.fill(&mut packed);
+        let mut scales = HugeBuf::zeroed(rows * cols / 32, true);
+        rng.fill(&mut scales);
+        scales.iter_mut().for_each(|s| *s = 118 + *s % 7);
+        Self {
+            packed,
+            scales,
+            rows,
+            cols,
+        }
+    }
+    pub fn view(&self) -> MxFp4Matrix<'_> {
+        MxFp4Matrix::new(&self.packed, &self.scales, self.rows, self.cols)
+            .expect("valid by construction")
+    }
+    pub fn bytes(&self) -> usize {
+        self.packed.len() + self.scales.len()
+    }
+}
+
+/// One routed expert's three matrices.
+#[derive(Debug)]
+pub struct Expert {
+    pub gate: MxOwned,
+    pub up: MxOwned,
+    pub down: MxOwned,
+}
+
+impl Expert {
+    pub fn random(rng: &mut Rng) -> Self {
+        Self {
+            gate: MxOwned::random(rng, EXPERT_INTER, EXPERT_LATENT),
+            up: MxOwned::random(rng, EXPERT_INTER, EXPERT_LATENT),
+            down: MxOwned::random(rng, EXPERT_LATENT, EXPERT_INTER),
+        }
+    }
+    /// 17,547,264 bytes, as K3_SPEC §3.4.
+    pub fn bytes(&self) -> usize {
+        self.gate.bytes() + self.up.bytes() + self.down.bytes()
+    }
+    /// Validated views of the three matrices. Build them once, outside timed loops: the
+    /// constructor scans every scale byte for 0xFF (what a loader does once per expert).
+    pub fn views(&self) -> ExpertViews<'_> {
+        ExpertViews { gate: self.gate.view(), up: self.up.view(), down: self.down.view() }
+    }
+}
+
+/// One expert's validated views.
+#[derive(Debug, Clone, Copy)]
+pub struct ExpertViews<'a> {
+    pub gate: MxFp4Matrix<'a>,
+    pub up: MxFp4Matrix<'a>,
+    pub down: MxFp4Matrix<'a>,
+}
+
+impl ExpertViews<'_> {
+    /// Runs the fused FFN.
+    pub fn run(&self, k: &Kernels, z: &Activations, scratch: &mut ExpertScratch, out: &mut [f32]) {
+        k.expert_ffn(&self.gate, &self.up, &self.down, &Situ::K3, z, scratch, out)
+            .expect("shapes fixed by construction");
+    }
+}
+
+/// `n` random experts (`n * 17.5 MB`).
+pub fn experts(n: usize, seed: u64) -> Vec<Expert> {
+    let mut rng = Rng::new(seed);
+    (0..n).map(|_| Expert::random(&mut rng)).collect()
+}
+
+/// Random BF16 weights around 1e-2.
+pub fn bf16_bytes(rows: usize, cols: usize, seed: u64) -> HugeBuf {
+    let mut rng = Rng::new(seed);
+    let mut bytes = HugeBuf::zeroed(rows * cols * 2, true);
+    for pair in bytes.chunks_exact_mut(2) {
+        pair.copy_from_slice(&f32_to_bf16(rng.unit() * 0.02).to_le_bytes());
+    }
+    bytes
+}
+
+pub fn activations(n: usize, seed: u64) -> Vec<f32> {
+    let mut rng = Rng::new(seed);
+    (0..n).map(|_| rng.unit()).collect()
+}
+
+pub fn bf16_view(bytes: &[u8], rows: usize, cols: usize) -> Bf16Matrix<'_> {
+    Bf16Matrix::new(bytes, rows, cols).expect("valid by construction")
+}
+
+/// Splits `0..n` into `parts` contiguous ranges of near-equal size, rounded to multiples of 8
+/// rows (the kernels' row block) so no part runs the slow single-row tail unnecessarily.
+pub fn split_rows(n: usize, parts: usize, part: usize) -> Range<usize> {
+    let blocks = n.div_ceil(8);
+    let start = (blocks * part / parts * 8).min(n);
+    let end = (blocks * (part + 1) / parts * 8).min(n);
+    start..end
+}
+
+/// A pool of `threads` workers pinned to cores 0..threads (the calling thread is worker 0),
+/// so two-thread figures do not depend on the scheduler moving threads.
+#[derive(Debug)]
+pub struct Pool {
+    pool: rayon::ThreadPool,
+}
+
+impl Pool {
+    pub fn new(threads: usize) -> Self {
+        let cores = core_affinity::get_core_ids().unwrap_or_default();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("bench-w{i}"))
+            .start_handler(move |i| {
+                if let Some(core) = cores.get(i % cores.len().max(1)) {
+                    core_affinity::set_for_current(*core);
+                }
+            })
+            .build()
+            .expect("thread pool");
+        Self { pool }
+    }
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+    /// Runs `f(worker)` once on every worker and waits for all.
+    pub fn broadcast<F: Fn(usize) + Sync>(&self, f: F) {
+        self.pool.broadcast(|ctx| f(ctx.index()));
+    }
+}
+
+/// A buffer far larger than the L3 (32 MiB here) for the read-bandwidth probe, in huge pages
+/// like the weights.
+pub fn bandwidth_buffer(bytes: usize) -> HugeBuf {
+    let mut buf = HugeBuf::zeroed(bytes, true);
+    Rng::new(1).fill(&mut buf);
+    buf
+}
+
+/// Reads every byte of `buf` once, split across the pool's workers (a STREAM-like sum);
+/// returns the sum so the reads cannot be optimised away.
+pub fn read_all(pool: &Pool, buf: &[u8]) -> u64 {
+    let buf: &[u64] = bytemuck::cast_slice(&buf[..buf.len() / 8 * 8]);
+    let total = Arc::new(AtomicU64::new(0));
+    let parts = pool.threads();
+    pool.broadcast(|w| {
+        let range = split_rows(buf.len(), parts, w);
+        total.fetch_add(sum_words(&buf[range]), Ordering::Relaxed);
+    });
+    total.load(Ordering::Relaxed)
+}
+
+/// Wrapping sum of the words, with AVX-512 loads where available (the widest loads this CPU
+/// issues, the same the kernels use), else portable code.
+pub fn sum_words(words: &[u64]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: avx512f was just detected.
+        return unsafe { sum_words_avx512(words) };
+    }
+    words.iter().fold(0u64, |a, &w| a.wrapping_add(w))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn sum_words_avx512(words: &[u64]) -> u64 {
+    use core::arch::x86_64::*;
+    let mut acc = [_mm512_setzero_si512(); 4];
+    let chunks = words.chunks_exact(32);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (j, a) in acc.iter_mut().enumerate() {
+            // SAFETY: each chunk holds 32 words; j < 4 picks 8 of them.
+            let v = unsafe { _mm512_loadu_si512(chunk.as_ptr().add(8 * j).cast()) };
+            *a = _mm512_add_epi64(*a, v);
+        }
+    }
+    let v = _mm512_add_epi64(
+        _mm512_add_epi64(acc[0], acc[1]),
+        _mm512_add_epi64(acc[2], acc[3]),
+    );
+    let mut lanes = [0u64; 8];
+    // SAFETY: `lanes` is 64 writable bytes.
+    unsafe { _mm512_storeu_si512(lanes.as_mut_ptr().cast(), v) };
+    lanes
+        .iter()
+        .chain(tail)
+        .fold(0u64, |a, &w| a.wrapping_add(w))
+}
+
+/// Checks a kernel's first rows against the scalar oracle once, outside any timed loop:
+/// relative deviation at most 1e-4 (exact tiers) or 5e-2 (approximate tiers) of Σ|y|/n.
+pub fn check_against_scalar(tier_exact: bool, got: &[f32], want: &[f32]) {
+    let scale = want.iter().map(|v| v.abs()).sum::<f32>() / want.len() as f32;
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    let allowed = if tier_exact { 1e-4 } else { 5e-2 } * scale.max(f32::MIN_POSITIVE);
+    assert!(
+        worst <= allowed,
+        "kernel disagrees with scalar: max |Δ| {worst} > {allowed}"
+    );
+}

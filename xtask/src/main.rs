@@ -3,6 +3,7 @@
 //! `main` is a dispatcher: each task is one entry of [`TASKS`] with its own module. To add a
 //! task, write `fn run(args: &[String]) -> Result<()>` in a new module and list it there.
 
+mod bench_kernels;
 mod oracle;
 
 use std::path::{Path, PathBuf};
@@ -18,13 +19,22 @@ struct Task {
     run: fn(&[String]) -> Result<()>,
 }
 
-const TASKS: &[Task] = &[Task {
-    name: "oracle-mxfp4",
-    usage: "[--venv DIR] [--out FILE]",
-    about: "regenerate the frozen MXFP4 decode oracle from pinned PyPI references \
+const TASKS: &[Task] = &[
+    Task {
+        name: "bench-kernels",
+        usage: "[--tiers scalar,avx512,...] [--threads 1,2] [--trials N] [--filter TEXT]",
+        about: "quick roofline of the kernels on K3 shapes: weight GB/s and % of the read \
+                bandwidth measured in the same trials (criterion: cargo bench --bench kernels)",
+        run: bench_kernels::run,
+    },
+    Task {
+        name: "oracle-mxfp4",
+        usage: "[--venv DIR] [--out FILE]",
+        about: "regenerate the frozen MXFP4 decode oracle from pinned PyPI references \
             (ml-dtypes, compressed-tensors) in a Python venv",
-    run: oracle::run,
-}];
+        run: oracle::run,
+    },
+];
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

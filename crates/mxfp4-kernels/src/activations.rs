@@ -41,8 +41,13 @@ pub struct Activations {
 
 impl Activations {
     pub(crate) fn new(tier: Tier, x: &[f32], cols: usize) -> Result<Self> {
-        if cols == 0 || x.is_empty() || !x.len().is_multiple_of(cols) || x.len() / cols > MAX_TOKENS {
-            return Err(Error::ActivationLength { cols, found: x.len(), max: MAX_TOKENS });
+        if cols == 0 || x.is_empty() || !x.len().is_multiple_of(cols) || x.len() / cols > MAX_TOKENS
+        {
+            return Err(Error::ActivationLength {
+                cols,
+                found: x.len(),
+                max: MAX_TOKENS,
+            });
         }
         let tokens = x.len() / cols;
         let padded = padded_cols(cols);
@@ -66,14 +71,17 @@ impl Activations {
         match tier {
             Tier::Scalar => {}
             Tier::Avx512 => {
-                act.perm32 = (0..tokens).flat_map(|t| permute32(&padded_token(t))).collect();
+                act.perm32 = (0..tokens)
+                    .flat_map(|t| permute32(&padded_token(t)))
+                    .collect();
             }
             Tier::Avx512Bf16 | Tier::Avx512Vnni => {
                 for t in 0..tokens {
                     let v = padded_token(t);
                     act.bf16_natural.extend(v.iter().map(|&a| f32_to_bf16(a)));
                     if tier == Tier::Avx512Bf16 {
-                        act.bf16_mx.extend(permute64(&v).iter().map(|&a| f32_to_bf16(a)));
+                        act.bf16_mx
+                            .extend(permute64(&v).iter().map(|&a| f32_to_bf16(a)));
                     } else {
                         act.push_q8(&v);
                     }
@@ -112,7 +120,11 @@ impl Activations {
                 let step = amax / 127.0;
                 steps[g] = step;
                 for (j, &a) in group.iter().enumerate() {
-                    let scaled = if step > 0.0 { (a / step).round_ties_even() } else { 0.0 };
+                    let scaled = if step > 0.0 {
+                        (a / step).round_ties_even()
+                    } else {
+                        0.0
+                    };
                     q[32 * g + j] = scaled.clamp(-127.0, 127.0) as i8;
                 }
             }
@@ -125,7 +137,9 @@ impl Activations {
                 }
             }
             for lane in 0..16 {
-                let sum: i32 = (4 * lane..4 * lane + 4).map(|i| i32::from(lo[i]) + i32::from(hi[i])).sum();
+                let sum: i32 = (4 * lane..4 * lane + 4)
+                    .map(|i| i32::from(lo[i]) + i32::from(hi[i]))
+                    .sum();
                 self.q8_correction.push(-12 * sum);
                 self.q8_step.push(steps[lane / 4]);
             }

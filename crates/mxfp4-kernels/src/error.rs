@@ -17,17 +17,35 @@ pub enum Error {
         found: usize,
     },
     #[error("{what}: E8M0 scale byte 0xff (NaN) at row {row}, group {group}")]
-    NanScale { what: &'static str, row: usize, group: usize },
+    NanScale {
+        what: &'static str,
+        row: usize,
+        group: usize,
+    },
     #[error("{what}: shape [{rows}, {cols}] is empty or overflows usize")]
-    BadShape { what: &'static str, rows: usize, cols: usize },
+    BadShape {
+        what: &'static str,
+        rows: usize,
+        cols: usize,
+    },
     #[error("row range {start}..{end} is outside a matrix of {rows} rows")]
-    RowRange { start: usize, end: usize, rows: usize },
+    RowRange {
+        start: usize,
+        end: usize,
+        rows: usize,
+    },
     #[error("output holds {found} f32, expected {expected}")]
     OutputLength { expected: usize, found: usize },
     #[error("activations have {found} columns, the matrix has {expected}")]
     ActivationCols { expected: usize, found: usize },
-    #[error("activations hold {found} f32, expected a multiple of cols {cols} covering 1..={max} tokens")]
-    ActivationLength { cols: usize, found: usize, max: usize },
+    #[error(
+        "activations hold {found} f32, expected a multiple of cols {cols} covering 1..={max} tokens"
+    )]
+    ActivationLength {
+        cols: usize,
+        found: usize,
+        max: usize,
+    },
     #[error("activations were prepared for tier {prepared}, kernels are tier {kernels}")]
     TierMismatch { prepared: Tier, kernels: Tier },
     #[error("tier {tier} needs the CPU feature {missing}, which this CPU lacks")]

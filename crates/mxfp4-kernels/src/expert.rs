@@ -70,14 +70,21 @@ impl Kernels {
         self.matmul_mxfp4(gate, z, rows.clone(), &mut scratch.gate)?;
         self.matmul_mxfp4(up, z, rows, &mut scratch.up)?;
         if hidden.len() != n {
-            return Err(Error::OutputLength { expected: n, found: hidden.len() });
+            return Err(Error::OutputLength {
+                expected: n,
+                found: hidden.len(),
+            });
         }
         situ.apply(self, &scratch.gate, &scratch.up, hidden);
         Ok(())
     }
 }
 
-fn check_expert(gate: &MxFp4Matrix<'_>, up: &MxFp4Matrix<'_>, down: &MxFp4Matrix<'_>) -> Result<()> {
+fn check_expert(
+    gate: &MxFp4Matrix<'_>,
+    up: &MxFp4Matrix<'_>,
+    down: &MxFp4Matrix<'_>,
+) -> Result<()> {
     if gate.rows() != up.rows() || gate.cols() != up.cols() || down.cols() != gate.rows() {
         return Err(Error::ExpertShapes(format!(
             "gate [{}, {}], up [{}, {}], down [{}, {}]: gate and up must match and down.cols must equal gate.rows",

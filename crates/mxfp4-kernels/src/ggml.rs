@@ -74,7 +74,11 @@ pub fn from_ggml(blocks: &[BlockMxfp4], rows: usize, cols: usize) -> Result<(Vec
     let mut scales = vec![0u8; rows * groups];
     for (index, block) in blocks.iter().enumerate() {
         if block.e == E8M0_NAN {
-            return Err(Error::NanScale { what, row: index / groups, group: index % groups });
+            return Err(Error::NanScale {
+                what,
+                row: index / groups,
+                group: index % groups,
+            });
         }
         scales[index] = block.e;
         let code = |i: usize| {

@@ -22,13 +22,21 @@ pub(crate) fn dequant_mxfp4(matrix: &MxFp4Matrix<'_>, rows: Range<usize>, out: &
 pub(crate) fn dequant_bf16(matrix: &Bf16Matrix<'_>, rows: Range<usize>, out: &mut [f32]) {
     let cols = matrix.cols();
     for (row, out_row) in rows.zip(out.chunks_exact_mut(cols)) {
-        for (w, pair) in out_row.iter_mut().zip(matrix.row_bytes(row).chunks_exact(2)) {
+        for (w, pair) in out_row
+            .iter_mut()
+            .zip(matrix.row_bytes(row).chunks_exact(2))
+        {
             *w = bf16_to_f32(u16::from_le_bytes([pair[0], pair[1]]));
         }
     }
 }
 
-pub(crate) fn matmul_mxfp4(matrix: &MxFp4Matrix<'_>, act: &Activations, rows: Range<usize>, out: &mut [f32]) {
+pub(crate) fn matmul_mxfp4(
+    matrix: &MxFp4Matrix<'_>,
+    act: &Activations,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
     let n_rows = rows.len();
     let mut w = vec![0.0f32; matrix.cols()];
     for (i, row) in rows.enumerate() {
@@ -39,7 +47,12 @@ pub(crate) fn matmul_mxfp4(matrix: &MxFp4Matrix<'_>, act: &Activations, rows: Ra
     }
 }
 
-pub(crate) fn matmul_bf16(matrix: &Bf16Matrix<'_>, act: &Activations, rows: Range<usize>, out: &mut [f32]) {
+pub(crate) fn matmul_bf16(
+    matrix: &Bf16Matrix<'_>,
+    act: &Activations,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
     let n_rows = rows.len();
     let mut w = vec![0.0f32; matrix.cols()];
     for (i, row) in rows.enumerate() {

@@ -49,7 +49,10 @@ const TANH_POLY: [f32; 8] = [
 
 impl Situ {
     /// K3's betas (config `activation_situ_beta` 4.0, `activation_situ_linear_beta` 25.0).
-    pub const K3: Situ = Situ { beta: 4.0, linear_beta: Some(25.0) };
+    pub const K3: Situ = Situ {
+        beta: 4.0,
+        linear_beta: Some(25.0),
+    };
 
     /// One element (the scalar definition).
     #[inline]
@@ -67,7 +70,10 @@ impl Situ {
     /// # Panics
     /// If the three slices differ in length.
     pub fn apply(&self, kernels: &Kernels, gate: &[f32], up: &[f32], out: &mut [f32]) {
-        assert!(gate.len() == up.len() && up.len() == out.len(), "situ: slice lengths differ");
+        assert!(
+            gate.len() == up.len() && up.len() == out.len(),
+            "situ: slice lengths differ"
+        );
         let done = match kernels.tier() {
             Tier::Scalar => 0,
             #[cfg(target_arch = "x86_64")]
@@ -143,8 +149,16 @@ mod simd {
         let whole = out.len() / 16 * 16;
         for i in (0..whole).step_by(16) {
             // SAFETY: i + 16 <= len of all three slices.
-            let (g, u) = unsafe { (_mm512_loadu_ps(gate.as_ptr().add(i)), _mm512_loadu_ps(up.as_ptr().add(i))) };
-            let activated = _mm512_mul_ps(_mm512_mul_ps(beta, tanh(_mm512_div_ps(g, beta))), sigmoid(g));
+            let (g, u) = unsafe {
+                (
+                    _mm512_loadu_ps(gate.as_ptr().add(i)),
+                    _mm512_loadu_ps(up.as_ptr().add(i)),
+                )
+            };
+            let activated = _mm512_mul_ps(
+                _mm512_mul_ps(beta, tanh(_mm512_div_ps(g, beta))),
+                sigmoid(g),
+            );
             let linear = match situ.linear_beta {
                 Some(b) => {
                     let b = _mm512_set1_ps(b);
@@ -161,18 +175,23 @@ mod simd {
     #[target_feature(enable = "avx512f")]
     #[inline]
     fn exp(a: __m512) -> __m512 {
-        let a = _mm512_max_ps(_mm512_set1_ps(EXP_LO), _mm512_min_ps(_mm512_set1_ps(EXP_HI), a));
-        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
-            a,
-            _mm512_set1_ps(LOG2E),
-        ));
+        let a = _mm512_max_ps(
+            _mm512_set1_ps(EXP_LO),
+            _mm512_min_ps(_mm512_set1_ps(EXP_HI), a),
+        );
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm512_mul_ps(a, _mm512_set1_ps(LOG2E)),
+        );
         let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), a);
         let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
         let mut p = _mm512_set1_ps(EXP_POLY[0]);
         for &c in &EXP_POLY[1..] {
             p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
         }
-        let bits = _mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)));
+        let bits = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+            _mm512_cvtps_epi32(n),
+            _mm512_set1_epi32(127),
+        ));
         _mm512_mul_ps(p, _mm512_castsi512_ps(bits))
     }
 
@@ -189,9 +208,13 @@ mod simd {
         let series = _mm512_fmadd_ps(_mm512_mul_ps(a, s), p, a);
         let one = _mm512_set1_ps(1.0);
         let e = exp(_mm512_mul_ps(_mm512_set1_ps(2.0), abs));
-        let t = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0), _mm512_add_ps(e, one)));
+        let t = _mm512_sub_ps(
+            one,
+            _mm512_div_ps(_mm512_set1_ps(2.0), _mm512_add_ps(e, one)),
+        );
         // copysign: clear t's sign bit, take a's (vpternlog: (t & !sign) | (a & sign)).
-        let signed = _mm512_ternarylogic_epi32::<0xD8>(_mm512_castps_si512(t), _mm512_castps_si512(a), sign);
+        let signed =
+            _mm512_ternarylogic_epi32::<0xD8>(_mm512_castps_si512(t), _mm512_castps_si512(a), sign);
         let small = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(abs, _mm512_set1_ps(TANH_SERIES_LIMIT));
         _mm512_mask_blend_ps(small, _mm512_castsi512_ps(signed), series)
     }
@@ -200,7 +223,10 @@ mod simd {
     #[inline]
     fn sigmoid(a: __m512) -> __m512 {
         // Flip the sign bit, as scalar `-a` does (0 - a would turn -0 into +0).
-        let neg = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(a), _mm512_set1_epi32(i32::MIN)));
+        let neg = _mm512_castsi512_ps(_mm512_xor_si512(
+            _mm512_castps_si512(a),
+            _mm512_set1_epi32(i32::MIN),
+        ));
         let one = _mm512_set1_ps(1.0);
         _mm512_div_ps(one, _mm512_add_ps(one, exp(neg)))
     }

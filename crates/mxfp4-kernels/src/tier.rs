@@ -6,8 +6,8 @@ use std::str::FromStr;
 
 use crate::activations::Activations;
 use crate::error::{Error, Result};
-use crate::view::{Bf16Matrix, MxFp4Matrix};
 use crate::scalar;
+use crate::view::{Bf16Matrix, MxFp4Matrix};
 
 /// A family of kernels. Exact tiers decode weights exactly to f32 and use f32 arithmetic; they
 /// differ from `Scalar` only by summation order. Approximate tiers round the activations.
@@ -25,7 +25,12 @@ pub enum Tier {
 }
 
 impl Tier {
-    pub const ALL: [Tier; 4] = [Tier::Scalar, Tier::Avx512, Tier::Avx512Bf16, Tier::Avx512Vnni];
+    pub const ALL: [Tier; 4] = [
+        Tier::Scalar,
+        Tier::Avx512,
+        Tier::Avx512Bf16,
+        Tier::Avx512Vnni,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -54,13 +59,25 @@ impl Tier {
                 ("avx512vl", std::arch::is_x86_feature_detected!("avx512vl")),
             ];
             if self == Tier::Avx512Bf16 || self == Tier::Avx512Vnni {
-                needed.push(("avx512bf16", std::arch::is_x86_feature_detected!("avx512bf16")));
+                needed.push((
+                    "avx512bf16",
+                    std::arch::is_x86_feature_detected!("avx512bf16"),
+                ));
             }
             if self == Tier::Avx512Vnni {
-                needed.push(("avx512vnni", std::arch::is_x86_feature_detected!("avx512vnni")));
-                needed.push(("avx512vbmi", std::arch::is_x86_feature_detected!("avx512vbmi")));
+                needed.push((
+                    "avx512vnni",
+                    std::arch::is_x86_feature_detected!("avx512vnni"),
+                ));
+                needed.push((
+                    "avx512vbmi",
+                    std::arch::is_x86_feature_detected!("avx512vbmi"),
+                ));
             }
-            needed.into_iter().find(|(_, present)| !present).map(|(name, _)| name)
+            needed
+                .into_iter()
+                .find(|(_, present)| !present)
+                .map(|(name, _)| name)
         }
         #[cfg(not(target_arch = "x86_64"))]
         Some("x86_64")
@@ -112,7 +129,10 @@ impl Kernels {
 
     /// Every tier this CPU can run.
     pub fn available() -> Vec<Kernels> {
-        Tier::ALL.into_iter().filter_map(|t| Self::new(t).ok()).collect()
+        Tier::ALL
+            .into_iter()
+            .filter_map(|t| Self::new(t).ok())
+            .collect()
     }
 
     pub fn tier(&self) -> Tier {
@@ -121,7 +141,12 @@ impl Kernels {
 
     /// Dequantizes `rows` of `matrix` into `out` (`rows.len() * cols` f32, row-major).
     /// Every tier is bit-identical to scalar.
-    pub fn dequant_mxfp4(&self, matrix: &MxFp4Matrix<'_>, rows: Range<usize>, out: &mut [f32]) -> Result<()> {
+    pub fn dequant_mxfp4(
+        &self,
+        matrix: &MxFp4Matrix<'_>,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()> {
         check_rows(&rows, matrix.rows())?;
         check_out(rows.len() * matrix.cols(), out.len())?;
         match self.tier {
@@ -136,7 +161,12 @@ impl Kernels {
     }
 
     /// Widens `rows` of a BF16 matrix to f32 (exact in every tier).
-    pub fn dequant_bf16(&self, matrix: &Bf16Matrix<'_>, rows: Range<usize>, out: &mut [f32]) -> Result<()> {
+    pub fn dequant_bf16(
+        &self,
+        matrix: &Bf16Matrix<'_>,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()> {
         check_rows(&rows, matrix.rows())?;
         check_out(rows.len() * matrix.cols(), out.len())?;
         scalar::dequant_bf16(matrix, rows, out);
@@ -211,10 +241,16 @@ impl Kernels {
         out: &[f32],
     ) -> Result<()> {
         if act.tier() != self.tier {
-            return Err(Error::TierMismatch { prepared: act.tier(), kernels: self.tier });
+            return Err(Error::TierMismatch {
+                prepared: act.tier(),
+                kernels: self.tier,
+            });
         }
         if act.cols() != matrix_cols {
-            return Err(Error::ActivationCols { expected: matrix_cols, found: act.cols() });
+            return Err(Error::ActivationCols {
+                expected: matrix_cols,
+                found: act.cols(),
+            });
         }
         check_rows(rows, matrix_rows)?;
         check_out(rows.len() * act.tokens(), out.len())
@@ -223,7 +259,11 @@ impl Kernels {
 
 fn check_rows(rows: &Range<usize>, n_rows: usize) -> Result<()> {
     if rows.start > rows.end || rows.end > n_rows {
-        return Err(Error::RowRange { start: rows.start, end: rows.end, rows: n_rows });
+        return Err(Error::RowRange {
+            start: rows.start,
+            end: rows.end,
+            rows: n_rows,
+        });
     }
     Ok(())
 }

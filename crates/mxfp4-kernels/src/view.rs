@@ -53,16 +53,32 @@ impl<'a> MxFp4Matrix<'a> {
             if expected == found {
                 Ok(())
             } else {
-                Err(Error::BufferLength { what, buffer, rows, cols, expected, found })
+                Err(Error::BufferLength {
+                    what,
+                    buffer,
+                    rows,
+                    cols,
+                    expected,
+                    found,
+                })
             }
         };
         check("weight_packed", rows * cols / 2, packed.len())?;
         check("weight_scale", rows * (cols / GROUP), scales.len())?;
         if let Some(pos) = scales.iter().position(|&s| s == E8M0_NAN) {
             let groups = cols / GROUP;
-            return Err(Error::NanScale { what, row: pos / groups, group: pos % groups });
+            return Err(Error::NanScale {
+                what,
+                row: pos / groups,
+                group: pos % groups,
+            });
         }
-        Ok(Self { packed, scales, rows, cols })
+        Ok(Self {
+            packed,
+            scales,
+            rows,
+            cols,
+        })
     }
 
     pub fn rows(&self) -> usize {
@@ -110,7 +126,12 @@ impl<'a> Bf16Matrix<'a> {
     }
 
     /// As [`Bf16Matrix::new`], naming the tensor in errors.
-    pub fn with_name(what: &'static str, bytes: &'a [u8], rows: usize, cols: usize) -> Result<Self> {
+    pub fn with_name(
+        what: &'static str,
+        bytes: &'a [u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self> {
         let Some(expected) = rows.checked_mul(cols).and_then(|n| n.checked_mul(2)) else {
             return Err(Error::BadShape { what, rows, cols });
         };

@@ -11,7 +11,7 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{by_tokens, run_rows, scales16, store_sums};
+use super::{by_tokens, load_bytes32, load_bytes64, prefetch_next_window, run_rows, scales16, store_sums};
 use crate::activations::Activations;
 use crate::codes::E2M1_VALUES;
 use crate::view::{Bf16Matrix, MxFp4Matrix};
@@ -52,8 +52,13 @@ fn as_bh(v: __m512i) -> __m512bh {
 /// # Safety
 /// The CPU must have avx512f/bw/vl and avx512bf16; shapes as checked by `Kernels`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-pub(crate) unsafe fn matmul_mxfp4(matrix: &MxFp4Matrix<'_>, act: &Activations, rows: Range<usize>, out: &mut [f32]) {
-    by_tokens!(mxfp4_block, matrix, act, rows, out);
+pub(crate) unsafe fn matmul_mxfp4(
+    matrix: &MxFp4Matrix<'_>,
+    act: &Activations,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    by_tokens!(mxfp4_block, 8, matrix, act, rows, out);
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
@@ -78,7 +83,8 @@ fn mxfp4_block<const R: usize, const T: usize>(
     let table = unsafe { _mm512_loadu_si512(E2M1_BF16_X2.as_ptr().cast()) };
     let mut acc = [[_mm512_setzero_ps(); T]; R];
     let mut row_scales = [_mm512_setzero_ps(); R];
-    for pair in 0..groups.div_ceil(2) {
+    let pairs = groups.div_ceil(2);
+    for pair in 0..pairs {
         let g = 2 * pair;
         if g % 16 == 0 {
             for (r, s) in row_scales.iter_mut().enumerate() {
@@ -88,7 +94,7 @@ fn mxfp4_block<const R: usize, const T: usize>(
         }
         // SAFETY: PAIR_LANES rows are 16 i32.
         let lanes = unsafe { _mm512_loadu_si512(PAIR_LANES[(g % 16) / 2].as_ptr().cast()) };
-        let code_mask: __mmask32 = if g + 1 < groups { u32::MAX } else { 0xFFFF };
+        let code_bytes = 16 * (groups - g).min(2);
         let mut x_low = [_mm512_setzero_si512(); T];
         let mut x_high = [_mm512_setzero_si512(); T];
         for t in 0..T {
@@ -98,9 +104,11 @@ fn mxfp4_block<const R: usize, const T: usize>(
                 x_high[t] = _mm512_loadu_si512(x.add(t * stride + 32 * g + 32).cast());
             }
         }
+        prefetch_next_window(packed, R * row_bytes, pair, pairs);
         for r in 0..R {
-            // SAFETY: the mask limits the load to the groups left in row row0 + r.
-            let bytes = unsafe { _mm256_maskz_loadu_epi8(code_mask, packed.add(r * row_bytes + 16 * g).cast()) };
+            let at = packed.wrapping_add(r * row_bytes + 16 * g);
+            // SAFETY: `code_bytes` bytes of the groups left in row row0 + r are readable.
+            let bytes = unsafe { load_bytes32(at, code_bytes) };
             let words = _mm512_cvtepu8_epi16(bytes);
             let w_low = _mm512_permutexvar_epi16(words, table);
             let w_high = _mm512_permutexvar_epi16(_mm512_srli_epi16::<4>(words), table);
@@ -118,8 +126,13 @@ fn mxfp4_block<const R: usize, const T: usize>(
 /// # Safety
 /// The CPU must have avx512f/bw/vl and avx512bf16; shapes as checked by `Kernels`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-pub(crate) unsafe fn matmul_bf16(matrix: &Bf16Matrix<'_>, act: &Activations, rows: Range<usize>, out: &mut [f32]) {
-    by_tokens!(bf16_block, matrix, act, rows, out);
+pub(crate) unsafe fn matmul_bf16(
+    matrix: &Bf16Matrix<'_>,
+    act: &Activations,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    by_tokens!(bf16_block, 16, matrix, act, rows, out);
 }
 
 /// BF16 rows: 32 weights and 32 BF16 activations in column order, one `vdpbf16ps`.
@@ -140,17 +153,19 @@ fn bf16_block<const R: usize, const T: usize>(
     let base = m.bytes()[row0 * cols * 2..].as_ptr().cast::<u16>();
     let x = act.bf16_natural.as_ptr();
     let mut acc = [[_mm512_setzero_ps(); T]; R];
-    for block in 0..cols.div_ceil(32) {
+    let blocks = cols.div_ceil(32);
+    for block in 0..blocks {
         let valid = (cols - 32 * block).min(32);
-        let mask: __mmask32 = if valid == 32 { u32::MAX } else { (1u32 << valid) - 1 };
         let mut xs = [_mm512_setzero_si512(); T];
         for (t, xt) in xs.iter_mut().enumerate() {
             // SAFETY: 32 * block + 32 <= stride, inside `bf16_natural`.
             *xt = unsafe { _mm512_loadu_si512(x.add(t * stride + 32 * block).cast()) };
         }
+        prefetch_next_window(base.cast(), R * cols * 2, block, blocks);
         for r in 0..R {
-            // SAFETY: the mask limits the load to the `valid` values left in row row0 + r.
-            let w = unsafe { _mm512_maskz_loadu_epi16(mask, base.add(r * cols + 32 * block).cast()) };
+            let at = base.wrapping_add(r * cols + 32 * block);
+            // SAFETY: `valid` values are left in row row0 + r from `at`.
+            let w = unsafe { load_bytes64(at.cast(), 2 * valid) };
             for t in 0..T {
                 acc[r][t] = _mm512_dpbf16_ps(acc[r][t], as_bh(w), as_bh(xs[t]));
             }

@@ -10,7 +10,7 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{by_tokens, run_rows, store_sums};
+use super::{by_tokens, load_bytes64, prefetch_next_window, run_rows, store_sums};
 use crate::activations::Activations;
 use crate::codes::{E2M1_VALUES, E8M0_TO_F32};
 use crate::view::{Bf16Matrix, GROUP, GROUP_BYTES, MxFp4Matrix};
@@ -27,7 +27,10 @@ pub(crate) unsafe fn dequant_mxfp4(matrix: &MxFp4Matrix<'_>, rows: Range<usize>,
     let cols = matrix.cols();
     for (row, out_row) in rows.zip(out.chunks_exact_mut(cols)) {
         let packed = matrix.packed_row(row).chunks_exact(GROUP_BYTES);
-        for ((codes, &scale), dst) in packed.zip(matrix.scale_row(row)).zip(out_row.chunks_exact_mut(GROUP)) {
+        for ((codes, &scale), dst) in packed
+            .zip(matrix.scale_row(row))
+            .zip(out_row.chunks_exact_mut(GROUP))
+        {
             // SAFETY: `codes` is exactly 16 readable bytes.
             let v = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(codes.as_ptr().cast()) });
             let scaled = _mm512_mul_ps(table, _mm512_set1_ps(E8M0_TO_F32[scale as usize]));
@@ -36,7 +39,10 @@ pub(crate) unsafe fn dequant_mxfp4(matrix: &MxFp4Matrix<'_>, rows: Range<usize>,
             // SAFETY: `dst` is exactly 32 writable f32.
             unsafe {
                 _mm512_storeu_ps(dst.as_mut_ptr(), _mm512_permutex2var_ps(low, first, high));
-                _mm512_storeu_ps(dst.as_mut_ptr().add(16), _mm512_permutex2var_ps(low, second, high));
+                _mm512_storeu_ps(
+                    dst.as_mut_ptr().add(16),
+                    _mm512_permutex2var_ps(low, second, high),
+                );
             }
         }
     }
@@ -46,8 +52,13 @@ pub(crate) unsafe fn dequant_mxfp4(matrix: &MxFp4Matrix<'_>, rows: Range<usize>,
 /// As [`dequant_mxfp4`]; `act` was prepared for this tier with `matrix.cols()` columns and
 /// `out` holds `rows.len() * act.tokens()` f32.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(crate) unsafe fn matmul_mxfp4(matrix: &MxFp4Matrix<'_>, act: &Activations, rows: Range<usize>, out: &mut [f32]) {
-    by_tokens!(mxfp4_block, matrix, act, rows, out);
+pub(crate) unsafe fn matmul_mxfp4(
+    matrix: &MxFp4Matrix<'_>,
+    act: &Activations,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    by_tokens!(mxfp4_block, 8, matrix, act, rows, out);
 }
 
 /// Rows `row0..row0+R` for all `T` tokens.
@@ -69,7 +80,6 @@ fn mxfp4_block<const R: usize, const T: usize>(
     let packed = m.packed()[row0 * row_bytes..].as_ptr();
     let scales = &m.scales()[row0 * groups..(row0 + R) * groups];
     let x = act.perm32.as_ptr();
-    let table = e2m1_table();
     let mut acc = [[_mm512_setzero_ps(); T]; R];
     for g in 0..groups {
         let mut even = [_mm512_setzero_ps(); T];
@@ -82,13 +92,13 @@ fn mxfp4_block<const R: usize, const T: usize>(
                 odd[t] = _mm512_loadu_ps(x.add(t * stride + GROUP * g + 16));
             }
         }
+        prefetch_next_window(packed, R * row_bytes, g, groups);
         for r in 0..R {
             // SAFETY: row0 + r < rows (assert above); the group's 16 bytes lie in that row.
             let v = _mm512_cvtepu8_epi32(unsafe {
                 _mm_loadu_si128(packed.add(r * row_bytes + GROUP_BYTES * g).cast())
             });
-            let scale = E8M0_TO_F32[scales[r * groups + g] as usize];
-            let scaled = _mm512_mul_ps(table, _mm512_set1_ps(scale));
+            let scaled = scaled_table(scales[r * groups + g]);
             let low = _mm512_permutexvar_ps(v, scaled);
             let high = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), scaled);
             for t in 0..T {
@@ -103,13 +113,21 @@ fn mxfp4_block<const R: usize, const T: usize>(
 /// # Safety
 /// As [`matmul_mxfp4`], for a BF16 matrix.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(crate) unsafe fn matmul_bf16(matrix: &Bf16Matrix<'_>, act: &Activations, rows: Range<usize>, out: &mut [f32]) {
-    by_tokens!(bf16_block, matrix, act, rows, out);
+pub(crate) unsafe fn matmul_bf16(
+    matrix: &Bf16Matrix<'_>,
+    act: &Activations,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    by_tokens!(bf16_block, 16, matrix, act, rows, out);
 }
 
 /// BF16 rows: 64 bytes hold 32 values; dword lane j has column 2j in its low half and 2j+1 in
 /// its high half, so `<< 16` gives the even columns as f32 and masking the low half the odd
 /// ones — exact widening in two instructions, paired with the same [even, odd] activations.
+///
+/// Memory: a GEMV streams `R` rows at once (16 for one token), 64 bytes of each in turn, while
+/// the next row block is prefetched as one sequential window (`prefetch_next_window`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]
 #[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
@@ -128,9 +146,9 @@ fn bf16_block<const R: usize, const T: usize>(
     let x = act.perm32.as_ptr();
     let high_half = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
     let mut acc = [[_mm512_setzero_ps(); T]; R];
-    for block in 0..cols.div_ceil(32) {
+    let blocks = cols.div_ceil(32);
+    for block in 0..blocks {
         let valid = (cols - 32 * block).min(32);
-        let mask: __mmask32 = if valid == 32 { u32::MAX } else { (1u32 << valid) - 1 };
         let mut even = [_mm512_setzero_ps(); T];
         let mut odd = [_mm512_setzero_ps(); T];
         for t in 0..T {
@@ -140,9 +158,11 @@ fn bf16_block<const R: usize, const T: usize>(
                 odd[t] = _mm512_loadu_ps(x.add(t * stride + 32 * block + 16));
             }
         }
+        prefetch_next_window(base.cast(), R * cols * 2, block, blocks);
         for r in 0..R {
-            // SAFETY: the mask limits the load to the `valid` values left in row row0 + r.
-            let v = unsafe { _mm512_maskz_loadu_epi16(mask, base.add(r * cols + 32 * block).cast()) };
+            let at = base.wrapping_add(r * cols + 32 * block);
+            // SAFETY: `valid` values are left in row row0 + r from `at`.
+            let v = unsafe { load_bytes64(at.cast(), 2 * valid) };
             let w_even = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v));
             let w_odd = _mm512_castsi512_ps(_mm512_and_si512(v, high_half));
             for t in 0..T {
@@ -160,4 +180,41 @@ fn bf16_block<const R: usize, const T: usize>(
 fn e2m1_table() -> __m512 {
     // SAFETY: E2M1_VALUES is 16 f32.
     unsafe { _mm512_loadu_ps(E2M1_VALUES.as_ptr()) }
+}
+
+
+/// E2M1 x 2^(s-127) for every scale byte s: 256 tables of 16 f32 (16 KiB), each product exact,
+/// so a row's group decode loads its table instead of multiplying (one vector op fewer per 32
+/// weights; a decode uses only the few tables of the scales present).
+static SCALED_TABLES: [[f32; 16]; 256] = {
+    let mut tables = [[0.0f32; 16]; 256];
+    let mut s = 0;
+    while s < 256 {
+        let mut code = 0;
+        while code < 16 {
+            tables[s][code] = E2M1_VALUES[code] * E8M0_TO_F32_CONST[s];
+            code += 1;
+        }
+        s += 1;
+    }
+    tables
+};
+
+/// `E8M0_TO_F32` as a const (statics cannot be read in const initialisers).
+const E8M0_TO_F32_CONST: [f32; 256] = {
+    let mut table = [0.0f32; 256];
+    let mut s = 0;
+    while s < 256 {
+        table[s] = crate::codes::e8m0_to_f32(s as u8);
+        s += 1;
+    }
+    table
+};
+
+/// The E2M1 table scaled by the E8M0 byte `s`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn scaled_table(s: u8) -> __m512 {
+    // SAFETY: each table is 16 f32.
+    unsafe { _mm512_loadu_ps(SCALED_TABLES[s as usize].as_ptr()) }
 }

@@ -31,11 +31,13 @@ macro_rules! run_rows {
 }
 
 /// Picks the row blocking for the token count (enough independent FMA chains to hide latency,
-/// few enough accumulators to stay in the 32 vector registers) and runs the kernel.
+/// few enough accumulators to stay in the 32 vector registers) and runs the kernel. A GEMV
+/// streams `$gemv_rows` rows at once: more concurrent row streams keep more cache misses in
+/// flight, up to the point where the accumulators no longer fit in registers.
 macro_rules! by_tokens {
-    ($kernel:ident, $m:expr, $act:expr, $rows:expr, $out:expr) => {
+    ($kernel:ident, $gemv_rows:literal, $m:expr, $act:expr, $rows:expr, $out:expr) => {
         match $act.tokens() {
-            1 => run_rows!($kernel, 8, 1, $m, $act, $rows, $out),
+            1 => run_rows!($kernel, $gemv_rows, 1, $m, $act, $rows, $out),
             2 => run_rows!($kernel, 4, 2, $m, $act, $rows, $out),
             3 => run_rows!($kernel, 2, 3, $m, $act, $rows, $out),
             4 => run_rows!($kernel, 2, 4, $m, $act, $rows, $out),
@@ -56,6 +58,7 @@ macro_rules! by_tokens {
     };
 }
 pub(crate) use {by_tokens, run_rows};
+
 
 /// Horizontal sum in a fixed tree (halves, then quarters, ...), written out so the order never
 /// depends on how the compiler lowers a reduction intrinsic.
@@ -79,13 +82,21 @@ pub(crate) fn hsum(v: __m512) -> f32 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]
 pub(crate) unsafe fn scales16(ptr: *const u8, n: usize) -> __m512 {
-    let mask: __mmask16 = if n >= 16 { 0xFFFF } else { (1u16 << n) - 1 };
-    // SAFETY: the masked load touches only the `n` bytes the caller vouches for.
-    let bytes = unsafe { _mm_maskz_loadu_epi8(mask, ptr.cast()) };
+    let bytes = if n >= 16 {
+        // SAFETY: the caller vouches for 16 readable bytes.
+        unsafe { _mm_loadu_si128(ptr.cast()) }
+    } else {
+        // SAFETY: the masked load touches only the `n` bytes the caller vouches for.
+        unsafe { _mm_maskz_loadu_epi8((1u16 << n) - 1, ptr.cast()) }
+    };
     let s = _mm512_cvtepu8_epi32(bytes);
     let normal = _mm512_slli_epi32::<23>(s);
     let zero = _mm512_cmpeq_epi32_mask(s, _mm512_setzero_si512());
-    _mm512_castsi512_ps(_mm512_mask_mov_epi32(normal, zero, _mm512_set1_epi32(0x0040_0000)))
+    _mm512_castsi512_ps(_mm512_mask_mov_epi32(
+        normal,
+        zero,
+        _mm512_set1_epi32(0x0040_0000),
+    ))
 }
 
 /// Writes the `R x T` accumulators: `out[t * n + local0 + r]`.
@@ -103,3 +114,58 @@ pub(crate) fn store_sums<const R: usize, const T: usize>(
         }
     }
 }
+
+/// Loads `32` bytes, or the first `n < 32` of them (the rest zero). Whole loads are plain:
+/// AVX-512 masked loads that miss the cache stream far slower on Zen 4 (PERFORMANCE.md).
+///
+/// # Safety
+/// `ptr..ptr + min(n, 32)` must be readable.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+pub(crate) unsafe fn load_bytes32(ptr: *const u8, n: usize) -> __m256i {
+    if n >= 32 {
+        // SAFETY: 32 readable bytes, by the caller.
+        unsafe { _mm256_loadu_si256(ptr.cast()) }
+    } else {
+        // SAFETY: the mask limits the load to the `n` readable bytes.
+        unsafe { _mm256_maskz_loadu_epi8((1u32 << n) - 1, ptr.cast()) }
+    }
+}
+
+/// As [`load_bytes32`], for 64 bytes.
+///
+/// # Safety
+/// `ptr..ptr + min(n, 64)` must be readable.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+pub(crate) unsafe fn load_bytes64(ptr: *const u8, n: usize) -> __m512i {
+    if n >= 64 {
+        // SAFETY: 64 readable bytes, by the caller.
+        unsafe { _mm512_loadu_si512(ptr.cast()) }
+    } else {
+        // SAFETY: the mask limits the load to the `n` readable bytes.
+        unsafe { _mm512_maskz_loadu_epi8((1u64 << n) - 1, ptr.cast()) }
+    }
+}
+
+/// Prefetches step `step` of `steps` of the *next* row block: the `window` bytes that follow
+/// `start`. A row block of a matrix is one contiguous window (rows are contiguous), so this is
+/// one sequential prefetch stream running a whole window ahead of the demand loads, whatever
+/// the row length — short MXFP4 rows (1.5-1.8 KB) give per-row prefetchers no time to ramp.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn prefetch_next_window(start: *const u8, window: usize, step: usize, steps: usize) {
+    let lines = window.div_ceil(64);
+    let first = lines * step / steps;
+    let last = lines * (step + 1) / steps;
+    for line in first..last {
+        // Prefetch hint only: it never faults, so an address past the matrix is harmless.
+        _mm_prefetch::<PREFETCH_HINT>(start.wrapping_add(WINDOWS_AHEAD * window + 64 * line).cast());
+    }
+}
+
+/// How many row blocks ahead the window prefetch runs.
+const WINDOWS_AHEAD: usize = 2;
+
+/// Cache level the window prefetch fills.
+const PREFETCH_HINT: i32 = _MM_HINT_T1;

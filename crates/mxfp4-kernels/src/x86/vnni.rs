@@ -11,7 +11,7 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{by_tokens, run_rows, scales16, store_sums};
+use super::{by_tokens, load_bytes64, prefetch_next_window, run_rows, scales16, store_sums};
 use crate::activations::Activations;
 use crate::codes::E2M1_DOUBLED;
 use crate::view::MxFp4Matrix;
@@ -45,8 +45,13 @@ static QUAD_LANES: [[i32; 16]; 4] = {
 /// # Safety
 /// The CPU must have avx512f/bw/vl, avx512vnni and avx512vbmi; shapes as checked by `Kernels`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-pub(crate) unsafe fn matmul_mxfp4(matrix: &MxFp4Matrix<'_>, act: &Activations, rows: Range<usize>, out: &mut [f32]) {
-    by_tokens!(mxfp4_block, matrix, act, rows, out);
+pub(crate) unsafe fn matmul_mxfp4(
+    matrix: &MxFp4Matrix<'_>,
+    act: &Activations,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    by_tokens!(mxfp4_block, 8, matrix, act, rows, out);
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
@@ -78,7 +83,8 @@ fn mxfp4_block<const R: usize, const T: usize>(
     let table = unsafe { _mm512_loadu_si512(CODES_U8_X4.as_ptr().cast()) };
     let mut acc = [[_mm512_setzero_ps(); T]; R];
     let mut row_scales = [_mm512_setzero_ps(); R];
-    for block in 0..groups.div_ceil(4) {
+    let blocks = groups.div_ceil(4);
+    for block in 0..blocks {
         let g = 4 * block;
         if g % 16 == 0 {
             for (r, s) in row_scales.iter_mut().enumerate() {
@@ -88,8 +94,7 @@ fn mxfp4_block<const R: usize, const T: usize>(
         }
         // SAFETY: QUAD_LANES rows are 16 i32.
         let lanes = unsafe { _mm512_loadu_si512(QUAD_LANES[(g % 16) / 4].as_ptr().cast()) };
-        let live = (groups - g).min(4);
-        let code_mask: __mmask64 = if live == 4 { u64::MAX } else { (1u64 << (16 * live)) - 1 };
+        let code_bytes = 16 * (groups - g).min(4);
         let mut x_low = [_mm512_setzero_si512(); T];
         let mut x_high = [_mm512_setzero_si512(); T];
         let mut start = [_mm512_setzero_si512(); T];
@@ -104,13 +109,18 @@ fn mxfp4_block<const R: usize, const T: usize>(
                 x_step[t] = _mm512_loadu_ps(step.add(16 * at));
             }
         }
+        prefetch_next_window(packed, R * row_bytes, block, blocks);
         for r in 0..R {
-            // SAFETY: the mask limits the load to the groups left in row row0 + r.
-            let v = unsafe { _mm512_maskz_loadu_epi8(code_mask, packed.add(r * row_bytes + 16 * g).cast()) };
+            let at = packed.wrapping_add(r * row_bytes + 16 * g);
+            // SAFETY: `code_bytes` bytes of the groups left in row row0 + r are readable.
+            let v = unsafe { load_bytes64(at, code_bytes) };
             let w_low = _mm512_permutexvar_epi8(v, table);
             let w_high = _mm512_permutexvar_epi8(_mm512_srli_epi16::<4>(v), table);
             // 2^(s-127) / 2 undoes the doubled codes; exact (a power of two).
-            let w_scale = _mm512_mul_ps(_mm512_permutexvar_ps(lanes, row_scales[r]), _mm512_set1_ps(0.5));
+            let w_scale = _mm512_mul_ps(
+                _mm512_permutexvar_ps(lanes, row_scales[r]),
+                _mm512_set1_ps(0.5),
+            );
             for t in 0..T {
                 let dot = _mm512_dpbusd_epi32(start[t], w_low, x_low[t]);
                 let dot = _mm512_dpbusd_epi32(dot, w_high, x_high[t]);

@@ -41,11 +41,24 @@ pub(crate) struct OwnedMx {
 
 impl OwnedMx {
     /// Random codes; scale bytes drawn from `scale_lo..=scale_hi`.
-    pub(crate) fn random(rng: &mut Rng, rows: usize, cols: usize, scale_lo: u8, scale_hi: u8) -> Self {
+    pub(crate) fn random(
+        rng: &mut Rng,
+        rows: usize,
+        cols: usize,
+        scale_lo: u8,
+        scale_hi: u8,
+    ) -> Self {
         let packed = rng.bytes(rows * cols / 2);
         let span = u64::from(scale_hi - scale_lo) + 1;
-        let scales = (0..rows * cols / 32).map(|_| scale_lo + rng.below(span) as u8).collect();
-        Self { packed, scales, rows, cols }
+        let scales = (0..rows * cols / 32)
+            .map(|_| scale_lo + rng.below(span) as u8)
+            .collect();
+        Self {
+            packed,
+            scales,
+            rows,
+            cols,
+        }
     }
     pub(crate) fn view(&self) -> mxfp4_kernels::MxFp4Matrix<'_> {
         mxfp4_kernels::MxFp4Matrix::new(&self.packed, &self.scales, self.rows, self.cols).unwrap()
@@ -54,13 +67,16 @@ impl OwnedMx {
     pub(crate) fn weight(&self, r: usize, c: usize) -> f32 {
         let byte = self.packed[r * self.cols / 2 + c / 2];
         let code = (byte >> (4 * (c % 2))) & 0xF;
-        mxfp4_kernels::codes::E2M1_VALUES[code as usize] * E8M0_TO_F32[self.scales[r * self.cols / 32 + c / 32] as usize]
+        mxfp4_kernels::codes::E2M1_VALUES[code as usize]
+            * E8M0_TO_F32[self.scales[r * self.cols / 32 + c / 32] as usize]
     }
 }
 
 /// Random BF16 bytes of finite values with magnitudes around 1.
 pub(crate) fn random_bf16(rng: &mut Rng, n: usize) -> Vec<u8> {
-    (0..n).flat_map(|_| f32_to_bf16(rng.unit() * 2.0).to_le_bytes()).collect()
+    (0..n)
+        .flat_map(|_| f32_to_bf16(rng.unit() * 2.0).to_le_bytes())
+        .collect()
 }
 
 pub(crate) fn random_vec(rng: &mut Rng, n: usize) -> Vec<f32> {
@@ -113,7 +129,10 @@ pub(crate) fn tiers() -> Vec<Kernels> {
     if available.len() < Tier::ALL.len() {
         eprintln!(
             "note: this CPU runs only {:?}; the other tiers are not tested here",
-            available.iter().map(|k| k.tier().name()).collect::<Vec<_>>()
+            available
+                .iter()
+                .map(|k| k.tier().name())
+                .collect::<Vec<_>>()
         );
     }
     available

@@ -16,7 +16,11 @@ fn e8m0_edges_follow_ocp_mx() {
     assert_eq!(e8m0_to_f32(0xFE), 2f32.powi(127));
     assert!(e8m0_to_f32(0xFF).is_nan());
     for s in 1..=254u8 {
-        assert_eq!(E8M0_TO_F32[s as usize], 2f64.powi(i32::from(s) - 127) as f32, "scale byte {s}");
+        assert_eq!(
+            E8M0_TO_F32[s as usize],
+            2f64.powi(i32::from(s) - 127) as f32,
+            "scale byte {s}"
+        );
     }
 }
 
@@ -40,7 +44,11 @@ fn every_code_under_every_scale() {
     let mut packed = vec![0u8; rows * cols / 2];
     for row in 0..rows {
         for b in 0..16 {
-            let (lo, hi) = if b < 8 { (2 * b, 2 * b + 1) } else { (31 - 2 * b, 30 - 2 * b) };
+            let (lo, hi) = if b < 8 {
+                (2 * b, 2 * b + 1)
+            } else {
+                (31 - 2 * b, 30 - 2 * b)
+            };
             packed[row * 16 + b] = (lo as u8 & 0xF) | ((hi as u8 & 0xF) << 4);
         }
     }
@@ -55,14 +63,24 @@ fn every_code_under_every_scale() {
                 let code = (packed[row * 16 + c / 2] >> (4 * (c % 2))) & 0xF;
                 seen[row][code as usize] = true;
                 let want = E2M1_VALUES[code as usize] * E8M0_TO_F32[row];
-                assert_eq!(out[row * cols + c].to_bits(), want.to_bits(), "{}: scale {row} code {code}", k.tier());
+                assert_eq!(
+                    out[row * cols + c].to_bits(),
+                    want.to_bits(),
+                    "{}: scale {row} code {code}",
+                    k.tier()
+                );
             }
         }
     }
-    assert!(seen.iter().all(|codes| codes.iter().all(|&s| s)), "not every code/scale pair was covered");
+    assert!(
+        seen.iter().all(|codes| codes.iter().all(|&s| s)),
+        "not every code/scale pair was covered"
+    );
     // -0 stays -0 (equal to 0).
     let mut out = vec![0.0; cols];
-    Kernels::scalar().dequant_mxfp4(&m, 127..128, &mut out).unwrap();
+    Kernels::scalar()
+        .dequant_mxfp4(&m, 127..128, &mut out)
+        .unwrap();
     assert!(out.iter().any(|v| v.to_bits() == (-0.0f32).to_bits()));
 }
 
@@ -74,24 +92,62 @@ fn rejects_nan_scale_and_bad_lengths() {
     scales[5] = 0xFF;
     assert_eq!(
         MxFp4Matrix::new(&packed, &scales, 4, 64).unwrap_err(),
-        Error::NanScale { what: "mxfp4 matrix", row: 2, group: 1 }
+        Error::NanScale {
+            what: "mxfp4 matrix",
+            row: 2,
+            group: 1
+        }
     );
     scales[5] = 0;
     assert!(matches!(
         MxFp4Matrix::new(&packed[1..], &scales, 4, 64),
-        Err(Error::BufferLength { buffer: "weight_packed", expected: 128, found: 127, .. })
+        Err(Error::BufferLength {
+            buffer: "weight_packed",
+            expected: 128,
+            found: 127,
+            ..
+        })
     ));
     assert!(matches!(
         MxFp4Matrix::new(&packed, &scales[1..], 4, 64),
-        Err(Error::BufferLength { buffer: "weight_scale", expected: 8, found: 7, .. })
+        Err(Error::BufferLength {
+            buffer: "weight_scale",
+            expected: 8,
+            found: 7,
+            ..
+        })
     ));
-    assert!(matches!(MxFp4Matrix::new(&packed, &scales, 8, 48), Err(Error::ColsNotGroupMultiple { cols: 48, .. })));
-    assert!(matches!(MxFp4Matrix::new(&[], &[], 0, 32), Err(Error::BadShape { .. })));
-    assert!(matches!(MxFp4Matrix::new(&[], &[], usize::MAX, 64), Err(Error::BadShape { .. })));
-    let msg = MxFp4Matrix::with_name("layers.3.experts.7.w1", &packed, &scales[1..], 4, 64).unwrap_err().to_string();
-    assert!(msg.contains("layers.3.experts.7.w1") && msg.contains("weight_scale") && msg.contains('8'), "{msg}");
-    assert!(matches!(Bf16Matrix::new(&[0u8; 10], 2, 3), Err(Error::BufferLength { expected: 12, found: 10, .. })));
-    assert!(matches!(Bf16Matrix::new(&[], usize::MAX, 4), Err(Error::BadShape { .. })));
+    assert!(matches!(
+        MxFp4Matrix::new(&packed, &scales, 8, 48),
+        Err(Error::ColsNotGroupMultiple { cols: 48, .. })
+    ));
+    assert!(matches!(
+        MxFp4Matrix::new(&[], &[], 0, 32),
+        Err(Error::BadShape { .. })
+    ));
+    assert!(matches!(
+        MxFp4Matrix::new(&[], &[], usize::MAX, 64),
+        Err(Error::BadShape { .. })
+    ));
+    let msg = MxFp4Matrix::with_name("layers.3.experts.7.w1", &packed, &scales[1..], 4, 64)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("layers.3.experts.7.w1") && msg.contains("weight_scale") && msg.contains('8'),
+        "{msg}"
+    );
+    assert!(matches!(
+        Bf16Matrix::new(&[0u8; 10], 2, 3),
+        Err(Error::BufferLength {
+            expected: 12,
+            found: 10,
+            ..
+        })
+    ));
+    assert!(matches!(
+        Bf16Matrix::new(&[], usize::MAX, 4),
+        Err(Error::BadShape { .. })
+    ));
 }
 
 #[test]
@@ -102,20 +158,41 @@ fn kernels_reject_bad_calls_without_panicking() {
     for k in tiers() {
         let act = k.prepare(&[1.0; 32], 32).unwrap();
         let mut out = vec![0.0; 4];
-        assert!(matches!(k.matmul_mxfp4(&m, &act, 2..5, &mut out[..3]), Err(Error::RowRange { .. })));
-        assert!(matches!(k.matmul_mxfp4(&m, &act, 0..4, &mut out[..3]), Err(Error::OutputLength { .. })));
+        assert!(matches!(
+            k.matmul_mxfp4(&m, &act, 2..5, &mut out[..3]),
+            Err(Error::RowRange { .. })
+        ));
+        assert!(matches!(
+            k.matmul_mxfp4(&m, &act, 0..4, &mut out[..3]),
+            Err(Error::OutputLength { .. })
+        ));
         let wide = k.prepare(&[1.0; 64], 64).unwrap();
-        assert!(matches!(k.matmul_mxfp4(&m, &wide, 0..4, &mut out), Err(Error::ActivationCols { .. })));
-        assert!(matches!(k.dequant_mxfp4(&m, 0..4, &mut out), Err(Error::OutputLength { .. })));
-        assert!(matches!(k.prepare(&[1.0; 33], 32), Err(Error::ActivationLength { .. })));
-        assert!(matches!(k.prepare(&vec![1.0; 17 * 32], 32), Err(Error::ActivationLength { .. })));
+        assert!(matches!(
+            k.matmul_mxfp4(&m, &wide, 0..4, &mut out),
+            Err(Error::ActivationCols { .. })
+        ));
+        assert!(matches!(
+            k.dequant_mxfp4(&m, 0..4, &mut out),
+            Err(Error::OutputLength { .. })
+        ));
+        assert!(matches!(
+            k.prepare(&[1.0; 33], 32),
+            Err(Error::ActivationLength { .. })
+        ));
+        assert!(matches!(
+            k.prepare(&vec![1.0; 17 * 32], 32),
+            Err(Error::ActivationLength { .. })
+        ));
         k.matmul_mxfp4(&m, &act, 0..4, &mut out).unwrap();
         assert_eq!(out, [16.0; 4]); // 32 x 0.5 x 1.0
     }
     let scalar_act = Kernels::scalar().prepare(&[1.0; 32], 32).unwrap();
     if let Ok(k) = Kernels::new(Tier::Avx512) {
         let mut out = vec![0.0; 4];
-        assert!(matches!(k.matmul_mxfp4(&m, &scalar_act, 0..4, &mut out), Err(Error::TierMismatch { .. })));
+        assert!(matches!(
+            k.matmul_mxfp4(&m, &scalar_act, 0..4, &mut out),
+            Err(Error::TierMismatch { .. })
+        ));
     }
     assert_eq!("avx512-vnni".parse::<Tier>().unwrap(), Tier::Avx512Vnni);
     assert!(matches!("avx2".parse::<Tier>(), Err(Error::UnknownTier(_))));
@@ -127,15 +204,25 @@ fn ggml_round_trip_is_lossless_and_same_values() {
     let m = OwnedMx::random(&mut rng, 7, 96, 0, 254);
     let blocks = to_ggml(&m.view());
     assert_eq!(blocks.len(), 7 * 3);
-    assert_eq!(bytemuck::cast_slice::<BlockMxfp4, u8>(&blocks).len(), 7 * 3 * 17);
+    assert_eq!(
+        bytemuck::cast_slice::<BlockMxfp4, u8>(&blocks).len(),
+        7 * 3 * 17
+    );
     for (i, block) in blocks.iter().enumerate() {
         let (row, group) = (i / 3, i % 3);
         assert_eq!(block.e, m.scales[i]);
         for j in 0..32 {
             // Same value; ggml's doubled table has +0 where E2M1 code 8 is -0, so compare values.
             let ours = m.weight(row, 32 * group + j);
-            assert!(block.value(j) == ours || (block.value(j).is_infinite() && ours.is_infinite()), "block {i} element {j}");
-            assert_eq!(block.value(j).to_bits() & !(1 << 31), ours.to_bits() & !(1 << 31), "block {i} element {j}");
+            assert!(
+                block.value(j) == ours || (block.value(j).is_infinite() && ours.is_infinite()),
+                "block {i} element {j}"
+            );
+            assert_eq!(
+                block.value(j).to_bits() & !(1 << 31),
+                ours.to_bits() & !(1 << 31),
+                "block {i} element {j}"
+            );
         }
         // ggml's nibble order: qs[j] = element j (low) | element j + 16 (high).
         for j in 0..16 {
@@ -146,10 +233,20 @@ fn ggml_round_trip_is_lossless_and_same_values() {
     let (packed, scales) = from_ggml(&blocks, 7, 96).unwrap();
     assert_eq!(packed, m.packed);
     assert_eq!(scales, m.scales);
-    assert!(matches!(from_ggml(&blocks[1..], 7, 96), Err(Error::BufferLength { .. })));
+    assert!(matches!(
+        from_ggml(&blocks[1..], 7, 96),
+        Err(Error::BufferLength { .. })
+    ));
     let mut bad = blocks.clone();
     bad[4].e = 0xFF;
-    assert!(matches!(from_ggml(&bad, 7, 96), Err(Error::NanScale { row: 1, group: 1, .. })));
+    assert!(matches!(
+        from_ggml(&bad, 7, 96),
+        Err(Error::NanScale {
+            row: 1,
+            group: 1,
+            ..
+        })
+    ));
 }
 
 /// Row tails (rows not a multiple of the row block) and column tails (BF16 cols not a multiple
@@ -163,15 +260,25 @@ fn tails_against_scalar() {
         let x = random_vec(&mut rng, cols);
         let s = Kernels::scalar();
         let mut want = vec![0.0; rows];
-        s.matmul_mxfp4(&m.view(), &s.prepare(&x, cols).unwrap(), 0..rows, &mut want).unwrap();
+        s.matmul_mxfp4(&m.view(), &s.prepare(&x, cols).unwrap(), 0..rows, &mut want)
+            .unwrap();
         for k in tiers() {
             let mut got = vec![0.0; rows];
-            k.matmul_mxfp4(&m.view(), &k.prepare(&x, cols).unwrap(), 0..rows, &mut got).unwrap();
+            k.matmul_mxfp4(&m.view(), &k.prepare(&x, cols).unwrap(), 0..rows, &mut got)
+                .unwrap();
             for r in 0..rows {
                 let w: Vec<f32> = (0..cols).map(|c| m.weight(r, c)).collect();
-                let abs_sum: f64 = w.iter().zip(&x).map(|(&a, &b)| f64::from(a * b).abs()).sum();
+                let abs_sum: f64 = w
+                    .iter()
+                    .zip(&x)
+                    .map(|(&a, &b)| f64::from(a * b).abs())
+                    .sum();
                 let bound = dot_bound(cols, abs_sum, activation_error(k.tier(), &w, &x));
-                assert!((f64::from(got[r]) - f64::from(want[r])).abs() <= bound, "{}: [{rows}x{cols}] row {r}", k.tier());
+                assert!(
+                    (f64::from(got[r]) - f64::from(want[r])).abs() <= bound,
+                    "{}: [{rows}x{cols}] row {r}",
+                    k.tier()
+                );
             }
         }
     }

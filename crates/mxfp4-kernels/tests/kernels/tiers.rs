@@ -9,17 +9,35 @@ use crate::common::*;
 
 /// For BF16 matrices the VNNI tier runs the BF16 path.
 fn bf16_rounding(tier: Tier) -> Tier {
-    if tier == Tier::Avx512Vnni { Tier::Avx512Bf16 } else { tier }
+    if tier == Tier::Avx512Vnni {
+        Tier::Avx512Bf16
+    } else {
+        tier
+    }
 }
 
-fn check_mxfp4_matmul(seed: u64, rows: usize, groups: usize, tokens: usize, scale_lo: u8, scale_hi: u8) {
+fn check_mxfp4_matmul(
+    seed: u64,
+    rows: usize,
+    groups: usize,
+    tokens: usize,
+    scale_lo: u8,
+    scale_hi: u8,
+) {
     let cols = 32 * groups;
     let mut rng = Rng::new(seed);
     let m = OwnedMx::random(&mut rng, rows, cols, scale_lo, scale_hi);
     let x = random_vec(&mut rng, tokens * cols);
     let scalar = Kernels::scalar();
     let mut want = vec![0.0; rows * tokens];
-    scalar.matmul_mxfp4(&m.view(), &scalar.prepare(&x, cols).unwrap(), 0..rows, &mut want).unwrap();
+    scalar
+        .matmul_mxfp4(
+            &m.view(),
+            &scalar.prepare(&x, cols).unwrap(),
+            0..rows,
+            &mut want,
+        )
+        .unwrap();
     for k in tiers() {
         let act = k.prepare(&x, cols).unwrap();
         let mut got = vec![0.0; rows * tokens];
@@ -28,7 +46,11 @@ fn check_mxfp4_matmul(seed: u64, rows: usize, groups: usize, tokens: usize, scal
             let xt = &x[t * cols..(t + 1) * cols];
             for r in 0..rows {
                 let w: Vec<f32> = (0..cols).map(|c| m.weight(r, c)).collect();
-                let abs_sum: f64 = w.iter().zip(xt).map(|(&a, &b)| f64::from(a * b).abs()).sum();
+                let abs_sum: f64 = w
+                    .iter()
+                    .zip(xt)
+                    .map(|(&a, &b)| f64::from(a * b).abs())
+                    .sum();
                 let bound = dot_bound(cols, abs_sum, activation_error(k.tier(), &w, xt));
                 let (g, s) = (got[t * rows + r], want[t * rows + r]);
                 assert!(
@@ -48,7 +70,9 @@ fn check_bf16_matmul(seed: u64, rows: usize, cols: usize, tokens: usize) {
     let x = random_vec(&mut rng, tokens * cols);
     let scalar = Kernels::scalar();
     let mut want = vec![0.0; rows * tokens];
-    scalar.matmul_bf16(&m, &scalar.prepare(&x, cols).unwrap(), 0..rows, &mut want).unwrap();
+    scalar
+        .matmul_bf16(&m, &scalar.prepare(&x, cols).unwrap(), 0..rows, &mut want)
+        .unwrap();
     let mut dense = vec![0.0; rows * cols];
     scalar.dequant_bf16(&m, 0..rows, &mut dense).unwrap();
     for k in tiers() {
@@ -59,8 +83,16 @@ fn check_bf16_matmul(seed: u64, rows: usize, cols: usize, tokens: usize) {
             let xt = &x[t * cols..(t + 1) * cols];
             for r in 0..rows {
                 let w = &dense[r * cols..(r + 1) * cols];
-                let abs_sum: f64 = w.iter().zip(xt).map(|(&a, &b)| f64::from(a * b).abs()).sum();
-                let bound = dot_bound(cols, abs_sum, activation_error(bf16_rounding(k.tier()), w, xt));
+                let abs_sum: f64 = w
+                    .iter()
+                    .zip(xt)
+                    .map(|(&a, &b)| f64::from(a * b).abs())
+                    .sum();
+                let bound = dot_bound(
+                    cols,
+                    abs_sum,
+                    activation_error(bf16_rounding(k.tier()), w, xt),
+                );
                 let (g, s) = (got[t * rows + r], want[t * rows + r]);
                 assert!(
                     (f64::from(g) - f64::from(s)).abs() <= bound,
@@ -86,17 +118,22 @@ fn check_batch_invariance(seed: u64, rows: usize, groups: usize, tokens: usize, 
         let act = k.prepare(&x, cols).unwrap();
         let mut batch = vec![0.0; rows * tokens];
         let mut batch_bf16 = vec![0.0; rows * tokens];
-        k.matmul_mxfp4(&m.view(), &act, 0..rows, &mut batch).unwrap();
+        k.matmul_mxfp4(&m.view(), &act, 0..rows, &mut batch)
+            .unwrap();
         k.matmul_bf16(&b, &act, 0..rows, &mut batch_bf16).unwrap();
         for t in 0..tokens {
             let single = k.prepare(&x[t * cols..(t + 1) * cols], cols).unwrap();
             let mut one = vec![0.0; rows];
             let mut one_bf16 = vec![0.0; rows];
             // Two row ranges, as two workers would compute them.
-            k.matmul_mxfp4(&m.view(), &single, 0..split, &mut one[..split]).unwrap();
-            k.matmul_mxfp4(&m.view(), &single, split..rows, &mut one[split..]).unwrap();
-            k.matmul_bf16(&b, &single, 0..split, &mut one_bf16[..split]).unwrap();
-            k.matmul_bf16(&b, &single, split..rows, &mut one_bf16[split..]).unwrap();
+            k.matmul_mxfp4(&m.view(), &single, 0..split, &mut one[..split])
+                .unwrap();
+            k.matmul_mxfp4(&m.view(), &single, split..rows, &mut one[split..])
+                .unwrap();
+            k.matmul_bf16(&b, &single, 0..split, &mut one_bf16[..split])
+                .unwrap();
+            k.matmul_bf16(&b, &single, split..rows, &mut one_bf16[split..])
+                .unwrap();
             for r in 0..rows {
                 assert_eq!(
                     batch[t * rows + r].to_bits(),
@@ -166,18 +203,26 @@ fn exact_tiers_bit_identical_on_exactly_summable_data() {
     let mut rng = Rng::new(7);
     for &(rows, cols) in &[(13usize, 3584usize), (9, 96), (4, 3072)] {
         let mut m = OwnedMx::random(&mut rng, rows, cols, 127, 127);
-        m.scales.iter_mut().for_each(|s| *s = 126 + (rng.below(3) as u8)); // 2^-1..2^1
+        m.scales
+            .iter_mut()
+            .for_each(|s| *s = 126 + (rng.below(3) as u8)); // 2^-1..2^1
         let x: Vec<f32> = (0..cols).map(|_| rng.below(9) as f32 - 4.0).collect();
         let bf16_bytes: Vec<u8> = (0..rows * cols)
-            .flat_map(|_| mxfp4_kernels::codes::f32_to_bf16(rng.below(17) as f32 - 8.0).to_le_bytes())
+            .flat_map(|_| {
+                mxfp4_kernels::codes::f32_to_bf16(rng.below(17) as f32 - 8.0).to_le_bytes()
+            })
             .collect();
         let b = Bf16Matrix::new(&bf16_bytes, rows, cols).unwrap();
         let scalar = Kernels::scalar();
         let mut want = vec![0.0; rows];
         let mut want_bf16 = vec![0.0; rows];
         let sa = scalar.prepare(&x, cols).unwrap();
-        scalar.matmul_mxfp4(&m.view(), &sa, 0..rows, &mut want).unwrap();
-        scalar.matmul_bf16(&b, &sa, 0..rows, &mut want_bf16).unwrap();
+        scalar
+            .matmul_mxfp4(&m.view(), &sa, 0..rows, &mut want)
+            .unwrap();
+        scalar
+            .matmul_bf16(&b, &sa, 0..rows, &mut want_bf16)
+            .unwrap();
         for k in tiers() {
             // Integers in [-4, 4] are exact in BF16 and int8 (d = 4/127 is not: skip VNNI's MXFP4).
             let act = k.prepare(&x, cols).unwrap();
@@ -204,13 +249,27 @@ fn vnni_exact_on_int8_representable_activations() {
     let m = OwnedMx::random(&mut rng, rows, cols, 126, 128);
     // Each group holds ±127 once, so d = 1 and every value is an integer: exactly representable.
     let x: Vec<f32> = (0..cols)
-        .map(|c| if c % 32 == 5 { 127.0 } else { rng.below(255) as f32 - 127.0 })
+        .map(|c| {
+            if c % 32 == 5 {
+                127.0
+            } else {
+                rng.below(255) as f32 - 127.0
+            }
+        })
         .collect();
     let scalar = Kernels::scalar();
     let mut want = vec![0.0; rows];
-    scalar.matmul_mxfp4(&m.view(), &scalar.prepare(&x, cols).unwrap(), 0..rows, &mut want).unwrap();
+    scalar
+        .matmul_mxfp4(
+            &m.view(),
+            &scalar.prepare(&x, cols).unwrap(),
+            0..rows,
+            &mut want,
+        )
+        .unwrap();
     let mut got = vec![0.0; rows];
-    k.matmul_mxfp4(&m.view(), &k.prepare(&x, cols).unwrap(), 0..rows, &mut got).unwrap();
+    k.matmul_mxfp4(&m.view(), &k.prepare(&x, cols).unwrap(), 0..rows, &mut got)
+        .unwrap();
     assert_eq!(got, want);
 }
 
@@ -229,17 +288,44 @@ fn situ_bit_identical_across_tiers_and_accurate() {
     let mut gate: Vec<f32> = (0..n).map(|_| rng.unit() * 30.0).collect();
     let mut up: Vec<f32> = (0..n).map(|_| rng.unit() * 200.0).collect();
     // Edges: zeros of both signs, tiny, the series/exp switch, saturation, clamp limits.
-    let edges = [0.0, -0.0, 1e-30, -1e-30, 0.549_999_9, 0.55, -0.55, 2.2, 87.0, -87.5, 100.0, -100.0, 1e6];
+    let edges = [
+        0.0,
+        -0.0,
+        1e-30,
+        -1e-30,
+        0.549_999_9,
+        0.55,
+        -0.55,
+        2.2,
+        87.0,
+        -87.5,
+        100.0,
+        -100.0,
+        1e6,
+    ];
     gate[..edges.len()].copy_from_slice(&edges);
     up[..edges.len()].copy_from_slice(&edges);
-    for situ in [Situ::K3, Situ { beta: 4.0, linear_beta: None }] {
+    for situ in [
+        Situ::K3,
+        Situ {
+            beta: 4.0,
+            linear_beta: None,
+        },
+    ] {
         let mut want = vec![0.0; n];
         situ.apply(&Kernels::scalar(), &gate, &up, &mut want);
         for k in tiers() {
             let mut got = vec![0.0; n];
             situ.apply(&k, &gate, &up, &mut got);
             for i in 0..n {
-                assert_eq!(got[i].to_bits(), want[i].to_bits(), "{}: situ({}, {})", k.tier(), gate[i], up[i]);
+                assert_eq!(
+                    got[i].to_bits(),
+                    want[i].to_bits(),
+                    "{}: situ({}, {})",
+                    k.tier(),
+                    gate[i],
+                    up[i]
+                );
             }
         }
         for i in 0..n {
@@ -253,7 +339,11 @@ fn situ_bit_identical_across_tiers_and_accurate() {
             // ~a dozen roundings of 2^-24 each; the exp clamp at 88 keeps sigmoid(g) >= 6.06e-39,
             // an absolute error of at most 4 * 6.06e-39 * |linear| for very negative gates; 1e-40
             // covers results that underflow f32 (subnormals lose relative precision).
-            assert!(err <= 2e-6 * exact.abs() + 4.0 * 6.06e-39 * linear.abs() + 1e-40, "situ({g}, {u}) = {} vs {exact}", want[i]);
+            assert!(
+                err <= 2e-6 * exact.abs() + 4.0 * 6.06e-39 * linear.abs() + 1e-40,
+                "situ({g}, {u}) = {} vs {exact}",
+                want[i]
+            );
         }
     }
 }
@@ -274,7 +364,10 @@ fn elementary_functions_accurate() {
         max_rel[2] = max_rel[2].max((f64::from(sigmoid(a / 4.0)) - s).abs() / s);
     }
     // Relative error of a few ulp (1 ulp ≈ 6e-8 .. 1.2e-7).
-    assert!(max_rel.iter().all(|&e| e < 5e-7), "max relative errors exp/tanh/sigmoid: {max_rel:?}");
+    assert!(
+        max_rel.iter().all(|&e| e < 5e-7),
+        "max relative errors exp/tanh/sigmoid: {max_rel:?}"
+    );
     assert_eq!(tanh(0.0), 0.0);
     assert_eq!(tanh(-0.0), 0.0);
     assert_eq!(tanh(50.0), 1.0);
@@ -295,31 +388,74 @@ fn expert_ffn_matches_composition_and_is_batch_invariant() {
     let s = Kernels::scalar();
     let za = s.prepare(&z, latent).unwrap();
     let (mut g, mut u) = (vec![0.0; tokens * hidden], vec![0.0; tokens * hidden]);
-    s.matmul_mxfp4(&gate.view(), &za, 0..hidden, &mut g).unwrap();
+    s.matmul_mxfp4(&gate.view(), &za, 0..hidden, &mut g)
+        .unwrap();
     s.matmul_mxfp4(&up.view(), &za, 0..hidden, &mut u).unwrap();
     let h: Vec<f32> = g.iter().zip(&u).map(|(&a, &b)| situ.eval(a, b)).collect();
     let mut composed = vec![0.0; tokens * latent];
-    s.matmul_mxfp4(&down.view(), &s.prepare(&h, hidden).unwrap(), 0..latent, &mut composed).unwrap();
+    s.matmul_mxfp4(
+        &down.view(),
+        &s.prepare(&h, hidden).unwrap(),
+        0..latent,
+        &mut composed,
+    )
+    .unwrap();
     let mut scratch = ExpertScratch::default();
     let mut scalar_out = vec![0.0; tokens * latent];
-    s.expert_ffn(&gate.view(), &up.view(), &down.view(), &situ, &za, &mut scratch, &mut scalar_out).unwrap();
+    s.expert_ffn(
+        &gate.view(),
+        &up.view(),
+        &down.view(),
+        &situ,
+        &za,
+        &mut scratch,
+        &mut scalar_out,
+    )
+    .unwrap();
     assert_eq!(scalar_out, composed);
     for k in tiers() {
         let act = k.prepare(&z, latent).unwrap();
         let mut out = vec![0.0; tokens * latent];
-        k.expert_ffn(&gate.view(), &up.view(), &down.view(), &situ, &act, &mut scratch, &mut out).unwrap();
+        k.expert_ffn(
+            &gate.view(),
+            &up.view(),
+            &down.view(),
+            &situ,
+            &act,
+            &mut scratch,
+            &mut out,
+        )
+        .unwrap();
         for t in 0..tokens {
             let single = k.prepare(&z[t * latent..(t + 1) * latent], latent).unwrap();
             let mut one = vec![0.0; latent];
-            k.expert_ffn(&gate.view(), &up.view(), &down.view(), &situ, &single, &mut scratch, &mut one).unwrap();
+            k.expert_ffn(
+                &gate.view(),
+                &up.view(),
+                &down.view(),
+                &situ,
+                &single,
+                &mut scratch,
+                &mut one,
+            )
+            .unwrap();
             for i in 0..latent {
-                assert_eq!(out[t * latent + i].to_bits(), one[i].to_bits(), "{}: token {t} out {i}", k.tier());
+                assert_eq!(
+                    out[t * latent + i].to_bits(),
+                    one[i].to_bits(),
+                    "{}: token {t} out {i}",
+                    k.tier()
+                );
             }
         }
         // Relative L2 distance to scalar. Exact tiers: summation order only (~1e-7). BF16: 2^-9
         // activation rounding, twice. VNNI: int8 steps of max|group|/127 on z and on the SiTU
         // output, whose heavy tail (|h| up to 100) makes small elements coarse: a few percent.
-        let diff: f64 = out.iter().zip(&scalar_out).map(|(a, b)| f64::from(a - b).powi(2)).sum();
+        let diff: f64 = out
+            .iter()
+            .zip(&scalar_out)
+            .map(|(a, b)| f64::from(a - b).powi(2))
+            .sum();
         let norm: f64 = scalar_out.iter().map(|b| f64::from(*b).powi(2)).sum();
         let rel_l2 = (diff / norm).sqrt();
         let allowed = match k.tier() {
@@ -327,7 +463,14 @@ fn expert_ffn_matches_composition_and_is_batch_invariant() {
             Tier::Avx512Bf16 => 1e-2,
             Tier::Avx512Vnni => 6e-2,
         };
-        eprintln!("{}: expert FFN relative L2 deviation from scalar {rel_l2:.2e}", k.tier());
-        assert!(rel_l2 <= allowed, "{}: expert deviates by relative L2 {rel_l2:e}", k.tier());
+        eprintln!(
+            "{}: expert FFN relative L2 deviation from scalar {rel_l2:.2e}",
+            k.tier()
+        );
+        assert!(
+            rel_l2 <= allowed,
+            "{}: expert deviates by relative L2 {rel_l2:e}",
+            k.tier()
+        );
     }
 }
