@@ -36,7 +36,8 @@ impl HugeBuf {
         let layout = std::alloc::Layout::from_size_align(len.max(1), HUGE_ALIGN).expect("layout");
         // SAFETY: the layout has non-zero size.
         let raw = unsafe { std::alloc::alloc(layout) };
-        let ptr = std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        let ptr =
+            std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
         // Advise before the first touch: pages faulted in earlier stay 4 KiB.
         #[cfg(target_os = "linux")]
         if huge_pages {
@@ -72,7 +73,8 @@ impl std::ops::DerefMut for HugeBuf {
 
 impl Drop for HugeBuf {
     fn drop(&mut self) {
-        let layout = std::alloc::Layout::from_size_align(self.len.max(1), HUGE_ALIGN).expect("layout");
+        let layout =
+            std::alloc::Layout::from_size_align(self.len.max(1), HUGE_ALIGN).expect("layout");
         // SAFETY: allocated in `zeroed` with this very layout.
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
     }
@@ -165,7 +167,11 @@ impl Expert {
     /// Validated views of the three matrices. Build them once, outside timed loops: the
     /// constructor scans every scale byte for 0xFF (what a loader does once per expert).
     pub fn views(&self) -> ExpertViews<'_> {
-        ExpertViews { gate: self.gate.view(), up: self.up.view(), down: self.down.view() }
+        ExpertViews {
+            gate: self.gate.view(),
+            up: self.up.view(),
+            down: self.down.view(),
+        }
     }
 }
 

@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use benches::{
-    EXPERT_INTER, EXPERT_LATENT, Expert, ExpertViews, HIDDEN, KDA_ROWS, LM_HEAD_SLICE_ROWS, Pool, activations,
-    bandwidth_buffer, bf16_bytes, bf16_view, check_against_scalar, experts, read_all, split_rows,
+    EXPERT_INTER, EXPERT_LATENT, Expert, ExpertViews, HIDDEN, KDA_ROWS, LM_HEAD_SLICE_ROWS, Pool,
+    activations, bandwidth_buffer, bf16_bytes, bf16_view, check_against_scalar, experts, read_all,
+    split_rows,
 };
 use mxfp4_kernels::{ExpertScratch, Kernels, Tier};
 
@@ -61,11 +62,11 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     for &n_threads in &threads {
         let pool = Pool::new(n_threads);
         let report = |op: &str,
-                          shape: &str,
-                          cache: &str,
-                          tier: Tier,
-                          bytes: usize,
-                          work: &mut dyn FnMut()| {
+                      shape: &str,
+                      cache: &str,
+                      tier: Tier,
+                      bytes: usize,
+                      work: &mut dyn FnMut()| {
             let name = format!("{op}/{shape}/{cache}/t{n_threads}/{tier}");
             if !name.contains(filter) {
                 return;
@@ -106,26 +107,37 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
                 let mut next = 0usize;
                 // `count` matrices from the ring starting at `first`, `step` apart (0: the same
                 // matrix again), over the first `rows_used` rows.
-                let run = |pool: &Pool, first: usize, count: usize, step: usize, rows_used: usize| {
-                    pool.broadcast(|w| {
-                        let range = split_rows(rows_used, n_threads, w);
-                        let mut out = outs[w].lock().expect("no poisoning in benches");
-                        for i in 0..count {
-                            let m = matrix(&views[(first + i * step) % RING]);
-                            k.matmul_mxfp4(&m, act, range.clone(), &mut out[..range.len()])
-                                .expect("checked shapes");
-                        }
-                    })
-                };
+                let run =
+                    |pool: &Pool, first: usize, count: usize, step: usize, rows_used: usize| {
+                        pool.broadcast(|w| {
+                            let range = split_rows(rows_used, n_threads, w);
+                            let mut out = outs[w].lock().expect("no poisoning in benches");
+                            for i in 0..count {
+                                let m = matrix(&views[(first + i * step) % RING]);
+                                k.matmul_mxfp4(&m, act, range.clone(), &mut out[..range.len()])
+                                    .expect("checked shapes");
+                            }
+                        })
+                    };
                 if tier != Tier::Scalar {
                     // The compute ceiling: a 512-row slice (~1 MB) stays in each core's L2.
                     let slice = 512 * bytes / rows;
-                    report("mxfp4_gemv", shape, "in-L2 (512 rows)", tier, L2_REPEATS * slice, &mut || {
-                        run(&pool, 0, L2_REPEATS, 0, 512)
-                    });
-                    report("mxfp4_gemv", shape, "in-cache (one matrix, L3)", tier, BATCH * bytes, &mut || {
-                        run(&pool, 0, BATCH, 0, rows)
-                    });
+                    report(
+                        "mxfp4_gemv",
+                        shape,
+                        "in-L2 (512 rows)",
+                        tier,
+                        L2_REPEATS * slice,
+                        &mut || run(&pool, 0, L2_REPEATS, 0, 512),
+                    );
+                    report(
+                        "mxfp4_gemv",
+                        shape,
+                        "in-cache (one matrix, L3)",
+                        tier,
+                        BATCH * bytes,
+                        &mut || run(&pool, 0, BATCH, 0, rows),
+                    );
                 }
                 report(
                     "mxfp4_gemv",

@@ -41,6 +41,24 @@ pub struct Activations {
 
 impl Activations {
     pub(crate) fn new(tier: Tier, x: &[f32], cols: usize) -> Result<Self> {
+        let mut act = Self {
+            tier,
+            cols: 0,
+            tokens: 0,
+            raw: Vec::new(),
+            perm32: Vec::new(),
+            bf16_natural: Vec::new(),
+            bf16_mx: Vec::new(),
+            q8: Vec::new(),
+            q8_correction: Vec::new(),
+            q8_step: Vec::new(),
+        };
+        act.refill(tier, x, cols)?;
+        Ok(act)
+    }
+
+    /// Prepares new vectors into this value's buffers (no allocation once they are big enough).
+    pub(crate) fn refill(&mut self, tier: Tier, x: &[f32], cols: usize) -> Result<()> {
         if cols == 0 || x.is_empty() || !x.len().is_multiple_of(cols) || x.len() / cols > MAX_TOKENS
         {
             return Err(Error::ActivationLength {
@@ -49,46 +67,57 @@ impl Activations {
                 max: MAX_TOKENS,
             });
         }
-        let tokens = x.len() / cols;
-        let padded = padded_cols(cols);
-        let mut act = Self {
-            tier,
-            cols,
-            tokens,
-            raw: x.to_vec(),
-            perm32: Vec::new(),
-            bf16_natural: Vec::new(),
-            bf16_mx: Vec::new(),
-            q8: Vec::new(),
-            q8_correction: Vec::new(),
-            q8_step: Vec::new(),
-        };
-        let padded_token = |t: usize| {
-            let mut v = vec![0.0f32; padded];
-            v[..cols].copy_from_slice(&x[t * cols..(t + 1) * cols]);
-            v
-        };
-        match tier {
-            Tier::Scalar => {}
-            Tier::Avx512 => {
-                act.perm32 = (0..tokens)
-                    .flat_map(|t| permute32(&padded_token(t)))
-                    .collect();
-            }
-            Tier::Avx512Bf16 | Tier::Avx512Vnni => {
-                for t in 0..tokens {
-                    let v = padded_token(t);
-                    act.bf16_natural.extend(v.iter().map(|&a| f32_to_bf16(a)));
-                    if tier == Tier::Avx512Bf16 {
-                        act.bf16_mx
-                            .extend(permute64(&v).iter().map(|&a| f32_to_bf16(a)));
+        self.tier = tier;
+        self.cols = cols;
+        self.tokens = x.len() / cols;
+        self.raw.clear();
+        self.raw.extend_from_slice(x);
+        self.perm32.clear();
+        self.q8_step.clear();
+        self.bf16_natural.clear();
+        self.bf16_mx.clear();
+        self.q8.clear();
+        self.q8_correction.clear();
+        #[cfg(target_arch = "x86_64")]
+        if tier != Tier::Scalar {
+            // SAFETY: non-scalar tiers exist only on CPUs with avx512f/bw/vl (`Kernels::new`).
+            unsafe { self.fill_avx512() };
+            return Ok(());
+        }
+        self.fill();
+        Ok(())
+    }
+
+    /// `fill`, compiled for AVX-512 so the same code vectorises (rounding, BF16 conversion);
+    /// every operation is exactly rounded, so the values are those of the portable build.
+    ///
+    /// # Safety
+    /// The CPU must have avx512f, avx512bw and avx512vl.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn fill_avx512(&mut self) {
+        self.fill();
+    }
+
+    #[inline(always)]
+    fn fill(&mut self) {
+        let padded = padded_cols(self.cols);
+        let mut v = vec![0.0f32; padded];
+        for t in 0..self.tokens {
+            v[..self.cols].copy_from_slice(&self.raw[t * self.cols..(t + 1) * self.cols]);
+            match self.tier {
+                Tier::Scalar => {}
+                Tier::Avx512 => permute32(&v, &mut self.perm32),
+                Tier::Avx512Bf16 | Tier::Avx512Vnni => {
+                    self.bf16_natural.extend(v.iter().map(|&a| f32_to_bf16(a)));
+                    if self.tier == Tier::Avx512Bf16 {
+                        permute64(&v, &mut self.bf16_mx);
                     } else {
-                        act.push_q8(&v);
+                        self.push_q8(&v);
                     }
                 }
             }
         }
-        Ok(act)
     }
 
     pub fn tier(&self) -> Tier {
@@ -111,6 +140,7 @@ impl Activations {
 
     /// Quantises one padded vector to int8 per 32-group (`d = max|x| / 127`, round half to
     /// even) and appends it in the VNNI layout.
+    #[inline(always)]
     fn push_q8(&mut self, v: &[f32]) {
         for block in v.chunks_exact(PAD) {
             let mut q = [0i8; PAD];
@@ -154,24 +184,22 @@ pub(crate) fn padded_cols(cols: usize) -> usize {
 }
 
 /// Per 32 columns: even columns then odd columns (the order of low then high nibbles).
-fn permute32(v: &[f32]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(v.len());
+#[inline(always)]
+fn permute32(v: &[f32], out: &mut Vec<f32>) {
     for block in v.chunks_exact(32) {
         out.extend((0..16).map(|j| block[2 * j]));
         out.extend((0..16).map(|j| block[2 * j + 1]));
     }
-    out
 }
 
-/// Per 64 columns (groups A, B): A even, B even, A odd, B odd.
-fn permute64(v: &[f32]) -> Vec<f32> {
-    let mut out = Vec::with_capacity(v.len());
+/// Per 64 columns (groups A, B): A even, B even, A odd, B odd, rounded to BF16.
+#[inline(always)]
+fn permute64(v: &[f32], out: &mut Vec<u16>) {
     for block in v.chunks_exact(64) {
         for parity in 0..2 {
             for group in 0..2 {
-                out.extend((0..16).map(|j| block[32 * group + 2 * j + parity]));
+                out.extend((0..16).map(|j| f32_to_bf16(block[32 * group + 2 * j + parity])));
             }
         }
     }
-    out
 }

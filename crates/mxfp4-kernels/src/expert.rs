@@ -14,6 +14,7 @@ pub struct ExpertScratch {
     gate: Vec<f32>,
     up: Vec<f32>,
     hidden: Vec<f32>,
+    hidden_act: Option<Activations>,
 }
 
 impl Kernels {
@@ -36,9 +37,17 @@ impl Kernels {
         let mut hidden = std::mem::take(&mut scratch.hidden);
         hidden.resize(z.tokens() * inter, 0.0);
         self.expert_gate_up(gate, up, situ, z, 0..inter, scratch, &mut hidden)?;
-        let h = self.prepare(&hidden, inter)?;
+        let h = match scratch.hidden_act.take() {
+            Some(mut h) => {
+                h.refill(self.tier(), &hidden, inter)?;
+                h
+            }
+            None => self.prepare(&hidden, inter)?,
+        };
         scratch.hidden = hidden;
-        self.matmul_mxfp4(down, &h, 0..down.rows(), out)
+        let result = self.matmul_mxfp4(down, &h, 0..down.rows(), out);
+        scratch.hidden_act = Some(h);
+        result
     }
 
     /// The first half of the expert for a row range of the intermediate vector, for callers

@@ -11,7 +11,10 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{by_tokens, load_bytes32, load_bytes64, prefetch_next_window, run_rows, scales16, store_sums};
+use super::{
+    PREFETCH_BF16, by_tokens, load_bytes32, load_bytes64, prefetch_ahead, run_rows, scales16,
+    store_sums,
+};
 use crate::activations::Activations;
 use crate::codes::E2M1_VALUES;
 use crate::view::{Bf16Matrix, MxFp4Matrix};
@@ -104,7 +107,7 @@ fn mxfp4_block<const R: usize, const T: usize>(
                 x_high[t] = _mm512_loadu_si512(x.add(t * stride + 32 * g + 32).cast());
             }
         }
-        prefetch_next_window(packed, R * row_bytes, pair, pairs);
+        prefetch_ahead(packed, R * row_bytes, pair, pairs);
         for r in 0..R {
             let at = packed.wrapping_add(r * row_bytes + 16 * g);
             // SAFETY: `code_bytes` bytes of the groups left in row row0 + r are readable.
@@ -161,9 +164,10 @@ fn bf16_block<const R: usize, const T: usize>(
             // SAFETY: 32 * block + 32 <= stride, inside `bf16_natural`.
             *xt = unsafe { _mm512_loadu_si512(x.add(t * stride + 32 * block).cast()) };
         }
-        prefetch_next_window(base.cast(), R * cols * 2, block, blocks);
         for r in 0..R {
             let at = base.wrapping_add(r * cols + 32 * block);
+            // Prefetch hint only: it never faults, so an address past the row is harmless.
+            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_BF16).cast());
             // SAFETY: `valid` values are left in row row0 + r from `at`.
             let w = unsafe { load_bytes64(at.cast(), 2 * valid) };
             for t in 0..T {

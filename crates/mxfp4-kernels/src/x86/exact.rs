@@ -10,7 +10,7 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{by_tokens, load_bytes64, prefetch_next_window, run_rows, store_sums};
+use super::{PREFETCH_BF16, by_tokens, load_bytes64, prefetch_ahead, run_rows, store_sums};
 use crate::activations::Activations;
 use crate::codes::{E2M1_VALUES, E8M0_TO_F32};
 use crate::view::{Bf16Matrix, GROUP, GROUP_BYTES, MxFp4Matrix};
@@ -92,7 +92,7 @@ fn mxfp4_block<const R: usize, const T: usize>(
                 odd[t] = _mm512_loadu_ps(x.add(t * stride + GROUP * g + 16));
             }
         }
-        prefetch_next_window(packed, R * row_bytes, g, groups);
+        prefetch_ahead(packed, R * row_bytes, g, groups);
         for r in 0..R {
             // SAFETY: row0 + r < rows (assert above); the group's 16 bytes lie in that row.
             let v = _mm512_cvtepu8_epi32(unsafe {
@@ -127,7 +127,7 @@ pub(crate) unsafe fn matmul_bf16(
 /// ones — exact widening in two instructions, paired with the same [even, odd] activations.
 ///
 /// Memory: a GEMV streams `R` rows at once (16 for one token), 64 bytes of each in turn, while
-/// the next row block is prefetched as one sequential window (`prefetch_next_window`).
+/// the next row block is prefetched as one sequential window (`PREFETCH_BF16, prefetch_ahead`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]
 #[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
@@ -158,9 +158,10 @@ fn bf16_block<const R: usize, const T: usize>(
                 odd[t] = _mm512_loadu_ps(x.add(t * stride + 32 * block + 16));
             }
         }
-        prefetch_next_window(base.cast(), R * cols * 2, block, blocks);
         for r in 0..R {
             let at = base.wrapping_add(r * cols + 32 * block);
+            // Prefetch hint only: it never faults, so an address past the row is harmless.
+            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_BF16).cast());
             // SAFETY: `valid` values are left in row row0 + r from `at`.
             let v = unsafe { load_bytes64(at.cast(), 2 * valid) };
             let w_even = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v));
@@ -181,7 +182,6 @@ fn e2m1_table() -> __m512 {
     // SAFETY: E2M1_VALUES is 16 f32.
     unsafe { _mm512_loadu_ps(E2M1_VALUES.as_ptr()) }
 }
-
 
 /// E2M1 x 2^(s-127) for every scale byte s: 256 tables of 16 f32 (16 KiB), each product exact,
 /// so a row's group decode loads its table instead of multiplying (one vector op fewer per 32

@@ -59,7 +59,6 @@ macro_rules! by_tokens {
 }
 pub(crate) use {by_tokens, run_rows};
 
-
 /// Horizontal sum in a fixed tree (halves, then quarters, ...), written out so the order never
 /// depends on how the compiler lowers a reduction intrinsic.
 #[target_feature(enable = "avx512f")]
@@ -148,24 +147,26 @@ pub(crate) unsafe fn load_bytes64(ptr: *const u8, n: usize) -> __m512i {
     }
 }
 
-/// Prefetches step `step` of `steps` of the *next* row block: the `window` bytes that follow
-/// `start`. A row block of a matrix is one contiguous window (rows are contiguous), so this is
-/// one sequential prefetch stream running a whole window ahead of the demand loads, whatever
-/// the row length — short MXFP4 rows (1.5-1.8 KB) give per-row prefetchers no time to ramp.
+/// Prefetches step `step` of `steps` of a row block `PREFETCH_AHEAD` bytes (rounded up to
+/// whole blocks) past the block that starts at `start` and spans `window` bytes. A row block
+/// of a matrix is one contiguous window (rows are contiguous), so this is one sequential
+/// prefetch stream running ahead of the demand loads whatever the row length: short MXFP4
+/// rows (1.5-1.8 KB) end before a per-row prefetcher ramps up.
 #[target_feature(enable = "avx512f")]
 #[inline]
-pub(crate) fn prefetch_next_window(start: *const u8, window: usize, step: usize, steps: usize) {
+pub(crate) fn prefetch_ahead(start: *const u8, window: usize, step: usize, steps: usize) {
+    let ahead = PREFETCH_AHEAD.div_ceil(window) * window;
     let lines = window.div_ceil(64);
-    let first = lines * step / steps;
-    let last = lines * (step + 1) / steps;
-    for line in first..last {
+    for line in lines * step / steps..lines * (step + 1) / steps {
         // Prefetch hint only: it never faults, so an address past the matrix is harmless.
-        _mm_prefetch::<PREFETCH_HINT>(start.wrapping_add(WINDOWS_AHEAD * window + 64 * line).cast());
+        _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(ahead + 64 * line).cast());
     }
 }
 
-/// How many row blocks ahead the window prefetch runs.
-const WINDOWS_AHEAD: usize = 2;
+/// How far ahead the MXFP4 row-block prefetch runs (measured best of 5-28 KB, PERFORMANCE.md).
+const PREFETCH_AHEAD: usize = 16 << 10;
 
-/// Cache level the window prefetch fills.
-const PREFETCH_HINT: i32 = _MM_HINT_T1;
+/// Per-row software prefetch distance in BF16 rows, in values (512 bytes: 8 lines ahead).
+/// BF16 rows are long (14 KB for K3's 7168 columns), so each row is its own stream; measured
+/// best of 128..2048 values and better than the row-block prefetch here (PERFORMANCE.md).
+pub(crate) const PREFETCH_BF16: usize = 256;

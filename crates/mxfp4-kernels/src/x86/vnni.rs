@@ -11,7 +11,7 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{by_tokens, load_bytes64, prefetch_next_window, run_rows, scales16, store_sums};
+use super::{by_tokens, load_bytes64, prefetch_ahead, run_rows, scales16, store_sums};
 use crate::activations::Activations;
 use crate::codes::E2M1_DOUBLED;
 use crate::view::MxFp4Matrix;
@@ -51,7 +51,7 @@ pub(crate) unsafe fn matmul_mxfp4(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
-    by_tokens!(mxfp4_block, 8, matrix, act, rows, out);
+    by_tokens!(mxfp4_block, 3, matrix, act, rows, out);
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
@@ -109,7 +109,7 @@ fn mxfp4_block<const R: usize, const T: usize>(
                 x_step[t] = _mm512_loadu_ps(step.add(16 * at));
             }
         }
-        prefetch_next_window(packed, R * row_bytes, block, blocks);
+        prefetch_ahead(packed, R * row_bytes, block, blocks);
         for r in 0..R {
             let at = packed.wrapping_add(r * row_bytes + 16 * g);
             // SAFETY: `code_bytes` bytes of the groups left in row row0 + r are readable.
