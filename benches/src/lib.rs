@@ -2,6 +2,8 @@
 //! bench-kernels`: K3-shaped weights, a STREAM-like read-bandwidth probe, and a pinned pool
 //! that splits rows (or experts) across threads the way a caller of the kernels does.
 
+pub mod cases;
+
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

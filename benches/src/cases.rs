@@ -1,0 +1,314 @@
+//! The benchmark cases on K3 shapes, defined once for both harnesses: each case is a closure
+//! that reads a known number of weight bytes, split across a pinned pool as a caller would.
+
+use std::sync::Mutex;
+
+use mxfp4_kernels::{Activations, ExpertScratch, Kernels, Tier};
+
+use crate::{
+    EXPERT_INTER, EXPERT_LATENT, Expert, ExpertViews, HIDDEN, HugeBuf, KDA_ROWS, LM_HEAD_SLICE_ROWS, Pool,
+    activations, bandwidth_buffer, bf16_bytes, bf16_view, check_against_scalar, experts, read_all, split_rows,
+};
+
+/// Experts in the out-of-cache ring: 40 x 17.5 MB = 702 MB, 22x the 32 MiB L3.
+pub const RING: usize = 40;
+/// Matrices per timed call: waking the pool's workers costs tens of microseconds in this VM,
+/// so each call carries milliseconds of work (a decode step's 16 experts do, too).
+pub const BATCH: usize = 16;
+/// Calls on the L2-resident slice per timed call.
+pub const L2_REPEATS: usize = 64;
+/// Rows of the L2-resident slice (~1 MB of MXFP4).
+pub const L2_ROWS: usize = 512;
+
+/// All weights and inputs the cases read, generated once (~1.2 GB with the read probe).
+#[derive(Debug)]
+pub struct Workloads {
+    pub ring: &'static [Expert],
+    pub views: Vec<ExpertViews<'static>>,
+    pub kda: HugeBuf,
+    pub head: HugeBuf,
+    /// 1 GiB for the STREAM-like read probe.
+    pub probe: HugeBuf,
+    pub z: Vec<f32>,
+    pub h: Vec<f32>,
+    pub x: Vec<f32>,
+    pub tokens16: Vec<f32>,
+}
+
+impl Workloads {
+    pub fn generate() -> Self {
+        let ring: &'static [Expert] = Vec::leak(experts(RING, 42));
+        Self {
+            ring,
+            views: ring.iter().map(Expert::views).collect(),
+            kda: bf16_bytes(KDA_ROWS, HIDDEN, 7),
+            head: bf16_bytes(LM_HEAD_SLICE_ROWS, HIDDEN, 8),
+            probe: bandwidth_buffer(1 << 30),
+            z: activations(EXPERT_LATENT, 3),
+            h: activations(EXPERT_INTER, 4),
+            x: activations(HIDDEN, 5),
+            tokens16: activations(16 * EXPERT_LATENT, 6),
+        }
+    }
+}
+
+/// Where a case's weights come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cache {
+    /// A ~1 MB slice re-read: the compute ceiling.
+    L2,
+    /// One matrix or expert re-read (fits the L3).
+    L3,
+    /// Distinct matrices cycled from a ring 22x the L3: every byte comes from DRAM.
+    OutOfCache,
+}
+
+impl Cache {
+    pub fn label(self) -> &'static str {
+        match self {
+            Cache::L2 => "in-L2",
+            Cache::L3 => "in-cache",
+            Cache::OutOfCache => "out-of-cache",
+        }
+    }
+}
+
+/// One benchmark: `run` reads `bytes` bytes of weights per call.
+pub struct Case<'a> {
+    pub op: &'static str,
+    pub shape: &'static str,
+    pub cache: Cache,
+    pub threads: usize,
+    /// The kernel tier's name (`sum` for the read probe).
+    pub variant: &'static str,
+    pub bytes: usize,
+    pub run: Box<dyn FnMut() + 'a>,
+}
+
+impl std::fmt::Debug for Case<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.id())
+    }
+}
+
+impl Case<'_> {
+    /// `{op}/{shape}.{cache}.t{threads}/{tier}`, the criterion id.
+    pub fn id(&self) -> String {
+        format!("{}/{}/{}", self.op, self.function(), self.variant)
+    }
+    /// The middle part of the id.
+    pub fn function(&self) -> String {
+        format!("{}.{}.t{}", self.shape, self.cache.label(), self.threads)
+    }
+}
+
+/// The STREAM-like read of the 1 GiB probe buffer with the pool's threads.
+pub fn read_case<'a>(w: &'a Workloads, pool: &'a Pool) -> Case<'a> {
+    let mut sink = 0u64;
+    Case {
+        op: "read_bw",
+        shape: "1GiB",
+        cache: Cache::OutOfCache,
+        threads: pool.threads(),
+        variant: "sum",
+        bytes: w.probe.len(),
+        run: Box::new(move || sink = std::hint::black_box(sink.wrapping_add(read_all(pool, &w.probe)))),
+    }
+}
+
+/// Every case for one tier on `pool`'s threads. Each kernel is checked against the scalar
+/// oracle once first (panics on disagreement). The scalar tier gets only its out-of-cache
+/// single-thread cases: it is the oracle, ~20x slower, measured for reference.
+pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> {
+    let tier = k.tier();
+    let variant = tier.name();
+    let threads = pool.threads();
+    if tier == Tier::Scalar && threads > 1 {
+        return Vec::new();
+    }
+    let fast = tier != Tier::Scalar;
+    let prepare = |v: &[f32], cols| k.prepare(v, cols).expect("valid activations");
+    let za: &'a Activations = Box::leak(Box::new(prepare(&w.z, EXPERT_LATENT)));
+    let ha: &'a Activations = Box::leak(Box::new(prepare(&w.h, EXPERT_INTER)));
+    let xa: &'a Activations = Box::leak(Box::new(prepare(&w.x, HIDDEN)));
+    sanity(k, w, za, xa);
+    let mut out = Vec::new();
+
+    // MXFP4 GEMV on the gate/up shape and the down shape; rows split across the pool.
+    for (shape, is_gate, act, rows) in
+        [("gate_3072x3584", true, za, EXPERT_INTER), ("down_3584x3072", false, ha, EXPERT_LATENT)]
+    {
+        let pick = move |e: &ExpertViews<'static>| if is_gate { e.gate } else { e.down };
+        let bytes = pick(&w.views[0]).weight_bytes();
+        let gemv = move |first: usize, count: usize, step: usize, rows_used: usize| {
+            let outs: Vec<Mutex<Vec<f32>>> = (0..threads).map(|_| Mutex::new(vec![0.0; rows])).collect();
+            let mut next = first;
+            Box::new(move || {
+                pool.broadcast(|worker| {
+                    let range = split_rows(rows_used, threads, worker);
+                    let mut y = outs[worker].lock().expect("no poisoning in benches");
+                    for i in 0..count {
+                        let m = pick(&w.views[(next + i * step) % RING]);
+                        k.matmul_mxfp4(&m, act, range.clone(), &mut y[..range.len()]).expect("checked shapes");
+                    }
+                });
+                next += count * step;
+            }) as Box<dyn FnMut() + 'a>
+        };
+        let case = |cache, bytes, run| Case { op: "mxfp4_gemv", shape, cache, threads, variant, bytes, run };
+        if fast {
+            out.push(case(Cache::L2, L2_REPEATS * L2_ROWS * bytes / rows, gemv(0, L2_REPEATS, 0, L2_ROWS)));
+            out.push(case(Cache::L3, BATCH * bytes, gemv(0, BATCH, 0, rows)));
+        }
+        out.push(case(Cache::OutOfCache, BATCH * bytes, gemv(0, BATCH, 1, rows)));
+    }
+
+    // Fused expert FFN: experts split across workers, as a decode step's 16 experts are.
+    let per_call = BATCH / threads * threads;
+    let expert_bytes = w.ring[0].bytes();
+    let ffn = move |step: usize| {
+        let scratch: Vec<Mutex<(ExpertScratch, Vec<f32>)>> =
+            (0..threads).map(|_| Mutex::new((ExpertScratch::default(), vec![0.0; EXPERT_LATENT]))).collect();
+        let mut next = 0usize;
+        Box::new(move || {
+            pool.broadcast(|worker| {
+                let mut guard = scratch[worker].lock().expect("no poisoning in benches");
+                let (s, y) = &mut *guard;
+                for i in (worker..per_call).step_by(threads) {
+                    w.views[(next + i * step) % RING].run(&k, za, s, y);
+                }
+            });
+            next += per_call * step;
+        }) as Box<dyn FnMut() + 'a>
+    };
+    let case = |cache, run| Case {
+        op: "mxfp4_expert_ffn",
+        shape: "3x_3072x3584",
+        cache,
+        threads,
+        variant,
+        bytes: per_call * expert_bytes,
+        run,
+    };
+    if fast {
+        out.push(case(Cache::L3, ffn(0)));
+    }
+    out.push(case(Cache::OutOfCache, ffn(1)));
+
+    // BF16 GEMV: KDA projection and lm_head slice (each alone is 5-7x the L3).
+    for (shape, bytes, rows) in
+        [("kda_12288x7168", &w.kda, KDA_ROWS), ("lm_head_16384x7168", &w.head, LM_HEAD_SLICE_ROWS)]
+    {
+        let m = bf16_view(bytes, rows, HIDDEN);
+        let outs: Vec<Mutex<Vec<f32>>> = (0..threads).map(|_| Mutex::new(vec![0.0; rows])).collect();
+        out.push(Case {
+            op: "bf16_gemv",
+            shape,
+            cache: Cache::OutOfCache,
+            threads,
+            variant,
+            bytes: m.weight_bytes(),
+            run: Box::new(move || {
+                pool.broadcast(|worker| {
+                    let range = split_rows(rows, threads, worker);
+                    let mut y = outs[worker].lock().expect("no poisoning in benches");
+                    k.matmul_bf16(&m, xa, range.clone(), &mut y[..range.len()]).expect("checked shapes");
+                })
+            }),
+        });
+    }
+    if fast && threads == 1 {
+        let small = bf16_view(&w.kda[..1024 * HIDDEN * 2], 1024, HIDDEN);
+        let y = Mutex::new(vec![0.0; 1024]);
+        out.push(Case {
+            op: "bf16_gemv",
+            shape: "kda_slice_1024x7168",
+            cache: Cache::L3,
+            threads,
+            variant,
+            bytes: BATCH * small.weight_bytes(),
+            run: Box::new(move || {
+                pool.broadcast(|_| {
+                    let mut y = y.lock().expect("no poisoning in benches");
+                    for _ in 0..BATCH {
+                        k.matmul_bf16(&small, xa, 0..1024, &mut y).expect("checked shapes");
+                    }
+                })
+            }),
+        });
+        // Small-batch GEMM: 16 tokens share each decoded weight group.
+        let t16: &'a Activations = Box::leak(Box::new(prepare(&w.tokens16, EXPERT_LATENT)));
+        let y = Mutex::new(vec![0.0; 16 * EXPERT_INTER]);
+        let mut next = 0usize;
+        out.push(Case {
+            op: "mxfp4_gemm16",
+            shape: "gate_3072x3584",
+            cache: Cache::OutOfCache,
+            threads,
+            variant,
+            bytes: w.views[0].gate.weight_bytes(),
+            run: Box::new(move || {
+                let m = w.views[next % RING].gate;
+                pool.broadcast(|_| {
+                    let mut y = y.lock().expect("no poisoning in benches");
+                    k.matmul_mxfp4(&m, t16, 0..EXPERT_INTER, &mut y).expect("checked shapes");
+                });
+                next += 1;
+            }),
+        });
+    }
+    out
+}
+
+/// Checks the tier's MXFP4 and BF16 GEMV against the scalar oracle on 64 rows.
+fn sanity(k: Kernels, w: &Workloads, z: &Activations, x: &Activations) {
+    let scalar = Kernels::scalar();
+    let mut got = vec![0.0; 64];
+    let mut want = vec![0.0; 64];
+    let gate = w.views[0].gate;
+    k.matmul_mxfp4(&gate, z, 0..64, &mut got).expect("checked shapes");
+    scalar.matmul_mxfp4(&gate, &scalar.prepare(z.token(0), z.cols()).expect("valid"), 0..64, &mut want).expect("checked");
+    check_against_scalar(k.tier().is_exact(), &got, &want);
+    let m = bf16_view(&w.kda, KDA_ROWS, HIDDEN);
+    k.matmul_bf16(&m, x, 0..64, &mut got).expect("checked shapes");
+    scalar.matmul_bf16(&m, &scalar.prepare(x.token(0), x.cols()).expect("valid"), 0..64, &mut want).expect("checked");
+    check_against_scalar(k.tier().is_exact(), &got, &want);
+}
+
+/// Deviation of a tier from scalar on `rows` rows of the expert gate GEMV and the KDA BF16
+/// GEMV: (max, mean) over rows of `|y - y_scalar| / Σ_c |w·x|`.
+pub fn tier_error(w: &Workloads, k: Kernels, rows: usize) -> [(f64, f64); 2] {
+    let scalar = Kernels::scalar();
+    let gate = w.views[0].gate;
+    let kda = bf16_view(&w.kda, KDA_ROWS, HIDDEN);
+    let mut dense = vec![0.0f32; rows * HIDDEN.max(EXPERT_LATENT)];
+    let mut result = [(0.0, 0.0); 2];
+    for (slot, (cols, input)) in [(EXPERT_LATENT, &w.z), (HIDDEN, &w.x)].into_iter().enumerate() {
+        let (mut got, mut want) = (vec![0.0; rows], vec![0.0; rows]);
+        let act = k.prepare(input, cols).expect("valid");
+        let sa = scalar.prepare(input, cols).expect("valid");
+        let dense = &mut dense[..rows * cols];
+        if slot == 0 {
+            k.matmul_mxfp4(&gate, &act, 0..rows, &mut got).expect("checked");
+            scalar.matmul_mxfp4(&gate, &sa, 0..rows, &mut want).expect("checked");
+            scalar.dequant_mxfp4(&gate, 0..rows, dense).expect("checked");
+        } else {
+            k.matmul_bf16(&kda, &act, 0..rows, &mut got).expect("checked");
+            scalar.matmul_bf16(&kda, &sa, 0..rows, &mut want).expect("checked");
+            scalar.dequant_bf16(&kda, 0..rows, dense).expect("checked");
+        }
+        let (mut max, mut sum) = (0.0f64, 0.0f64);
+        for r in 0..rows {
+            let abs: f64 = dense[r * cols..(r + 1) * cols]
+                .iter()
+                .zip(input.iter())
+                .map(|(&a, &b)| f64::from(a * b).abs())
+                .sum();
+            let rel = (f64::from(got[r]) - f64::from(want[r])).abs() / abs;
+            max = max.max(rel);
+            sum += rel;
+        }
+        result[slot] = (max, sum / rows as f64);
+    }
+    result
+}
