@@ -14,9 +14,14 @@ use mxfp4_kernels::Kernels;
 
 fn bench(c: &mut Criterion, case: &mut Case<'_>) {
     let mut group = c.benchmark_group(case.op);
-    group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
     group.throughput(Throughput::Bytes(case.bytes as u64));
-    group.bench_function(BenchmarkId::new(case.function(), case.variant), |b| b.iter(|| (case.run)()));
+    group.bench_function(BenchmarkId::new(case.function(), case.variant), |b| {
+        b.iter(|| (case.run)())
+    });
     group.finish();
 }
 

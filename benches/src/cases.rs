@@ -6,8 +6,9 @@ use std::sync::Mutex;
 use mxfp4_kernels::{Activations, ExpertScratch, Kernels, Tier};
 
 use crate::{
-    EXPERT_INTER, EXPERT_LATENT, Expert, ExpertViews, HIDDEN, HugeBuf, KDA_ROWS, LM_HEAD_SLICE_ROWS, Pool,
-    activations, bandwidth_buffer, bf16_bytes, bf16_view, check_against_scalar, experts, read_all, split_rows,
+    EXPERT_INTER, EXPERT_LATENT, Expert, ExpertViews, HIDDEN, HugeBuf, KDA_ROWS,
+    LM_HEAD_SLICE_ROWS, Pool, activations, bandwidth_buffer, bf16_bytes, bf16_view,
+    check_against_scalar, experts, read_all, split_rows,
 };
 
 /// Experts in the out-of-cache ring: 40 x 17.5 MB = 702 MB, 22x the 32 MiB L3.
@@ -112,7 +113,9 @@ pub fn read_case<'a>(w: &'a Workloads, pool: &'a Pool) -> Case<'a> {
         threads: pool.threads(),
         variant: "sum",
         bytes: w.probe.len(),
-        run: Box::new(move || sink = std::hint::black_box(sink.wrapping_add(read_all(pool, &w.probe)))),
+        run: Box::new(move || {
+            sink = std::hint::black_box(sink.wrapping_add(read_all(pool, &w.probe)))
+        }),
     }
 }
 
@@ -135,13 +138,15 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
     let mut out = Vec::new();
 
     // MXFP4 GEMV on the gate/up shape and the down shape; rows split across the pool.
-    for (shape, is_gate, act, rows) in
-        [("gate_3072x3584", true, za, EXPERT_INTER), ("down_3584x3072", false, ha, EXPERT_LATENT)]
-    {
+    for (shape, is_gate, act, rows) in [
+        ("gate_3072x3584", true, za, EXPERT_INTER),
+        ("down_3584x3072", false, ha, EXPERT_LATENT),
+    ] {
         let pick = move |e: &ExpertViews<'static>| if is_gate { e.gate } else { e.down };
         let bytes = pick(&w.views[0]).weight_bytes();
         let gemv = move |first: usize, count: usize, step: usize, rows_used: usize| {
-            let outs: Vec<Mutex<Vec<f32>>> = (0..threads).map(|_| Mutex::new(vec![0.0; rows])).collect();
+            let outs: Vec<Mutex<Vec<f32>>> =
+                (0..threads).map(|_| Mutex::new(vec![0.0; rows])).collect();
             let mut next = first;
             Box::new(move || {
                 pool.broadcast(|worker| {
@@ -149,26 +154,44 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
                     let mut y = outs[worker].lock().expect("no poisoning in benches");
                     for i in 0..count {
                         let m = pick(&w.views[(next + i * step) % RING]);
-                        k.matmul_mxfp4(&m, act, range.clone(), &mut y[..range.len()]).expect("checked shapes");
+                        k.matmul_mxfp4(&m, act, range.clone(), &mut y[..range.len()])
+                            .expect("checked shapes");
                     }
                 });
                 next += count * step;
             }) as Box<dyn FnMut() + 'a>
         };
-        let case = |cache, bytes, run| Case { op: "mxfp4_gemv", shape, cache, threads, variant, bytes, run };
+        let case = |cache, bytes, run| Case {
+            op: "mxfp4_gemv",
+            shape,
+            cache,
+            threads,
+            variant,
+            bytes,
+            run,
+        };
         if fast {
-            out.push(case(Cache::L2, L2_REPEATS * L2_ROWS * bytes / rows, gemv(0, L2_REPEATS, 0, L2_ROWS)));
+            out.push(case(
+                Cache::L2,
+                L2_REPEATS * L2_ROWS * bytes / rows,
+                gemv(0, L2_REPEATS, 0, L2_ROWS),
+            ));
             out.push(case(Cache::L3, BATCH * bytes, gemv(0, BATCH, 0, rows)));
         }
-        out.push(case(Cache::OutOfCache, BATCH * bytes, gemv(0, BATCH, 1, rows)));
+        out.push(case(
+            Cache::OutOfCache,
+            BATCH * bytes,
+            gemv(0, BATCH, 1, rows),
+        ));
     }
 
     // Fused expert FFN: experts split across workers, as a decode step's 16 experts are.
     let per_call = BATCH / threads * threads;
     let expert_bytes = w.ring[0].bytes();
     let ffn = move |step: usize| {
-        let scratch: Vec<Mutex<(ExpertScratch, Vec<f32>)>> =
-            (0..threads).map(|_| Mutex::new((ExpertScratch::default(), vec![0.0; EXPERT_LATENT]))).collect();
+        let scratch: Vec<Mutex<(ExpertScratch, Vec<f32>)>> = (0..threads)
+            .map(|_| Mutex::new((ExpertScratch::default(), vec![0.0; EXPERT_LATENT])))
+            .collect();
         let mut next = 0usize;
         Box::new(move || {
             pool.broadcast(|worker| {
@@ -196,11 +219,13 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
     out.push(case(Cache::OutOfCache, ffn(1)));
 
     // BF16 GEMV: KDA projection and lm_head slice (each alone is 5-7x the L3).
-    for (shape, bytes, rows) in
-        [("kda_12288x7168", &w.kda, KDA_ROWS), ("lm_head_16384x7168", &w.head, LM_HEAD_SLICE_ROWS)]
-    {
+    for (shape, bytes, rows) in [
+        ("kda_12288x7168", &w.kda, KDA_ROWS),
+        ("lm_head_16384x7168", &w.head, LM_HEAD_SLICE_ROWS),
+    ] {
         let m = bf16_view(bytes, rows, HIDDEN);
-        let outs: Vec<Mutex<Vec<f32>>> = (0..threads).map(|_| Mutex::new(vec![0.0; rows])).collect();
+        let outs: Vec<Mutex<Vec<f32>>> =
+            (0..threads).map(|_| Mutex::new(vec![0.0; rows])).collect();
         out.push(Case {
             op: "bf16_gemv",
             shape,
@@ -212,7 +237,8 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
                 pool.broadcast(|worker| {
                     let range = split_rows(rows, threads, worker);
                     let mut y = outs[worker].lock().expect("no poisoning in benches");
-                    k.matmul_bf16(&m, xa, range.clone(), &mut y[..range.len()]).expect("checked shapes");
+                    k.matmul_bf16(&m, xa, range.clone(), &mut y[..range.len()])
+                        .expect("checked shapes");
                 })
             }),
         });
@@ -231,7 +257,8 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
                 pool.broadcast(|_| {
                     let mut y = y.lock().expect("no poisoning in benches");
                     for _ in 0..BATCH {
-                        k.matmul_bf16(&small, xa, 0..1024, &mut y).expect("checked shapes");
+                        k.matmul_bf16(&small, xa, 0..1024, &mut y)
+                            .expect("checked shapes");
                     }
                 })
             }),
@@ -251,7 +278,8 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
                 let m = w.views[next % RING].gate;
                 pool.broadcast(|_| {
                     let mut y = y.lock().expect("no poisoning in benches");
-                    k.matmul_mxfp4(&m, t16, 0..EXPERT_INTER, &mut y).expect("checked shapes");
+                    k.matmul_mxfp4(&m, t16, 0..EXPERT_INTER, &mut y)
+                        .expect("checked shapes");
                 });
                 next += 1;
             }),
@@ -266,12 +294,28 @@ fn sanity(k: Kernels, w: &Workloads, z: &Activations, x: &Activations) {
     let mut got = vec![0.0; 64];
     let mut want = vec![0.0; 64];
     let gate = w.views[0].gate;
-    k.matmul_mxfp4(&gate, z, 0..64, &mut got).expect("checked shapes");
-    scalar.matmul_mxfp4(&gate, &scalar.prepare(z.token(0), z.cols()).expect("valid"), 0..64, &mut want).expect("checked");
+    k.matmul_mxfp4(&gate, z, 0..64, &mut got)
+        .expect("checked shapes");
+    scalar
+        .matmul_mxfp4(
+            &gate,
+            &scalar.prepare(z.token(0), z.cols()).expect("valid"),
+            0..64,
+            &mut want,
+        )
+        .expect("checked");
     check_against_scalar(k.tier().is_exact(), &got, &want);
     let m = bf16_view(&w.kda, KDA_ROWS, HIDDEN);
-    k.matmul_bf16(&m, x, 0..64, &mut got).expect("checked shapes");
-    scalar.matmul_bf16(&m, &scalar.prepare(x.token(0), x.cols()).expect("valid"), 0..64, &mut want).expect("checked");
+    k.matmul_bf16(&m, x, 0..64, &mut got)
+        .expect("checked shapes");
+    scalar
+        .matmul_bf16(
+            &m,
+            &scalar.prepare(x.token(0), x.cols()).expect("valid"),
+            0..64,
+            &mut want,
+        )
+        .expect("checked");
     check_against_scalar(k.tier().is_exact(), &got, &want);
 }
 
@@ -283,18 +327,29 @@ pub fn tier_error(w: &Workloads, k: Kernels, rows: usize) -> [(f64, f64); 2] {
     let kda = bf16_view(&w.kda, KDA_ROWS, HIDDEN);
     let mut dense = vec![0.0f32; rows * HIDDEN.max(EXPERT_LATENT)];
     let mut result = [(0.0, 0.0); 2];
-    for (slot, (cols, input)) in [(EXPERT_LATENT, &w.z), (HIDDEN, &w.x)].into_iter().enumerate() {
+    for (slot, (cols, input)) in [(EXPERT_LATENT, &w.z), (HIDDEN, &w.x)]
+        .into_iter()
+        .enumerate()
+    {
         let (mut got, mut want) = (vec![0.0; rows], vec![0.0; rows]);
         let act = k.prepare(input, cols).expect("valid");
         let sa = scalar.prepare(input, cols).expect("valid");
         let dense = &mut dense[..rows * cols];
         if slot == 0 {
-            k.matmul_mxfp4(&gate, &act, 0..rows, &mut got).expect("checked");
-            scalar.matmul_mxfp4(&gate, &sa, 0..rows, &mut want).expect("checked");
-            scalar.dequant_mxfp4(&gate, 0..rows, dense).expect("checked");
+            k.matmul_mxfp4(&gate, &act, 0..rows, &mut got)
+                .expect("checked");
+            scalar
+                .matmul_mxfp4(&gate, &sa, 0..rows, &mut want)
+                .expect("checked");
+            scalar
+                .dequant_mxfp4(&gate, 0..rows, dense)
+                .expect("checked");
         } else {
-            k.matmul_bf16(&kda, &act, 0..rows, &mut got).expect("checked");
-            scalar.matmul_bf16(&kda, &sa, 0..rows, &mut want).expect("checked");
+            k.matmul_bf16(&kda, &act, 0..rows, &mut got)
+                .expect("checked");
+            scalar
+                .matmul_bf16(&kda, &sa, 0..rows, &mut want)
+                .expect("checked");
             scalar.dequant_bf16(&kda, 0..rows, dense).expect("checked");
         }
         let (mut max, mut sum) = (0.0f64, 0.0f64);

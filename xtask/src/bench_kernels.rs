@@ -35,19 +35,38 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     if trials == 0 || threads.contains(&0) {
         bail!("--trials and --threads must be at least 1");
     }
-    eprintln!("kernel tiers on this CPU: {:?}", Kernels::available().iter().map(|k| k.tier().name()).collect::<Vec<_>>());
-    eprintln!("generating weights: 40 experts (702 MB), KDA projection (176 MB), lm_head slice (235 MB), 1 GiB probe ...");
+    eprintln!(
+        "kernel tiers on this CPU: {:?}",
+        Kernels::available()
+            .iter()
+            .map(|k| k.tier().name())
+            .collect::<Vec<_>>()
+    );
+    eprintln!(
+        "generating weights: 40 experts (702 MB), KDA projection (176 MB), lm_head slice (235 MB), 1 GiB probe ..."
+    );
     let w = Workloads::generate();
 
-    println!("Error against the scalar oracle, |y - y_scalar| / Σ|w·x| over 256 rows (max / mean):\n");
+    println!(
+        "Error against the scalar oracle, |y - y_scalar| / Σ|w·x| over 256 rows (max / mean):\n"
+    );
     println!("| tier | MXFP4 gate 3072x3584 | BF16 KDA 12288x7168 |");
     println!("|---|---|---|");
     for &k in &tiers {
         let [mx, bf] = tier_error(&w, k, 256);
-        println!("| {} | {:.1e} / {:.1e} | {:.1e} / {:.1e} |", k.tier(), mx.0, mx.1, bf.0, bf.1);
+        println!(
+            "| {} | {:.1e} / {:.1e} | {:.1e} / {:.1e} |",
+            k.tier(),
+            mx.0,
+            mx.1,
+            bf.0,
+            bf.1
+        );
     }
 
-    println!("\n| op | shape | cache | threads | tier | weight GB/s | read GB/s (same trials) | % of read |");
+    println!(
+        "\n| op | shape | cache | threads | tier | weight GB/s | read GB/s (same trials) | % of read |"
+    );
     println!("|---|---|---|---|---|---|---|---|");
     for &n_threads in &threads {
         let pool = Pool::new(n_threads);

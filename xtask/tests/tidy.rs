@@ -4,7 +4,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask sits below the root").to_owned()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask sits below the root")
+        .to_owned()
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -26,7 +29,11 @@ fn sources() -> Vec<PathBuf> {
     for dir in ["crates", "xtask", "benches"] {
         rust_files(&root().join(dir), &mut files);
     }
-    assert!(files.len() > 10, "found only {} Rust files: is the walk broken?", files.len());
+    assert!(
+        files.len() > 10,
+        "found only {} Rust files: is the walk broken?",
+        files.len()
+    );
     files
 }
 
@@ -34,9 +41,16 @@ fn sources() -> Vec<PathBuf> {
 fn every_rust_file_opens_with_a_module_doc() {
     let bad: Vec<_> = sources()
         .into_iter()
-        .filter(|f| !fs::read_to_string(f).expect("utf-8 source").starts_with("//!"))
+        .filter(|f| {
+            !fs::read_to_string(f)
+                .expect("utf-8 source")
+                .starts_with("//!")
+        })
         .collect();
-    assert!(bad.is_empty(), "files without a leading `//!` line: {bad:?}");
+    assert!(
+        bad.is_empty(),
+        "files without a leading `//!` line: {bad:?}"
+    );
 }
 
 /// Every `unsafe {` block carries a `// SAFETY:` comment on one of the lines just above it.
@@ -61,16 +75,28 @@ fn every_unsafe_block_has_a_safety_comment() {
             }
         }
     }
-    assert!(blocks > 20, "found only {blocks} unsafe blocks: is the scan broken?");
-    assert!(bad.is_empty(), "unsafe blocks without a nearby `// SAFETY:` comment: {bad:#?}");
+    assert!(
+        blocks > 20,
+        "found only {blocks} unsafe blocks: is the scan broken?"
+    );
+    assert!(
+        bad.is_empty(),
+        "unsafe blocks without a nearby `// SAFETY:` comment: {bad:#?}"
+    );
 }
 
 /// One binary runs everywhere and picks its kernel tier at runtime.
 #[test]
 fn no_target_cpu_native() {
     let config = fs::read_to_string(root().join(".cargo/config.toml")).expect("cargo config");
-    let active: String = config.lines().filter(|l| !l.trim_start().starts_with('#')).collect();
-    assert!(!active.contains("target-cpu"), "target-cpu must not be set in .cargo/config.toml");
+    let active: String = config
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect();
+    assert!(
+        !active.contains("target-cpu"),
+        "target-cpu must not be set in .cargo/config.toml"
+    );
 }
 
 /// Libraries take explicit config: only binaries (k3-serve, xtask) read the environment.
@@ -87,5 +113,8 @@ fn libraries_read_no_environment() {
             bad.push(file);
         }
     }
-    assert!(bad.is_empty(), "library code reading environment variables: {bad:?}");
+    assert!(
+        bad.is_empty(),
+        "library code reading environment variables: {bad:?}"
+    );
 }

@@ -78,7 +78,7 @@ fn mxfp4_block<const R: usize, const T: usize>(
     let row_bytes = m.cols() / 2;
     let stride = act.padded();
     let packed = m.packed()[row0 * row_bytes..].as_ptr();
-    let scales = &m.scales()[row0 * groups..(row0 + R) * groups];
+    let scales = m.scales()[row0 * groups..(row0 + R) * groups].as_ptr();
     let x = act.perm32.as_ptr();
     let mut acc = [[_mm512_setzero_ps(); T]; R];
     for g in 0..groups {
@@ -98,7 +98,8 @@ fn mxfp4_block<const R: usize, const T: usize>(
             let v = _mm512_cvtepu8_epi32(unsafe {
                 _mm_loadu_si128(packed.add(r * row_bytes + GROUP_BYTES * g).cast())
             });
-            let scaled = scaled_table(scales[r * groups + g]);
+            // SAFETY: r < R and g < groups index the R x groups scale bytes sliced above.
+            let scaled = scaled_table(unsafe { *scales.add(r * groups + g) });
             let low = _mm512_permutexvar_ps(v, scaled);
             let high = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), scaled);
             for t in 0..T {
