@@ -65,7 +65,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     }
 
     println!(
-        "\n| op | shape | cache | threads | tier | weight GB/s | read GB/s (same trials) | % of read |"
+        "\n| op | shape | cache | threads | tier | weight GB/s | read GB/s (same trials) | % of read (median of paired trials) |"
     );
     println!("|---|---|---|---|---|---|---|---|");
     for &n_threads in &threads {
@@ -76,7 +76,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
                 if !case.id().contains(filter) {
                     continue;
                 }
-                let (kernel, read) = alternate(trials, &mut case, &mut probe);
+                let (kernel, read, ratio) = alternate(trials, &mut case, &mut probe);
                 println!(
                     "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.0}% |",
                     case.op,
@@ -86,7 +86,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
                     case.variant,
                     kernel / 1e9,
                     read / 1e9,
-                    100.0 * kernel / read
+                    100.0 * ratio
                 );
             }
         }
@@ -94,16 +94,22 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Medians of `trials` alternating measurements: (kernel bytes/s, read-probe bytes/s).
-fn alternate(trials: usize, case: &mut Case<'_>, probe: &mut Case<'_>) -> (f64, f64) {
+/// `trials` alternating measurements of the kernel and the read probe. Returns the medians of
+/// each and the median of the per-pair ratios (robust when the host's bandwidth shifts
+/// between phases, as it does on this shared machine).
+fn alternate(trials: usize, case: &mut Case<'_>, probe: &mut Case<'_>) -> (f64, f64, f64) {
     (case.run)(); // warm-up: page faults, clocks
     let mut kernel = Vec::with_capacity(trials);
     let mut read = Vec::with_capacity(trials);
+    let mut ratio = Vec::with_capacity(trials);
     for _ in 0..trials {
-        kernel.push(rate(case));
-        read.push(rate(probe));
+        let k = rate(case);
+        let r = rate(probe);
+        kernel.push(k);
+        read.push(r);
+        ratio.push(k / r);
     }
-    (median(&mut kernel), median(&mut read))
+    (median(&mut kernel), median(&mut read), median(&mut ratio))
 }
 
 /// Bytes per second over at least 250 ms of calls.
