@@ -11,13 +11,13 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{
+use super::{width, 
     PREFETCH_BF16, by_tokens, load_bytes32, load_bytes64, prefetch_ahead, run_rows, scales16,
     store_sums,
 };
 use crate::activations::Activations;
 use crate::codes::E2M1_VALUES;
-use crate::view::{Bf16Matrix, MxFp4Matrix};
+use crate::view::{Bf16Matrix, GROUP, MxFp4Matrix};
 
 /// E2M1 as BF16 bit patterns, repeated so a 5-bit `vpermw` index needs no masking.
 static E2M1_BF16_X2: [u16; 32] = {
@@ -61,13 +61,13 @@ pub(crate) unsafe fn matmul_mxfp4(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
-    by_tokens!(mxfp4_block, 8, matrix, act, rows, out);
+    by_tokens!(mxfp4_block, 8, [3584, 3072], matrix, act, rows, out);
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 #[inline]
 #[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
-fn mxfp4_block<const R: usize, const T: usize>(
+fn mxfp4_block<const R: usize, const T: usize, const C: usize>(
     m: &MxFp4Matrix<'_>,
     act: &Activations,
     row0: usize,
@@ -76,8 +76,9 @@ fn mxfp4_block<const R: usize, const T: usize>(
     out: &mut [f32],
 ) {
     assert!(row0 + R <= m.rows() && act.bf16_mx.len() >= T * act.padded());
-    let groups = m.groups();
-    let row_bytes = m.cols() / 2;
+    let cols = width::<C>(m.cols());
+    let groups = cols / GROUP;
+    let row_bytes = cols / 2;
     let stride = act.padded();
     let packed = m.packed()[row0 * row_bytes..].as_ptr();
     let scales = m.scales()[row0 * groups..(row0 + R) * groups].as_ptr();
@@ -135,14 +136,14 @@ pub(crate) unsafe fn matmul_bf16(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
-    by_tokens!(bf16_block, 16, matrix, act, rows, out);
+    by_tokens!(bf16_block, 16, [7168, 12288, 6144, 3584, 1536, 512], matrix, act, rows, out);
 }
 
 /// BF16 rows: 32 weights and 32 BF16 activations in column order, one `vdpbf16ps`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 #[inline]
 #[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
-fn bf16_block<const R: usize, const T: usize>(
+fn bf16_block<const R: usize, const T: usize, const C: usize>(
     m: &Bf16Matrix<'_>,
     act: &Activations,
     row0: usize,
@@ -151,7 +152,7 @@ fn bf16_block<const R: usize, const T: usize>(
     out: &mut [f32],
 ) {
     assert!(row0 + R <= m.rows() && act.bf16_natural.len() >= T * act.padded());
-    let cols = m.cols();
+    let cols = width::<C>(m.cols());
     let stride = act.padded();
     let base = m.bytes()[row0 * cols * 2..].as_ptr().cast::<u16>();
     let x = act.bf16_natural.as_ptr();

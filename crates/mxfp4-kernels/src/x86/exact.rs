@@ -10,7 +10,7 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{PREFETCH_BF16, by_tokens, load_bytes64, prefetch_ahead, run_rows, store_sums};
+use super::{width, PREFETCH_BF16, by_tokens, load_bytes64, prefetch_ahead, run_rows, store_sums};
 use crate::activations::Activations;
 use crate::codes::{E2M1_VALUES, E8M0_TO_F32};
 use crate::view::{Bf16Matrix, GROUP, GROUP_BYTES, MxFp4Matrix};
@@ -58,14 +58,14 @@ pub(crate) unsafe fn matmul_mxfp4(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
-    by_tokens!(mxfp4_block, 8, matrix, act, rows, out);
+    by_tokens!(mxfp4_block, 8, [3584, 3072], matrix, act, rows, out);
 }
 
 /// Rows `row0..row0+R` for all `T` tokens.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]
 #[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
-fn mxfp4_block<const R: usize, const T: usize>(
+fn mxfp4_block<const R: usize, const T: usize, const C: usize>(
     m: &MxFp4Matrix<'_>,
     act: &Activations,
     row0: usize,
@@ -74,8 +74,9 @@ fn mxfp4_block<const R: usize, const T: usize>(
     out: &mut [f32],
 ) {
     assert!(row0 + R <= m.rows() && act.perm32.len() >= T * act.padded());
-    let groups = m.groups();
-    let row_bytes = m.cols() / 2;
+    let cols = width::<C>(m.cols());
+    let groups = cols / GROUP;
+    let row_bytes = cols / 2;
     let stride = act.padded();
     let packed = m.packed()[row0 * row_bytes..].as_ptr();
     let scales = m.scales()[row0 * groups..(row0 + R) * groups].as_ptr();
@@ -120,7 +121,7 @@ pub(crate) unsafe fn matmul_bf16(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
-    by_tokens!(bf16_block, 16, matrix, act, rows, out);
+    by_tokens!(bf16_block, 16, [7168, 12288, 6144, 3584, 1536, 512], matrix, act, rows, out);
 }
 
 /// BF16 rows: 64 bytes hold 32 values; dword lane j has column 2j in its low half and 2j+1 in
@@ -132,7 +133,7 @@ pub(crate) unsafe fn matmul_bf16(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]
 #[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
-fn bf16_block<const R: usize, const T: usize>(
+fn bf16_block<const R: usize, const T: usize, const C: usize>(
     m: &Bf16Matrix<'_>,
     act: &Activations,
     row0: usize,
@@ -141,7 +142,7 @@ fn bf16_block<const R: usize, const T: usize>(
     out: &mut [f32],
 ) {
     assert!(row0 + R <= m.rows() && act.perm32.len() >= T * act.padded());
-    let cols = m.cols();
+    let cols = width::<C>(m.cols());
     let stride = act.padded();
     let base = m.bytes()[row0 * cols * 2..].as_ptr().cast::<u16>();
     let x = act.perm32.as_ptr();

@@ -13,18 +13,18 @@ pub(crate) mod bf16;
 pub(crate) mod exact;
 pub(crate) mod vnni;
 
-/// Runs `$kernel::<R, T>` over `$rows` in blocks of `R` rows (then single rows for the tail).
+/// Runs `$kernel::<R, T, C>` over `$rows` in blocks of `R` rows (then single rows for the tail).
 macro_rules! run_rows {
-    ($kernel:ident, $r:literal, $t:literal, $m:expr, $act:expr, $rows:expr, $out:expr) => {{
+    ($kernel:ident, $r:literal, $t:literal, $c:literal, $m:expr, $act:expr, $rows:expr, $out:expr) => {{
         let rows: core::ops::Range<usize> = $rows;
         let n = rows.len();
         let mut row = rows.start;
         while rows.end - row >= $r {
-            $kernel::<$r, $t>($m, $act, row, row - rows.start, n, $out);
+            $kernel::<$r, $t, $c>($m, $act, row, row - rows.start, n, $out);
             row += $r;
         }
         while row < rows.end {
-            $kernel::<1, $t>($m, $act, row, row - rows.start, n, $out);
+            $kernel::<1, $t, $c>($m, $act, row, row - rows.start, n, $out);
             row += 1;
         }
     }};
@@ -34,30 +34,49 @@ macro_rules! run_rows {
 /// few enough accumulators to stay in the 32 vector registers) and runs the kernel. A GEMV
 /// streams `$gemv_rows` rows at once: more concurrent row streams keep more cache misses in
 /// flight, up to the point where the accumulators no longer fit in registers.
+///
+/// GEMVs on the listed column counts (K3's shapes) run a copy of the kernel compiled for that
+/// width (`C`), so row offsets are constants folded into addressing instead of registers
+/// spilled to the stack; any other width runs the generic copy (`C = 0`). Same arithmetic.
 macro_rules! by_tokens {
-    ($kernel:ident, $gemv_rows:literal, $m:expr, $act:expr, $rows:expr, $out:expr) => {
+    ($kernel:ident, $gemv_rows:literal, [$($cols:literal),*], $m:expr, $act:expr, $rows:expr, $out:expr) => {
         match $act.tokens() {
-            1 => run_rows!($kernel, $gemv_rows, 1, $m, $act, $rows, $out),
-            2 => run_rows!($kernel, 4, 2, $m, $act, $rows, $out),
-            3 => run_rows!($kernel, 2, 3, $m, $act, $rows, $out),
-            4 => run_rows!($kernel, 2, 4, $m, $act, $rows, $out),
-            5 => run_rows!($kernel, 1, 5, $m, $act, $rows, $out),
-            6 => run_rows!($kernel, 1, 6, $m, $act, $rows, $out),
-            7 => run_rows!($kernel, 1, 7, $m, $act, $rows, $out),
-            8 => run_rows!($kernel, 1, 8, $m, $act, $rows, $out),
-            9 => run_rows!($kernel, 1, 9, $m, $act, $rows, $out),
-            10 => run_rows!($kernel, 1, 10, $m, $act, $rows, $out),
-            11 => run_rows!($kernel, 1, 11, $m, $act, $rows, $out),
-            12 => run_rows!($kernel, 1, 12, $m, $act, $rows, $out),
-            13 => run_rows!($kernel, 1, 13, $m, $act, $rows, $out),
-            14 => run_rows!($kernel, 1, 14, $m, $act, $rows, $out),
-            15 => run_rows!($kernel, 1, 15, $m, $act, $rows, $out),
-            16 => run_rows!($kernel, 1, 16, $m, $act, $rows, $out),
+            1 => match $m.cols() {
+                $($cols => run_rows!($kernel, $gemv_rows, 1, $cols, $m, $act, $rows, $out),)*
+                _ => run_rows!($kernel, $gemv_rows, 1, 0, $m, $act, $rows, $out),
+            },
+            2 => run_rows!($kernel, 4, 2, 0, $m, $act, $rows, $out),
+            3 => run_rows!($kernel, 2, 3, 0, $m, $act, $rows, $out),
+            4 => run_rows!($kernel, 2, 4, 0, $m, $act, $rows, $out),
+            5 => run_rows!($kernel, 1, 5, 0, $m, $act, $rows, $out),
+            6 => run_rows!($kernel, 1, 6, 0, $m, $act, $rows, $out),
+            7 => run_rows!($kernel, 1, 7, 0, $m, $act, $rows, $out),
+            8 => run_rows!($kernel, 1, 8, 0, $m, $act, $rows, $out),
+            9 => run_rows!($kernel, 1, 9, 0, $m, $act, $rows, $out),
+            10 => run_rows!($kernel, 1, 10, 0, $m, $act, $rows, $out),
+            11 => run_rows!($kernel, 1, 11, 0, $m, $act, $rows, $out),
+            12 => run_rows!($kernel, 1, 12, 0, $m, $act, $rows, $out),
+            13 => run_rows!($kernel, 1, 13, 0, $m, $act, $rows, $out),
+            14 => run_rows!($kernel, 1, 14, 0, $m, $act, $rows, $out),
+            15 => run_rows!($kernel, 1, 15, 0, $m, $act, $rows, $out),
+            16 => run_rows!($kernel, 1, 16, 0, $m, $act, $rows, $out),
             _ => unreachable!("Activations holds 1..=MAX_TOKENS tokens"),
         }
     };
 }
 pub(crate) use {by_tokens, run_rows};
+
+/// The matrix width a kernel copy runs with: the constant `C` it was compiled for, or the
+/// runtime `cols` for the generic copy (`C = 0`). `by_tokens!` picks `C == cols`.
+#[inline(always)]
+pub(crate) fn width<const C: usize>(cols: usize) -> usize {
+    if C == 0 {
+        cols
+    } else {
+        assert_eq!(C, cols, "kernel copy for {C} columns called on {cols}");
+        C
+    }
+}
 
 /// Horizontal sum in a fixed tree (halves, then quarters, ...), written out so the order never
 /// depends on how the compiler lowers a reduction intrinsic.

@@ -11,10 +11,10 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{by_tokens, load_bytes64, prefetch_ahead, run_rows, scales16, store_sums};
+use super::{width, by_tokens, load_bytes64, prefetch_ahead, run_rows, scales16, store_sums};
 use crate::activations::Activations;
 use crate::codes::E2M1_DOUBLED;
-use crate::view::MxFp4Matrix;
+use crate::view::{GROUP, MxFp4Matrix};
 
 /// Offset doubled E2M1 codes (`2 * E2M1 + 12`), four times over for a 6-bit `vpermb` index.
 static CODES_U8_X4: [u8; 64] = {
@@ -51,12 +51,12 @@ pub(crate) unsafe fn matmul_mxfp4(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
-    by_tokens!(mxfp4_block, 3, matrix, act, rows, out);
+    by_tokens!(mxfp4_block, 3, [3584, 3072], matrix, act, rows, out);
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
 #[inline]
-fn mxfp4_block<const R: usize, const T: usize>(
+fn mxfp4_block<const R: usize, const T: usize, const C: usize>(
     m: &MxFp4Matrix<'_>,
     act: &Activations,
     row0: usize,
@@ -72,8 +72,9 @@ fn mxfp4_block<const R: usize, const T: usize>(
             && act.q8_correction.len() >= T * blocks_per_token * 16
             && act.q8_step.len() >= T * blocks_per_token * 16
     );
-    let groups = m.groups();
-    let row_bytes = m.cols() / 2;
+    let cols = width::<C>(m.cols());
+    let groups = cols / GROUP;
+    let row_bytes = cols / 2;
     let packed = m.packed()[row0 * row_bytes..].as_ptr();
     let scales = m.scales()[row0 * groups..(row0 + R) * groups].as_ptr();
     let q8 = act.q8.as_ptr();
