@@ -11,9 +11,9 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{width, 
+use super::{
     PREFETCH_BF16, by_tokens, load_bytes32, load_bytes64, prefetch_ahead, run_rows, scales16,
-    store_sums,
+    store_sums, width,
 };
 use crate::activations::Activations;
 use crate::codes::E2M1_VALUES;
@@ -136,7 +136,15 @@ pub(crate) unsafe fn matmul_bf16(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
-    by_tokens!(bf16_block, 16, [7168, 12288, 6144, 3584, 1536, 512], matrix, act, rows, out);
+    by_tokens!(
+        bf16_block,
+        16,
+        [7168, 12288, 6144, 3584, 1536, 512],
+        matrix,
+        act,
+        rows,
+        out
+    );
 }
 
 /// BF16 rows: 32 weights and 32 BF16 activations in column order, one `vdpbf16ps`.

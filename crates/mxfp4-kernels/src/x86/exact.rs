@@ -10,7 +10,7 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{width, PREFETCH_BF16, by_tokens, load_bytes64, prefetch_ahead, run_rows, store_sums};
+use super::{PREFETCH_BF16, by_tokens, load_bytes64, prefetch_ahead, run_rows, store_sums, width};
 use crate::activations::Activations;
 use crate::codes::{E2M1_VALUES, E8M0_TO_F32};
 use crate::view::{Bf16Matrix, GROUP, GROUP_BYTES, MxFp4Matrix};
@@ -121,7 +121,15 @@ pub(crate) unsafe fn matmul_bf16(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
-    by_tokens!(bf16_block, 16, [7168, 12288, 6144, 3584, 1536, 512], matrix, act, rows, out);
+    by_tokens!(
+        bf16_block,
+        16,
+        [7168, 12288, 6144, 3584, 1536, 512],
+        matrix,
+        act,
+        rows,
+        out
+    );
 }
 
 /// BF16 rows: 64 bytes hold 32 values; dword lane j has column 2j in its low half and 2j+1 in

@@ -11,7 +11,7 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{width, by_tokens, load_bytes64, prefetch_ahead, run_rows, scales16, store_sums};
+use super::{by_tokens, load_bytes64, prefetch_ahead, run_rows, scales16, store_sums, width};
 use crate::activations::Activations;
 use crate::codes::E2M1_DOUBLED;
 use crate::view::{GROUP, MxFp4Matrix};
@@ -51,7 +51,7 @@ pub(crate) unsafe fn matmul_mxfp4(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
-    by_tokens!(mxfp4_block, 3, [3584, 3072], matrix, act, rows, out);
+    by_tokens!(mxfp4_block, 3, [], matrix, act, rows, out);
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
@@ -90,7 +90,9 @@ fn mxfp4_block<const R: usize, const T: usize, const C: usize>(
         if g % 16 == 0 {
             for (r, s) in row_scales.iter_mut().enumerate() {
                 // SAFETY: reads min(16, groups - g) scale bytes of row row0 + r.
-                *s = unsafe { scales16(scales.add(r * groups + g), (groups - g).min(16)) };
+                let scale = unsafe { scales16(scales.add(r * groups + g), (groups - g).min(16)) };
+                // 2^(s-127) / 2 undoes the doubled codes; exact (a power of two).
+                *s = _mm512_mul_ps(scale, _mm512_set1_ps(0.5));
             }
         }
         // SAFETY: QUAD_LANES rows are 16 i32.
@@ -117,11 +119,7 @@ fn mxfp4_block<const R: usize, const T: usize, const C: usize>(
             let v = unsafe { load_bytes64(at, code_bytes) };
             let w_low = _mm512_permutexvar_epi8(v, table);
             let w_high = _mm512_permutexvar_epi8(_mm512_srli_epi16::<4>(v), table);
-            // 2^(s-127) / 2 undoes the doubled codes; exact (a power of two).
-            let w_scale = _mm512_mul_ps(
-                _mm512_permutexvar_ps(lanes, row_scales[r]),
-                _mm512_set1_ps(0.5),
-            );
+            let w_scale = _mm512_permutexvar_ps(lanes, row_scales[r]);
             for t in 0..T {
                 let dot = _mm512_dpbusd_epi32(start[t], w_low, x_low[t]);
                 let dot = _mm512_dpbusd_epi32(dot, w_high, x_high[t]);
