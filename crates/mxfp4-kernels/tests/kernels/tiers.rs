@@ -275,10 +275,50 @@ fn vnni_exact_on_int8_representable_activations() {
 
 #[test]
 fn k3_shapes_within_bound() {
-    // Expert gate/up [3072 x 3584] and down [3584 x 3072], a slice of rows each.
+    // Expert gate/up [3072 x 3584] and down [3584 x 3072], a slice of rows each; GEMVs on
+    // these widths run the kernel copies compiled for them.
     check_mxfp4_matmul(1, 24, 3584 / 32, 1, 118, 124);
-    check_mxfp4_matmul(2, 24, 3072 / 32, 3, 118, 124);
-    check_bf16_matmul(3, 12, 7168, 2);
+    check_mxfp4_matmul(2, 24, 3072 / 32, 1, 118, 124);
+    check_mxfp4_matmul(2, 19, 3072 / 32, 3, 118, 124);
+    check_bf16_matmul(3, 19, 7168, 1);
+    check_bf16_matmul(4, 12, 7168, 2);
+    check_bf16_matmul(5, 21, 512, 1);
+}
+
+/// The GEMV copies compiled for K3's widths and the generic GEMM give the same bits.
+#[test]
+fn k3_widths_batch_invariant() {
+    check_batch_invariance(6, 37, 3584 / 32, 3, 20);
+    check_batch_invariance(7, 19, 3072 / 32, 2, 8);
+    for (seed, cols) in [(8u64, 7168usize), (9, 12288), (10, 512)] {
+        let mut rng = Rng::new(seed);
+        let rows = 21;
+        let bytes = random_bf16(&mut rng, rows * cols);
+        let m = Bf16Matrix::new(&bytes, rows, cols).unwrap();
+        let x = random_vec(&mut rng, 3 * cols);
+        for k in tiers() {
+            let mut batch = vec![0.0; 3 * rows];
+            k.matmul_bf16(&m, &k.prepare(&x, cols).unwrap(), 0..rows, &mut batch)
+                .unwrap();
+            for t in 0..3 {
+                let mut one = vec![0.0; rows];
+                k.matmul_bf16(
+                    &m,
+                    &k.prepare(&x[t * cols..(t + 1) * cols], cols).unwrap(),
+                    0..rows,
+                    &mut one,
+                )
+                .unwrap();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&batch[t * rows..(t + 1) * rows]),
+                    bits(&one),
+                    "{}: bf16 width {cols} token {t}",
+                    k.tier()
+                );
+            }
+        }
+    }
 }
 
 #[test]
