@@ -173,9 +173,25 @@ fn bf16_block<const R: usize, const T: usize, const C: usize>(
             // Prefetch hint only: it never faults, so an address past the row is harmless.
             _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_BF16).cast());
             // SAFETY: `valid` values are left in row row0 + r from `at`.
-            let v = unsafe { load_bytes64(at.cast(), 2 * valid) };
-            let w_even = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v));
-            let w_odd = _mm512_castsi512_ps(_mm512_and_si512(v, high_half));
+            let (w_even, w_odd) = if valid == 32 {
+                // Two loads of the same line: the first folds into the shift, the second is
+                // a masked load that zeroes the even halves (the AND), so a line costs five
+                // instructions, not six. The line is in L1 by then: the masked load hits.
+                // SAFETY: 32 values are left in row row0 + r from `at`.
+                unsafe {
+                    (
+                        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_loadu_si512(at.cast()))),
+                        _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(0xAAAA_AAAA, at.cast())),
+                    )
+                }
+            } else {
+                // SAFETY: `valid` values are left in row row0 + r from `at`.
+                let v = unsafe { load_bytes64(at.cast(), 2 * valid) };
+                (
+                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v)),
+                    _mm512_castsi512_ps(_mm512_and_si512(v, high_half)),
+                )
+            };
             for t in 0..T {
                 acc[r][t] = _mm512_fmadd_ps(w_even, even[t], acc[r][t]);
                 acc[r][t] = _mm512_fmadd_ps(w_odd, odd[t], acc[r][t]);
