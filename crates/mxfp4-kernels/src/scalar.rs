@@ -37,14 +37,9 @@ pub(crate) fn matmul_mxfp4(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
-    let n_rows = rows.len();
-    let mut w = vec![0.0f32; matrix.cols()];
-    for (i, row) in rows.enumerate() {
-        dequant_mxfp4(matrix, row..row + 1, &mut w);
-        for t in 0..act.tokens() {
-            out[t * n_rows + i] = dot(&w, act.token(t));
-        }
-    }
+    matmul_rows(matrix.cols(), act, rows, out, |row, w| {
+        dequant_mxfp4(matrix, row..row + 1, w)
+    });
 }
 
 pub(crate) fn matmul_bf16(
@@ -53,10 +48,23 @@ pub(crate) fn matmul_bf16(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
+    matmul_rows(matrix.cols(), act, rows, out, |row, w| {
+        dequant_bf16(matrix, row..row + 1, w)
+    });
+}
+
+/// Decodes each row with `dequant_row` and takes its dot product with every token.
+fn matmul_rows(
+    cols: usize,
+    act: &Activations,
+    rows: Range<usize>,
+    out: &mut [f32],
+    dequant_row: impl Fn(usize, &mut [f32]),
+) {
     let n_rows = rows.len();
-    let mut w = vec![0.0f32; matrix.cols()];
+    let mut w = vec![0.0f32; cols];
     for (i, row) in rows.enumerate() {
-        dequant_bf16(matrix, row..row + 1, &mut w);
+        dequant_row(row, &mut w);
         for t in 0..act.tokens() {
             out[t * n_rows + i] = dot(&w, act.token(t));
         }

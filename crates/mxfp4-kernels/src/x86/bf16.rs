@@ -12,8 +12,8 @@ use core::arch::x86_64::*;
 use std::ops::Range;
 
 use super::{
-    PREFETCH_BF16, by_tokens, load_bytes32, load_bytes64, prefetch_ahead, run_rows, scales16,
-    store_sums, width,
+    PREFETCH_BF16, by_tokens, group_lanes, load_bytes32, load_bytes64, prefetch_ahead, run_rows,
+    scales16, store_sums, width,
 };
 use crate::activations::Activations;
 use crate::codes::E2M1_VALUES;
@@ -32,19 +32,7 @@ static E2M1_BF16_X2: [u16; 32] = {
 };
 
 /// Lane patterns selecting the scales of groups (2p, 2p+1) out of 16: lanes 0..7, 8..15.
-static PAIR_LANES: [[i32; 16]; 8] = {
-    let mut idx = [[0i32; 16]; 8];
-    let mut p = 0;
-    while p < 8 {
-        let mut l = 0;
-        while l < 16 {
-            idx[p][l] = (2 * p + l / 8) as i32;
-            l += 1;
-        }
-        p += 1;
-    }
-    idx
-};
+static PAIR_LANES: [[i32; 16]; 8] = group_lanes::<8>(8);
 
 #[inline]
 fn as_bh(v: __m512i) -> __m512bh {

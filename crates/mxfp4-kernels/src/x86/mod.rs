@@ -78,6 +78,24 @@ pub(crate) fn width<const C: usize>(cols: usize) -> usize {
     }
 }
 
+/// `N` lane patterns for `vpermps` over a vector of 16 group scales: pattern `p` gives lane
+/// `l` the scale of group `(16 / N) * p + l / N`, i.e. each of `16 / N` consecutive groups
+/// fills `N` consecutive lanes (the lanes its products land in).
+pub(crate) const fn group_lanes<const P: usize>(lanes_per_group: usize) -> [[i32; 16]; P] {
+    let mut idx = [[0i32; 16]; P];
+    let groups_per_pattern = 16 / lanes_per_group;
+    let mut p = 0;
+    while p < P {
+        let mut l = 0;
+        while l < 16 {
+            idx[p][l] = (groups_per_pattern * p + l / lanes_per_group) as i32;
+            l += 1;
+        }
+        p += 1;
+    }
+    idx
+}
+
 /// Horizontal sum in a fixed tree (halves, then quarters, ...), written out so the order never
 /// depends on how the compiler lowers a reduction intrinsic.
 #[target_feature(enable = "avx512f")]

@@ -11,7 +11,9 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{by_tokens, load_bytes64, prefetch_ahead, run_rows, scales16, store_sums, width};
+use super::{
+    by_tokens, group_lanes, load_bytes64, prefetch_ahead, run_rows, scales16, store_sums, width,
+};
 use crate::activations::Activations;
 use crate::codes::E2M1_DOUBLED;
 use crate::view::{GROUP, MxFp4Matrix};
@@ -28,19 +30,7 @@ static CODES_U8_X4: [u8; 64] = {
 };
 
 /// Lane patterns selecting the scales of groups 4q..4q+3 out of 16 (four lanes each).
-static QUAD_LANES: [[i32; 16]; 4] = {
-    let mut idx = [[0i32; 16]; 4];
-    let mut q = 0;
-    while q < 4 {
-        let mut l = 0;
-        while l < 16 {
-            idx[q][l] = (4 * q + l / 4) as i32;
-            l += 1;
-        }
-        q += 1;
-    }
-    idx
-};
+static QUAD_LANES: [[i32; 16]; 4] = group_lanes::<4>(4);
 
 /// # Safety
 /// The CPU must have avx512f/bw/vl, avx512vnni and avx512vbmi; shapes as checked by `Kernels`.

@@ -123,6 +123,37 @@ pub(crate) fn activation_error(tier: Tier, w: &[f32], x: &[f32]) -> f64 {
     }
 }
 
+/// Asserts `got` (a tier's `[tokens][rows]` output) is within `dot_bound` of the scalar `want`
+/// for every row and token, given the dense weights `[rows][cols]` and the inputs
+/// `[tokens][cols]`; `rounding` names the tier whose activation rounding applies.
+pub(crate) fn assert_within_bound(
+    label: &str,
+    rounding: Tier,
+    rows: usize,
+    (dense, x): (&[f32], &[f32]),
+    (got, want): (&[f32], &[f32]),
+) {
+    let cols = dense.len() / rows;
+    let tokens = want.len() / rows;
+    for t in 0..tokens {
+        let xt = &x[t * cols..(t + 1) * cols];
+        for r in 0..rows {
+            let w = &dense[r * cols..(r + 1) * cols];
+            let abs_sum: f64 = w
+                .iter()
+                .zip(xt)
+                .map(|(&a, &b)| f64::from(a * b).abs())
+                .sum();
+            let bound = dot_bound(cols, abs_sum, activation_error(rounding, w, xt));
+            let (g, s) = (got[t * rows + r], want[t * rows + r]);
+            assert!(
+                (f64::from(g) - f64::from(s)).abs() <= bound,
+                "{label} ({rounding} rounding): row {r} token {t} of [{rows}x{cols}]: {g} vs scalar {s}, bound {bound:e}"
+            );
+        }
+    }
+}
+
 /// Tiers this CPU can run, with a note when the SIMD ones are skipped.
 pub(crate) fn tiers() -> Vec<Kernels> {
     let available = Kernels::available();

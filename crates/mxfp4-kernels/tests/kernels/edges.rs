@@ -258,6 +258,9 @@ fn tails_against_scalar() {
         let cols = 32 * groups;
         let m = OwnedMx::random(&mut rng, rows, cols, 120, 130);
         let x = random_vec(&mut rng, cols);
+        let dense: Vec<f32> = (0..rows * cols)
+            .map(|i| m.weight(i / cols, i % cols))
+            .collect();
         let s = Kernels::scalar();
         let mut want = vec![0.0; rows];
         s.matmul_mxfp4(&m.view(), &s.prepare(&x, cols).unwrap(), 0..rows, &mut want)
@@ -266,20 +269,7 @@ fn tails_against_scalar() {
             let mut got = vec![0.0; rows];
             k.matmul_mxfp4(&m.view(), &k.prepare(&x, cols).unwrap(), 0..rows, &mut got)
                 .unwrap();
-            for r in 0..rows {
-                let w: Vec<f32> = (0..cols).map(|c| m.weight(r, c)).collect();
-                let abs_sum: f64 = w
-                    .iter()
-                    .zip(&x)
-                    .map(|(&a, &b)| f64::from(a * b).abs())
-                    .sum();
-                let bound = dot_bound(cols, abs_sum, activation_error(k.tier(), &w, &x));
-                assert!(
-                    (f64::from(got[r]) - f64::from(want[r])).abs() <= bound,
-                    "{}: [{rows}x{cols}] row {r}",
-                    k.tier()
-                );
-            }
+            assert_within_bound("mxfp4 tails", k.tier(), rows, (&dense, &x), (&got, &want));
         }
     }
 }

@@ -7,15 +7,6 @@ use proptest::prelude::{ProptestConfig, any, prop_assert_eq, proptest};
 
 use crate::common::*;
 
-/// For BF16 matrices the VNNI tier runs the BF16 path.
-fn bf16_rounding(tier: Tier) -> Tier {
-    if tier == Tier::Avx512Vnni {
-        Tier::Avx512Bf16
-    } else {
-        tier
-    }
-}
-
 fn check_mxfp4_matmul(
     seed: u64,
     rows: usize,
@@ -28,38 +19,19 @@ fn check_mxfp4_matmul(
     let mut rng = Rng::new(seed);
     let m = OwnedMx::random(&mut rng, rows, cols, scale_lo, scale_hi);
     let x = random_vec(&mut rng, tokens * cols);
-    let scalar = Kernels::scalar();
+    let dense: Vec<f32> = (0..rows * cols)
+        .map(|i| m.weight(i / cols, i % cols))
+        .collect();
+    let run = |k: &Kernels, out: &mut [f32]| {
+        k.matmul_mxfp4(&m.view(), &k.prepare(&x, cols).unwrap(), 0..rows, out)
+            .unwrap()
+    };
     let mut want = vec![0.0; rows * tokens];
-    scalar
-        .matmul_mxfp4(
-            &m.view(),
-            &scalar.prepare(&x, cols).unwrap(),
-            0..rows,
-            &mut want,
-        )
-        .unwrap();
+    run(&Kernels::scalar(), &mut want);
     for k in tiers() {
-        let act = k.prepare(&x, cols).unwrap();
         let mut got = vec![0.0; rows * tokens];
-        k.matmul_mxfp4(&m.view(), &act, 0..rows, &mut got).unwrap();
-        for t in 0..tokens {
-            let xt = &x[t * cols..(t + 1) * cols];
-            for r in 0..rows {
-                let w: Vec<f32> = (0..cols).map(|c| m.weight(r, c)).collect();
-                let abs_sum: f64 = w
-                    .iter()
-                    .zip(xt)
-                    .map(|(&a, &b)| f64::from(a * b).abs())
-                    .sum();
-                let bound = dot_bound(cols, abs_sum, activation_error(k.tier(), &w, xt));
-                let (g, s) = (got[t * rows + r], want[t * rows + r]);
-                assert!(
-                    (f64::from(g) - f64::from(s)).abs() <= bound,
-                    "{}: row {r} token {t} of [{rows}x{cols}]: {g} vs scalar {s}, bound {bound:e}",
-                    k.tier()
-                );
-            }
-        }
+        run(&k, &mut got);
+        assert_within_bound("mxfp4", k.tier(), rows, (&dense, &x), (&got, &want));
     }
 }
 
@@ -68,39 +40,26 @@ fn check_bf16_matmul(seed: u64, rows: usize, cols: usize, tokens: usize) {
     let bytes = random_bf16(&mut rng, rows * cols);
     let m = Bf16Matrix::new(&bytes, rows, cols).unwrap();
     let x = random_vec(&mut rng, tokens * cols);
-    let scalar = Kernels::scalar();
-    let mut want = vec![0.0; rows * tokens];
-    scalar
-        .matmul_bf16(&m, &scalar.prepare(&x, cols).unwrap(), 0..rows, &mut want)
-        .unwrap();
     let mut dense = vec![0.0; rows * cols];
-    scalar.dequant_bf16(&m, 0..rows, &mut dense).unwrap();
+    Kernels::scalar()
+        .dequant_bf16(&m, 0..rows, &mut dense)
+        .unwrap();
+    let run = |k: &Kernels, out: &mut [f32]| {
+        k.matmul_bf16(&m, &k.prepare(&x, cols).unwrap(), 0..rows, out)
+            .unwrap()
+    };
+    let mut want = vec![0.0; rows * tokens];
+    run(&Kernels::scalar(), &mut want);
     for k in tiers() {
-        let act = k.prepare(&x, cols).unwrap();
         let mut got = vec![0.0; rows * tokens];
-        k.matmul_bf16(&m, &act, 0..rows, &mut got).unwrap();
-        for t in 0..tokens {
-            let xt = &x[t * cols..(t + 1) * cols];
-            for r in 0..rows {
-                let w = &dense[r * cols..(r + 1) * cols];
-                let abs_sum: f64 = w
-                    .iter()
-                    .zip(xt)
-                    .map(|(&a, &b)| f64::from(a * b).abs())
-                    .sum();
-                let bound = dot_bound(
-                    cols,
-                    abs_sum,
-                    activation_error(bf16_rounding(k.tier()), w, xt),
-                );
-                let (g, s) = (got[t * rows + r], want[t * rows + r]);
-                assert!(
-                    (f64::from(g) - f64::from(s)).abs() <= bound,
-                    "{}: bf16 row {r} token {t} of [{rows}x{cols}]: {g} vs scalar {s}, bound {bound:e}",
-                    k.tier()
-                );
-            }
-        }
+        run(&k, &mut got);
+        // For BF16 matrices the VNNI tier runs the BF16 path.
+        let rounding = if k.tier() == Tier::Avx512Vnni {
+            Tier::Avx512Bf16
+        } else {
+            k.tier()
+        };
+        assert_within_bound("bf16", rounding, rows, (&dense, &x), (&got, &want));
     }
 }
 
