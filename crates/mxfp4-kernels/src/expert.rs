@@ -74,18 +74,17 @@ impl Kernels {
             )));
         }
         let n = rows.len() * z.tokens();
-        scratch.gate.resize(n, 0.0);
-        scratch.up.resize(n, 0.0);
-        self.matmul_mxfp4(gate, z, rows.clone(), &mut scratch.gate)?;
-        self.matmul_mxfp4(up, z, rows, &mut scratch.up)?;
         if hidden.len() != n {
             return Err(Error::OutputLength {
                 expected: n,
                 found: hidden.len(),
             });
         }
-        situ.apply(self, &scratch.gate, &scratch.up, hidden);
-        Ok(())
+        scratch.gate.resize(n, 0.0);
+        scratch.up.resize(n, 0.0);
+        self.matmul_mxfp4(gate, z, rows.clone(), &mut scratch.gate)?;
+        self.matmul_mxfp4(up, z, rows, &mut scratch.up)?;
+        situ.apply(self, &scratch.gate, &scratch.up, hidden)
     }
 }
 

@@ -7,6 +7,7 @@
 //! x^17 for |a| < 0.55 (no cancellation near 0), else `1 - 2/(e^{2|a|} + 1)` with the sign of
 //! `a`. Measured against f64 in the tests: a few ulp.
 
+use crate::error::{Error, Result};
 use crate::tier::{Kernels, Tier};
 
 /// SiTU betas. `linear_beta: None` passes the up projection through unchanged (as HF does when
@@ -66,14 +67,22 @@ impl Situ {
     }
 
     /// `out[i] = eval(gate[i], up[i])` with the kernels' tier (identical bits in every tier).
-    ///
-    /// # Panics
-    /// If the three slices differ in length.
-    pub fn apply(&self, kernels: &Kernels, gate: &[f32], up: &[f32], out: &mut [f32]) {
-        assert!(
-            gate.len() == up.len() && up.len() == out.len(),
-            "situ: slice lengths differ"
-        );
+    /// The three slices must have one length.
+    pub fn apply(
+        &self,
+        kernels: &Kernels,
+        gate: &[f32],
+        up: &[f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        for found in [gate.len(), up.len()] {
+            if found != out.len() {
+                return Err(Error::OutputLength {
+                    expected: found,
+                    found: out.len(),
+                });
+            }
+        }
         let done = match kernels.tier() {
             Tier::Scalar => 0,
             #[cfg(target_arch = "x86_64")]
@@ -85,6 +94,7 @@ impl Situ {
         for i in done..out.len() {
             out[i] = self.eval(gate[i], up[i]);
         }
+        Ok(())
     }
 }
 

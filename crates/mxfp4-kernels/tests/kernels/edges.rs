@@ -273,3 +273,62 @@ fn tails_against_scalar() {
         }
     }
 }
+
+#[test]
+fn expert_and_situ_reject_mismatched_shapes() {
+    let mut rng = Rng::new(31);
+    let gate = OwnedMx::random(&mut rng, 64, 32, 120, 126);
+    let up = OwnedMx::random(&mut rng, 64, 32, 120, 126);
+    let down_ok = OwnedMx::random(&mut rng, 32, 64, 120, 126);
+    let down_bad = OwnedMx::random(&mut rng, 32, 96, 120, 126);
+    for k in tiers() {
+        let z = k.prepare(&[0.5; 32], 32).unwrap();
+        let mut scratch = mxfp4_kernels::ExpertScratch::default();
+        let mut out = vec![0.0; 32];
+        let situ = mxfp4_kernels::Situ::K3;
+        k.expert_ffn(
+            &gate.view(),
+            &up.view(),
+            &down_ok.view(),
+            &situ,
+            &z,
+            &mut scratch,
+            &mut out,
+        )
+        .unwrap();
+        assert!(matches!(
+            k.expert_ffn(
+                &gate.view(),
+                &up.view(),
+                &down_bad.view(),
+                &situ,
+                &z,
+                &mut scratch,
+                &mut out
+            ),
+            Err(Error::ExpertShapes(_))
+        ));
+        assert!(matches!(
+            k.expert_ffn(
+                &gate.view(),
+                &up.view(),
+                &down_ok.view(),
+                &situ,
+                &z,
+                &mut scratch,
+                &mut out[..31]
+            ),
+            Err(Error::OutputLength {
+                expected: 32,
+                found: 31
+            })
+        ));
+        assert!(matches!(
+            situ.apply(&k, &[1.0; 4], &[1.0; 5], &mut [0.0; 4]),
+            Err(Error::OutputLength {
+                expected: 5,
+                found: 4
+            })
+        ));
+    }
+}

@@ -312,10 +312,11 @@ fn situ_bit_identical_across_tiers_and_accurate() {
         },
     ] {
         let mut want = vec![0.0; n];
-        situ.apply(&Kernels::scalar(), &gate, &up, &mut want);
+        situ.apply(&Kernels::scalar(), &gate, &up, &mut want)
+            .unwrap();
         for k in tiers() {
             let mut got = vec![0.0; n];
-            situ.apply(&k, &gate, &up, &mut got);
+            situ.apply(&k, &gate, &up, &mut got).unwrap();
             for i in 0..n {
                 assert_eq!(
                     got[i].to_bits(),
