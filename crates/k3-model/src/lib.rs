@@ -1,1 +1,7 @@
 //! The Kimi K3 model: config parsing, trunk weights, KDA, gated MLA, attention residuals, latent MoE, the per-sequence Session, decode and chunked prefill, tokenizer, chat rendering and sampling.
+//!
+//! Implemented so far: [`config`], the typed and validated `config.json`.
+
+pub mod config;
+
+pub use config::{AttentionKind, ConfigError, FfnKind, K3Config, KdaGate};

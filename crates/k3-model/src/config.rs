@@ -1,0 +1,647 @@
+//! The K3 `config.json`, parsed into a typed, validated [`K3Config`].
+//!
+//! Fields are read from `text_config`, falling back to the root (the release nests them;
+//! some repacks do not); `quantization_config` likewise. A field the forward pass needs and the
+//! file lacks is an error naming it: a loader that guesses builds a model that runs and is
+//! wrong. The only absences with a meaning are the ones the reference code gives one:
+//! `gate_lower_bound` (absent: the Kimi-Linear softplus decay gate), `routed_expert_hidden_size`
+//! (absent: experts at full width, no latent projection) and `quantization_config` (absent:
+//! nothing quantised). `activation_situ_linear_beta` must be present; `null` means "no
+//! transform of the up branch".
+
+use serde_json::{Map, Value};
+
+/// What is wrong with a config, naming the field (a dotted path from the text config).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config is not valid JSON: {0}")]
+    Json(String),
+    #[error("config field {field} is missing")]
+    Missing { field: String },
+    #[error("config field {field} should be {expected}, found {found}")]
+    WrongType {
+        field: String,
+        expected: &'static str,
+        found: String,
+    },
+    #[error("config field {field} is invalid: {reason}")]
+    Invalid { field: String, reason: String },
+    #[error("config field {field} = {value} is not supported: {reason}")]
+    Unsupported {
+        field: String,
+        value: String,
+        reason: &'static str,
+    },
+}
+
+type Result<T, E = ConfigError> = std::result::Result<T, E>;
+
+/// The token mixer of one layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKind {
+    /// Kimi Delta Attention (linear, recurrent).
+    Kda,
+    /// Gated multi-head latent attention (NoPE).
+    Mla,
+}
+
+/// The feed-forward block of one layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FfnKind {
+    /// Dense SiTU-GLU MLP of `intermediate_size`.
+    Dense,
+    /// Routed experts plus shared experts.
+    Moe,
+}
+
+/// KDA's per-channel decay gate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KdaGate {
+    /// Kimi-Linear form `g = -exp(A_log[h]) * softplus(f + dt_bias)` (`gate_lower_bound` absent,
+    /// as in the public 0.40B model).
+    Softplus,
+    /// K3's bounded form selected by `gate_lower_bound` (-5.0 in the release); the value is a
+    /// parameter of the gate function, not a clamp (K3_SPEC §6.3).
+    LowerBound(f32),
+}
+
+/// One layer's kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerSpec {
+    pub attention: AttentionKind,
+    pub ffn: FfnKind,
+    /// This layer banks the raw layer input as an AttnRes block snapshot
+    /// (`index % attn_res_block_size == 0`).
+    pub attn_res_snapshot: bool,
+}
+
+/// KDA dimensions (`linear_attn_config`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KdaConfig {
+    pub num_heads: usize,
+    pub head_dim: usize,
+    pub conv_kernel: usize,
+    pub gate: KdaGate,
+}
+
+/// Gated MLA dimensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MlaConfig {
+    pub num_heads: usize,
+    pub q_lora_rank: usize,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    /// Stored per head and per token, but never rotated (`mla_use_nope`).
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    /// The sigmoid output gate `g_proj` (`mla_use_output_gate`).
+    pub output_gate: bool,
+}
+
+/// The routed-expert router.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RouterConfig {
+    pub top_k: usize,
+    /// Renormalise the selected weights to sum 1 (`moe_renormalize`).
+    pub renormalize: bool,
+    pub routed_scaling_factor: f32,
+    pub num_expert_group: usize,
+    pub topk_group: usize,
+}
+
+/// Latent MoE: experts run in a narrower space behind shared down/up projections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LatentConfig {
+    /// `routed_expert_hidden_size` (3584 in K3).
+    pub hidden: usize,
+    /// RMSNorm on the weighted expert sum before the up projection (`latent_moe_use_norm`).
+    pub use_norm: bool,
+}
+
+/// MoE dimensions.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    /// Routed expert FFN width (`moe_intermediate_size`).
+    pub expert_intermediate: usize,
+    pub num_shared_experts: usize,
+    pub latent: Option<LatentConfig>,
+    pub router: RouterConfig,
+}
+
+impl MoeConfig {
+    /// The width the routed experts read and write: the latent width, or the hidden size.
+    pub fn expert_io(&self, hidden_size: usize) -> usize {
+        self.latent.map_or(hidden_size, |l| l.hidden)
+    }
+    /// Width of the fused shared-expert MLP (`num_shared_experts * moe_intermediate_size`).
+    pub fn shared_intermediate(&self) -> usize {
+        self.num_shared_experts * self.expert_intermediate
+    }
+}
+
+/// SiTU-GLU betas: `β1·tanh(g/β1)·sigmoid(g) · β2·tanh(u/β2)`, or `· u` when `linear_beta` is
+/// `None`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SituBetas {
+    pub beta: f32,
+    pub linear_beta: Option<f32>,
+}
+
+/// The compressed-tensors quantisation the checkpoint declares.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantizationConfig {
+    /// `mxfp4-pack-quantized` (the only format supported).
+    pub format: String,
+    pub group_size: usize,
+    /// Module patterns left unquantised. Informational only: the loader decides each tensor's
+    /// format from its own header, never from these regexes.
+    pub ignore: Vec<String>,
+}
+
+/// A validated K3 text config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct K3Config {
+    pub hidden_size: usize,
+    pub vocab_size: usize,
+    pub rms_norm_eps: f32,
+    /// One entry per decoder layer, 0-based.
+    pub layers: Vec<LayerSpec>,
+    pub kda: KdaConfig,
+    pub mla: MlaConfig,
+    /// Dense MLP width (`intermediate_size`).
+    pub dense_intermediate: usize,
+    pub moe: MoeConfig,
+    pub situ: SituBetas,
+    pub attn_res_block_size: usize,
+    pub first_k_dense_replace: usize,
+    pub moe_layer_freq: usize,
+    pub quantization: Option<QuantizationConfig>,
+}
+
+impl K3Config {
+    /// Parses and validates the text of a `config.json`.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let root: Value =
+            serde_json::from_str(text).map_err(|e| ConfigError::Json(e.to_string()))?;
+        let Value::Object(root) = root else {
+            return Err(ConfigError::WrongType {
+                field: "(root)".into(),
+                expected: "an object",
+                found: kind(&root),
+            });
+        };
+        let text_config = match root.get("text_config") {
+            Some(Value::Object(map)) => Some(map),
+            Some(other) => {
+                return Err(ConfigError::WrongType {
+                    field: "text_config".into(),
+                    expected: "an object",
+                    found: kind(other),
+                });
+            }
+            None => None,
+        };
+        Self::parse(&Fields {
+            text: text_config,
+            root: &root,
+            prefix: String::new(),
+        })
+    }
+
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// 0-based indices of the layers of one attention kind.
+    pub fn layers_of(&self, kind: AttentionKind) -> Vec<usize> {
+        (0..self.layers.len())
+            .filter(|&i| self.layers[i].attention == kind)
+            .collect()
+    }
+
+    /// KDA's `num_heads * head_dim` (12288 in K3).
+    pub fn kda_width(&self) -> usize {
+        self.kda.num_heads * self.kda.head_dim
+    }
+
+    fn parse(f: &Fields<'_>) -> Result<Self> {
+        let hidden_act = f.string("hidden_act")?;
+        if hidden_act != "situ" {
+            return Err(unsupported("hidden_act", &hidden_act, "K3 uses SiTU-GLU"));
+        }
+        let num_layers = f.positive("num_hidden_layers")?;
+        let rms_norm_eps = f.float("rms_norm_eps")?;
+        if rms_norm_eps <= 0.0 || !rms_norm_eps.is_finite() {
+            return Err(invalid(
+                "rms_norm_eps",
+                format!("{rms_norm_eps} is not a positive number"),
+            ));
+        }
+
+        let linear = f.object("linear_attn_config")?;
+        let kda_layers = linear.one_based_layers("kda_layers", num_layers)?;
+        let mla_layers = linear.one_based_layers("full_attn_layers", num_layers)?;
+        if !linear.boolean("use_full_rank_gate")? {
+            return Err(unsupported(
+                "linear_attn_config.use_full_rank_gate",
+                "false",
+                "K3 has one full-rank output gate g_proj",
+            ));
+        }
+        let gate = match linear.optional_float("gate_lower_bound")? {
+            None => KdaGate::Softplus,
+            Some(bound) => KdaGate::LowerBound(bound),
+        };
+        let kda = KdaConfig {
+            num_heads: linear.positive("num_heads")?,
+            head_dim: linear.positive("head_dim")?,
+            conv_kernel: linear.positive("short_conv_kernel_size")?,
+            gate,
+        };
+
+        if !f.boolean("mla_use_nope")? {
+            return Err(unsupported(
+                "mla_use_nope",
+                "false",
+                "K3's MLA has no positional rotation",
+            ));
+        }
+        let mla = MlaConfig {
+            num_heads: f.positive("num_attention_heads")?,
+            q_lora_rank: f.positive("q_lora_rank")?,
+            kv_lora_rank: f.positive("kv_lora_rank")?,
+            qk_nope_head_dim: f.positive("qk_nope_head_dim")?,
+            qk_rope_head_dim: f.positive("qk_rope_head_dim")?,
+            v_head_dim: f.positive("v_head_dim")?,
+            output_gate: f.boolean("mla_use_output_gate")?,
+        };
+
+        let first_k_dense_replace = f.count("first_k_dense_replace")?;
+        let moe_layer_freq = f.positive("moe_layer_freq")?;
+        let attn_res_block_size = f.positive("attn_res_block_size")?;
+        let mut layers = Vec::with_capacity(num_layers);
+        for i in 0..num_layers {
+            let attention = match (kda_layers.contains(&i), mla_layers.contains(&i)) {
+                (true, false) => AttentionKind::Kda,
+                (false, true) => AttentionKind::Mla,
+                (true, true) => {
+                    return Err(invalid(
+                        "linear_attn_config",
+                        format!(
+                            "layer {} (1-based) is in both kda_layers and full_attn_layers",
+                            i + 1
+                        ),
+                    ));
+                }
+                (false, false) => {
+                    return Err(invalid(
+                        "linear_attn_config",
+                        format!(
+                            "layer {} (1-based) is in neither kda_layers nor full_attn_layers",
+                            i + 1
+                        ),
+                    ));
+                }
+            };
+            let moe = i >= first_k_dense_replace && i % moe_layer_freq == 0;
+            layers.push(LayerSpec {
+                attention,
+                ffn: if moe { FfnKind::Moe } else { FfnKind::Dense },
+                attn_res_snapshot: i % attn_res_block_size == 0,
+            });
+        }
+
+        let router_activation = f.string("moe_router_activation_func")?;
+        if router_activation != "sigmoid" {
+            return Err(unsupported(
+                "moe_router_activation_func",
+                &router_activation,
+                "K3's router is sigmoid",
+            ));
+        }
+        let topk_method = f.string("topk_method")?;
+        if topk_method != "noaux_tc" {
+            return Err(unsupported(
+                "topk_method",
+                &topk_method,
+                "K3 selects with the bias-corrected noaux_tc",
+            ));
+        }
+        let num_experts = f.positive("num_experts")?;
+        let top_k = f.positive("num_experts_per_token")?;
+        if top_k > num_experts {
+            return Err(invalid(
+                "num_experts_per_token",
+                format!("{top_k} exceeds num_experts {num_experts}"),
+            ));
+        }
+        let num_expert_group = f.positive("num_expert_group")?;
+        let topk_group = f.positive("topk_group")?;
+        if num_experts % num_expert_group != 0 || topk_group > num_expert_group {
+            return Err(invalid(
+                "num_expert_group",
+                format!(
+                    "{num_expert_group} groups (topk_group {topk_group}) do not divide {num_experts} experts"
+                ),
+            ));
+        }
+        let latent = match f.optional_count("routed_expert_hidden_size")? {
+            None => None,
+            Some(0) => {
+                return Err(invalid(
+                    "routed_expert_hidden_size",
+                    "0 is not a width".into(),
+                ));
+            }
+            Some(hidden) => Some(LatentConfig {
+                hidden,
+                use_norm: f.boolean("latent_moe_use_norm")?,
+            }),
+        };
+        let moe = MoeConfig {
+            num_experts,
+            expert_intermediate: f.positive("moe_intermediate_size")?,
+            num_shared_experts: f.count("num_shared_experts")?,
+            latent,
+            router: RouterConfig {
+                top_k,
+                renormalize: f.boolean("moe_renormalize")?,
+                routed_scaling_factor: f.float("routed_scaling_factor")?,
+                num_expert_group,
+                topk_group,
+            },
+        };
+
+        let situ = SituBetas {
+            beta: f.float("activation_situ_beta")?,
+            linear_beta: f.nullable_float("activation_situ_linear_beta")?,
+        };
+        for (field, beta) in [
+            ("activation_situ_beta", Some(situ.beta)),
+            ("activation_situ_linear_beta", situ.linear_beta),
+        ] {
+            if let Some(b) = beta
+                && (b <= 0.0 || !b.is_finite())
+            {
+                return Err(invalid(field, format!("{b} is not a positive number")));
+            }
+        }
+
+        Ok(Self {
+            hidden_size: f.positive("hidden_size")?,
+            vocab_size: f.positive("vocab_size")?,
+            rms_norm_eps,
+            layers,
+            kda,
+            mla,
+            dense_intermediate: f.positive("intermediate_size")?,
+            moe,
+            situ,
+            attn_res_block_size,
+            first_k_dense_replace,
+            moe_layer_freq,
+            quantization: f.quantization()?,
+        })
+    }
+}
+
+/// Field access with the text-config-then-root fallback and errors that name the field.
+struct Fields<'a> {
+    text: Option<&'a Map<String, Value>>,
+    root: &'a Map<String, Value>,
+    /// Dotted path of this object, for error messages (`""` at the top).
+    prefix: String,
+}
+
+impl<'a> Fields<'a> {
+    fn path(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    fn lookup(&self, key: &str) -> Option<&'a Value> {
+        self.text
+            .and_then(|t| t.get(key))
+            .or_else(|| self.root.get(key))
+    }
+
+    fn value(&self, key: &str) -> Result<&'a Value> {
+        self.lookup(key).ok_or_else(|| ConfigError::Missing {
+            field: self.path(key),
+        })
+    }
+
+    fn wrong(&self, key: &str, expected: &'static str, found: &Value) -> ConfigError {
+        ConfigError::WrongType {
+            field: self.path(key),
+            expected,
+            found: kind(found),
+        }
+    }
+
+    fn object(&self, key: &str) -> Result<Fields<'a>> {
+        match self.value(key)? {
+            Value::Object(map) => Ok(Fields {
+                text: None,
+                root: map,
+                prefix: format!("{}.", self.path(key)),
+            }),
+            other => Err(self.wrong(key, "an object", other)),
+        }
+    }
+
+    fn string(&self, key: &str) -> Result<String> {
+        match self.value(key)? {
+            Value::String(s) => Ok(s.clone()),
+            other => Err(self.wrong(key, "a string", other)),
+        }
+    }
+
+    fn boolean(&self, key: &str) -> Result<bool> {
+        match self.value(key)? {
+            Value::Bool(b) => Ok(*b),
+            other => Err(self.wrong(key, "true or false", other)),
+        }
+    }
+
+    fn as_count(&self, key: &str, value: &Value) -> Result<usize> {
+        value
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| self.wrong(key, "a non-negative integer", value))
+    }
+
+    /// A non-negative integer.
+    fn count(&self, key: &str) -> Result<usize> {
+        self.as_count(key, self.value(key)?)
+    }
+
+    /// A positive integer (a width, a count of things that must exist).
+    fn positive(&self, key: &str) -> Result<usize> {
+        match self.count(key)? {
+            0 => Err(invalid(&self.path(key), "must be at least 1".into())),
+            n => Ok(n),
+        }
+    }
+
+    fn optional_count(&self, key: &str) -> Result<Option<usize>> {
+        match self.lookup(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => self.as_count(key, value).map(Some),
+        }
+    }
+
+    fn as_float(&self, key: &str, value: &Value) -> Result<f32> {
+        value
+            .as_f64()
+            .map(|v| v as f32)
+            .ok_or_else(|| self.wrong(key, "a number", value))
+    }
+
+    fn float(&self, key: &str) -> Result<f32> {
+        self.as_float(key, self.value(key)?)
+    }
+
+    /// A number that may be absent (or null): absence has a meaning for this field.
+    fn optional_float(&self, key: &str) -> Result<Option<f32>> {
+        match self.lookup(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => self.as_float(key, value).map(Some),
+        }
+    }
+
+    /// A number that must be present but may be `null`.
+    fn nullable_float(&self, key: &str) -> Result<Option<f32>> {
+        match self.value(key)? {
+            Value::Null => Ok(None),
+            value => self.as_float(key, value).map(Some),
+        }
+    }
+
+    /// A list of 1-based layer numbers, returned 0-based, each in `1..=num_layers`, no repeats.
+    fn one_based_layers(&self, key: &str, num_layers: usize) -> Result<Vec<usize>> {
+        let value = self.value(key)?;
+        let Value::Array(items) = value else {
+            return Err(self.wrong(key, "a list of 1-based layer numbers", value));
+        };
+        let mut layers = Vec::with_capacity(items.len());
+        for item in items {
+            let n = self.as_count(key, item)?;
+            if n == 0 || n > num_layers {
+                return Err(invalid(
+                    &self.path(key),
+                    format!("layer {n} is outside 1..={num_layers} (the lists are 1-based)"),
+                ));
+            }
+            if layers.contains(&(n - 1)) {
+                return Err(invalid(
+                    &self.path(key),
+                    format!("layer {n} is listed twice"),
+                ));
+            }
+            layers.push(n - 1);
+        }
+        Ok(layers)
+    }
+
+    /// `quantization_config` from the text config first, then the root; absent means none.
+    fn quantization(&self) -> Result<Option<QuantizationConfig>> {
+        let Some(value) = self.lookup("quantization_config") else {
+            return Ok(None);
+        };
+        let Value::Object(map) = value else {
+            return Err(self.wrong("quantization_config", "an object", value));
+        };
+        let q = Fields {
+            text: None,
+            root: map,
+            prefix: "quantization_config.".into(),
+        };
+        let method = q.string("quant_method")?;
+        if method != "compressed-tensors" {
+            return Err(unsupported(
+                "quantization_config.quant_method",
+                &method,
+                "only compressed-tensors",
+            ));
+        }
+        let format = q.string("format")?;
+        if format != "mxfp4-pack-quantized" {
+            return Err(unsupported(
+                "quantization_config.format",
+                &format,
+                "only mxfp4-pack-quantized",
+            ));
+        }
+        let groups = q.object("config_groups")?;
+        let mut group_size = None;
+        for (name, group) in groups.root {
+            let Value::Object(group) = group else {
+                return Err(groups.wrong(name, "an object", group));
+            };
+            let g = Fields {
+                text: None,
+                root: group,
+                prefix: format!("{}{name}.", groups.prefix),
+            };
+            let size = g.object("weights")?.positive("group_size")?;
+            if size != 32 {
+                return Err(unsupported(
+                    &g.path("weights.group_size"),
+                    &size.to_string(),
+                    "MXFP4 groups are 32",
+                ));
+            }
+            group_size = Some(size);
+        }
+        let group_size = group_size.ok_or_else(|| {
+            invalid(
+                "quantization_config.config_groups",
+                "no group is declared".into(),
+            )
+        })?;
+        let ignore = match q.lookup("ignore") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|item| {
+                    item.as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(|| q.wrong("ignore", "a list of strings", item))
+                })
+                .collect::<Result<_>>()?,
+            Some(other) => return Err(q.wrong("ignore", "a list of strings", other)),
+        };
+        Ok(Some(QuantizationConfig {
+            format,
+            group_size,
+            ignore,
+        }))
+    }
+}
+
+fn kind(value: &Value) -> String {
+    match value {
+        Value::Null => "null".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => format!("{s:?}"),
+        Value::Array(_) => "a list".into(),
+        Value::Object(_) => "an object".into(),
+    }
+}
+
+fn invalid(field: &str, reason: String) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.to_owned(),
+        reason,
+    }
+}
+
+fn unsupported(field: &str, value: &str, reason: &'static str) -> ConfigError {
+    ConfigError::Unsupported {
+        field: field.to_owned(),
+        value: value.to_owned(),
+        reason,
+    }
+}

@@ -1,0 +1,3 @@
+//! Integration tests of k3-model.
+
+mod config;
