@@ -4,6 +4,7 @@
 //! task, write `fn run(args: &[String]) -> Result<()>` in a new module and list it there.
 
 mod bench_kernels;
+mod k3_plan;
 mod oracle;
 
 use std::path::{Path, PathBuf};
@@ -26,6 +27,13 @@ const TASKS: &[Task] = &[
         about: "quick roofline of the kernels on K3 shapes: weight GB/s and % of the read \
                 bandwidth measured in the same trials (criterion: cargo bench --bench kernels)",
         run: bench_kernels::run,
+    },
+    Task {
+        name: "k3-plan",
+        usage: "--config FILE",
+        about: "byte plan of a K3 checkpoint for a config: bytes per tensor class and layer \
+                kind, total, weight bytes per decoded token",
+        run: k3_plan::run,
     },
     Task {
         name: "oracle-mxfp4",

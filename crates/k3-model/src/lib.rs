@@ -1,7 +1,9 @@
 //! The Kimi K3 model: config parsing, trunk weights, KDA, gated MLA, attention residuals, latent MoE, the per-sequence Session, decode and chunked prefill, tokenizer, chat rendering and sampling.
 //!
-//! Implemented so far: [`config`], the typed and validated `config.json`.
+//! Implemented so far: [`config`], the typed and validated `config.json`, and [`inventory`],
+//! every tensor the config implies with its byte plan.
 
 pub mod config;
+pub mod inventory;
 
 pub use config::{AttentionKind, ConfigError, FfnKind, K3Config, KdaGate};

@@ -1,3 +1,4 @@
 //! Integration tests of k3-model.
 
 mod config;
+mod inventory;

@@ -1,0 +1,73 @@
+//! `cargo xtask k3-plan --config FILE`: the byte plan of a K3 checkpoint for any config —
+//! bytes per tensor class and per layer kind, the total, and the weight bytes one decoded token
+//! reads. For the release config the total plus the vision tower equals the index's
+//! `total_size` (1,560,860,324,864 bytes), which pins the tensor inventory.
+
+use anyhow::{Context, Result};
+use k3_model::config::K3Config;
+use k3_model::inventory::BytePlan;
+
+use crate::{Options, from_root};
+
+/// The release's vision tower and projector (K3_SPEC §3.5): not text, not in the inventory.
+const VISION_BYTES: usize = 894_717_952;
+
+pub(crate) fn run(args: &[String]) -> Result<()> {
+    let options = Options::parse(args, &["config"])?;
+    let path = from_root(options.get("config").context("--config FILE is required")?);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let config =
+        K3Config::from_json(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let plan = BytePlan::new(&config);
+
+    println!(
+        "config: {} ({} layers, hidden {})\n",
+        path.display(),
+        config.num_layers(),
+        config.hidden_size
+    );
+    println!("| tensor class | bytes |");
+    println!("|---|---:|");
+    for (class, bytes) in &plan.by_class {
+        println!("| {} | {} |", class.name(), group(*bytes));
+    }
+    println!(
+        "\n| layer kind (attention, ffn) | layers | bytes per layer, without routed experts |"
+    );
+    println!("|---|---:|---:|");
+    for ((attention, ffn), bytes, count) in &plan.by_layer_kind {
+        println!("| {attention:?}, {ffn:?} | {count} | {} |", group(*bytes));
+    }
+    println!();
+    println!(
+        "routed expert:            {} bytes",
+        group(plan.expert_bytes)
+    );
+    println!("text tensors:             {}", group(plan.text_tensors));
+    println!("text bytes:               {}", group(plan.text_bytes));
+    println!(
+        "with the release's vision tower ({}): {}",
+        group(VISION_BYTES),
+        group(plan.text_bytes + VISION_BYTES)
+    );
+    println!(
+        "weight bytes per decoded token: {} ({:.2} GB)",
+        group(plan.bytes_per_token),
+        plan.bytes_per_token as f64 / 1e9
+    );
+    Ok(())
+}
+
+/// `1560860324864` as `1,560,860,324,864`.
+fn group(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
