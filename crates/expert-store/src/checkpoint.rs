@@ -1,0 +1,424 @@
+//! A checkpoint directory: `model.safetensors`, or shards listed by
+//! `model.safetensors.index.json`. Each file is mapped once and its header parsed once; tensors
+//! are looked up by name (the release's `language_model.` prefix is probed) and handed out as
+//! borrowed bytes or as the kernels' validated views.
+//!
+//! Hard failures with clear words: a truncated shard, overlapping or out-of-order data ranges
+//! (the `safetensors` crate checks that a header's ranges tile the file exactly), a tensor the
+//! index names but its shard lacks, or a shape/dtype a view cannot take is an error naming the
+//! file and the tensor. Nothing here panics on file contents.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use mxfp4_kernels::{Bf16Matrix, MxFp4Matrix};
+pub use safetensors::Dtype;
+use safetensors::SafeTensors;
+
+/// Name prefix of text tensors in the release (absent in some repacks).
+pub const TEXT_PREFIX: &str = "language_model.";
+
+/// What is wrong with a checkpoint, naming the file and the tensor.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: no model.safetensors and no model.safetensors.index.json")]
+    NoWeights { path: PathBuf },
+    #[error("{path}: bad index: {reason}")]
+    Index { path: PathBuf, reason: String },
+    #[error("{path}: bad safetensors header or data layout: {reason}")]
+    Header { path: PathBuf, reason: String },
+    #[error("{path}: tensor {tensor} is listed in the index but not in this file")]
+    NotInShard { path: PathBuf, tensor: String },
+    #[error("tensor {tensor} is stored twice: in {first} and {second}")]
+    Duplicate {
+        tensor: String,
+        first: PathBuf,
+        second: PathBuf,
+    },
+    #[error("tensor {tensor} is missing")]
+    Missing { tensor: String },
+    #[error("{path}: tensor {tensor}: expected {expected}, found {found}")]
+    Mismatch {
+        path: PathBuf,
+        tensor: String,
+        expected: String,
+        found: String,
+    },
+    #[error("{path}: tensor {tensor}: {source}")]
+    View {
+        path: PathBuf,
+        tensor: String,
+        source: mxfp4_kernels::Error,
+    },
+}
+
+type Result<T, E = CheckpointError> = std::result::Result<T, E>;
+
+/// One mapped file.
+#[derive(Debug)]
+struct Shard {
+    path: PathBuf,
+    map: Mmap,
+}
+
+/// Where a tensor lives: its shard, dtype, shape and absolute byte range in the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    shard: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    start: usize,
+    end: usize,
+}
+
+/// A tensor found in a checkpoint.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorRef<'a> {
+    /// The name as stored (with the prefix, if the checkpoint has one).
+    pub name: &'a str,
+    pub path: &'a Path,
+    pub dtype: Dtype,
+    pub shape: &'a [usize],
+    /// Absolute byte range in the file.
+    pub offset: usize,
+    pub bytes: &'a [u8],
+}
+
+/// Where a routed expert's six tensors (`w1`/`w2`/`w3` × `weight_packed`/`weight_scale`) lie.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpertLocation {
+    pub path: PathBuf,
+    /// First byte of the lowest of the six tensors, in the file.
+    pub offset: usize,
+    /// From `offset` to the end of the highest of the six.
+    pub len: usize,
+    /// The six tensors are back to back (one read fetches exactly them).
+    pub contiguous: bool,
+}
+
+/// A mapped checkpoint directory.
+#[derive(Debug)]
+pub struct Checkpoint {
+    dir: PathBuf,
+    shards: Vec<Shard>,
+    tensors: HashMap<String, Entry>,
+    /// `TEXT_PREFIX` if the checkpoint's text tensors carry it, else empty.
+    prefix: &'static str,
+}
+
+impl Checkpoint {
+    /// Opens `dir`: maps `model.safetensors`, or every shard the index names, and parses each
+    /// header once. Files the index does not name are not opened.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let index_path = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        let (files, weight_map, total_size) = if index_path.exists() {
+            let index = read_index(&index_path)?;
+            (index.files, Some(index.weight_map), index.total_size)
+        } else if single.exists() {
+            (vec!["model.safetensors".to_owned()], None, None)
+        } else {
+            return Err(CheckpointError::NoWeights {
+                path: dir.to_owned(),
+            });
+        };
+
+        let mut shards = Vec::with_capacity(files.len());
+        let mut tensors: HashMap<String, Entry> = HashMap::new();
+        let mut data_bytes = 0usize;
+        for file in &files {
+            let path = dir.join(file);
+            let handle = File::open(&path).map_err(|source| CheckpointError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            // SAFETY: the mapping is read-only and lives as long as `self`. The contract we
+            // rely on — nobody truncates or rewrites a checkpoint while it is being served —
+            // is the same every mmap-based loader makes; a truncation would fault, not lie.
+            let map = unsafe { Mmap::map(&handle) }.map_err(|source| CheckpointError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            let (header_len, metadata) =
+                SafeTensors::read_metadata(&map).map_err(|e| CheckpointError::Header {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
+            let data_start = 8 + header_len;
+            let shard = shards.len();
+            for (name, info) in metadata.tensors() {
+                let entry = Entry {
+                    shard,
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                    start: data_start + info.data_offsets.0,
+                    end: data_start + info.data_offsets.1,
+                };
+                data_bytes += entry.end - entry.start;
+                if let Some(previous) = tensors.insert(name.clone(), entry) {
+                    return Err(CheckpointError::Duplicate {
+                        tensor: name,
+                        first: shards
+                            .get(previous.shard)
+                            .map_or_else(|| path.clone(), |s: &Shard| s.path.clone()),
+                        second: path.clone(),
+                    });
+                }
+            }
+            shards.push(Shard { path, map });
+        }
+        if let Some(weight_map) = &weight_map {
+            for (tensor, file) in weight_map {
+                let listed = files
+                    .iter()
+                    .position(|f| f == file)
+                    .expect("index files come from the weight map");
+                match tensors.get(tensor) {
+                    Some(entry) if entry.shard == listed => {}
+                    _ => {
+                        return Err(CheckpointError::NotInShard {
+                            path: dir.join(file),
+                            tensor: tensor.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        if let Some(total) = total_size
+            && total != data_bytes
+        {
+            return Err(CheckpointError::Index {
+                path: index_path,
+                reason: format!(
+                    "metadata.total_size is {total} but the shards hold {data_bytes} bytes of tensors"
+                ),
+            });
+        }
+        let prefix = if tensors.keys().any(|k| k.starts_with(TEXT_PREFIX)) {
+            TEXT_PREFIX
+        } else {
+            ""
+        };
+        Ok(Self {
+            dir: dir.to_owned(),
+            shards,
+            tensors,
+            prefix,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Number of tensors in all files.
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    /// Total bytes of tensor data.
+    pub fn data_bytes(&self) -> usize {
+        self.tensors.values().map(|e| e.end - e.start).sum()
+    }
+
+    /// Looks up a text tensor by its name relative to the text model (`model.norm.weight`),
+    /// probing the release's `language_model.` prefix.
+    pub fn tensor(&self, name: &str) -> Option<TensorRef<'_>> {
+        let stored = format!("{}{name}", self.prefix);
+        let (key, entry) = self
+            .tensors
+            .get_key_value(&stored)
+            .or_else(|| self.tensors.get_key_value(name))?;
+        let shard = &self.shards[entry.shard];
+        Some(TensorRef {
+            name: key,
+            path: &shard.path,
+            dtype: entry.dtype,
+            shape: &entry.shape,
+            offset: entry.start,
+            bytes: &shard.map[entry.start..entry.end],
+        })
+    }
+
+    /// Like [`Checkpoint::tensor`], with a `Missing` error.
+    pub fn require(&self, name: &str) -> Result<TensorRef<'_>> {
+        self.tensor(name).ok_or_else(|| CheckpointError::Missing {
+            tensor: format!("{}{name}", self.prefix),
+        })
+    }
+
+    /// A BF16 matrix `[rows, cols]`.
+    pub fn bf16_matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Bf16Matrix<'_>> {
+        let t = self.require(name)?;
+        expect(&t, Dtype::BF16, &[rows, cols])?;
+        Bf16Matrix::new(t.bytes, rows, cols).map_err(|source| view_error(&t, source))
+    }
+
+    /// An F32 tensor of `shape`, copied out (the mapping gives no alignment guarantee).
+    pub fn f32_values(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let t = self.require(name)?;
+        expect(&t, Dtype::F32, shape)?;
+        Ok(t.bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect())
+    }
+
+    /// An MXFP4 matrix `[rows, cols]` from `{base}.weight_packed` (U8 `[rows, cols/2]`) and
+    /// `{base}.weight_scale` (U8 `[rows, cols/32]`); every scale byte is checked (0xFF is NaN).
+    pub fn mxfp4_matrix(&self, base: &str, rows: usize, cols: usize) -> Result<MxFp4Matrix<'_>> {
+        let packed = self.require(&format!("{base}.weight_packed"))?;
+        let scales = self.require(&format!("{base}.weight_scale"))?;
+        expect(&packed, Dtype::U8, &[rows, cols / 2])?;
+        expect(&scales, Dtype::U8, &[rows, cols / 32])?;
+        MxFp4Matrix::new(packed.bytes, scales.bytes, rows, cols)
+            .map_err(|source| view_error(&scales, source))
+    }
+
+    /// Every routed expert's location, keyed `(layer, expert)`, built from the headers by name
+    /// (`model.layers.{l}.block_sparse_moe.experts.{e}.{w1,w2,w3}.{weight_packed,weight_scale}`).
+    /// Experts are not stored in id order; this is the only way to find them.
+    pub fn expert_table(&self) -> Result<BTreeMap<(usize, usize), ExpertLocation>> {
+        let mut parts: BTreeMap<(usize, usize), Vec<&Entry>> = BTreeMap::new();
+        for (name, entry) in &self.tensors {
+            let relative = name.strip_prefix(self.prefix).unwrap_or(name);
+            if let Some(key) = parse_expert_name(relative) {
+                parts.entry(key).or_default().push(entry);
+            }
+        }
+        let mut table = BTreeMap::new();
+        for ((layer, expert), entries) in parts {
+            let first = entries[0];
+            let path = &self.shards[first.shard].path;
+            let name = format!(
+                "{}model.layers.{layer}.block_sparse_moe.experts.{expert}",
+                self.prefix
+            );
+            if entries.len() != 6 {
+                return Err(CheckpointError::Mismatch {
+                    path: path.clone(),
+                    tensor: name,
+                    expected: "6 expert tensors (w1/w2/w3 weight_packed and weight_scale)".into(),
+                    found: format!("{} tensors", entries.len()),
+                });
+            }
+            if entries.iter().any(|e| e.shard != first.shard) {
+                return Err(CheckpointError::Mismatch {
+                    path: path.clone(),
+                    tensor: name,
+                    expected: "all six tensors in one file".into(),
+                    found: "tensors spread over several shards".into(),
+                });
+            }
+            let offset = entries.iter().map(|e| e.start).min().unwrap_or(0);
+            let end = entries.iter().map(|e| e.end).max().unwrap_or(0);
+            let stored: usize = entries.iter().map(|e| e.end - e.start).sum();
+            table.insert(
+                (layer, expert),
+                ExpertLocation {
+                    path: path.clone(),
+                    offset,
+                    len: end - offset,
+                    contiguous: stored == end - offset,
+                },
+            );
+        }
+        Ok(table)
+    }
+}
+
+/// Parses `model.layers.{l}.block_sparse_moe.experts.{e}.w{1,2,3}.weight_{packed,scale}`.
+fn parse_expert_name(name: &str) -> Option<(usize, usize)> {
+    let rest = name.strip_prefix("model.layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let rest = rest.strip_prefix("block_sparse_moe.experts.")?;
+    let (expert, rest) = rest.split_once('.')?;
+    let (w, part) = rest.split_once('.')?;
+    let known = matches!(w, "w1" | "w2" | "w3") && matches!(part, "weight_packed" | "weight_scale");
+    known.then_some((layer.parse().ok()?, expert.parse().ok()?))
+}
+
+fn expect(t: &TensorRef<'_>, dtype: Dtype, shape: &[usize]) -> Result<()> {
+    if t.dtype != dtype || t.shape != shape {
+        return Err(CheckpointError::Mismatch {
+            path: t.path.to_owned(),
+            tensor: t.name.to_owned(),
+            expected: format!("{dtype:?} {shape:?}"),
+            found: format!("{:?} {:?}", t.dtype, t.shape),
+        });
+    }
+    Ok(())
+}
+
+fn view_error(t: &TensorRef<'_>, source: mxfp4_kernels::Error) -> CheckpointError {
+    CheckpointError::View {
+        path: t.path.to_owned(),
+        tensor: t.name.to_owned(),
+        source,
+    }
+}
+
+/// A parsed index: the shard files in first-mention order, the weight map (tensor -> file),
+/// and `metadata.total_size` if given.
+struct Index {
+    files: Vec<String>,
+    weight_map: BTreeMap<String, String>,
+    total_size: Option<usize>,
+}
+
+fn read_index(path: &Path) -> Result<Index> {
+    let bad = |reason: String| CheckpointError::Index {
+        path: path.to_owned(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|source| CheckpointError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let map = value
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad("no weight_map object".into()))?;
+    let mut files: Vec<String> = Vec::new();
+    let mut weight_map = BTreeMap::new();
+    for (tensor, file) in map {
+        let file = file
+            .as_str()
+            .ok_or_else(|| bad(format!("weight_map[{tensor:?}] is not a file name")))?;
+        if file.contains('/') || file.contains('\\') || file.starts_with('.') {
+            return Err(bad(format!(
+                "weight_map[{tensor:?}] = {file:?} is not a plain file name"
+            )));
+        }
+        if !files.iter().any(|f| f == file) {
+            files.push(file.to_owned());
+        }
+        weight_map.insert(tensor.clone(), file.to_owned());
+    }
+    let total = match value.get("metadata").and_then(|m| m.get("total_size")) {
+        None => None,
+        Some(v) => Some(
+            v.as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| bad("metadata.total_size is not a byte count".into()))?,
+        ),
+    };
+    Ok(Index {
+        files,
+        weight_map,
+        total_size: total,
+    })
+}

@@ -1,0 +1,348 @@
+//! A small two-shard checkpoint written by `writer`, read back, then corrupted in every way
+//! the loader must catch.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use expert_store::checkpoint::{Checkpoint, CheckpointError, Dtype};
+use expert_store::writer::{TensorOut, write_safetensors};
+use proptest::prelude::{ProptestConfig, any, proptest};
+
+/// A scratch directory under the target dir, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "k3-store-{tag}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+const EXPERTS: usize = 12;
+
+fn tensor(name: &str, dtype: Dtype, shape: &[usize]) -> TensorOut {
+    TensorOut {
+        name: name.into(),
+        dtype,
+        shape: shape.to_vec(),
+    }
+}
+
+/// Deterministic bytes for a tensor: scale tensors get bytes 118..125 (never 0xFF).
+fn fill(t: &TensorOut, buf: &mut Vec<u8>) {
+    let seed = t
+        .name
+        .bytes()
+        .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
+    for i in 0..t.bytes() {
+        let v = seed.wrapping_add(i as u32).wrapping_mul(2_654_435_761) >> 24;
+        buf.push(if t.name.ends_with("weight_scale") {
+            118 + (v % 7) as u8
+        } else {
+            v as u8
+        });
+    }
+}
+
+/// Shard 1: a BF16 matrix, an F32 vector; shard 2: 12 experts of layer 1 (3x [64, 64] MXFP4),
+/// written in lexicographic order (0, 1, 10, 11, 2, ...), like the release.
+fn write_checkpoint(dir: &Path, prefix: &str) -> BTreeMap<String, String> {
+    let p = |n: &str| format!("{prefix}{n}");
+    let shard1 = vec![
+        tensor(&p("model.norm.weight"), Dtype::BF16, &[64]),
+        tensor(&p("lm_head.weight"), Dtype::BF16, &[32, 64]),
+        tensor(&p("model.layers.0.self_attn.A_log"), Dtype::F32, &[8]),
+    ];
+    let mut shard2 = Vec::new();
+    for e in 0..EXPERTS {
+        for w in ["w1", "w2", "w3"] {
+            let base = p(&format!("model.layers.1.block_sparse_moe.experts.{e}.{w}"));
+            shard2.push(tensor(
+                &format!("{base}.weight_packed"),
+                Dtype::U8,
+                &[64, 32],
+            ));
+            shard2.push(tensor(&format!("{base}.weight_scale"), Dtype::U8, &[64, 2]));
+        }
+    }
+    let mut map = BTreeMap::new();
+    let mut total = 0;
+    for (file, tensors) in [
+        ("model-00001-of-000002.safetensors", shard1),
+        ("model-00002-of-000002.safetensors", shard2),
+    ] {
+        for t in &tensors {
+            map.insert(t.name.clone(), file.to_owned());
+        }
+        total += write_safetensors(&dir.join(file), tensors, fill).unwrap();
+    }
+    let index = serde_json::json!({ "metadata": { "total_size": total }, "weight_map": map });
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    map
+}
+
+#[test]
+fn reads_shards_views_and_expert_table() {
+    for prefix in ["language_model.", ""] {
+        let scratch = Scratch::new("read");
+        write_checkpoint(&scratch.0, prefix);
+        let ckpt = Checkpoint::open(&scratch.0).unwrap();
+        assert_eq!(ckpt.len(), 3 + EXPERTS * 6);
+        let norm = ckpt.require("model.norm.weight").unwrap();
+        assert_eq!((norm.dtype, norm.shape), (Dtype::BF16, &[64usize][..]));
+        assert_eq!(norm.name, format!("{prefix}model.norm.weight"));
+        let head = ckpt.bf16_matrix("lm_head.weight", 32, 64).unwrap();
+        assert_eq!(head.rows(), 32);
+        assert_eq!(
+            ckpt.f32_values("model.layers.0.self_attn.A_log", &[8])
+                .unwrap()
+                .len(),
+            8
+        );
+        let w2 = ckpt
+            .mxfp4_matrix("model.layers.1.block_sparse_moe.experts.10.w2", 64, 64)
+            .unwrap();
+        assert_eq!(w2.groups(), 2);
+        // Shape and dtype mismatches name the tensor.
+        let err = ckpt
+            .bf16_matrix("lm_head.weight", 64, 32)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("lm_head.weight") && err.contains("[64, 32]") && err.contains("[32, 64]"),
+            "{err}"
+        );
+        let err = ckpt
+            .bf16_matrix("model.layers.0.self_attn.A_log", 1, 8)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("F32"), "{err}");
+        assert!(matches!(
+            ckpt.require("model.embed_tokens.weight"),
+            Err(CheckpointError::Missing { .. })
+        ));
+
+        let table = ckpt.expert_table().unwrap();
+        assert_eq!(table.len(), EXPERTS);
+        let expert_bytes = 3 * (64 * 32 + 64 * 2);
+        let mut offsets: Vec<(usize, usize)> = Vec::new();
+        for e in 0..EXPERTS {
+            let loc = &table[&(1, e)];
+            assert!(
+                loc.contiguous && loc.len == expert_bytes,
+                "expert {e}: {loc:?}"
+            );
+            assert!(loc.path.ends_with("model-00002-of-000002.safetensors"));
+            offsets.push((loc.offset, e));
+        }
+        offsets.sort_unstable();
+        let order: Vec<usize> = offsets.iter().map(|&(_, e)| e).collect();
+        assert_eq!(
+            order,
+            [0, 1, 10, 11, 2, 3, 4, 5, 6, 7, 8, 9],
+            "stored in name order, not id order"
+        );
+        // The location's bytes are exactly the expert's six tensors.
+        let loc = &table[&(1, 10)];
+        let packed = ckpt
+            .require("model.layers.1.block_sparse_moe.experts.10.w1.weight_packed")
+            .unwrap();
+        assert_eq!(packed.offset, loc.offset, "w1.weight_packed sorts first");
+    }
+}
+
+#[test]
+fn single_file_checkpoint() {
+    let scratch = Scratch::new("single");
+    write_safetensors(
+        &scratch.0.join("model.safetensors"),
+        vec![tensor("model.norm.weight", Dtype::BF16, &[4])],
+        fill,
+    )
+    .unwrap();
+    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    assert_eq!(ckpt.require("model.norm.weight").unwrap().bytes.len(), 8);
+}
+
+#[test]
+fn nan_scale_is_rejected_with_its_place() {
+    let scratch = Scratch::new("nan");
+    write_checkpoint(&scratch.0, "language_model.");
+    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let scale = ckpt
+        .require("model.layers.1.block_sparse_moe.experts.3.w3.weight_scale")
+        .unwrap();
+    let (path, at) = (scale.path.to_owned(), scale.offset + 5);
+    drop(ckpt);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[at] = 0xFF;
+    std::fs::write(&path, bytes).unwrap();
+    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let err = ckpt
+        .mxfp4_matrix("model.layers.1.block_sparse_moe.experts.3.w3", 64, 64)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("experts.3.w3.weight_scale")
+            && err.contains("0xff")
+            && err.contains("row 2, group 1"),
+        "{err}"
+    );
+}
+
+/// Each named corruption gives an error (never a panic) that says what is wrong.
+#[test]
+fn corruptions_are_clean_errors() {
+    type Corrupt = fn(&Path);
+    let cases: Vec<(&str, Corrupt, &str)> = vec![
+        (
+            "truncated shard",
+            |d| {
+                let p = d.join("model-00002-of-000002.safetensors");
+                let bytes = std::fs::read(&p).unwrap();
+                std::fs::write(&p, &bytes[..bytes.len() - 1]).unwrap();
+            },
+            "model-00002-of-000002.safetensors",
+        ),
+        (
+            "extra trailing bytes",
+            |d| {
+                let p = d.join("model-00001-of-000002.safetensors");
+                let mut bytes = std::fs::read(&p).unwrap();
+                bytes.push(0);
+                std::fs::write(&p, bytes).unwrap();
+            },
+            "model-00001-of-000002.safetensors",
+        ),
+        (
+            "header length past the end",
+            |d| {
+                let p = d.join("model-00001-of-000002.safetensors");
+                let mut bytes = std::fs::read(&p).unwrap();
+                bytes[..8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+                std::fs::write(&p, bytes).unwrap();
+            },
+            "header",
+        ),
+        (
+            "overlapping ranges",
+            |d| {
+                let p = d.join("model-00001-of-000002.safetensors");
+                let text = String::from_utf8_lossy(&std::fs::read(&p).unwrap()).into_owned();
+                // lm_head's range [0, 4096] is moved to start 2 bytes later (same length).
+                let edited =
+                    text.replacen("\"data_offsets\":[0,4096]", "\"data_offsets\":[2,4098]", 1);
+                assert_ne!(text, edited, "fixture layout changed");
+                std::fs::write(&p, edited.as_bytes()).unwrap();
+            },
+            "offset",
+        ),
+        (
+            "missing shard",
+            |d| std::fs::remove_file(d.join("model-00002-of-000002.safetensors")).unwrap(),
+            "model-00002",
+        ),
+        (
+            "index names a tensor its shard lacks",
+            |d| {
+                let p = d.join("model.safetensors.index.json");
+                let mut index: serde_json::Value =
+                    serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+                index["weight_map"]["language_model.model.ghost.weight"] =
+                    "model-00001-of-000002.safetensors".into();
+                std::fs::write(&p, index.to_string()).unwrap();
+            },
+            "model.ghost.weight",
+        ),
+        (
+            "index total_size wrong",
+            |d| {
+                let p = d.join("model.safetensors.index.json");
+                let mut index: serde_json::Value =
+                    serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+                index["metadata"]["total_size"] = 12.into();
+                std::fs::write(&p, index.to_string()).unwrap();
+            },
+            "total_size is 12",
+        ),
+        (
+            "index path escapes the directory",
+            |d| {
+                let p = d.join("model.safetensors.index.json");
+                let mut index: serde_json::Value =
+                    serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+                index["weight_map"]["language_model.model.norm.weight"] =
+                    "../model-00001-of-000002.safetensors".into();
+                std::fs::write(&p, index.to_string()).unwrap();
+            },
+            "not a plain file name",
+        ),
+        (
+            "index not JSON",
+            |d| std::fs::write(d.join("model.safetensors.index.json"), "{").unwrap(),
+            "not JSON",
+        ),
+        (
+            "no weights at all",
+            |d| {
+                std::fs::remove_file(d.join("model.safetensors.index.json")).unwrap();
+            },
+            "no model.safetensors",
+        ),
+    ];
+    for (what, corrupt, needle) in cases {
+        let scratch = Scratch::new("corrupt");
+        write_checkpoint(&scratch.0, "language_model.");
+        corrupt(&scratch.0);
+        let err = Checkpoint::open(&scratch.0)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(needle),
+            "{what}: expected {needle:?} in {err:?}"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Random byte edits anywhere in a shard's first 600 bytes (length prefix, header JSON,
+    /// start of data) and random truncations never panic: the checkpoint opens (a benign edit)
+    /// or fails with an error, and whatever opens can be read.
+    #[test]
+    fn random_damage_never_panics(edits in proptest::collection::vec((0usize..600, any::<u8>()), 1..6),
+                                   cut in proptest::option::of(0usize..8000)) {
+        let scratch = Scratch::new("fuzz");
+        write_checkpoint(&scratch.0, "language_model.");
+        let p = scratch.0.join("model-00001-of-000002.safetensors");
+        let mut bytes = std::fs::read(&p).unwrap();
+        for (at, value) in edits {
+            if at < bytes.len() {
+                bytes[at] = value;
+            }
+        }
+        if let Some(cut) = cut {
+            bytes.truncate(cut.min(bytes.len()));
+        }
+        std::fs::write(&p, bytes).unwrap();
+        if let Ok(ckpt) = Checkpoint::open(&scratch.0) {
+            let _ = ckpt.bf16_matrix("lm_head.weight", 32, 64);
+            let _ = ckpt.f32_values("model.layers.0.self_attn.A_log", &[8]);
+            let _ = ckpt.expert_table();
+        }
+    }
+}

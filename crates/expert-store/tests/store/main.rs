@@ -1,0 +1,4 @@
+//! Integration tests of expert-store: reading sharded checkpoints, views, the expert table,
+//! and clean errors (never panics) on corrupted files.
+
+mod checkpoint;
