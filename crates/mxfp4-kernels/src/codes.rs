@@ -56,3 +56,43 @@ pub fn f32_to_bf16(x: f32) -> u16 {
 pub fn bf16_to_f32(h: u16) -> f32 {
     f32::from_bits((h as u32) << 16)
 }
+
+/// Quantises 32 values to MXFP4 the way compressed-tensors does: the E8M0 scale is
+/// `2^(floor(log2(max|x|)) - 2)` (E2M1's largest magnitude 6 is about 2^2), clamped to the
+/// valid bytes 0..=254; each value becomes the nearest E2M1 code of `x / scale` (ties to the
+/// even code, magnitudes above 6 saturate). An all-zero group gets scale byte 0 and codes 0.
+/// Returns the 16 packed bytes (low nibble = even element) and the scale byte.
+pub fn quantize_group(values: &[f32; 32]) -> ([u8; 16], u8) {
+    let amax = values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let scale_byte = if amax > 0.0 && amax.is_finite() {
+        (amax.log2().floor() as i32 - 2 + 127).clamp(0, 254) as u8
+    } else {
+        0
+    };
+    let scale = E8M0_TO_F32[scale_byte as usize];
+    let mut packed = [0u8; 16];
+    for (i, &v) in values.iter().enumerate() {
+        let code = nearest_e2m1(v / scale);
+        packed[i / 2] |= code << (4 * (i % 2));
+    }
+    (packed, scale_byte)
+}
+
+/// The E2M1 code nearest to `x` (ties to the code with an even mantissa bit), saturating.
+fn nearest_e2m1(x: f32) -> u8 {
+    let magnitude = x.abs();
+    let mut best = 0usize;
+    for code in 1..8 {
+        let d_best = (E2M1_VALUES[best] - magnitude).abs();
+        let d = (E2M1_VALUES[code] - magnitude).abs();
+        if d < d_best || (d == d_best && code % 2 == 0) {
+            best = code;
+        }
+    }
+    let sign = if x.is_sign_negative() && best != 0 {
+        8
+    } else {
+        0
+    };
+    best as u8 | sign
+}

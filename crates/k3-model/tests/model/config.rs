@@ -4,8 +4,8 @@
 use k3_model::config::{AttentionKind, ConfigError, FfnKind, K3Config, KdaGate};
 use serde_json::Value;
 
-const REAL: &str = include_str!("../data/Kimi-K3.config.json");
-const TINY: &str = include_str!("../data/Kimi-K3-0.40B.config.json");
+const REAL: &str = include_str!("../../configs/Kimi-K3.config.json");
+const TINY: &str = include_str!("../../configs/Kimi-K3-0.40B.config.json");
 
 #[test]
 fn real_config_is_the_documented_k3() {

@@ -332,3 +332,41 @@ fn expert_and_situ_reject_mismatched_shapes() {
         ));
     }
 }
+
+#[test]
+fn quantize_group_round_trips_representable_values_and_bounds_the_error() {
+    use mxfp4_kernels::codes::{mxfp4_value, quantize_group};
+    // Exactly representable: codes times 2^-3 come back unchanged.
+    let mut exact = [0.0f32; 32];
+    for (i, v) in exact.iter_mut().enumerate() {
+        *v = E2M1_VALUES[i % 16] * 0.125;
+    }
+    let (packed, scale) = quantize_group(&exact);
+    for i in 0..32 {
+        let code = (packed[i / 2] >> (4 * (i % 2))) & 0xF;
+        assert_eq!(mxfp4_value(code, scale), exact[i], "element {i}");
+    }
+    // Random values: never scale 0xFF; within one scale of the value (half the largest gap
+    // between E2M1 magnitudes, 4 to 6), or two for the group maximum, which can lie up to 8
+    // scales and saturates at 6 (compressed-tensors' rule, floor(log2 max) - 2).
+    let mut rng = Rng::new(17);
+    for _ in 0..200 {
+        let mut v = [0.0f32; 32];
+        let magnitude = 2f32.powi(rng.below(40) as i32 - 20);
+        v.iter_mut().for_each(|x| *x = rng.unit() * magnitude);
+        let (packed, scale) = quantize_group(&v);
+        assert_ne!(scale, 0xFF);
+        let step = E8M0_TO_F32[scale as usize];
+        for i in 0..32 {
+            let code = (packed[i / 2] >> (4 * (i % 2))) & 0xF;
+            let bound = if v[i].abs() > 6.0 * step { 2.0 } else { 1.0 } * step * 1.0001;
+            assert!(
+                (mxfp4_value(code, scale) - v[i]).abs() <= bound,
+                "{} vs {}",
+                mxfp4_value(code, scale),
+                v[i]
+            );
+        }
+    }
+    assert_eq!(quantize_group(&[0.0; 32]), ([0; 16], 0));
+}
