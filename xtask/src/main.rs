@@ -5,6 +5,7 @@
 
 mod bench_kernels;
 mod k3_plan;
+mod k3_synth;
 mod oracle;
 
 use std::path::{Path, PathBuf};
@@ -27,6 +28,18 @@ const TASKS: &[Task] = &[
         about: "quick roofline of the kernels on K3 shapes: weight GB/s and % of the read \
                 bandwidth measured in the same trials (criterion: cargo bench --bench kernels)",
         run: bench_kernels::run,
+    },
+    Task {
+        name: "gen-k3-synth",
+        usage: "--preset tiny|k3-0.40b|k3-wide --out DIR [--seed N] [--layers N] [--experts N] [--router-skew S]",
+        about: "write a synthetic K3 checkpoint in the release's layout (config, shards, index)",
+        run: k3_synth::generate_checkpoint,
+    },
+    Task {
+        name: "k3-check",
+        usage: "--model DIR",
+        about: "open a checkpoint directory and validate it against its config.json",
+        run: k3_synth::check,
     },
     Task {
         name: "k3-plan",

@@ -1,9 +1,12 @@
 //! The Kimi K3 model: config parsing, trunk weights, KDA, gated MLA, attention residuals, latent MoE, the per-sequence Session, decode and chunked prefill, tokenizer, chat rendering and sampling.
 //!
-//! Implemented so far: [`config`], the typed and validated `config.json`, and [`inventory`],
-//! every tensor the config implies with its byte plan.
+//! Implemented so far: [`config`], the typed and validated `config.json`; [`inventory`],
+//! every tensor the config implies with its byte plan; [`checkpoint`], validation of a
+//! checkpoint against the config; [`synth`], synthetic checkpoints in the release's layout.
 
+pub mod checkpoint;
 pub mod config;
 pub mod inventory;
+pub mod synth;
 
 pub use config::{AttentionKind, ConfigError, FfnKind, K3Config, KdaGate};

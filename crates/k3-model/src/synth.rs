@@ -1,0 +1,361 @@
+//! Synthetic K3 checkpoints in the release's layout (`cargo xtask gen-k3-synth`): a
+//! `config.json` with the real config's keys, shards named like the release
+//! (`model-00001-of-000096.safetensors`: layer `i` in shard `i + 1`, the globals in the last
+//! text shard) with `model.safetensors.index.json`, tensors in lexicographic order, BF16
+//! trunk, F32 vectors, `A_log` zero-padded to a power of two, experts quantised to
+//! compressed-tensors MXFP4 from random weights.
+//!
+//! Weights are uniform in `±sqrt(3 / fan_in)` (variance `1 / fan_in`), so every projection keeps
+//! its input's scale; norms are 1, so RMSNorm outputs stay O(1) through any number of layers.
+//! Deterministic: each tensor's values come from the seed and the tensor's name alone.
+
+use std::path::Path;
+
+use expert_store::checkpoint::{CheckpointError, Dtype};
+use expert_store::writer::{TensorOut, write_safetensors};
+use mxfp4_kernels::codes::{f32_to_bf16, quantize_group};
+use serde_json::{Value, json};
+
+use crate::config::{ConfigError, K3Config};
+use crate::inventory::{DType, TensorSpec, text_tensors};
+
+/// The release config, the template every preset edits.
+pub const RELEASE_CONFIG: &str = include_str!("../configs/Kimi-K3.config.json");
+/// The public 0.40B test model's config.
+pub const TINY_040B_CONFIG: &str = include_str!("../configs/Kimi-K3-0.40B.config.json");
+
+/// Checkpoint shapes to generate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preset {
+    /// A few MB with every K3 feature: KDA with the K3 gate, MLA at every 4th layer and the
+    /// last two, three AttnRes snapshots, dense layer 0, latent MoE with a shared expert.
+    Tiny,
+    /// The public 0.40B model's shapes (its config, experts as MXFP4).
+    K3_040B,
+    /// The real K3 widths (hidden 7168, 96 heads, latent 3584, expert FFN 3072) with a chosen
+    /// number of layers (default 2) and experts (default 32).
+    K3Wide,
+}
+
+impl std::str::FromStr for Preset {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "tiny" => Ok(Preset::Tiny),
+            "k3-0.40b" => Ok(Preset::K3_040B),
+            "k3-wide" => Ok(Preset::K3Wide),
+            _ => Err(format!("unknown preset {s:?} (tiny, k3-0.40b, k3-wide)")),
+        }
+    }
+}
+
+/// What to generate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SynthOptions {
+    pub preset: Preset,
+    pub seed: u64,
+    /// Override the preset's number of layers.
+    pub layers: Option<usize>,
+    /// Override the preset's number of routed experts per layer.
+    pub experts: Option<usize>,
+    /// Zipf-like expert popularity through the router's selection bias: expert `e` gets bias
+    /// `-skew * ln(1 + e)`. 0 (the default) is flat, like the real router.
+    pub router_skew: f32,
+}
+
+/// What was written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SynthReport {
+    pub config: K3Config,
+    pub shards: usize,
+    pub tensors: usize,
+    pub bytes: usize,
+}
+
+/// The config JSON of a preset (the release's keys; the text fields under `text_config`).
+pub fn preset_config(preset: Preset, layers: Option<usize>, experts: Option<usize>) -> Value {
+    let mut root: Value = serde_json::from_str(match preset {
+        Preset::K3_040B => TINY_040B_CONFIG,
+        _ => RELEASE_CONFIG,
+    })
+    .expect("embedded configs are JSON");
+    let text = root["text_config"]
+        .as_object_mut()
+        .expect("embedded configs have text_config");
+    let mut set = |key: &str, value: Value| {
+        text.insert(key.to_owned(), value);
+    };
+    let default_layers = match preset {
+        Preset::Tiny => {
+            set("hidden_size", json!(128));
+            set("vocab_size", json!(1024));
+            set("intermediate_size", json!(256));
+            set("num_attention_heads", json!(2));
+            set("num_key_value_heads", json!(2));
+            set("q_lora_rank", json!(64));
+            set("kv_lora_rank", json!(32));
+            set("qk_nope_head_dim", json!(32));
+            set("qk_rope_head_dim", json!(16));
+            set("v_head_dim", json!(32));
+            set("attn_res_block_size", json!(4));
+            set("num_experts", json!(8));
+            set("num_experts_per_token", json!(2));
+            set("num_shared_experts", json!(1));
+            set("moe_intermediate_size", json!(64));
+            set("routed_expert_hidden_size", json!(96));
+            set("max_position_embeddings", json!(4096));
+            let linear = text["linear_attn_config"]
+                .as_object_mut()
+                .expect("linear_attn_config");
+            linear.insert("num_heads".into(), json!(2));
+            linear.insert("head_dim".into(), json!(32));
+            9
+        }
+        Preset::K3_040B => {
+            // Our synthetic variant stores the experts as MXFP4, like Kimi-K3-0.40B-MXFP4.
+            let quantization = serde_json::from_str::<Value>(RELEASE_CONFIG).expect("JSON")["text_config"]
+                ["quantization_config"]
+                .clone();
+            set("quantization_config", quantization);
+            8
+        }
+        Preset::K3Wide => 2,
+    };
+    let layers = layers.unwrap_or(default_layers);
+    let text = root["text_config"].as_object_mut().expect("text_config");
+    if preset != Preset::K3_040B || layers != default_layers {
+        // K3's schedule: MLA at every 4th layer (1-based) and at the last one.
+        let mla: Vec<usize> = (1..=layers)
+            .filter(|l| l % 4 == 0 || *l == layers)
+            .collect();
+        let kda: Vec<usize> = (1..=layers).filter(|l| !mla.contains(l)).collect();
+        let linear = text["linear_attn_config"]
+            .as_object_mut()
+            .expect("linear_attn_config");
+        linear.insert("full_attn_layers".into(), json!(mla));
+        linear.insert("kda_layers".into(), json!(kda));
+        text.insert("num_hidden_layers".into(), json!(layers));
+    }
+    if let Some(experts) = experts.or((preset == Preset::K3Wide).then_some(32)) {
+        text.insert("num_experts".into(), json!(experts));
+        let top_k = text["num_experts_per_token"]
+            .as_u64()
+            .unwrap_or(1)
+            .min(experts as u64);
+        text.insert("num_experts_per_token".into(), json!(top_k));
+    }
+    root
+}
+
+/// Errors of the generator.
+#[derive(Debug, thiserror::Error)]
+pub enum SynthError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Write(#[from] CheckpointError),
+    #[error("{path}: {source}")]
+    Io {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Writes a complete checkpoint for `options` into `dir` (created if needed).
+pub fn generate(dir: &Path, options: &SynthOptions) -> Result<SynthReport, SynthError> {
+    let root = preset_config(options.preset, options.layers, options.experts);
+    let config = K3Config::from_json(&root.to_string())?;
+    for (what, n) in [
+        ("hidden_size", config.hidden_size),
+        ("moe_intermediate_size", config.moe.expert_intermediate),
+    ] {
+        if n % 32 != 0 {
+            return Err(SynthError::Invalid(format!(
+                "{what} {n} is not a multiple of the MXFP4 group 32"
+            )));
+        }
+    }
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |source| SynthError::Io { path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let config_path = dir.join("config.json");
+    let text = serde_json::to_string_pretty(&root).expect("a JSON value serialises");
+    std::fs::write(&config_path, text).map_err(io(&config_path))?;
+
+    // Layer i -> shard i + 1, the globals -> shard L + 1, as in the release.
+    let layers = config.num_layers();
+    let shards = layers + 1;
+    let shard_name = |k: usize| format!("model-{k:05}-of-{shards:06}.safetensors");
+    let mut by_shard: Vec<Vec<TensorSpec>> = vec![Vec::new(); shards];
+    for spec in text_tensors(&config) {
+        let shard = spec.layer.unwrap_or(layers);
+        by_shard[shard].push(spec);
+    }
+    let mut weight_map = serde_json::Map::new();
+    let (mut bytes, mut tensors) = (0, 0);
+    for (k, specs) in by_shard.into_iter().enumerate() {
+        let file = shard_name(k + 1);
+        let outs: Vec<TensorOut> = specs
+            .iter()
+            .map(|s| TensorOut {
+                name: format!("{}{}", expert_store::checkpoint::TEXT_PREFIX, s.name),
+                dtype: match s.dtype {
+                    DType::Bf16 => Dtype::BF16,
+                    DType::F32 => Dtype::F32,
+                    DType::U8 => Dtype::U8,
+                },
+                shape: s.shape.clone(),
+            })
+            .collect();
+        for out in &outs {
+            weight_map.insert(out.name.clone(), Value::String(file.clone()));
+        }
+        tensors += outs.len();
+        bytes += write_safetensors(&dir.join(&file), outs, |t, buf| {
+            let name = t
+                .name
+                .strip_prefix(expert_store::checkpoint::TEXT_PREFIX)
+                .unwrap_or(&t.name);
+            let spec = specs
+                .iter()
+                .find(|s| s.name == name)
+                .expect("every written tensor has a spec");
+            fill(&config, options, spec, buf);
+        })?;
+    }
+    let index = json!({ "metadata": { "total_size": bytes }, "weight_map": weight_map });
+    let index_path = dir.join("model.safetensors.index.json");
+    std::fs::write(
+        &index_path,
+        serde_json::to_string_pretty(&index).expect("JSON"),
+    )
+    .map_err(io(&index_path))?;
+    Ok(SynthReport {
+        config,
+        shards,
+        tensors,
+        bytes,
+    })
+}
+
+/// Appends the bytes of one tensor.
+fn fill(config: &K3Config, options: &SynthOptions, spec: &TensorSpec, buf: &mut Vec<u8>) {
+    let mut rng = Rng::new(options.seed ^ fnv1a(spec.name.as_bytes()));
+    let n: usize = spec.shape.iter().product();
+    let leaf = spec.name.rsplit('.').nth(1).unwrap_or("");
+    let last = spec.name.rsplit('.').next().unwrap_or("");
+    match spec.dtype {
+        DType::U8 if last == "weight_packed" => {
+            // Quantise whole rows: regenerate the matching random weights, group by group.
+            // The scale tensor of the same matrix draws the same values (same seed base).
+            let (rows, cols) = (spec.shape[0], spec.shape[1] * 2);
+            expert_codes(options.seed, &spec.name, rows, cols, buf, true);
+        }
+        DType::U8 => {
+            let (rows, cols) = (spec.shape[0], spec.shape[1] * 32);
+            let packed_name = spec.name.replace("weight_scale", "weight_packed");
+            expert_codes(options.seed, &packed_name, rows, cols, buf, false);
+        }
+        DType::F32 => {
+            let values: Vec<f32> = match last {
+                "A_log" => {
+                    // One value per head, then zero padding (K3_SPEC §6.4): exp(A_log) in [1, 8].
+                    let heads = config.kda.num_heads;
+                    (0..n)
+                        .map(|i| {
+                            if i < heads {
+                                rng.uniform(0.0, 2.08)
+                            } else {
+                                0.0
+                            }
+                        })
+                        .collect()
+                }
+                "dt_bias" => (0..n).map(|_| rng.uniform(-0.5, 0.5)).collect(),
+                "e_score_correction_bias" => (0..n)
+                    .map(|e| -options.router_skew * (1.0 + e as f32).ln())
+                    .collect(),
+                // o_norm weight: ones; conv taps: a smoothing kernel around 1/width.
+                _ if leaf == "o_norm" => vec![1.0; n],
+                _ => {
+                    let width = *spec.shape.last().unwrap_or(&1) as f32;
+                    (0..n).map(|_| rng.uniform(0.5, 1.5) / width).collect()
+                }
+            };
+            buf.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+        }
+        DType::Bf16 => {
+            let is_norm = leaf.ends_with("norm") || leaf.ends_with("layernorm");
+            if is_norm {
+                buf.extend((0..n).flat_map(|_| f32_to_bf16(1.0).to_le_bytes()));
+            } else {
+                let fan_in = *spec.shape.last().unwrap_or(&1) as f32;
+                let bound = (3.0 / fan_in).sqrt();
+                buf.extend(
+                    (0..n).flat_map(|_| f32_to_bf16(rng.uniform(-bound, bound)).to_le_bytes()),
+                );
+            }
+        }
+    }
+}
+
+/// Random expert weights `[rows, cols]` (variance `1 / cols`), quantised per 32-group; appends
+/// the packed codes (`packed = true`) or the scale bytes.
+fn expert_codes(
+    seed: u64,
+    packed_name: &str,
+    rows: usize,
+    cols: usize,
+    buf: &mut Vec<u8>,
+    packed: bool,
+) {
+    let mut rng = Rng::new(seed ^ fnv1a(packed_name.as_bytes()));
+    let bound = (3.0 / cols as f32).sqrt();
+    let mut group = [0.0f32; 32];
+    for _ in 0..rows {
+        for _ in 0..cols / 32 {
+            group
+                .iter_mut()
+                .for_each(|v| *v = rng.uniform(-bound, bound));
+            let (codes, scale) = quantize_group(&group);
+            if packed {
+                buf.extend_from_slice(&codes);
+            } else {
+                buf.push(scale);
+            }
+        }
+    }
+}
+
+/// FNV-1a 64 of a name: the per-tensor seed.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// SplitMix64.
+#[derive(Debug)]
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in `[lo, hi)`.
+    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        let unit = (self.next() >> 40) as f32 / (1u64 << 24) as f32;
+        lo + (hi - lo) * unit
+    }
+}

@@ -1,0 +1,165 @@
+//! The generator and the loader agree: a `tiny` checkpoint is written, opened, validated
+//! against its own config, and its experts decode; generation is deterministic and fast.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use expert_store::Checkpoint;
+use k3_model::checkpoint::validate;
+use k3_model::config::{AttentionKind, FfnKind, K3Config, KdaGate};
+use k3_model::inventory::text_tensors;
+use k3_model::synth::{Preset, SynthOptions, generate};
+
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("k3-synth-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Self(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tiny(seed: u64) -> SynthOptions {
+    SynthOptions {
+        preset: Preset::Tiny,
+        seed,
+        layers: None,
+        experts: None,
+        router_skew: 0.0,
+    }
+}
+
+#[test]
+fn tiny_round_trips_through_the_loader() {
+    let scratch = Scratch::new("tiny");
+    let start = Instant::now();
+    let report = generate(&scratch.0, &tiny(7)).unwrap();
+    let elapsed = start.elapsed();
+    assert!(elapsed.as_secs_f64() < 5.0, "tiny took {elapsed:?}");
+    eprintln!(
+        "tiny: {} tensors, {} bytes, {} shards in {elapsed:?}",
+        report.tensors, report.bytes, report.shards
+    );
+
+    // The written config parses to the config the generator used, with every K3 feature.
+    let config =
+        K3Config::from_json(&std::fs::read_to_string(scratch.0.join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(config, report.config);
+    assert_eq!(
+        config.layers_of(AttentionKind::Mla),
+        [3, 7, 8],
+        "every 4th layer and the last two"
+    );
+    assert!(matches!(config.kda.gate, KdaGate::LowerBound(_)));
+    assert_eq!(config.layers[0].ffn, FfnKind::Dense);
+    assert!(config.layers.iter().filter(|l| l.attn_res_snapshot).count() >= 2);
+    assert!(config.moe.latent.is_some() && config.moe.num_shared_experts > 0);
+
+    // Shard names like the release: 5-digit index, 6-digit total.
+    assert!(
+        scratch
+            .0
+            .join(format!("model-00001-of-{:06}.safetensors", report.shards))
+            .exists()
+    );
+    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    assert_eq!(ckpt.len(), text_tensors(&config).len());
+    assert_eq!(ckpt.data_bytes(), report.bytes);
+    let validated = validate(&ckpt, &config).unwrap();
+    let kda_layers = config.layers_of(AttentionKind::Kda).len();
+    assert_eq!(
+        validated.truncated_a_log.len(),
+        0,
+        "tiny has 2 heads: no padding ({kda_layers} KDA layers)"
+    );
+
+    // Every expert is one contiguous range and decodes (no 0xFF scale).
+    let table = ckpt.expert_table().unwrap();
+    let moe_layers: Vec<usize> = (0..config.num_layers())
+        .filter(|&i| config.layers[i].ffn == FfnKind::Moe)
+        .collect();
+    assert_eq!(table.len(), moe_layers.len() * config.moe.num_experts);
+    let io = config.moe.expert_io(config.hidden_size);
+    let inter = config.moe.expert_intermediate;
+    for (&(layer, expert), loc) in &table {
+        assert!(loc.contiguous, "layer {layer} expert {expert}");
+        let base = format!("model.layers.{layer}.block_sparse_moe.experts.{expert}");
+        ckpt.mxfp4_matrix(&format!("{base}.w1"), inter, io).unwrap();
+        ckpt.mxfp4_matrix(&format!("{base}.w2"), io, inter).unwrap();
+        ckpt.mxfp4_matrix(&format!("{base}.w3"), inter, io).unwrap();
+    }
+}
+
+#[test]
+fn generation_is_deterministic_per_seed() {
+    let (a, b, c) = (
+        Scratch::new("det-a"),
+        Scratch::new("det-b"),
+        Scratch::new("det-c"),
+    );
+    generate(&a.0, &tiny(3)).unwrap();
+    generate(&b.0, &tiny(3)).unwrap();
+    generate(&c.0, &tiny(4)).unwrap();
+    let read =
+        |dir: &PathBuf| std::fs::read(dir.join("model-00002-of-000010.safetensors")).unwrap();
+    assert_eq!(read(&a.0), read(&b.0));
+    assert_ne!(read(&a.0), read(&c.0));
+}
+
+#[test]
+fn validation_names_what_is_wrong() {
+    let scratch = Scratch::new("invalid");
+    let report = generate(&scratch.0, &tiny(1)).unwrap();
+    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    // The same files against a config with another width: a shape mismatch naming the tensor.
+    let mut wider = report.config.clone();
+    wider.hidden_size = 160;
+    let err = validate(&ckpt, &wider).unwrap_err().to_string();
+    assert!(
+        err.contains("language_model.") && err.contains("expected") && err.contains("160"),
+        "{err}"
+    );
+    // A config with more experts than written: the router's shape is wrong first.
+    let mut more = report.config.clone();
+    more.moe.num_experts += 1;
+    let err = validate(&ckpt, &more).unwrap_err().to_string();
+    assert!(
+        err.contains("gate.weight") && err.contains("expected [9, 128], found [8, 128]"),
+        "{err}"
+    );
+    // A config with one more layer: its first tensor is named as missing.
+    let mut deeper = report.config.clone();
+    deeper.layers.push(deeper.layers[1]);
+    let err = validate(&ckpt, &deeper).unwrap_err().to_string();
+    assert!(
+        err.contains("model.layers.9.") && err.contains("missing"),
+        "{err}"
+    );
+}
+
+#[test]
+fn router_skew_orders_the_selection_bias() {
+    let scratch = Scratch::new("skew");
+    let options = SynthOptions {
+        router_skew: 1.0,
+        ..tiny(2)
+    };
+    generate(&scratch.0, &options).unwrap();
+    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let bias = ckpt
+        .f32_values(
+            "model.layers.1.block_sparse_moe.gate.e_score_correction_bias",
+            &[8],
+        )
+        .unwrap();
+    assert!(bias.windows(2).all(|w| w[0] > w[1]), "{bias:?}");
+    assert_eq!(bias[0], 0.0);
+}

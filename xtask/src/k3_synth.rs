@@ -1,0 +1,103 @@
+//! `cargo xtask gen-k3-synth`: writes a synthetic K3 checkpoint in the release's layout, and
+//! `cargo xtask k3-check`: opens a checkpoint directory and validates it against its config.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use expert_store::Checkpoint;
+use k3_model::checkpoint::validate;
+use k3_model::config::K3Config;
+use k3_model::synth::{Preset, SynthOptions, generate};
+
+use crate::{Options, from_root};
+
+pub(crate) fn generate_checkpoint(args: &[String]) -> Result<()> {
+    let o = Options::parse(
+        args,
+        &["preset", "out", "seed", "layers", "experts", "router-skew"],
+    )?;
+    let preset: Preset = o
+        .get("preset")
+        .context("--preset is required")?
+        .parse()
+        .map_err(anyhow::Error::msg)?;
+    let out: PathBuf = from_root(o.get("out").context("--out DIR is required")?);
+    let parse = |name: &str| -> Result<Option<usize>> {
+        o.get(name)
+            .map(|v| {
+                v.parse()
+                    .with_context(|| format!("--{name} {v:?} is not a count"))
+            })
+            .transpose()
+    };
+    let options = SynthOptions {
+        preset,
+        seed: parse("seed")?.unwrap_or(0) as u64,
+        layers: parse("layers")?,
+        experts: parse("experts")?,
+        router_skew: o
+            .get("router-skew")
+            .map(str::parse)
+            .transpose()
+            .context("--router-skew is a number")?
+            .unwrap_or(0.0),
+    };
+    let start = Instant::now();
+    let report = generate(&out, &options)?;
+    let seconds = start.elapsed().as_secs_f64();
+    let layers = report.config.num_layers();
+    println!(
+        "wrote {} ({:?}, seed {}): {} layers, {} experts per MoE layer, {} shards, {} tensors, {:.3} GB in {seconds:.2} s ({:.2} GB/s)",
+        out.display(),
+        preset,
+        options.seed,
+        layers,
+        report.config.moe.num_experts,
+        report.shards,
+        report.tensors,
+        report.bytes as f64 / 1e9,
+        report.bytes as f64 / 1e9 / seconds,
+    );
+    for k in 1..=report.shards {
+        let file = out.join(format!("model-{k:05}-of-{:06}.safetensors", report.shards));
+        let size = std::fs::metadata(&file)
+            .with_context(|| file.display().to_string())?
+            .len();
+        let what = if k <= layers {
+            format!("layer {}", k - 1)
+        } else {
+            "embedding, lm_head, final norms".into()
+        };
+        println!(
+            "  {} {:>14} bytes  ({what})",
+            file.file_name().unwrap_or_default().to_string_lossy(),
+            size
+        );
+    }
+    Ok(())
+}
+
+pub(crate) fn check(args: &[String]) -> Result<()> {
+    let o = Options::parse(args, &["model"])?;
+    let dir = from_root(o.get("model").context("--model DIR is required")?);
+    let start = Instant::now();
+    let text = std::fs::read_to_string(dir.join("config.json")).context("reading config.json")?;
+    let config = K3Config::from_json(&text)?;
+    let ckpt = Checkpoint::open(&dir)?;
+    let validated = validate(&ckpt, &config)?;
+    let table = ckpt.expert_table()?;
+    let contiguous = table.values().filter(|l| l.contiguous).count();
+    println!(
+        "{}: valid — {} tensors, {:.3} GB, {} layers, {} routed experts ({} stored contiguously), {} padded A_log; checked in {:.2} s",
+        dir.display(),
+        ckpt.len(),
+        ckpt.data_bytes() as f64 / 1e9,
+        config.num_layers(),
+        table.len(),
+        contiguous,
+        validated.truncated_a_log.len(),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
