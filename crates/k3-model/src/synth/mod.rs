@@ -3,11 +3,13 @@
 //! (`model-00001-of-000096.safetensors`: layer `i` in shard `i + 1`, the globals in the last
 //! text shard) with `model.safetensors.index.json`, tensors in lexicographic order, BF16
 //! trunk, F32 vectors, `A_log` zero-padded to a power of two, experts quantised to
-//! compressed-tensors MXFP4 from random weights.
+//! compressed-tensors MXFP4 from random weights, and tokenizer files ([`tokenizer`]).
 //!
 //! Weights are uniform in `±sqrt(3 / fan_in)` (variance `1 / fan_in`), so every projection keeps
 //! its input's scale; norms are 1, so RMSNorm outputs stay O(1) through any number of layers.
 //! Deterministic: each tensor's values come from the seed and the tensor's name alone.
+
+pub mod tokenizer;
 
 use std::path::Path;
 
@@ -20,9 +22,9 @@ use crate::config::{ConfigError, K3Config};
 use crate::inventory::{DType, TensorSpec, text_tensors};
 
 /// The release config, the template every preset edits.
-pub const RELEASE_CONFIG: &str = include_str!("../configs/Kimi-K3.config.json");
+pub const RELEASE_CONFIG: &str = include_str!("../../configs/Kimi-K3.config.json");
 /// The public 0.40B test model's config.
-pub const TINY_040B_CONFIG: &str = include_str!("../configs/Kimi-K3-0.40B.config.json");
+pub const TINY_040B_CONFIG: &str = include_str!("../../configs/Kimi-K3-0.40B.config.json");
 
 /// Checkpoint shapes to generate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +124,24 @@ pub fn preset_config(preset: Preset, layers: Option<usize>, experts: Option<usiz
         Preset::K3Wide => 2,
     };
     let layers = layers.unwrap_or(default_layers);
+    let vocab = root["text_config"]["vocab_size"]
+        .as_u64()
+        .expect("vocab_size");
+    let first_special = vocab.saturating_sub(tokenizer::SPECIAL_SLOTS as u64);
+    for key in [
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "media_placeholder_token_id",
+    ] {
+        if let Some(id) = root
+            .get(key)
+            .and_then(Value::as_u64)
+            .filter(|&id| id >= 163_584)
+        {
+            root[key] = json!(first_special + id - 163_584);
+        }
+    }
     let text = root["text_config"].as_object_mut().expect("text_config");
     if preset != Preset::K3_040B || layers != default_layers {
         // K3's schedule: MLA at every 4th layer (1-based) and at the last one.
@@ -135,6 +155,23 @@ pub fn preset_config(preset: Preset, layers: Option<usize>, experts: Option<usiz
         linear.insert("full_attn_layers".into(), json!(mla));
         linear.insert("kda_layers".into(), json!(kda));
         text.insert("num_hidden_layers".into(), json!(layers));
+    }
+    // Special-token ids sit in the top 256 ids (K3_SPEC §10.1): move them with the vocabulary.
+    let vocab = text["vocab_size"].as_u64().expect("vocab_size");
+    let first_special = vocab.saturating_sub(tokenizer::SPECIAL_SLOTS as u64);
+    for key in [
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "media_placeholder_token_id",
+    ] {
+        if let Some(id) = text
+            .get(key)
+            .and_then(Value::as_u64)
+            .filter(|&id| id >= 163_584)
+        {
+            text.insert(key.into(), json!(first_special + id - 163_584));
+        }
     }
     if let Some(experts) = experts.or((preset == Preset::K3Wide).then_some(32)) {
         text.insert("num_experts".into(), json!(experts));
@@ -227,6 +264,17 @@ pub fn generate(dir: &Path, options: &SynthOptions) -> Result<SynthReport, Synth
             fill(&config, options, spec, buf);
         })?;
     }
+    // Tokenizer files: a BPE learned from built-in text, K3's specials at the top.
+    let vocab = tokenizer::learn_bpe(config.vocab_size - tokenizer::SPECIAL_SLOTS);
+    let tiktoken_path = dir.join("tiktoken.model");
+    std::fs::write(&tiktoken_path, tokenizer::tiktoken_model(&vocab))
+        .map_err(io(&tiktoken_path))?;
+    let tokenizer_path = dir.join("tokenizer_config.json");
+    let tokenizer_json =
+        serde_json::to_string_pretty(&tokenizer::tokenizer_config(config.vocab_size))
+            .expect("JSON");
+    std::fs::write(&tokenizer_path, tokenizer_json).map_err(io(&tokenizer_path))?;
+
     let index = json!({ "metadata": { "total_size": bytes }, "weight_map": weight_map });
     let index_path = dir.join("model.safetensors.index.json");
     std::fs::write(
