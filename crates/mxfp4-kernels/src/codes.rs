@@ -82,9 +82,9 @@ pub fn quantize_group(values: &[f32; 32]) -> ([u8; 16], u8) {
 fn nearest_e2m1(x: f32) -> u8 {
     let magnitude = x.abs();
     let mut best = 0usize;
-    for code in 1..8 {
+    for (code, value) in E2M1_VALUES.iter().enumerate().take(8).skip(1) {
         let d_best = (E2M1_VALUES[best] - magnitude).abs();
-        let d = (E2M1_VALUES[code] - magnitude).abs();
+        let d = (value - magnitude).abs();
         if d < d_best || (d == d_best && code % 2 == 0) {
             best = code;
         }

@@ -63,6 +63,42 @@ fn tiny_round_trips_through_the_loader() {
     assert!(config.layers.iter().filter(|l| l.attn_res_snapshot).count() >= 2);
     assert!(config.moe.latent.is_some() && config.moe.num_shared_experts > 0);
 
+    // Tokenizer files: ranks 0..n in order, K3's specials at the top 256 ids.
+    let tiktoken = std::fs::read_to_string(scratch.0.join("tiktoken.model")).unwrap();
+    let ranks: Vec<usize> = tiktoken
+        .lines()
+        .map(|l| l.split_once(' ').unwrap().1.parse().unwrap())
+        .collect();
+    assert!(
+        ranks.len() > 256 + 100 && ranks.iter().enumerate().all(|(i, &r)| i == r),
+        "{} ranks",
+        ranks.len()
+    );
+    assert!(ranks.len() <= config.vocab_size - 256);
+    let tokenizer: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(scratch.0.join("tokenizer_config.json")).unwrap(),
+    )
+    .unwrap();
+    let first_special = config.vocab_size - 256;
+    let special = |id: usize| {
+        tokenizer["added_tokens_decoder"][id.to_string()]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(special(first_special), "[BOS]");
+    assert_eq!(special(first_special + 2), "<|end_of_msg|>");
+    assert_eq!(special(config.vocab_size - 1), "[PAD]");
+    let raw: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(scratch.0.join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        raw["text_config"]["eos_token_id"],
+        first_special + 2,
+        "eos is <|end_of_msg|> as in the release"
+    );
+    assert_eq!(raw["bos_token_id"], first_special);
+
     // Shard names like the release: 5-digit index, 6-digit total.
     assert!(
         scratch
