@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use expert_store::Checkpoint;
-use k3_model::checkpoint::validate;
+use k3_model::checkpoint::{validate, validate_expert_scales};
 use k3_model::config::K3Config;
 use k3_model::synth::{Preset, SynthOptions, generate};
 
@@ -86,16 +86,18 @@ pub(crate) fn check(args: &[String]) -> Result<()> {
     let config = K3Config::from_json(&text)?;
     let ckpt = Checkpoint::open(&dir)?;
     let validated = validate(&ckpt, &config)?;
+    let expert_matrices = validate_expert_scales(&ckpt, &config)?;
     let table = ckpt.expert_table()?;
     let contiguous = table.values().filter(|l| l.contiguous).count();
     println!(
-        "{}: valid — {} tensors, {:.3} GB, {} layers, {} routed experts ({} stored contiguously), {} padded A_log; checked in {:.2} s",
+        "{}: valid — {} tensors, {:.3} GB, {} layers, {} routed experts ({} stored contiguously, {} MXFP4 matrices with valid scales), {} padded A_log; checked in {:.2} s",
         dir.display(),
         ckpt.len(),
         ckpt.data_bytes() as f64 / 1e9,
         config.num_layers(),
         table.len(),
         contiguous,
+        expert_matrices,
         validated.truncated_a_log.len(),
         start.elapsed().as_secs_f64()
     );

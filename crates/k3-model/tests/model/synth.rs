@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use expert_store::Checkpoint;
-use k3_model::checkpoint::validate;
+use k3_model::checkpoint::{validate, validate_expert_scales};
 use k3_model::config::{AttentionKind, FfnKind, K3Config, KdaGate};
 use k3_model::inventory::text_tensors;
 use k3_model::synth::{Preset, SynthOptions, generate};
@@ -117,6 +117,7 @@ fn tiny_round_trips_through_the_loader() {
         "tiny has 2 heads: no padding ({kda_layers} KDA layers)"
     );
 
+    assert_eq!(validate_expert_scales(&ckpt, &config).unwrap(), 3 * 8 * 8);
     // Every expert is one contiguous range and decodes (no 0xFF scale).
     let table = ckpt.expert_table().unwrap();
     let moe_layers: Vec<usize> = (0..config.num_layers())
