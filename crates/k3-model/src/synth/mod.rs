@@ -124,24 +124,16 @@ pub fn preset_config(preset: Preset, layers: Option<usize>, experts: Option<usiz
         Preset::K3Wide => 2,
     };
     let layers = layers.unwrap_or(default_layers);
+    // Special-token ids sit in the top 256 ids (K3_SPEC §10.1): move them with the vocabulary.
     let vocab = root["text_config"]["vocab_size"]
         .as_u64()
         .expect("vocab_size");
     let first_special = vocab.saturating_sub(tokenizer::SPECIAL_SLOTS as u64);
-    for key in [
-        "bos_token_id",
-        "eos_token_id",
-        "pad_token_id",
-        "media_placeholder_token_id",
-    ] {
-        if let Some(id) = root
-            .get(key)
-            .and_then(Value::as_u64)
-            .filter(|&id| id >= 163_584)
-        {
-            root[key] = json!(first_special + id - 163_584);
-        }
-    }
+    shift_special_ids(root.as_object_mut().expect("an object"), first_special);
+    shift_special_ids(
+        root["text_config"].as_object_mut().expect("text_config"),
+        first_special,
+    );
     let text = root["text_config"].as_object_mut().expect("text_config");
     if preset != Preset::K3_040B || layers != default_layers {
         // K3's schedule: MLA at every 4th layer (1-based) and at the last one.
@@ -156,23 +148,6 @@ pub fn preset_config(preset: Preset, layers: Option<usize>, experts: Option<usiz
         linear.insert("kda_layers".into(), json!(kda));
         text.insert("num_hidden_layers".into(), json!(layers));
     }
-    // Special-token ids sit in the top 256 ids (K3_SPEC §10.1): move them with the vocabulary.
-    let vocab = text["vocab_size"].as_u64().expect("vocab_size");
-    let first_special = vocab.saturating_sub(tokenizer::SPECIAL_SLOTS as u64);
-    for key in [
-        "bos_token_id",
-        "eos_token_id",
-        "pad_token_id",
-        "media_placeholder_token_id",
-    ] {
-        if let Some(id) = text
-            .get(key)
-            .and_then(Value::as_u64)
-            .filter(|&id| id >= 163_584)
-        {
-            text.insert(key.into(), json!(first_special + id - 163_584));
-        }
-    }
     if let Some(experts) = experts.or((preset == Preset::K3Wide).then_some(32)) {
         text.insert("num_experts".into(), json!(experts));
         let top_k = text["num_experts_per_token"]
@@ -182,6 +157,25 @@ pub fn preset_config(preset: Preset, layers: Option<usize>, experts: Option<usiz
         text.insert("num_experts_per_token".into(), json!(top_k));
     }
     root
+}
+
+/// Moves the special-token ids of a config object (K3: 163584 and up) to the same offsets
+/// from `first_special`.
+fn shift_special_ids(map: &mut serde_json::Map<String, Value>, first_special: u64) {
+    for key in [
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "media_placeholder_token_id",
+    ] {
+        if let Some(id) = map
+            .get(key)
+            .and_then(Value::as_u64)
+            .filter(|&id| id >= 163_584)
+        {
+            map.insert(key.into(), json!(first_special + id - 163_584));
+        }
+    }
 }
 
 /// Errors of the generator.
