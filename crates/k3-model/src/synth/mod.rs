@@ -30,7 +30,8 @@ pub const TINY_040B_CONFIG: &str = include_str!("../../configs/Kimi-K3-0.40B.con
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Preset {
     /// A few MB with every K3 feature: KDA with the K3 gate, MLA at every 4th layer and the
-    /// last two, three AttnRes snapshots, dense layer 0, latent MoE with a shared expert.
+    /// last two, three AttnRes snapshots, dense layer 0, latent MoE with a shared expert, and
+    /// 3 KDA heads so `A_log` is stored zero-padded (to 4), as in the release.
     Tiny,
     /// The public 0.40B model's shapes (its config, experts as MXFP4).
     K3_040B,
@@ -109,7 +110,7 @@ pub fn preset_config(preset: Preset, layers: Option<usize>, experts: Option<usiz
             let linear = text["linear_attn_config"]
                 .as_object_mut()
                 .expect("linear_attn_config");
-            linear.insert("num_heads".into(), json!(2));
+            linear.insert("num_heads".into(), json!(3)); // 3 heads: A_log is stored padded to 4
             linear.insert("head_dim".into(), json!(32));
             9
         }

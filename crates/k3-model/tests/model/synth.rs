@@ -112,9 +112,13 @@ fn tiny_round_trips_through_the_loader() {
     let validated = validate(&ckpt, &config).unwrap();
     let kda_layers = config.layers_of(AttentionKind::Kda).len();
     assert_eq!(
-        validated.truncated_a_log.len(),
-        0,
-        "tiny has 2 heads: no padding ({kda_layers} KDA layers)"
+        validated.truncated_a_log,
+        config
+            .layers_of(AttentionKind::Kda)
+            .iter()
+            .map(|&l| (l, 4))
+            .collect::<Vec<_>>(),
+        "tiny's 3 heads are stored padded to 4 in each of its {kda_layers} KDA layers"
     );
 
     assert_eq!(validate_expert_scales(&ckpt, &config).unwrap(), 3 * 8 * 8);
