@@ -7,6 +7,7 @@ mod bench_kernels;
 mod k3_plan;
 mod k3_synth;
 mod oracle;
+mod oracle_ct;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -54,6 +55,13 @@ const TASKS: &[Task] = &[
         about: "regenerate the frozen MXFP4 decode oracle from pinned PyPI references \
             (ml-dtypes, compressed-tensors) in a Python venv",
         run: oracle::run,
+    },
+    Task {
+        name: "oracle-ct-checkpoint",
+        usage: "[--venv DIR] [--out DIR]",
+        about: "regenerate the frozen tiny K3 checkpoint whose experts were packed by \
+            compressed-tensors, with their ml_dtypes decode (k3-model tests)",
+        run: oracle_ct::run,
     },
 ];
 

@@ -17,11 +17,11 @@ use crate::{Options, command_line, from_root, workspace_root};
 
 /// Exact pins: a different release could change packing or rounding, and the oracle would
 /// silently follow it.
-const PINNED: [&str; 2] = ["ml-dtypes==0.6.0", "compressed-tensors==0.20.0"];
+pub(crate) const PINNED: [&str; 2] = ["ml-dtypes==0.6.0", "compressed-tensors==0.20.0"];
 /// Fixed so that regenerating reproduces the committed bytes; changing it changes the oracle.
 const SEED: u64 = 0x4B33;
 const SCRIPT: &str = "xtask/oracle/mxfp4_oracle.py";
-const DEFAULT_VENV: &str = "target/oracle-venv";
+pub(crate) const DEFAULT_VENV: &str = "target/oracle-venv";
 const DEFAULT_OUT: &str = "crates/mxfp4-kernels/tests/data/mxfp4_oracle.json";
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
@@ -59,10 +59,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     let bytes = fs::read(&partial).with_context(|| format!("cannot read {}", partial.display()))?;
     let versions =
         check_oracle(&bytes).with_context(|| format!("bad oracle in {}", partial.display()))?;
-    let digest: String = Sha256::digest(&bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let digest = sha256_hex(&bytes);
     fs::rename(&partial, &out)
         .with_context(|| format!("cannot move oracle to {}", out.display()))?;
     let sidecar = dir.join(format!("{file_name}.sha256"));
@@ -79,13 +76,21 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
 }
 
 /// The venv's interpreter, creating the venv with the system `python3` if it is missing.
-fn ensure_venv(venv: &Path) -> Result<PathBuf> {
+pub(crate) fn ensure_venv(venv: &Path) -> Result<PathBuf> {
     let python = venv.join("bin").join("python");
     if !python.exists() {
         println!("creating venv {}", relative(venv));
         run_checked(Command::new("python3").args(["-m", "venv"]).arg(venv))?;
     }
     Ok(python)
+}
+
+/// Lower-case hex of the sha256 of `bytes`, as `sha256sum` prints it.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Sanity checks on what the script wrote, before it replaces the committed oracle; returns
@@ -130,7 +135,7 @@ fn check_oracle(bytes: &[u8]) -> Result<String> {
 
 /// Runs `command` with inherited stdio (pip's progress is worth seeing) and fails on a
 /// non-zero exit.
-fn run_checked(command: &mut Command) -> Result<()> {
+pub(crate) fn run_checked(command: &mut Command) -> Result<()> {
     command.current_dir(workspace_root());
     let shown = format!("{command:?}");
     let status = command
@@ -141,7 +146,7 @@ fn run_checked(command: &mut Command) -> Result<()> {
 }
 
 /// `path` relative to the workspace root when it lies inside it, for shorter messages.
-fn relative(path: &Path) -> String {
+pub(crate) fn relative(path: &Path) -> String {
     path.strip_prefix(workspace_root())
         .unwrap_or(path)
         .display()

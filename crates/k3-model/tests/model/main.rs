@@ -1,5 +1,6 @@
 //! Integration tests of k3-model.
 
 mod config;
+mod ct_fixture;
 mod inventory;
 mod synth;
