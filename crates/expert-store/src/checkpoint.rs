@@ -265,14 +265,31 @@ impl Checkpoint {
         Bf16Matrix::new(t.bytes, rows, cols).map_err(|source| view_error(&t, source))
     }
 
-    /// An F32 tensor of `shape`, copied out (the mapping gives no alignment guarantee).
+    /// A floating-point tensor of `shape` as f32, copied out (the mapping gives no alignment
+    /// guarantee). The dtype is the header's: F32 as is, BF16 and F16 widened (exactly).
     pub fn f32_values(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let t = self.require(name)?;
-        expect(&t, Dtype::F32, shape)?;
-        Ok(t.bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect())
+        let dtype = match t.dtype {
+            Dtype::F32 | Dtype::BF16 | Dtype::F16 => t.dtype,
+            _ => Dtype::F32,
+        };
+        expect(&t, dtype, shape)?;
+        let halves = || {
+            t.bytes
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        };
+        Ok(match dtype {
+            Dtype::BF16 => halves()
+                .map(|h| f32::from_bits(u32::from(h) << 16))
+                .collect(),
+            Dtype::F16 => halves().map(f16_to_f32).collect(),
+            _ => t
+                .bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        })
     }
 
     /// An MXFP4 matrix `[rows, cols]` from `{base}.weight_packed` (U8 `[rows, cols/2]`) and
@@ -336,6 +353,24 @@ impl Checkpoint {
         }
         Ok(table)
     }
+}
+
+/// IEEE half to single precision (exact: every f16 is an f32).
+fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h >> 15) << 31;
+    let exponent = u32::from((h >> 10) & 0x1F);
+    let mantissa = u32::from(h & 0x3FF);
+    let bits = match (exponent, mantissa) {
+        (0, 0) => sign,
+        // Subnormal: mantissa * 2^-24, exact in f32.
+        (0, m) => {
+            let magnitude = (m as f32) * 2f32.powi(-24);
+            return if sign != 0 { -magnitude } else { magnitude };
+        }
+        (0x1F, m) => sign | 0x7F80_0000 | (m << 13),
+        (e, m) => sign | ((e + 112) << 23) | (m << 13),
+    };
+    f32::from_bits(bits)
 }
 
 /// Parses `model.layers.{l}.block_sparse_moe.experts.{e}.w{1,2,3}.weight_{packed,scale}`.

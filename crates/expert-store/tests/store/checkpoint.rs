@@ -177,6 +177,47 @@ fn single_file_checkpoint() {
 }
 
 #[test]
+fn float_values_follow_the_header_dtype() {
+    let scratch = Scratch::new("dtypes");
+    // F16: 1, -2, 0.5, the smallest subnormal 2^-24, -0, +inf, 65504; BF16: 1, -3.5; F32: 0.1.
+    let f16: [u16; 7] = [0x3C00, 0xC000, 0x3800, 0x0001, 0x8000, 0x7C00, 0x7BFF];
+    let bf16: [u16; 2] = [0x3F80, 0xC060];
+    let tensors = vec![
+        tensor("a.f16", Dtype::F16, &[7]),
+        tensor("b.bf16", Dtype::BF16, &[2]),
+        tensor("c.f32", Dtype::F32, &[1]),
+        tensor("d.u8", Dtype::U8, &[2]),
+    ];
+    write_safetensors(
+        &scratch.0.join("model.safetensors"),
+        tensors,
+        |t, buf| match t.name.as_str() {
+            "a.f16" => buf.extend(f16.iter().flat_map(|h| h.to_le_bytes())),
+            "b.bf16" => buf.extend(bf16.iter().flat_map(|h| h.to_le_bytes())),
+            "c.f32" => buf.extend(0.1f32.to_le_bytes()),
+            _ => buf.extend([1, 2]),
+        },
+    )
+    .unwrap();
+    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let got = ckpt.f32_values("a.f16", &[7]).unwrap();
+    let want = [1.0, -2.0, 0.5, 2f32.powi(-24), -0.0, f32::INFINITY, 65504.0];
+    assert_eq!(
+        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        want.iter().map(|v: &f32| v.to_bits()).collect::<Vec<_>>()
+    );
+    assert_eq!(ckpt.f32_values("b.bf16", &[2]).unwrap(), [1.0, -3.5]);
+    assert_eq!(ckpt.f32_values("c.f32", &[1]).unwrap(), [0.1]);
+    assert!(
+        ckpt.f32_values("d.u8", &[2])
+            .unwrap_err()
+            .to_string()
+            .contains("expected F32")
+    );
+    assert!(ckpt.f32_values("a.f16", &[8]).is_err());
+}
+
+#[test]
 fn nan_scale_is_rejected_with_its_place() {
     let scratch = Scratch::new("nan");
     write_checkpoint(&scratch.0, "language_model.");
