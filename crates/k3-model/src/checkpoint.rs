@@ -113,3 +113,22 @@ pub fn validate_expert_scales(
     }
     Ok(checked)
 }
+
+/// A KDA layer's `A_log`, one value per head: a zero-padded stored tensor is truncated to
+/// `num_heads` (run [`validate`] first; it checks the padding is zero).
+pub fn a_log(
+    checkpoint: &Checkpoint,
+    config: &K3Config,
+    layer: usize,
+) -> Result<Vec<f32>, CheckpointError> {
+    let name = format!("model.layers.{layer}.self_attn.A_log");
+    let stored = checkpoint
+        .require(&name)?
+        .shape
+        .first()
+        .copied()
+        .unwrap_or(0);
+    let mut values = checkpoint.f32_values(&name, &[stored])?;
+    values.truncate(config.kda.num_heads);
+    Ok(values)
+}

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use expert_store::Checkpoint;
-use k3_model::checkpoint::{validate, validate_expert_scales};
+use k3_model::checkpoint::{a_log, validate, validate_expert_scales};
 use k3_model::config::{AttentionKind, FfnKind, K3Config, KdaGate};
 use k3_model::inventory::text_tensors;
 use k3_model::synth::{Preset, SynthOptions, generate};
@@ -122,6 +122,9 @@ fn tiny_round_trips_through_the_loader() {
     );
 
     assert_eq!(validate_expert_scales(&ckpt, &config).unwrap(), 3 * 8 * 8);
+    let per_head = a_log(&ckpt, &config, 0).unwrap();
+    assert_eq!(per_head.len(), 3);
+    assert!(per_head.iter().all(|&v| v != 0.0), "{per_head:?}");
     // Every expert is one contiguous range and decodes (no 0xFF scale).
     let table = ckpt.expert_table().unwrap();
     let moe_layers: Vec<usize> = (0..config.num_layers())
@@ -203,4 +206,40 @@ fn router_skew_orders_the_selection_bias() {
         .unwrap();
     assert!(bias.windows(2).all(|w| w[0] > w[1]), "{bias:?}");
     assert_eq!(bias[0], 0.0);
+}
+
+/// Tensors the config does not imply (the release's vision tower and projector) are ignored.
+#[test]
+fn extra_tensors_are_ignored() {
+    use expert_store::checkpoint::Dtype;
+    use expert_store::writer::{TensorOut, write_safetensors};
+    let scratch = Scratch::new("extras");
+    let report = generate(&scratch.0, &tiny(5)).unwrap();
+    let vision = "model-vision.safetensors";
+    let tensors = vec![
+        TensorOut {
+            name: "vision_tower.patch_embed.weight".into(),
+            dtype: Dtype::BF16,
+            shape: vec![4, 4],
+        },
+        TensorOut {
+            name: "mm_projector.proj.weight".into(),
+            dtype: Dtype::BF16,
+            shape: vec![2, 4],
+        },
+    ];
+    let extra_bytes = write_safetensors(&scratch.0.join(vision), tensors, |t, buf| {
+        buf.resize(t.bytes(), 0)
+    })
+    .unwrap();
+    let index_path = scratch.0.join("model.safetensors.index.json");
+    let mut index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&index_path).unwrap()).unwrap();
+    index["weight_map"]["vision_tower.patch_embed.weight"] = vision.into();
+    index["weight_map"]["mm_projector.proj.weight"] = vision.into();
+    index["metadata"]["total_size"] = (report.bytes + extra_bytes).into();
+    std::fs::write(&index_path, index.to_string()).unwrap();
+    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    assert_eq!(ckpt.len(), report.tensors + 2);
+    validate(&ckpt, &report.config).unwrap();
 }
