@@ -3,4 +3,5 @@
 mod config;
 mod ct_fixture;
 mod inventory;
+mod ops;
 mod synth;

@@ -1,0 +1,183 @@
+//! The forward pass's element-wise and per-head primitives, in the engine's canonical f32 order
+//! (K3_SPEC §5, §6, §8.2): RMSNorm, the KDA L2 norm, the AttnRes depth mix, the sigmoid router,
+//! both KDA decay-gate forms, the causal depthwise conv step and the KDA delta-rule step.
+//!
+//! Canonical order: every reduction runs sequentially in index order (sums of squares in f64,
+//! as colibri does, so the norm does not depend on the vector's length), so the results are
+//! the same whatever the thread count or batch, and prefill equals token-by-token decode.
+
+use crate::config::KdaGate;
+
+/// `w ⊙ x · 1/sqrt(mean(x²) + eps)`; `weight` of `None` is the unweighted form AttnRes uses.
+pub fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32, out: &mut [f32]) {
+    let inv = inv_rms(x, eps);
+    match weight {
+        Some(w) => {
+            for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+                *o = g * (v * inv);
+            }
+        }
+        None => {
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = v * inv;
+            }
+        }
+    }
+}
+
+/// `1/sqrt(mean(x²) + eps)`, the square sum in f64.
+pub fn inv_rms(x: &[f32], eps: f32) -> f32 {
+    let sum: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    (1.0 / (sum / x.len() as f64 + f64::from(eps)).sqrt()) as f32
+}
+
+/// KDA's L2 norm of one head, in place: `x · 1/sqrt(Σx² + 1e-6)` (fla's eps inside the sqrt;
+/// K3_SPEC §5 follows fla over llama.cpp's 1e-5).
+pub fn l2_norm(x: &mut [f32]) {
+    let sum: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    let inv = (1.0 / (sum + 1e-6).sqrt()) as f32;
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// The AttnRes mix of `candidates` (block snapshots in creation order, the current stream
+/// last): scores `<rms_norm(V_i) (no weight), score>` with `score = norm.w ⊙ proj.w`, softmax
+/// over candidates, and the weighted sum of the **raw** candidates. With one candidate the
+/// result is that candidate exactly.
+pub fn attn_res_mix(candidates: &[&[f32]], score: &[f32], eps: f32, out: &mut [f32]) {
+    if let [only] = candidates {
+        out.copy_from_slice(only);
+        return;
+    }
+    let logits: Vec<f32> = candidates
+        .iter()
+        .map(|v| {
+            let inv = inv_rms(v, eps);
+            v.iter()
+                .zip(score)
+                .map(|(&a, &s)| (a * inv) * s)
+                .fold(0.0f32, |acc, t| acc + t)
+        })
+        .collect();
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let exps: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+    let total: f32 = exps.iter().fold(0.0, |a, &e| a + e);
+    out.fill(0.0);
+    for (v, &e) in candidates.iter().zip(&exps) {
+        let p = e / total;
+        for (o, &a) in out.iter_mut().zip(v.iter()) {
+            *o += p * a;
+        }
+    }
+}
+
+/// The router's choice for one token (K3_SPEC §8.2): sigmoid scores, the selection bias added
+/// for choosing only, the `top_k` highest (ties to the lower expert id), weights from the raw
+/// scores, renormalised (`+ 1e-20`, when `renormalize` and `top_k > 1`) and scaled. Returns
+/// `(expert ids in descending choice order, weights)`.
+pub fn route(
+    logits: &[f32],
+    bias: &[f32],
+    top_k: usize,
+    renormalize: bool,
+    scaling: f32,
+) -> (Vec<usize>, Vec<f32>) {
+    let scores: Vec<f32> = logits.iter().map(|&l| sigmoid(l)).collect();
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    let choice = |e: usize| scores[e] + bias[e];
+    // Stable sort by descending choice keeps ascending ids among exact ties.
+    order.sort_by(|&a, &b| choice(b).total_cmp(&choice(a)));
+    order.truncate(top_k);
+    let mut weights: Vec<f32> = order.iter().map(|&e| scores[e]).collect();
+    if renormalize && top_k > 1 {
+        let sum = weights.iter().fold(0.0f32, |a, &w| a + w) + 1e-20;
+        weights.iter_mut().for_each(|w| *w /= sum);
+    }
+    weights.iter_mut().for_each(|w| *w *= scaling);
+    (order, weights)
+}
+
+/// `1 / (1 + e^-x)`.
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// torch's softplus: `ln(1 + e^x)`, and `x` itself above 20.
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 { x } else { x.exp().ln_1p() }
+}
+
+/// `x · sigmoid(x)`.
+pub fn silu(x: f32) -> f32 {
+    x * sigmoid(x)
+}
+
+/// The KDA log-decay of one channel from `z = f + dt_bias` and its head's `A_log`
+/// (K3_SPEC §6.3): K3's bounded form `lb · sigmoid(exp(A_log) · z)`, or Kimi-Linear's
+/// `-exp(A_log) · softplus(z)`. The decay itself is `exp(g)`.
+pub fn kda_log_decay(gate: KdaGate, a_log: f32, z: f32) -> f32 {
+    match gate {
+        KdaGate::LowerBound(lb) => lb * sigmoid(a_log.exp() * z),
+        KdaGate::Softplus => -a_log.exp() * softplus(z),
+    }
+}
+
+/// One step of the causal depthwise conv with SiLU for `channels` channels: `window` holds the
+/// previous `taps - 1` inputs per channel, oldest first (`[channel][tap]`), `weights` is the
+/// checkpoint's `[channels, 1, taps]`; the last tap multiplies the current input. The window
+/// advances by one.
+pub fn conv_step(input: &[f32], weights: &[f32], taps: usize, window: &mut [f32], out: &mut [f32]) {
+    let history = taps - 1;
+    for (c, (&x, o)) in input.iter().zip(out.iter_mut()).enumerate() {
+        let w = &weights[c * taps..(c + 1) * taps];
+        let past = &mut window[c * history..(c + 1) * history];
+        let mut acc = 0.0f32;
+        for (j, &p) in past.iter().enumerate() {
+            acc += w[j] * p;
+        }
+        acc += w[history] * x;
+        *o = silu(acc);
+        past.copy_within(1.., 0);
+        if let Some(last) = past.last_mut() {
+            *last = x;
+        }
+    }
+}
+
+/// One KDA delta-rule step for one head (K3_SPEC §6.5), in the order decay → read → write →
+/// output from the updated state. `state` is `[K][V]` row-major; `q` already carries the
+/// `K^-0.5` scale; `alpha` is the per-key decay `exp(g)`; `beta` the head's write strength.
+pub fn kda_step(
+    state: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    alpha: &[f32],
+    beta: f32,
+    out: &mut [f32],
+) {
+    let vdim = v.len();
+    for (row, &a) in state.chunks_exact_mut(vdim).zip(alpha) {
+        row.iter_mut().for_each(|s| *s *= a);
+    }
+    // u = kᵀ S, then Δ = β (v − u).
+    let mut delta = vec![0.0f32; vdim];
+    for (row, &kk) in state.chunks_exact(vdim).zip(k) {
+        for (d, &s) in delta.iter_mut().zip(row) {
+            *d += kk * s;
+        }
+    }
+    for (d, &vv) in delta.iter_mut().zip(v) {
+        *d = beta * (vv - *d);
+    }
+    for (row, &kk) in state.chunks_exact_mut(vdim).zip(k) {
+        for (s, &d) in row.iter_mut().zip(&delta) {
+            *s += kk * d;
+        }
+    }
+    out.fill(0.0);
+    for (row, &qq) in state.chunks_exact(vdim).zip(q) {
+        for (o, &s) in out.iter_mut().zip(row) {
+            *o += qq * s;
+        }
+    }
+}
