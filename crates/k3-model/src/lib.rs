@@ -3,11 +3,13 @@
 //! Implemented so far: [`config`], the typed and validated `config.json`; [`inventory`],
 //! every tensor the config implies with its byte plan; [`checkpoint`], validation of a
 //! checkpoint against the config; [`synth`], synthetic checkpoints in the release's layout;
-//! [`ops`], the forward pass's primitives (norms, AttnRes mix, router, KDA gate/conv/step).
+//! [`ops`], the forward pass's primitives (norms, AttnRes mix, router, KDA gate/conv/step);
+//! [`model`], a first single-threaded token-by-token forward pass and `Session`.
 
 pub mod checkpoint;
 pub mod config;
 pub mod inventory;
+pub mod model;
 pub mod ops;
 pub mod synth;
 

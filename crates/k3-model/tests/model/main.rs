@@ -2,6 +2,7 @@
 
 mod config;
 mod ct_fixture;
+mod forward;
 mod inventory;
 mod ops;
 mod synth;

@@ -1,0 +1,591 @@
+//! The K3 forward pass, one token at a time (K3_SPEC §6-§9), single-threaded for now:
+//! embedding, per layer the AttnRes mixes, KDA or gated MLA, dense MLP or latent MoE, then the
+//! output mix, final norm and lm_head. `Session` holds one sequence's state.
+//!
+//! Canonical choices (they define the engine's bits): MLA in the absorbed form with the cache
+//! of the normed latent and the raw `k_pe`; routed experts summed in the router's order;
+//! every reduction in index order (see [`crate::ops`]).
+
+use expert_store::Checkpoint;
+use expert_store::checkpoint::CheckpointError;
+use mxfp4_kernels::{Bf16Matrix, ExpertScratch, Kernels, MxFp4Matrix, Situ};
+
+use crate::checkpoint::a_log;
+use crate::config::{AttentionKind, FfnKind, K3Config};
+use crate::ops::{
+    attn_res_mix, conv_step, kda_log_decay, kda_step, l2_norm, rms_norm, route, sigmoid,
+};
+
+/// Errors of model construction and evaluation.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Kernel(#[from] mxfp4_kernels::Error),
+    #[error("token {token} is outside the vocabulary of {vocab}")]
+    Token { token: usize, vocab: usize },
+}
+
+type Result<T, E = ModelError> = std::result::Result<T, E>;
+
+/// The MLA low-rank norms use 1e-6 (HF's default), not `rms_norm_eps` (K3_SPEC §7.1).
+const MLA_NORM_EPS: f32 = 1e-6;
+
+struct Kda<'a> {
+    q: Bf16Matrix<'a>,
+    k: Bf16Matrix<'a>,
+    v: Bf16Matrix<'a>,
+    g: Bf16Matrix<'a>,
+    o: Bf16Matrix<'a>,
+    conv: [Vec<f32>; 3],
+    f_a: Bf16Matrix<'a>,
+    f_b: Bf16Matrix<'a>,
+    b: Bf16Matrix<'a>,
+    a_log: Vec<f32>,
+    dt_bias: Vec<f32>,
+    o_norm: Vec<f32>,
+}
+
+struct Mla<'a> {
+    q_a: Bf16Matrix<'a>,
+    q_a_norm: Vec<f32>,
+    q_b: Bf16Matrix<'a>,
+    kv_a: Bf16Matrix<'a>,
+    kv_a_norm: Vec<f32>,
+    /// `kv_b_proj` widened to f32, `[heads * (nope + v), kv_lora_rank]` (read transposed).
+    kv_b: Vec<f32>,
+    g: Option<Bf16Matrix<'a>>,
+    o: Bf16Matrix<'a>,
+}
+
+struct Mlp<'a> {
+    gate: Bf16Matrix<'a>,
+    up: Bf16Matrix<'a>,
+    down: Bf16Matrix<'a>,
+}
+
+struct Moe<'a> {
+    router: Bf16Matrix<'a>,
+    bias: Vec<f32>,
+    latent: Option<(Bf16Matrix<'a>, Option<Vec<f32>>, Bf16Matrix<'a>)>,
+    shared: Option<Mlp<'a>>,
+    experts: Vec<[MxFp4Matrix<'a>; 3]>,
+}
+
+enum Attention<'a> {
+    Kda(Kda<'a>),
+    Mla(Mla<'a>),
+}
+
+enum Ffn<'a> {
+    Dense(Mlp<'a>),
+    Moe(Moe<'a>),
+}
+
+struct Layer<'a> {
+    input_norm: Vec<f32>,
+    post_norm: Vec<f32>,
+    /// `self_attention_res_norm ⊙ self_attention_res_proj`, folded once.
+    attn_res_score: Vec<f32>,
+    mlp_res_score: Vec<f32>,
+    attention: Attention<'a>,
+    ffn: Ffn<'a>,
+}
+
+/// A K3 model whose weights borrow from a mapped checkpoint.
+pub struct Model<'a> {
+    pub config: K3Config,
+    kernels: Kernels,
+    situ: Situ,
+    embed: Bf16Matrix<'a>,
+    lm_head: Bf16Matrix<'a>,
+    final_norm: Vec<f32>,
+    output_res_score: Vec<f32>,
+    layers: Vec<Layer<'a>>,
+}
+
+impl std::fmt::Debug for Model<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("layers", &self.layers.len())
+            .field("tier", &self.kernels.tier())
+            .finish()
+    }
+}
+
+/// One sequence's state: KDA conv windows and recurrent states, the MLA latent cache.
+#[derive(Debug, Clone)]
+pub struct Session {
+    position: usize,
+    kda: Vec<Option<KdaState>>,
+    mla: Vec<Option<MlaCache>>,
+}
+
+#[derive(Debug, Clone)]
+struct KdaState {
+    windows: [Vec<f32>; 3],
+    state: Vec<f32>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct MlaCache {
+    latent: Vec<f32>,
+    k_pe: Vec<f32>,
+}
+
+impl Session {
+    /// Tokens consumed so far.
+    pub fn position(&self) -> usize {
+        self.position
+    }
+}
+
+impl<'a> Model<'a> {
+    /// Builds the model over a checkpoint (validate it first with [`crate::checkpoint::validate`]).
+    pub fn new(ckpt: &'a Checkpoint, config: &K3Config, kernels: Kernels) -> Result<Self> {
+        let c = config;
+        let d = c.hidden_size;
+        let vec = |name: &str, n: usize| ckpt.f32_values(name, &[n]);
+        let row = |name: &str, n: usize| ckpt.f32_values(name, &[1, n]);
+        let bf = |name: &str, rows: usize, cols: usize| ckpt.bf16_matrix(name, rows, cols);
+        let fold = |norm: Vec<f32>, proj: Vec<f32>| {
+            norm.iter()
+                .zip(&proj)
+                .map(|(a, b)| a * b)
+                .collect::<Vec<f32>>()
+        };
+        let mut layers = Vec::with_capacity(c.num_layers());
+        for (i, spec) in c.layers.iter().enumerate() {
+            let p = format!("model.layers.{i}.");
+            let attention = match spec.attention {
+                AttentionKind::Kda => {
+                    let (h, k) = (c.kda.num_heads, c.kda.head_dim);
+                    let w = c.kda_width();
+                    let taps = c.kda.conv_kernel;
+                    let conv = |name: &str| {
+                        ckpt.f32_values(&format!("{p}self_attn.{name}.weight"), &[w, 1, taps])
+                    };
+                    Attention::Kda(Kda {
+                        q: bf(&format!("{p}self_attn.q_proj.weight"), w, d)?,
+                        k: bf(&format!("{p}self_attn.k_proj.weight"), w, d)?,
+                        v: bf(&format!("{p}self_attn.v_proj.weight"), w, d)?,
+                        g: bf(&format!("{p}self_attn.g_proj.weight"), w, d)?,
+                        o: bf(&format!("{p}self_attn.o_proj.weight"), d, w)?,
+                        conv: [conv("q_conv1d")?, conv("k_conv1d")?, conv("v_conv1d")?],
+                        f_a: bf(&format!("{p}self_attn.f_a_proj.weight"), k, d)?,
+                        f_b: bf(&format!("{p}self_attn.f_b_proj.weight"), w, k)?,
+                        b: bf(&format!("{p}self_attn.b_proj.weight"), h, d)?,
+                        a_log: a_log(ckpt, c, i)?,
+                        dt_bias: vec(&format!("{p}self_attn.dt_bias"), w)?,
+                        o_norm: vec(&format!("{p}self_attn.o_norm.weight"), k)?,
+                    })
+                }
+                AttentionKind::Mla => {
+                    let m = &c.mla;
+                    let qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+                    let kv_rows = m.num_heads * (m.qk_nope_head_dim + m.v_head_dim);
+                    let kv_b_view = bf(
+                        &format!("{p}self_attn.kv_b_proj.weight"),
+                        kv_rows,
+                        m.kv_lora_rank,
+                    )?;
+                    let mut kv_b = vec![0.0; kv_rows * m.kv_lora_rank];
+                    kernels.dequant_bf16(&kv_b_view, 0..kv_rows, &mut kv_b)?;
+                    let v_width = m.num_heads * m.v_head_dim;
+                    Attention::Mla(Mla {
+                        q_a: bf(&format!("{p}self_attn.q_a_proj.weight"), m.q_lora_rank, d)?,
+                        q_a_norm: vec(
+                            &format!("{p}self_attn.q_a_layernorm.weight"),
+                            m.q_lora_rank,
+                        )?,
+                        q_b: bf(
+                            &format!("{p}self_attn.q_b_proj.weight"),
+                            m.num_heads * qk,
+                            m.q_lora_rank,
+                        )?,
+                        kv_a: bf(
+                            &format!("{p}self_attn.kv_a_proj_with_mqa.weight"),
+                            m.kv_lora_rank + m.qk_rope_head_dim,
+                            d,
+                        )?,
+                        kv_a_norm: vec(
+                            &format!("{p}self_attn.kv_a_layernorm.weight"),
+                            m.kv_lora_rank,
+                        )?,
+                        kv_b,
+                        g: if m.output_gate {
+                            Some(bf(&format!("{p}self_attn.g_proj.weight"), v_width, d)?)
+                        } else {
+                            None
+                        },
+                        o: bf(&format!("{p}self_attn.o_proj.weight"), d, v_width)?,
+                    })
+                }
+            };
+            let mlp = |prefix: &str, width: usize| -> Result<Mlp<'a>> {
+                Ok(Mlp {
+                    gate: bf(&format!("{prefix}gate_proj.weight"), width, d)?,
+                    up: bf(&format!("{prefix}up_proj.weight"), width, d)?,
+                    down: bf(&format!("{prefix}down_proj.weight"), d, width)?,
+                })
+            };
+            let ffn = match spec.ffn {
+                FfnKind::Dense => Ffn::Dense(mlp(&format!("{p}mlp."), c.dense_intermediate)?),
+                FfnKind::Moe => {
+                    let moe = &c.moe;
+                    let q = format!("{p}block_sparse_moe.");
+                    let io = moe.expert_io(d);
+                    let inter = moe.expert_intermediate;
+                    let latent = match moe.latent {
+                        None => None,
+                        Some(l) => Some((
+                            bf(&format!("{q}routed_expert_down_proj.weight"), l.hidden, d)?,
+                            if l.use_norm {
+                                Some(vec(&format!("{q}routed_expert_norm.weight"), l.hidden)?)
+                            } else {
+                                None
+                            },
+                            bf(&format!("{q}routed_expert_up_proj.weight"), d, l.hidden)?,
+                        )),
+                    };
+                    let shared = match moe.shared_intermediate() {
+                        0 => None,
+                        width => Some(mlp(&format!("{q}shared_experts."), width)?),
+                    };
+                    let experts = (0..moe.num_experts)
+                        .map(|e| {
+                            let base = format!("{q}experts.{e}.");
+                            Ok([
+                                ckpt.mxfp4_matrix(&format!("{base}w1"), inter, io)?,
+                                ckpt.mxfp4_matrix(&format!("{base}w3"), inter, io)?,
+                                ckpt.mxfp4_matrix(&format!("{base}w2"), io, inter)?,
+                            ])
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    Ffn::Moe(Moe {
+                        router: bf(&format!("{q}gate.weight"), moe.num_experts, d)?,
+                        bias: vec(&format!("{q}gate.e_score_correction_bias"), moe.num_experts)?,
+                        latent,
+                        shared,
+                        experts,
+                    })
+                }
+            };
+            layers.push(Layer {
+                input_norm: vec(&format!("{p}input_layernorm.weight"), d)?,
+                post_norm: vec(&format!("{p}post_attention_layernorm.weight"), d)?,
+                attn_res_score: fold(
+                    vec(&format!("{p}self_attention_res_norm.weight"), d)?,
+                    row(&format!("{p}self_attention_res_proj.weight"), d)?,
+                ),
+                mlp_res_score: fold(
+                    vec(&format!("{p}mlp_res_norm.weight"), d)?,
+                    row(&format!("{p}mlp_res_proj.weight"), d)?,
+                ),
+                attention,
+                ffn,
+            });
+        }
+        Ok(Self {
+            config: c.clone(),
+            kernels,
+            situ: Situ {
+                beta: c.situ.beta,
+                linear_beta: c.situ.linear_beta,
+            },
+            embed: bf("model.embed_tokens.weight", c.vocab_size, d)?,
+            lm_head: bf("lm_head.weight", c.vocab_size, d)?,
+            final_norm: vec("model.norm.weight", d)?,
+            output_res_score: fold(
+                vec("model.output_attn_res_norm.weight", d)?,
+                row("model.output_attn_res_proj.weight", d)?,
+            ),
+            layers,
+        })
+    }
+
+    /// A fresh sequence.
+    pub fn session(&self) -> Session {
+        let c = &self.config;
+        let taps = c.kda.conv_kernel;
+        let width = c.kda_width();
+        Session {
+            position: 0,
+            kda: c
+                .layers
+                .iter()
+                .map(|l| {
+                    (l.attention == AttentionKind::Kda).then(|| KdaState {
+                        windows: std::array::from_fn(|_| vec![0.0; width * (taps - 1)]),
+                        state: vec![0.0; c.kda.num_heads * c.kda.head_dim * c.kda.head_dim],
+                    })
+                })
+                .collect(),
+            mla: c
+                .layers
+                .iter()
+                .map(|l| (l.attention == AttentionKind::Mla).then(MlaCache::default))
+                .collect(),
+        }
+    }
+
+    fn gemv(&self, m: &Bf16Matrix<'_>, x: &[f32]) -> Result<Vec<f32>> {
+        let act = self.kernels.prepare(x, m.cols())?;
+        let mut y = vec![0.0; m.rows()];
+        self.kernels.matmul_bf16(m, &act, 0..m.rows(), &mut y)?;
+        Ok(y)
+    }
+
+    /// Consumes `token` and returns the logits for the next position.
+    pub fn decode_step(&self, session: &mut Session, token: usize) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let d = c.hidden_size;
+        let eps = c.rms_norm_eps;
+        if token >= c.vocab_size {
+            return Err(ModelError::Token {
+                token,
+                vocab: c.vocab_size,
+            });
+        }
+        let mut h = vec![0.0; d];
+        self.kernels
+            .dequant_bf16(&self.embed, token..token + 1, &mut h)?;
+        let mut bank: Vec<Vec<f32>> = Vec::new();
+        let mut normed = vec![0.0; d];
+        for (i, layer) in self.layers.iter().enumerate() {
+            // (a) attention-side mix over [bank..., h] (skipped while the bank is empty).
+            let raw = h.clone();
+            if !bank.is_empty() {
+                mix(&bank, &raw, &layer.attn_res_score, eps, &mut h);
+            }
+            // (b) block boundary: bank the RAW layer input and restart the stream.
+            let restart = c.layers[i].attn_res_snapshot;
+            if restart {
+                bank.push(raw.clone());
+            }
+            rms_norm(&h, Some(&layer.input_norm), eps, &mut normed);
+            let attn = match &layer.attention {
+                Attention::Kda(kda) => {
+                    self.kda(kda, session.kda[i].as_mut().expect("KDA state"), &normed)?
+                }
+                Attention::Mla(mla) => {
+                    self.mla(mla, session.mla[i].as_mut().expect("MLA cache"), &normed)?
+                }
+            };
+            let prefix: Vec<f32> = if restart {
+                attn
+            } else {
+                raw.iter().zip(&attn).map(|(a, b)| a + b).collect()
+            };
+            // (c) mlp-side mix over [bank..., prefix] (the bank is never empty here).
+            let mut m = vec![0.0; d];
+            mix(&bank, &prefix, &layer.mlp_res_score, eps, &mut m);
+            rms_norm(&m, Some(&layer.post_norm), eps, &mut normed);
+            let f = match &layer.ffn {
+                Ffn::Dense(mlp) => self.mlp(mlp, &normed)?,
+                Ffn::Moe(moe) => self.moe(moe, &normed)?,
+            };
+            h = prefix.iter().zip(&f).map(|(a, b)| a + b).collect();
+        }
+        let mut out = vec![0.0; d];
+        mix(&bank, &h, &self.output_res_score, eps, &mut out);
+        rms_norm(&out, Some(&self.final_norm), eps, &mut normed);
+        session.position += 1;
+        self.gemv(&self.lm_head, &normed)
+    }
+
+    #[allow(clippy::needless_range_loop)] // `head` indexes several per-head arrays
+    fn kda(&self, w: &Kda<'_>, s: &mut KdaState, x: &[f32]) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let (heads, dim, taps) = (c.kda.num_heads, c.kda.head_dim, c.kda.conv_kernel);
+        let mut qkv = [
+            self.gemv(&w.q, x)?,
+            self.gemv(&w.k, x)?,
+            self.gemv(&w.v, x)?,
+        ];
+        for ((proj, weights), window) in qkv.iter_mut().zip(&w.conv).zip(s.windows.iter_mut()) {
+            let input = proj.clone();
+            conv_step(&input, weights, taps, window, proj);
+        }
+        let [q, k, v] = &mut qkv;
+        let scale = (dim as f32).powf(-0.5);
+        for head in 0..heads {
+            let range = head * dim..(head + 1) * dim;
+            l2_norm(&mut q[range.clone()]);
+            q[range.clone()].iter_mut().for_each(|a| *a *= scale);
+            l2_norm(&mut k[range]);
+        }
+        let f = self.gemv(&w.f_b, &self.gemv(&w.f_a, x)?)?;
+        let beta: Vec<f32> = self.gemv(&w.b, x)?.iter().map(|&b| sigmoid(b)).collect();
+        let gate = self.gemv(&w.g, x)?;
+        let mut y = vec![0.0; heads * dim];
+        let mut o = vec![0.0; dim];
+        for head in 0..heads {
+            let range = head * dim..(head + 1) * dim;
+            let alpha: Vec<f32> = range
+                .clone()
+                .map(|ch| kda_log_decay(c.kda.gate, w.a_log[head], f[ch] + w.dt_bias[ch]).exp())
+                .collect();
+            let state = &mut s.state[head * dim * dim..(head + 1) * dim * dim];
+            kda_step(
+                state,
+                &q[range.clone()],
+                &k[range.clone()],
+                &v[range.clone()],
+                &alpha,
+                beta[head],
+                &mut o,
+            );
+            let out = &mut y[range.clone()];
+            rms_norm(&o, Some(&w.o_norm), c.rms_norm_eps, out);
+            for (a, &g) in out.iter_mut().zip(&gate[range]) {
+                *a *= sigmoid(g);
+            }
+        }
+        self.gemv(&w.o, &y)
+    }
+
+    fn mla(&self, w: &Mla<'_>, cache: &mut MlaCache, x: &[f32]) -> Result<Vec<f32>> {
+        let m = &self.config.mla;
+        let (nope, rope, vd, rank) = (
+            m.qk_nope_head_dim,
+            m.qk_rope_head_dim,
+            m.v_head_dim,
+            m.kv_lora_rank,
+        );
+        let q_a = self.gemv(&w.q_a, x)?;
+        let mut q_a_normed = vec![0.0; q_a.len()];
+        rms_norm(&q_a, Some(&w.q_a_norm), MLA_NORM_EPS, &mut q_a_normed);
+        let q = self.gemv(&w.q_b, &q_a_normed)?;
+        let ckv = self.gemv(&w.kv_a, x)?;
+        let mut latent = vec![0.0; rank];
+        rms_norm(&ckv[..rank], Some(&w.kv_a_norm), MLA_NORM_EPS, &mut latent);
+        cache.latent.extend_from_slice(&latent);
+        cache.k_pe.extend_from_slice(&ckv[rank..rank + rope]);
+        let positions = cache.latent.len() / rank;
+        let scale = ((nope + rope) as f32).powf(-0.5);
+        let mut ctx = vec![0.0; m.num_heads * vd];
+        for head in 0..m.num_heads {
+            let qh = &q[head * (nope + rope)..(head + 1) * (nope + rope)];
+            let rows = &w.kv_b[head * (nope + vd) * rank..(head + 1) * (nope + vd) * rank];
+            // q_abs = W_UKᵀ q_nope: [rank].
+            let mut q_abs = vec![0.0f32; rank];
+            for (i, &qi) in qh[..nope].iter().enumerate() {
+                for (a, &wv) in q_abs.iter_mut().zip(&rows[i * rank..(i + 1) * rank]) {
+                    *a += qi * wv;
+                }
+            }
+            let scores: Vec<f32> = (0..positions)
+                .map(|s| {
+                    let c = &cache.latent[s * rank..(s + 1) * rank];
+                    let pe = &cache.k_pe[s * rope..(s + 1) * rope];
+                    let dot = q_abs.iter().zip(c).fold(0.0f32, |a, (x, y)| a + x * y)
+                        + qh[nope..]
+                            .iter()
+                            .zip(pe)
+                            .fold(0.0f32, |a, (x, y)| a + x * y);
+                    dot * scale
+                })
+                .collect();
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let exps: Vec<f32> = scores.iter().map(|&s| (s - max).exp()).collect();
+            let total = exps.iter().fold(0.0f32, |a, &e| a + e);
+            let mut ctx_latent = vec![0.0f32; rank];
+            for (s, &e) in exps.iter().enumerate() {
+                let p = e / total;
+                for (a, &cv) in ctx_latent
+                    .iter_mut()
+                    .zip(&cache.latent[s * rank..(s + 1) * rank])
+                {
+                    *a += p * cv;
+                }
+            }
+            // ctx_h = W_UV ctx_latent: [v_head_dim].
+            for j in 0..vd {
+                let wrow = &rows[(nope + j) * rank..(nope + j + 1) * rank];
+                ctx[head * vd + j] = wrow
+                    .iter()
+                    .zip(&ctx_latent)
+                    .fold(0.0f32, |a, (x, y)| a + x * y);
+            }
+        }
+        if let Some(g) = &w.g {
+            for (a, gv) in ctx.iter_mut().zip(self.gemv(g, x)?) {
+                *a *= sigmoid(gv);
+            }
+        }
+        self.gemv(&w.o, &ctx)
+    }
+
+    fn mlp(&self, w: &Mlp<'_>, x: &[f32]) -> Result<Vec<f32>> {
+        let gate = self.gemv(&w.gate, x)?;
+        let up = self.gemv(&w.up, x)?;
+        let mut hidden = vec![0.0; gate.len()];
+        self.situ.apply(&self.kernels, &gate, &up, &mut hidden)?;
+        self.gemv(&w.down, &hidden)
+    }
+
+    fn moe(&self, w: &Moe<'_>, x: &[f32]) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let logits = self.gemv(&w.router, x)?;
+        let r = &c.moe.router;
+        let (ids, weights) = route(
+            &logits,
+            &w.bias,
+            r.top_k,
+            r.renormalize,
+            r.routed_scaling_factor,
+        );
+        let z = match &w.latent {
+            Some((down, _, _)) => self.gemv(down, x)?,
+            None => x.to_vec(),
+        };
+        let z_act = self.kernels.prepare(&z, z.len())?;
+        let mut sum = vec![0.0f32; z.len()];
+        let mut out = vec![0.0f32; z.len()];
+        let mut scratch = ExpertScratch::default();
+        for (&e, &weight) in ids.iter().zip(&weights) {
+            let [gate, up, down] = &w.experts[e];
+            self.kernels
+                .expert_ffn(gate, up, down, &self.situ, &z_act, &mut scratch, &mut out)?;
+            for (s, &o) in sum.iter_mut().zip(&out) {
+                *s += weight * o;
+            }
+        }
+        let mut routed = match &w.latent {
+            Some((_, norm, up)) => {
+                let mut y = sum.clone();
+                if let Some(norm) = norm {
+                    rms_norm(&sum, Some(norm), c.rms_norm_eps, &mut y);
+                }
+                self.gemv(up, &y)?
+            }
+            None => sum,
+        };
+        if let Some(shared) = &w.shared {
+            for (a, b) in routed.iter_mut().zip(self.mlp(shared, x)?) {
+                *a += b;
+            }
+        }
+        Ok(routed)
+    }
+}
+
+/// The AttnRes mix of `[bank..., current]`.
+fn mix(bank: &[Vec<f32>], current: &[f32], score: &[f32], eps: f32, out: &mut [f32]) {
+    let mut candidates: Vec<&[f32]> = bank.iter().map(Vec::as_slice).collect();
+    candidates.push(current);
+    attn_res_mix(&candidates, score, eps, out);
+}
+
+/// FNV-1a 64 of the little-endian bytes of `logits`: the fingerprint the determinism tests and
+/// the decode bench compare.
+pub fn fingerprint(logits: &[f32]) -> u64 {
+    logits
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+}
