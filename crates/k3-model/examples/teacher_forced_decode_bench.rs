@@ -1,0 +1,155 @@
+//! Teacher-forced decode benchmark: consumes a fixed token sequence one token at a time and
+//! reports per-step time, the median ms/token, the weight bytes one token reads, the achieved
+//! GB/s, and the FNV-1a 64 fingerprint of every step's logits and of them all.
+//!
+//! `cargo run --release -p k3-model --example teacher_forced_decode_bench -- --model DIR
+//!  [--tokens 5,17,42,...] [--steps N] [--threads N] [--prefill-chunk N] [--kernel-tier T]
+//!  [--logits-out FILE]`
+//!
+//! The forward pass is single-threaded and token-by-token so far: `--threads` and
+//! `--prefill-chunk` accept only 1 until the pool and chunked prefill land.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use expert_store::Checkpoint;
+use k3_model::checkpoint::validate;
+use k3_model::config::K3Config;
+use k3_model::inventory::BytePlan;
+use k3_model::model::{Model, fingerprint};
+use mxfp4_kernels::{Kernels, Tier};
+
+struct Args {
+    model: PathBuf,
+    tokens: Option<Vec<usize>>,
+    steps: usize,
+    threads: usize,
+    prefill_chunk: usize,
+    tier: Option<Tier>,
+    logits_out: Option<PathBuf>,
+}
+
+fn parse() -> Result<Args> {
+    let mut args = Args {
+        model: PathBuf::new(),
+        tokens: None,
+        steps: 16,
+        threads: 1,
+        prefill_chunk: 1,
+        tier: None,
+        logits_out: None,
+    };
+    let mut model = None;
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--model" => model = Some(PathBuf::from(value()?)),
+            "--tokens" => {
+                args.tokens = Some(
+                    value()?
+                        .split(',')
+                        .map(|t| t.trim().parse().context("--tokens are comma-separated ids"))
+                        .collect::<Result<_>>()?,
+                )
+            }
+            "--steps" => args.steps = value()?.parse().context("--steps is a count")?,
+            "--threads" => args.threads = value()?.parse().context("--threads is a count")?,
+            "--prefill-chunk" => {
+                args.prefill_chunk = value()?.parse().context("--prefill-chunk is a count")?
+            }
+            "--kernel-tier" => args.tier = Some(value()?.parse()?),
+            "--logits-out" => args.logits_out = Some(PathBuf::from(value()?)),
+            "-h" | "--help" => {
+                println!(
+                    "usage: teacher_forced_decode_bench --model DIR [--tokens IDS] [--steps N] [--threads N] [--prefill-chunk N] [--kernel-tier T] [--logits-out FILE]"
+                );
+                std::process::exit(0);
+            }
+            other => bail!("unknown flag {other:?} (see --help)"),
+        }
+    }
+    args.model = model.context("--model DIR is required")?;
+    if args.threads != 1 || args.prefill_chunk != 1 {
+        bail!(
+            "--threads and --prefill-chunk take only 1 so far: the forward pass is single-threaded and token-by-token"
+        );
+    }
+    Ok(args)
+}
+
+fn main() -> Result<()> {
+    let args = parse()?;
+    let kernels = match args.tier {
+        Some(tier) => Kernels::new(tier)?,
+        None => Kernels::detect(),
+    };
+    eprintln!("kernel tier: {}", kernels.tier());
+    let config_text =
+        std::fs::read_to_string(args.model.join("config.json")).context("reading config.json")?;
+    let config = K3Config::from_json(&config_text)?;
+    let ckpt = Checkpoint::open(&args.model)?;
+    validate(&ckpt, &config)?;
+    let model = Model::new(&ckpt, &config, kernels)?;
+    let plan = BytePlan::new(&config);
+    let tokens: Vec<usize> = match args.tokens {
+        Some(tokens) => tokens,
+        None => {
+            // A fixed seeded sequence (SplitMix64) of `--steps` ids.
+            let mut state = 0x4B33u64;
+            (0..args.steps)
+                .map(|_| {
+                    state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                    let mut z = state;
+                    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                    ((z ^ (z >> 31)) % config.vocab_size as u64) as usize
+                })
+                .collect()
+        }
+    };
+    let mut out = match &args.logits_out {
+        Some(path) => Some(std::io::BufWriter::new(
+            std::fs::File::create(path).with_context(|| path.display().to_string())?,
+        )),
+        None => None,
+    };
+    let mut session = model.session();
+    let mut times = Vec::with_capacity(tokens.len());
+    let mut combined = Vec::with_capacity(tokens.len() * 8);
+    for (step, &token) in tokens.iter().enumerate() {
+        let start = Instant::now();
+        let logits = model.decode_step(&mut session, token)?;
+        let seconds = start.elapsed().as_secs_f64();
+        times.push(seconds);
+        let fp = fingerprint(&logits);
+        combined.extend_from_slice(&fp.to_le_bytes());
+        println!(
+            "step {step:4} token {token:6}  {:9.3} ms  fingerprint {fp:016x}",
+            seconds * 1e3
+        );
+        if let Some(out) = &mut out {
+            for v in &logits {
+                out.write_all(&v.to_le_bytes())?;
+            }
+        }
+    }
+    if let Some(mut out) = out {
+        out.flush()?;
+    }
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    let combined_fp = combined.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    println!(
+        "{} steps: median {:.3} ms/token; {} weight bytes per token; {:.2} GB/s; combined fingerprint {combined_fp:016x}",
+        tokens.len(),
+        median * 1e3,
+        plan.bytes_per_token,
+        plan.bytes_per_token as f64 / median / 1e9
+    );
+    Ok(())
+}
