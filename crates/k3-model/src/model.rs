@@ -1,4 +1,5 @@
-//! The K3 forward pass, one token at a time (K3_SPEC §6-§9), single-threaded for now:
+//! The K3 forward pass (K3_SPEC §6-§9), layer-major over a chunk of tokens (a decode step is a
+//! chunk of one), single-threaded for now:
 //! embedding, per layer the AttnRes mixes, KDA or gated MLA, dense MLP or latent MoE, then the
 //! output mix, final norm and lm_head. `Session` holds one sequence's state.
 //!
@@ -8,7 +9,7 @@
 
 use expert_store::Checkpoint;
 use expert_store::checkpoint::CheckpointError;
-use mxfp4_kernels::{Bf16Matrix, ExpertScratch, Kernels, MxFp4Matrix, Situ};
+use mxfp4_kernels::{Bf16Matrix, ExpertScratch, Kernels, MAX_TOKENS, MxFp4Matrix, Situ};
 
 use crate::checkpoint::a_log;
 use crate::config::{AttentionKind, FfnKind, K3Config};
@@ -330,41 +331,89 @@ impl<'a> Model<'a> {
         }
     }
 
-    fn gemv(&self, m: &Bf16Matrix<'_>, x: &[f32]) -> Result<Vec<f32>> {
-        let act = self.kernels.prepare(x, m.cols())?;
-        let mut y = vec![0.0; m.rows()];
-        self.kernels.matmul_bf16(m, &act, 0..m.rows(), &mut y)?;
-        Ok(y)
+    /// `m · x_t` for every token of `xs`, through the batch-invariant GEMM in blocks of
+    /// `MAX_TOKENS`: each row is bit-identical to a one-token GEMV.
+    fn gemm(&self, m: &Bf16Matrix<'_>, xs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>> {
+        let rows = m.rows();
+        let mut out = Vec::with_capacity(xs.len());
+        for block in xs.chunks(MAX_TOKENS) {
+            let flat: Vec<f32> = block.iter().flatten().copied().collect();
+            let act = self.kernels.prepare(&flat, m.cols())?;
+            let mut y = vec![0.0; rows * block.len()];
+            self.kernels.matmul_bf16(m, &act, 0..rows, &mut y)?;
+            out.extend(y.chunks_exact(rows).map(<[f32]>::to_vec));
+        }
+        Ok(out)
     }
 
     /// Consumes `token` and returns the logits for the next position.
     pub fn decode_step(&self, session: &mut Session, token: usize) -> Result<Vec<f32>> {
+        Ok(self
+            .forward(session, &[token])?
+            .pop()
+            .expect("one token in, one row out"))
+    }
+
+    /// Teacher-forced scoring: consumes `tokens` in chunks of `chunk` (layer-major, each weight
+    /// and expert read once per chunk) and returns the logits after every token. Bit-identical
+    /// to calling [`Model::decode_step`] token by token, whatever the chunk size.
+    pub fn score(
+        &self,
+        session: &mut Session,
+        tokens: &[usize],
+        chunk: usize,
+    ) -> Result<Vec<Vec<f32>>> {
+        let mut logits = Vec::with_capacity(tokens.len());
+        for part in tokens.chunks(chunk.max(1)) {
+            logits.extend(self.forward(session, part)?);
+        }
+        Ok(logits)
+    }
+
+    /// Layer-major forward of a chunk of tokens: per-token state (conv windows, KDA states,
+    /// the MLA cache, AttnRes banks) advances in token order; projections, MLPs and experts
+    /// run as batch-invariant GEMMs over the chunk.
+    fn forward(&self, session: &mut Session, tokens: &[usize]) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
         let d = c.hidden_size;
         let eps = c.rms_norm_eps;
-        if token >= c.vocab_size {
-            return Err(ModelError::Token {
-                token,
-                vocab: c.vocab_size,
-            });
+        let mut h: Vec<Vec<f32>> = Vec::with_capacity(tokens.len());
+        for &token in tokens {
+            if token >= c.vocab_size {
+                return Err(ModelError::Token {
+                    token,
+                    vocab: c.vocab_size,
+                });
+            }
+            let mut row = vec![0.0; d];
+            self.kernels
+                .dequant_bf16(&self.embed, token..token + 1, &mut row)?;
+            h.push(row);
         }
-        let mut h = vec![0.0; d];
-        self.kernels
-            .dequant_bf16(&self.embed, token..token + 1, &mut h)?;
-        let mut bank: Vec<Vec<f32>> = Vec::new();
-        let mut normed = vec![0.0; d];
+        let mut banks: Vec<Vec<Vec<f32>>> = vec![Vec::new(); tokens.len()];
+        let norm = |x: &[f32], w: &[f32]| {
+            let mut y = vec![0.0; x.len()];
+            rms_norm(x, Some(w), eps, &mut y);
+            y
+        };
         for (i, layer) in self.layers.iter().enumerate() {
-            // (a) attention-side mix over [bank..., h] (skipped while the bank is empty).
-            let raw = h.clone();
-            if !bank.is_empty() {
-                mix(&bank, &raw, &layer.attn_res_score, eps, &mut h);
-            }
-            // (b) block boundary: bank the RAW layer input and restart the stream.
             let restart = c.layers[i].attn_res_snapshot;
-            if restart {
-                bank.push(raw.clone());
+            let mut raw = Vec::with_capacity(tokens.len());
+            let mut normed = Vec::with_capacity(tokens.len());
+            for (t, bank) in banks.iter_mut().enumerate() {
+                // (a) attention-side mix over [bank..., h] (skipped while the bank is empty);
+                // (b) at a block boundary, bank the RAW layer input and restart the stream.
+                let input = std::mem::take(&mut h[t]);
+                let mut mixed = input.clone();
+                if !bank.is_empty() {
+                    mix(bank, &input, &layer.attn_res_score, eps, &mut mixed);
+                }
+                if restart {
+                    bank.push(input.clone());
+                }
+                normed.push(norm(&mixed, &layer.input_norm));
+                raw.push(input);
             }
-            rms_norm(&h, Some(&layer.input_norm), eps, &mut normed);
             let attn = match &layer.attention {
                 Attention::Kda(kda) => {
                     self.kda(kda, session.kda[i].as_mut().expect("KDA state"), &normed)?
@@ -373,80 +422,102 @@ impl<'a> Model<'a> {
                     self.mla(mla, session.mla[i].as_mut().expect("MLA cache"), &normed)?
                 }
             };
-            let prefix: Vec<f32> = if restart {
-                attn
-            } else {
-                raw.iter().zip(&attn).map(|(a, b)| a + b).collect()
-            };
-            // (c) mlp-side mix over [bank..., prefix] (the bank is never empty here).
-            let mut m = vec![0.0; d];
-            mix(&bank, &prefix, &layer.mlp_res_score, eps, &mut m);
-            rms_norm(&m, Some(&layer.post_norm), eps, &mut normed);
+            let mut prefix = Vec::with_capacity(tokens.len());
+            let mut post = Vec::with_capacity(tokens.len());
+            for (t, a) in attn.into_iter().enumerate() {
+                let p: Vec<f32> = if restart {
+                    a
+                } else {
+                    raw[t].iter().zip(&a).map(|(x, y)| x + y).collect()
+                };
+                // (c) mlp-side mix over [bank..., prefix] (never empty here).
+                let mut m = vec![0.0; d];
+                mix(&banks[t], &p, &layer.mlp_res_score, eps, &mut m);
+                post.push(norm(&m, &layer.post_norm));
+                prefix.push(p);
+            }
             let f = match &layer.ffn {
-                Ffn::Dense(mlp) => self.mlp(mlp, &normed)?,
-                Ffn::Moe(moe) => self.moe(moe, &normed)?,
+                Ffn::Dense(mlp) => self.mlp(mlp, &post)?,
+                Ffn::Moe(moe) => self.moe(moe, &post)?,
             };
-            h = prefix.iter().zip(&f).map(|(a, b)| a + b).collect();
+            h = prefix
+                .into_iter()
+                .zip(f)
+                .map(|(p, f)| p.iter().zip(&f).map(|(a, b)| a + b).collect())
+                .collect();
         }
-        let mut out = vec![0.0; d];
-        mix(&bank, &h, &self.output_res_score, eps, &mut out);
-        rms_norm(&out, Some(&self.final_norm), eps, &mut normed);
-        session.position += 1;
-        self.gemv(&self.lm_head, &normed)
+        let mut finals = Vec::with_capacity(tokens.len());
+        for (t, bank) in banks.iter().enumerate() {
+            let mut out = vec![0.0; d];
+            mix(bank, &h[t], &self.output_res_score, eps, &mut out);
+            finals.push(norm(&out, &self.final_norm));
+        }
+        session.position += tokens.len();
+        self.gemm(&self.lm_head, &finals)
     }
 
     #[allow(clippy::needless_range_loop)] // `head` indexes several per-head arrays
-    fn kda(&self, w: &Kda<'_>, s: &mut KdaState, x: &[f32]) -> Result<Vec<f32>> {
+    fn kda(&self, w: &Kda<'_>, s: &mut KdaState, xs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
         let (heads, dim, taps) = (c.kda.num_heads, c.kda.head_dim, c.kda.conv_kernel);
-        let mut qkv = [
-            self.gemv(&w.q, x)?,
-            self.gemv(&w.k, x)?,
-            self.gemv(&w.v, x)?,
+        let projections = [
+            self.gemm(&w.q, xs)?,
+            self.gemm(&w.k, xs)?,
+            self.gemm(&w.v, xs)?,
         ];
-        for ((proj, weights), window) in qkv.iter_mut().zip(&w.conv).zip(s.windows.iter_mut()) {
-            let input = proj.clone();
-            conv_step(&input, weights, taps, window, proj);
-        }
-        let [q, k, v] = &mut qkv;
+        let f = self.gemm(&w.f_b, &self.gemm(&w.f_a, xs)?)?;
+        let beta_logits = self.gemm(&w.b, xs)?;
+        let gates = self.gemm(&w.g, xs)?;
         let scale = (dim as f32).powf(-0.5);
-        for head in 0..heads {
-            let range = head * dim..(head + 1) * dim;
-            l2_norm(&mut q[range.clone()]);
-            q[range.clone()].iter_mut().for_each(|a| *a *= scale);
-            l2_norm(&mut k[range]);
-        }
-        let f = self.gemv(&w.f_b, &self.gemv(&w.f_a, x)?)?;
-        let beta: Vec<f32> = self.gemv(&w.b, x)?.iter().map(|&b| sigmoid(b)).collect();
-        let gate = self.gemv(&w.g, x)?;
-        let mut y = vec![0.0; heads * dim];
+        let mut ys = Vec::with_capacity(xs.len());
         let mut o = vec![0.0; dim];
-        for head in 0..heads {
-            let range = head * dim..(head + 1) * dim;
-            let alpha: Vec<f32> = range
-                .clone()
-                .map(|ch| kda_log_decay(c.kda.gate, w.a_log[head], f[ch] + w.dt_bias[ch]).exp())
-                .collect();
-            let state = &mut s.state[head * dim * dim..(head + 1) * dim * dim];
-            kda_step(
-                state,
-                &q[range.clone()],
-                &k[range.clone()],
-                &v[range.clone()],
-                &alpha,
-                beta[head],
-                &mut o,
-            );
-            let out = &mut y[range.clone()];
-            rms_norm(&o, Some(&w.o_norm), c.rms_norm_eps, out);
-            for (a, &g) in out.iter_mut().zip(&gate[range]) {
-                *a *= sigmoid(g);
+        for t in 0..xs.len() {
+            // The conv windows and the recurrent state advance token by token.
+            let mut qkv: [Vec<f32>; 3] = std::array::from_fn(|_| vec![0.0; heads * dim]);
+            for (((out, proj), weights), window) in qkv
+                .iter_mut()
+                .zip(&projections)
+                .zip(&w.conv)
+                .zip(s.windows.iter_mut())
+            {
+                conv_step(&proj[t], weights, taps, window, out);
             }
+            let [q, k, v] = &mut qkv;
+            let mut y = vec![0.0; heads * dim];
+            for head in 0..heads {
+                let range = head * dim..(head + 1) * dim;
+                l2_norm(&mut q[range.clone()]);
+                q[range.clone()].iter_mut().for_each(|a| *a *= scale);
+                l2_norm(&mut k[range.clone()]);
+                let alpha: Vec<f32> = range
+                    .clone()
+                    .map(|ch| {
+                        kda_log_decay(c.kda.gate, w.a_log[head], f[t][ch] + w.dt_bias[ch]).exp()
+                    })
+                    .collect();
+                let state = &mut s.state[head * dim * dim..(head + 1) * dim * dim];
+                let beta = sigmoid(beta_logits[t][head]);
+                kda_step(
+                    state,
+                    &q[range.clone()],
+                    &k[range.clone()],
+                    &v[range.clone()],
+                    &alpha,
+                    beta,
+                    &mut o,
+                );
+                let out = &mut y[range.clone()];
+                rms_norm(&o, Some(&w.o_norm), c.rms_norm_eps, out);
+                for (a, &g) in out.iter_mut().zip(&gates[t][range]) {
+                    *a *= sigmoid(g);
+                }
+            }
+            ys.push(y);
         }
-        self.gemv(&w.o, &y)
+        self.gemm(&w.o, &ys)
     }
 
-    fn mla(&self, w: &Mla<'_>, cache: &mut MlaCache, x: &[f32]) -> Result<Vec<f32>> {
+    fn mla(&self, w: &Mla<'_>, cache: &mut MlaCache, xs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>> {
         let m = &self.config.mla;
         let (nope, rope, vd, rank) = (
             m.qk_nope_head_dim,
@@ -454,118 +525,183 @@ impl<'a> Model<'a> {
             m.v_head_dim,
             m.kv_lora_rank,
         );
-        let q_a = self.gemv(&w.q_a, x)?;
-        let mut q_a_normed = vec![0.0; q_a.len()];
-        rms_norm(&q_a, Some(&w.q_a_norm), MLA_NORM_EPS, &mut q_a_normed);
-        let q = self.gemv(&w.q_b, &q_a_normed)?;
-        let ckv = self.gemv(&w.kv_a, x)?;
-        let mut latent = vec![0.0; rank];
-        rms_norm(&ckv[..rank], Some(&w.kv_a_norm), MLA_NORM_EPS, &mut latent);
-        cache.latent.extend_from_slice(&latent);
-        cache.k_pe.extend_from_slice(&ckv[rank..rank + rope]);
-        let positions = cache.latent.len() / rank;
-        let scale = ((nope + rope) as f32).powf(-0.5);
-        let mut ctx = vec![0.0; m.num_heads * vd];
-        for head in 0..m.num_heads {
-            let qh = &q[head * (nope + rope)..(head + 1) * (nope + rope)];
-            let rows = &w.kv_b[head * (nope + vd) * rank..(head + 1) * (nope + vd) * rank];
-            // q_abs = W_UKᵀ q_nope: [rank].
-            let mut q_abs = vec![0.0f32; rank];
-            for (i, &qi) in qh[..nope].iter().enumerate() {
-                for (a, &wv) in q_abs.iter_mut().zip(&rows[i * rank..(i + 1) * rank]) {
-                    *a += qi * wv;
-                }
-            }
-            let scores: Vec<f32> = (0..positions)
-                .map(|s| {
-                    let c = &cache.latent[s * rank..(s + 1) * rank];
-                    let pe = &cache.k_pe[s * rope..(s + 1) * rope];
-                    let dot = q_abs.iter().zip(c).fold(0.0f32, |a, (x, y)| a + x * y)
-                        + qh[nope..]
-                            .iter()
-                            .zip(pe)
-                            .fold(0.0f32, |a, (x, y)| a + x * y);
-                    dot * scale
-                })
-                .collect();
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let exps: Vec<f32> = scores.iter().map(|&s| (s - max).exp()).collect();
-            let total = exps.iter().fold(0.0f32, |a, &e| a + e);
-            let mut ctx_latent = vec![0.0f32; rank];
-            for (s, &e) in exps.iter().enumerate() {
-                let p = e / total;
-                for (a, &cv) in ctx_latent
-                    .iter_mut()
-                    .zip(&cache.latent[s * rank..(s + 1) * rank])
-                {
-                    *a += p * cv;
-                }
-            }
-            // ctx_h = W_UV ctx_latent: [v_head_dim].
-            for j in 0..vd {
-                let wrow = &rows[(nope + j) * rank..(nope + j + 1) * rank];
-                ctx[head * vd + j] = wrow
-                    .iter()
-                    .zip(&ctx_latent)
-                    .fold(0.0f32, |a, (x, y)| a + x * y);
-            }
-        }
-        if let Some(g) = &w.g {
-            for (a, gv) in ctx.iter_mut().zip(self.gemv(g, x)?) {
-                *a *= sigmoid(gv);
-            }
-        }
-        self.gemv(&w.o, &ctx)
-    }
-
-    fn mlp(&self, w: &Mlp<'_>, x: &[f32]) -> Result<Vec<f32>> {
-        let gate = self.gemv(&w.gate, x)?;
-        let up = self.gemv(&w.up, x)?;
-        let mut hidden = vec![0.0; gate.len()];
-        self.situ.apply(&self.kernels, &gate, &up, &mut hidden)?;
-        self.gemv(&w.down, &hidden)
-    }
-
-    fn moe(&self, w: &Moe<'_>, x: &[f32]) -> Result<Vec<f32>> {
-        let c = &self.config;
-        let logits = self.gemv(&w.router, x)?;
-        let r = &c.moe.router;
-        let (ids, weights) = route(
-            &logits,
-            &w.bias,
-            r.top_k,
-            r.renormalize,
-            r.routed_scaling_factor,
-        );
-        let z = match &w.latent {
-            Some((down, _, _)) => self.gemv(down, x)?,
-            None => x.to_vec(),
+        let q_a: Vec<Vec<f32>> = self
+            .gemm(&w.q_a, xs)?
+            .iter()
+            .map(|q| {
+                let mut y = vec![0.0; q.len()];
+                rms_norm(q, Some(&w.q_a_norm), MLA_NORM_EPS, &mut y);
+                y
+            })
+            .collect();
+        let qs = self.gemm(&w.q_b, &q_a)?;
+        let ckvs = self.gemm(&w.kv_a, xs)?;
+        let gates = match &w.g {
+            Some(g) => Some(self.gemm(g, xs)?),
+            None => None,
         };
-        let z_act = self.kernels.prepare(&z, z.len())?;
-        let mut sum = vec![0.0f32; z.len()];
-        let mut out = vec![0.0f32; z.len()];
-        let mut scratch = ExpertScratch::default();
-        for (&e, &weight) in ids.iter().zip(&weights) {
-            let [gate, up, down] = &w.experts[e];
-            self.kernels
-                .expert_ffn(gate, up, down, &self.situ, &z_act, &mut scratch, &mut out)?;
-            for (s, &o) in sum.iter_mut().zip(&out) {
-                *s += weight * o;
+        let scale = ((nope + rope) as f32).powf(-0.5);
+        let mut ctxs = Vec::with_capacity(xs.len());
+        for t in 0..xs.len() {
+            // Append this token's latent and k_pe, then attend causally over the cache.
+            let mut latent = vec![0.0; rank];
+            rms_norm(
+                &ckvs[t][..rank],
+                Some(&w.kv_a_norm),
+                MLA_NORM_EPS,
+                &mut latent,
+            );
+            cache.latent.extend_from_slice(&latent);
+            cache.k_pe.extend_from_slice(&ckvs[t][rank..rank + rope]);
+            let positions = cache.latent.len() / rank;
+            let mut ctx = vec![0.0; m.num_heads * vd];
+            for head in 0..m.num_heads {
+                let qh = &qs[t][head * (nope + rope)..(head + 1) * (nope + rope)];
+                let rows = &w.kv_b[head * (nope + vd) * rank..(head + 1) * (nope + vd) * rank];
+                // q_abs = W_UKᵀ q_nope: [rank].
+                let mut q_abs = vec![0.0f32; rank];
+                for (i, &qi) in qh[..nope].iter().enumerate() {
+                    for (a, &wv) in q_abs.iter_mut().zip(&rows[i * rank..(i + 1) * rank]) {
+                        *a += qi * wv;
+                    }
+                }
+                let scores: Vec<f32> = (0..positions)
+                    .map(|p| {
+                        let c = &cache.latent[p * rank..(p + 1) * rank];
+                        let pe = &cache.k_pe[p * rope..(p + 1) * rope];
+                        let dot = q_abs.iter().zip(c).fold(0.0f32, |a, (x, y)| a + x * y)
+                            + qh[nope..]
+                                .iter()
+                                .zip(pe)
+                                .fold(0.0f32, |a, (x, y)| a + x * y);
+                        dot * scale
+                    })
+                    .collect();
+                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let exps: Vec<f32> = scores.iter().map(|&s| (s - max).exp()).collect();
+                let total = exps.iter().fold(0.0f32, |a, &e| a + e);
+                let mut ctx_latent = vec![0.0f32; rank];
+                for (p, &e) in exps.iter().enumerate() {
+                    let weight = e / total;
+                    for (a, &cv) in ctx_latent
+                        .iter_mut()
+                        .zip(&cache.latent[p * rank..(p + 1) * rank])
+                    {
+                        *a += weight * cv;
+                    }
+                }
+                // ctx_h = W_UV ctx_latent: [v_head_dim].
+                for j in 0..vd {
+                    let wrow = &rows[(nope + j) * rank..(nope + j + 1) * rank];
+                    ctx[head * vd + j] = wrow
+                        .iter()
+                        .zip(&ctx_latent)
+                        .fold(0.0f32, |a, (x, y)| a + x * y);
+                }
             }
+            if let Some(gates) = &gates {
+                for (a, &g) in ctx.iter_mut().zip(&gates[t]) {
+                    *a *= sigmoid(g);
+                }
+            }
+            ctxs.push(ctx);
+        }
+        self.gemm(&w.o, &ctxs)
+    }
+
+    fn mlp(&self, w: &Mlp<'_>, xs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>> {
+        let gates = self.gemm(&w.gate, xs)?;
+        let ups = self.gemm(&w.up, xs)?;
+        let mut hidden = Vec::with_capacity(xs.len());
+        for (gate, up) in gates.iter().zip(&ups) {
+            let mut h = vec![0.0; gate.len()];
+            self.situ.apply(&self.kernels, gate, up, &mut h)?;
+            hidden.push(h);
+        }
+        self.gemm(&w.down, &hidden)
+    }
+
+    fn moe(&self, w: &Moe<'_>, xs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>> {
+        let c = &self.config;
+        let r = &c.moe.router;
+        let routes: Vec<(Vec<usize>, Vec<f32>)> = self
+            .gemm(&w.router, xs)?
+            .iter()
+            .map(|logits| {
+                route(
+                    logits,
+                    &w.bias,
+                    r.top_k,
+                    r.renormalize,
+                    r.routed_scaling_factor,
+                )
+            })
+            .collect();
+        let zs = match &w.latent {
+            Some((down, _, _)) => self.gemm(down, xs)?,
+            None => xs.to_vec(),
+        };
+        let io = zs.first().map_or(0, Vec::len);
+        // Each expert runs once for all the chunk's tokens that chose it (batch-invariant, so
+        // every token's output equals its one-token run); outputs[t][k] is token t's k-th pick.
+        let mut outputs: Vec<Vec<Vec<f32>>> = routes
+            .iter()
+            .map(|(ids, _)| vec![Vec::new(); ids.len()])
+            .collect();
+        let mut scratch = ExpertScratch::default();
+        for (e, [gate, up, down]) in w.experts.iter().enumerate() {
+            let users: Vec<(usize, usize)> = routes
+                .iter()
+                .enumerate()
+                .filter_map(|(t, (ids, _))| ids.iter().position(|&id| id == e).map(|k| (t, k)))
+                .collect();
+            for block in users.chunks(MAX_TOKENS) {
+                let flat: Vec<f32> = block
+                    .iter()
+                    .flat_map(|&(t, _)| zs[t].iter().copied())
+                    .collect();
+                let act = self.kernels.prepare(&flat, io)?;
+                let mut out = vec![0.0; io * block.len()];
+                self.kernels.expert_ffn(
+                    gate,
+                    up,
+                    down,
+                    &self.situ,
+                    &act,
+                    &mut scratch,
+                    &mut out,
+                )?;
+                for (&(t, k), y) in block.iter().zip(out.chunks_exact(io)) {
+                    outputs[t][k] = y.to_vec();
+                }
+            }
+        }
+        // Per token, the weighted sum in the router's order.
+        let mut routed: Vec<Vec<f32>> = Vec::with_capacity(xs.len());
+        for ((_, weights), outs) in routes.iter().zip(&outputs) {
+            let mut sum = vec![0.0f32; io];
+            for (&weight, y) in weights.iter().zip(outs) {
+                for (s, &o) in sum.iter_mut().zip(y) {
+                    *s += weight * o;
+                }
+            }
+            routed.push(sum);
         }
         let mut routed = match &w.latent {
             Some((_, norm, up)) => {
-                let mut y = sum.clone();
                 if let Some(norm) = norm {
-                    rms_norm(&sum, Some(norm), c.rms_norm_eps, &mut y);
+                    for y in &mut routed {
+                        let raw = y.clone();
+                        rms_norm(&raw, Some(norm), c.rms_norm_eps, y);
+                    }
                 }
-                self.gemv(up, &y)?
+                self.gemm(up, &routed)?
             }
-            None => sum,
+            None => routed,
         };
         if let Some(shared) = &w.shared {
-            for (a, b) in routed.iter_mut().zip(self.mlp(shared, x)?) {
-                *a += b;
+            for (a, b) in routed.iter_mut().zip(self.mlp(shared, xs)?) {
+                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
             }
         }
         Ok(routed)

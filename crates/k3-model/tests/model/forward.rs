@@ -120,3 +120,22 @@ fn both_kda_gate_forms_run() {
         "the gate form changes the logits"
     );
 }
+
+/// Chunked prefill (teacher-forced scoring) is bit-identical to token-by-token decode for
+/// chunks of 1, 7 and 64, in every kernel tier this CPU has.
+#[test]
+fn chunked_scoring_equals_step_by_step_in_every_tier() {
+    let (scratch, config) = tiny_checkpoint("chunks");
+    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    for kernels in Kernels::available() {
+        let model = Model::new(&ckpt, &config, kernels).unwrap();
+        let steps: Vec<u64> = run(&model).iter().map(|l| fingerprint(l)).collect();
+        for chunk in [1, 7, 64] {
+            let mut session = model.session();
+            let scored = model.score(&mut session, &TOKENS, chunk).unwrap();
+            let chunked: Vec<u64> = scored.iter().map(|l| fingerprint(l)).collect();
+            assert_eq!(chunked, steps, "{}: chunk {chunk}", kernels.tier());
+            assert_eq!(session.position(), TOKENS.len());
+        }
+    }
+}
