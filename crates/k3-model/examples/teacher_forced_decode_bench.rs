@@ -7,8 +7,8 @@
 //!  [--logits-out FILE]`
 //!
 //! With `--prefill-chunk N` the tokens are consumed N at a time (layer-major, bit-identical to
-//! N = 1); each chunk's time is divided among its tokens. The forward pass is single-threaded
-//! so far: `--threads` accepts only 1 until the worker pool lands.
+//! N = 1); each chunk's time is divided among its tokens. `--threads N` runs the row blocks
+//! and expert tasks on N pinned workers (one domain; bit-identical logits for any N).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -73,8 +73,8 @@ fn parse() -> Result<Args> {
         }
     }
     args.model = model.context("--model DIR is required")?;
-    if args.threads != 1 {
-        bail!("--threads takes only 1 so far: the forward pass is single-threaded");
+    if args.threads == 0 {
+        bail!("--threads must be at least 1");
     }
     if args.prefill_chunk == 0 {
         bail!("--prefill-chunk must be at least 1");
@@ -88,13 +88,14 @@ fn main() -> Result<()> {
         Some(tier) => Kernels::new(tier)?,
         None => Kernels::detect(),
     };
-    eprintln!("kernel tier: {}", kernels.tier());
+    eprintln!("kernel tier: {}, threads: {}", kernels.tier(), args.threads);
     let config_text =
         std::fs::read_to_string(args.model.join("config.json")).context("reading config.json")?;
     let config = K3Config::from_json(&config_text)?;
     let ckpt = Checkpoint::open(&args.model)?;
     validate(&ckpt, &config)?;
-    let model = Model::new(&ckpt, &config, kernels)?;
+    let pool = std::sync::Arc::new(numa_sched::Pool::new(args.threads)?);
+    let model = Model::new(&ckpt, &config, kernels)?.with_pool(pool);
     let plan = BytePlan::new(&config);
     let tokens: Vec<usize> = match args.tokens {
         Some(tokens) => tokens,

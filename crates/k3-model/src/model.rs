@@ -1,5 +1,5 @@
 //! The K3 forward pass (K3_SPEC §6-§9), layer-major over a chunk of tokens (a decode step is a
-//! chunk of one), single-threaded for now:
+//! chunk of one), its row blocks and expert tasks spread over a `numa_sched::Pool`:
 //! embedding, per layer the AttnRes mixes, KDA or gated MLA, dense MLP or latent MoE, then the
 //! output mix, final norm and lm_head. `Session` holds one sequence's state.
 //!
@@ -7,9 +7,12 @@
 //! of the normed latent and the raw `k_pe`; routed experts summed in the router's order;
 //! every reduction in index order (see [`crate::ops`]).
 
+use std::sync::Arc;
+
 use expert_store::Checkpoint;
 use expert_store::checkpoint::CheckpointError;
 use mxfp4_kernels::{Bf16Matrix, ExpertScratch, Kernels, MAX_TOKENS, MxFp4Matrix, Situ};
+use numa_sched::Pool;
 
 use crate::checkpoint::a_log;
 use crate::config::{AttentionKind, FfnKind, K3Config};
@@ -24,6 +27,8 @@ pub enum ModelError {
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
     Kernel(#[from] mxfp4_kernels::Error),
+    #[error("worker pool: {0}")]
+    Pool(String),
     #[error("token {token} is outside the vocabulary of {vocab}")]
     Token { token: usize, vocab: usize },
 }
@@ -98,6 +103,7 @@ struct Layer<'a> {
 pub struct Model<'a> {
     pub config: K3Config,
     kernels: Kernels,
+    pool: Arc<Pool>,
     situ: Situ,
     embed: Bf16Matrix<'a>,
     lm_head: Bf16Matrix<'a>,
@@ -291,6 +297,7 @@ impl<'a> Model<'a> {
         Ok(Self {
             config: c.clone(),
             kernels,
+            pool: Arc::new(Pool::new(1).map_err(|e| ModelError::Pool(e.to_string()))?),
             situ: Situ {
                 beta: c.situ.beta,
                 linear_beta: c.situ.linear_beta,
@@ -304,6 +311,13 @@ impl<'a> Model<'a> {
             ),
             layers,
         })
+    }
+
+    /// Runs the model's work on `pool` (row blocks of every projection, expert tasks).
+    /// Logits are bit-identical for any pool size.
+    pub fn with_pool(mut self, pool: Arc<Pool>) -> Self {
+        self.pool = pool;
+        self
     }
 
     /// A fresh sequence.
@@ -339,9 +353,23 @@ impl<'a> Model<'a> {
         for block in xs.chunks(MAX_TOKENS) {
             let flat: Vec<f32> = block.iter().flatten().copied().collect();
             let act = self.kernels.prepare(&flat, m.cols())?;
-            let mut y = vec![0.0; rows * block.len()];
-            self.kernels.matmul_bf16(m, &act, 0..rows, &mut y)?;
-            out.extend(y.chunks_exact(rows).map(<[f32]>::to_vec));
+            // Row blocks as tasks: every output row is computed by one task with the same
+            // arithmetic as a whole-matrix call, so the thread count cannot change a bit.
+            let ranges = row_tasks(rows, self.pool.threads());
+            let parts = self.pool.map(ranges.len(), |i| {
+                let range = ranges[i].clone();
+                let mut y = vec![0.0; range.len() * block.len()];
+                self.kernels.matmul_bf16(m, &act, range, &mut y).map(|()| y)
+            });
+            let mut y = vec![vec![0.0; rows]; block.len()];
+            for (range, part) in ranges.iter().zip(parts) {
+                let part = part?;
+                for (t, row) in y.iter_mut().enumerate() {
+                    row[range.clone()]
+                        .copy_from_slice(&part[t * range.len()..(t + 1) * range.len()]);
+                }
+            }
+            out.extend(y);
         }
         Ok(out)
     }
@@ -648,32 +676,34 @@ impl<'a> Model<'a> {
             .iter()
             .map(|(ids, _)| vec![Vec::new(); ids.len()])
             .collect();
-        let mut scratch = ExpertScratch::default();
-        for (e, [gate, up, down]) in w.experts.iter().enumerate() {
+        // Tasks: (expert, block of up to MAX_TOKENS of its tokens); each result is written back
+        // to the slot of its (token, pick), so the schedule cannot change a bit.
+        let mut tasks: Vec<(usize, Vec<(usize, usize)>)> = Vec::new();
+        for e in 0..w.experts.len() {
             let users: Vec<(usize, usize)> = routes
                 .iter()
                 .enumerate()
                 .filter_map(|(t, (ids, _))| ids.iter().position(|&id| id == e).map(|k| (t, k)))
                 .collect();
-            for block in users.chunks(MAX_TOKENS) {
-                let flat: Vec<f32> = block
-                    .iter()
-                    .flat_map(|&(t, _)| zs[t].iter().copied())
-                    .collect();
-                let act = self.kernels.prepare(&flat, io)?;
-                let mut out = vec![0.0; io * block.len()];
-                self.kernels.expert_ffn(
-                    gate,
-                    up,
-                    down,
-                    &self.situ,
-                    &act,
-                    &mut scratch,
-                    &mut out,
-                )?;
-                for (&(t, k), y) in block.iter().zip(out.chunks_exact(io)) {
-                    outputs[t][k] = y.to_vec();
-                }
+            tasks.extend(users.chunks(MAX_TOKENS).map(|block| (e, block.to_vec())));
+        }
+        let results = self.pool.map(tasks.len(), |i| -> Result<Vec<f32>> {
+            let (e, block) = &tasks[i];
+            let [gate, up, down] = &w.experts[*e];
+            let flat: Vec<f32> = block
+                .iter()
+                .flat_map(|&(t, _)| zs[t].iter().copied())
+                .collect();
+            let act = self.kernels.prepare(&flat, io)?;
+            let mut out = vec![0.0; io * block.len()];
+            let mut scratch = ExpertScratch::default();
+            self.kernels
+                .expert_ffn(gate, up, down, &self.situ, &act, &mut scratch, &mut out)?;
+            Ok(out)
+        });
+        for ((_, block), result) in tasks.iter().zip(results) {
+            for (&(t, k), y) in block.iter().zip(result?.chunks_exact(io)) {
+                outputs[t][k] = y.to_vec();
             }
         }
         // Per token, the weighted sum in the router's order.
@@ -706,6 +736,18 @@ impl<'a> Model<'a> {
         }
         Ok(routed)
     }
+}
+
+/// Row ranges for one matrix: about four tasks per worker, in blocks of 64 rows (a multiple
+/// of every kernel's row block, so no task runs a needless row tail).
+fn row_tasks(rows: usize, threads: usize) -> Vec<std::ops::Range<usize>> {
+    if threads <= 1 {
+        return vec![0..rows];
+    }
+    let block = rows.div_ceil(4 * threads).div_ceil(64).max(1) * 64;
+    (0..rows.div_ceil(block))
+        .map(|i| i * block..((i + 1) * block).min(rows))
+        .collect()
 }
 
 /// The AttnRes mix of `[bank..., current]`.

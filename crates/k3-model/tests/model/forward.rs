@@ -139,3 +139,30 @@ fn chunked_scoring_equals_step_by_step_in_every_tier() {
         }
     }
 }
+
+/// Logits are bit-identical for 1, 2 and 3 worker threads, step by step and chunked.
+#[test]
+fn thread_count_does_not_change_a_bit() {
+    let (scratch, config) = tiny_checkpoint("threads");
+    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let single: Vec<u64> = run(&Model::new(&ckpt, &config, Kernels::detect()).unwrap())
+        .iter()
+        .map(|l| fingerprint(l))
+        .collect();
+    for threads in [2, 3] {
+        let pool = std::sync::Arc::new(numa_sched::Pool::new(threads).unwrap());
+        let model = Model::new(&ckpt, &config, Kernels::detect())
+            .unwrap()
+            .with_pool(pool);
+        let stepped: Vec<u64> = run(&model).iter().map(|l| fingerprint(l)).collect();
+        assert_eq!(stepped, single, "{threads} threads, step by step");
+        let mut session = model.session();
+        let chunked: Vec<u64> = model
+            .score(&mut session, &TOKENS, 7)
+            .unwrap()
+            .iter()
+            .map(|l| fingerprint(l))
+            .collect();
+        assert_eq!(chunked, single, "{threads} threads, chunks of 7");
+    }
+}
