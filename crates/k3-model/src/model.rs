@@ -742,7 +742,7 @@ impl<'a> Model<'a> {
 /// of every kernel's row block, so no task runs a needless row tail).
 fn row_tasks(rows: usize, threads: usize) -> Vec<std::ops::Range<usize>> {
     if threads <= 1 {
-        return vec![0..rows];
+        return std::iter::once(0..rows).collect();
     }
     let block = rows.div_ceil(4 * threads).div_ceil(64).max(1) * 64;
     (0..rows.div_ceil(block))
