@@ -8,6 +8,8 @@ mod k3_plan;
 mod k3_synth;
 mod oracle;
 mod oracle_ct;
+mod oracle_fla;
+mod oracle_llamacpp;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -62,6 +64,20 @@ const TASKS: &[Task] = &[
         about: "regenerate the frozen tiny K3 checkpoint whose experts were packed by \
             compressed-tensors, with their ml_dtypes decode (k3-model tests)",
         run: oracle_ct::run,
+    },
+    Task {
+        name: "oracle-llamacpp",
+        usage: "[--model DIR] [--out DIR] [--tokens 1,2,3,...] [--venv DIR]",
+        about: "regenerate the frozen llama.cpp Kimi-K3 logits of the dense twin of a synthetic \
+            checkpoint (default: tiny, seed 1), built from the llama-cpp-python sdist",
+        run: oracle_llamacpp::run,
+    },
+    Task {
+        name: "oracle-fla-kda",
+        usage: "[--venv DIR] [--out DIR]",
+        about: "regenerate the frozen KDA gate and recurrence vector from flash-linear-attention's \
+            pure-PyTorch references (fla-core naive_recurrent_kda, k3-model tests)",
+        run: oracle_fla::run,
     },
 ];
 

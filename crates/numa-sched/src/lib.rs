@@ -53,7 +53,13 @@ impl Pool {
         if self.threads == 1 {
             return (0..tasks).map(task).collect();
         }
-        self.pool.install(|| (0..tasks).into_par_iter().with_max_len(1).map(task).collect())
+        self.pool.install(|| {
+            (0..tasks)
+                .into_par_iter()
+                .with_max_len(1)
+                .map(task)
+                .collect()
+        })
     }
 }
 
@@ -75,7 +81,12 @@ mod tests {
     fn workers_are_named_by_domain_and_index() {
         let pool = Pool::new(2).unwrap();
         let names = pool.map(8, |_| std::thread::current().name().map(str::to_owned));
-        assert!(names.iter().all(|n| n.as_deref().is_some_and(|n| n.starts_with("k3-d0-w"))), "{names:?}");
+        assert!(
+            names
+                .iter()
+                .all(|n| n.as_deref().is_some_and(|n| n.starts_with("k3-d0-w"))),
+            "{names:?}"
+        );
     }
 
     #[test]

@@ -2,7 +2,9 @@
 
 mod config;
 mod ct_fixture;
+mod fla_kda;
 mod forward;
 mod inventory;
+mod llamacpp;
 mod ops;
 mod synth;

@@ -1,0 +1,103 @@
+//! Parity with llama.cpp's Kimi-K3 (the independent CPU implementation): the `tiny` preset
+//! (regenerated here from the manifest's options, so generator drift fails this test) scored
+//! by our exact tier, chunked and step by step, against the frozen logits of its dense twin
+//! (`cargo xtask oracle-llamacpp`, `tests/data/llamacpp_tiny/`).
+
+use std::path::{Path, PathBuf};
+
+use expert_store::Checkpoint;
+use k3_model::checkpoint::validate;
+use k3_model::model::Model;
+use k3_model::synth::{Preset, SynthOptions, generate};
+use mxfp4_kernels::{Kernels, Tier};
+use sha2::{Digest, Sha256};
+
+fn data() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/llamacpp_tiny")
+}
+
+fn sidecar_ok(file: &str) -> Vec<u8> {
+    let bytes = std::fs::read(data().join(file)).unwrap();
+    let sidecar = std::fs::read_to_string(data().join(format!("{file}.sha256"))).unwrap();
+    let want = sidecar.split_whitespace().next().unwrap();
+    let got: String = Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(got, want, "{file} differs from its frozen sha256");
+    bytes
+}
+
+#[test]
+fn tiny_matches_llamacpp_dense_twin() {
+    let manifest: serde_json::Value = serde_json::from_slice(&sidecar_ok("manifest.json")).unwrap();
+    let logits_bytes = sidecar_ok("logits.f32");
+    let reference: Vec<f32> = logits_bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let tokens: Vec<usize> = manifest["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as usize)
+        .collect();
+    let checkpoint = &manifest["checkpoint"];
+    assert_eq!(checkpoint["preset"], "tiny");
+    let seed = checkpoint["seed"].as_u64().unwrap();
+
+    let dir = std::env::temp_dir().join(format!("k3-llamacpp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let options = SynthOptions {
+        preset: Preset::Tiny,
+        seed,
+        layers: None,
+        experts: None,
+        router_skew: 0.0,
+    };
+    let report = generate(&dir, &options).unwrap();
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    validate(&ckpt, &report.config).unwrap();
+    let vocab = report.config.vocab_size;
+    assert_eq!(reference.len(), tokens.len() * vocab);
+    let max_logit = reference.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+
+    for kernels in [
+        Kernels::scalar(),
+        Kernels::new(Tier::Avx512).unwrap_or(Kernels::scalar()),
+    ] {
+        let model = Model::new(&ckpt, &report.config, kernels).unwrap();
+        for chunk in [1, tokens.len()] {
+            let mut session = model.session();
+            let ours = model.score(&mut session, &tokens, chunk).unwrap();
+            let mut worst = 0.0f32;
+            for (t, row) in ours.iter().enumerate() {
+                let want = &reference[t * vocab..(t + 1) * vocab];
+                worst = row
+                    .iter()
+                    .zip(want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(worst, f32::max);
+                let argmax =
+                    |v: &[f32]| (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap();
+                assert_eq!(
+                    argmax(row),
+                    argmax(want),
+                    "{}: argmax at position {t} (chunk {chunk})",
+                    kernels.tier()
+                );
+            }
+            eprintln!(
+                "{} chunk {chunk}: max |ours - llama.cpp| {worst:e} ({:e} of max |logit| {max_logit})",
+                kernels.tier(),
+                worst / max_logit
+            );
+            assert!(
+                worst <= 1e-4 * max_logit,
+                "{}: max |Δ| {worst} > 1e-4 x {max_logit}",
+                kernels.tier()
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

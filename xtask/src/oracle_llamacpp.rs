@@ -1,0 +1,635 @@
+//! `cargo xtask oracle-llamacpp`: freezes llama.cpp's Kimi-K3 logits for a synthetic checkpoint
+//! as an independent reference for our forward pass.
+//!
+//! llama.cpp is the only complete CPU implementation of K3; it ships inside the
+//! llama-cpp-python source distribution. This fetches that sdist (sha256 pinned), builds only
+//! `libllama` plus our harness `xtask/oracle/llamacpp_logits.cpp`, converts a *dense twin* of the
+//! checkpoint to GGUF with the vendored converter, and records the logits of every position.
+//!
+//! The twin differs from the checkpoint only where llama.cpp would otherwise compute something
+//! else (docs/ORACLE_LLAMACPP.md):
+//! - every routed expert is its exact dequantised F32 weight, because llama.cpp's MXFP4 matmul
+//!   quantises activations to Q8_0;
+//! - MLA layers get zero heads up to the KDA head count, because llama.cpp's K3 graph takes both
+//!   head counts from `num_attention_heads`. A zero head adds exact zeros to the output.
+//!
+//! The slow parts (sdist, cmake build, torch) are cached under `target/llamacpp` and the venv.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail, ensure};
+use expert_store::Checkpoint;
+use expert_store::Dtype;
+use expert_store::writer::{TensorOut, write_safetensors};
+use k3_model::config::{AttentionKind, K3Config};
+use k3_model::inventory::{TensorClass, text_tensors};
+use k3_model::synth::{Preset, SynthOptions, generate};
+use mxfp4_kernels::Kernels;
+
+use crate::oracle::{DEFAULT_VENV, PINNED, ensure_venv, relative, run_checked, sha256_hex};
+use crate::{Options, command_line, from_root};
+
+const PACKAGE: &str = "llama-cpp-python";
+const VERSION: &str = "0.3.36";
+const SDIST: &str = "llama_cpp_python-0.3.36.tar.gz";
+/// The sdist's sha256 as PyPI listed it when this was written; PyPI's answer must still agree.
+const SDIST_SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e";
+const PYPI_SIMPLE: &str = "https://pypi.org/simple/llama-cpp-python/";
+/// Everything built or fetched lives here; nothing under it is committed.
+const WORK_DIR: &str = "target/llamacpp";
+const CONVERT_SCRIPT: &str = "xtask/oracle/llamacpp_convert.py";
+const HARNESS_SOURCE: &str = "xtask/oracle/llamacpp_logits.cpp";
+const DEFAULT_OUT: &str = "crates/k3-model/tests/data/llamacpp_tiny";
+/// The converter imports transformers (pulled in by compressed-tensors) and reads safetensors.
+const EXTRA_PINS: [&str; 1] = ["safetensors==0.8.0"];
+const SYNTH_PRESET: &str = "tiny";
+const SYNTH_SEED: u64 = 1;
+/// 20 ids below the tiny vocabulary (1024), spread over it, with one repeat (so attention sees
+/// a key twice); fixed so that regenerating reproduces the committed logits.
+const DEFAULT_TOKENS: [u32; 20] = [
+    1, 17, 512, 3, 999, 256, 42, 768, 7, 1000, 128, 64, 901, 33, 17, 640, 5, 300, 1023, 2,
+];
+const THREADS: &str = "2";
+const OUT_FILES: [&str; 2] = ["logits.f32", "manifest.json"];
+
+pub(crate) fn run(args: &[String]) -> Result<()> {
+    let started = Instant::now();
+    let options = Options::parse(args, &["model", "out", "tokens", "venv"])?;
+    let out = from_root(options.get("out").unwrap_or(DEFAULT_OUT));
+    let venv = from_root(options.get("venv").unwrap_or(DEFAULT_VENV));
+    let tokens = match options.get("tokens") {
+        Some(list) => parse_tokens(list)?,
+        None => DEFAULT_TOKENS.to_vec(),
+    };
+    let command = command_line("oracle-llamacpp", args);
+    let work = from_root(WORK_DIR);
+    fs::create_dir_all(&work).with_context(|| format!("cannot create {}", work.display()))?;
+    let mut timings: Vec<(&str, f64)> = Vec::new();
+    let mut step = Instant::now();
+    let mut lap = |name: &'static str, timings: &mut Vec<(&str, f64)>| {
+        timings.push((name, step.elapsed().as_secs_f64()));
+        step = Instant::now();
+    };
+
+    let source = fetch_sdist(&work)?;
+    lap("fetch", &mut timings);
+    let harness = build_llamacpp(&work, &source)?;
+    lap("build", &mut timings);
+
+    let (model_dir, generator) = match options.get("model") {
+        Some(dir) => (from_root(dir), serde_json::json!({ "given": dir })),
+        None => {
+            let dir = work.join(SYNTH_PRESET);
+            if dir.exists() {
+                fs::remove_dir_all(&dir)
+                    .with_context(|| format!("cannot remove stale {}", dir.display()))?;
+            }
+            let synth = SynthOptions {
+                preset: SYNTH_PRESET.parse::<Preset>().map_err(anyhow::Error::msg)?,
+                seed: SYNTH_SEED,
+                layers: None,
+                experts: None,
+                router_skew: 0.0,
+            };
+            generate(&dir, &synth).context("generating the tiny checkpoint")?;
+            let generator = serde_json::json!({
+                "generator": "k3_model::synth::generate",
+                "command": format!("cargo xtask gen-k3-synth --preset {SYNTH_PRESET} --seed {SYNTH_SEED} --out DIR"),
+                "preset": SYNTH_PRESET,
+                "seed": SYNTH_SEED,
+                "layers": null,
+                "experts": null,
+                "router_skew": synth.router_skew,
+            });
+            (dir, generator)
+        }
+    };
+    let twin_dir = work.join("dense-twin");
+    let twin = write_dense_twin(&model_dir, &twin_dir)
+        .with_context(|| format!("building the dense twin of {}", model_dir.display()))?;
+    for &token in &tokens {
+        ensure!(
+            (token as usize) < twin.vocab_size,
+            "token {token} is not below the vocabulary size {}",
+            twin.vocab_size
+        );
+    }
+    lap("dense twin", &mut timings);
+
+    let python = ensure_venv(&venv)?;
+    let mut pip = Command::new(&python);
+    pip.args(["-m", "pip", "install", "--disable-pip-version-check", "-q"])
+        .args(PINNED)
+        .args(EXTRA_PINS);
+    run_checked(&mut pip)?;
+    let gguf = work.join("dense-twin-f32.gguf");
+    let mut convert = Command::new(&python);
+    convert
+        .arg(from_root(CONVERT_SCRIPT))
+        .arg("--llama-cpp")
+        .arg(&source)
+        .arg("--")
+        .arg(&twin_dir)
+        .arg("--outfile")
+        .arg(&gguf)
+        .args(["--outtype", "f32"]);
+    run_checked(&mut convert)?;
+    let gguf_sha256 = sha256_hex(&fs::read(&gguf).context("cannot read the converted gguf")?);
+    lap("convert", &mut timings);
+
+    let name = out
+        .file_name()
+        .and_then(|n| n.to_str())
+        .with_context(|| format!("output path {} has no utf-8 name", out.display()))?;
+    let partial = out.with_file_name(format!("{name}.partial"));
+    if partial.exists() {
+        fs::remove_dir_all(&partial)
+            .with_context(|| format!("cannot remove stale {}", partial.display()))?;
+    }
+    fs::create_dir_all(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
+    let token_list = tokens
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let logits_path = partial.join("logits.f32");
+    let output = Command::new(&harness)
+        .arg(&gguf)
+        .arg(&logits_path)
+        .arg(&token_list)
+        .arg(THREADS)
+        .output()
+        .with_context(|| format!("cannot start {}", harness.display()))?;
+    let report = String::from_utf8_lossy(&output.stdout).into_owned();
+    ensure!(
+        output.status.success(),
+        "{} exited with {}: {}{}",
+        harness.display(),
+        output.status,
+        report,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    lap("run", &mut timings);
+    let facts = HarnessReport::parse(&report)?;
+
+    let bytes = fs::read(&logits_path).context("cannot read the logits")?;
+    let rows = tokens.len();
+    ensure!(
+        facts.n_vocab == twin.vocab_size,
+        "llama.cpp reports {} logits a row, the config has vocab_size {}",
+        facts.n_vocab,
+        twin.vocab_size
+    );
+    ensure!(
+        bytes.len() == rows * twin.vocab_size * 4,
+        "logits.f32 holds {} bytes, expected {rows} rows of {} f32",
+        bytes.len(),
+        twin.vocab_size
+    );
+    let logits: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    ensure!(
+        logits.iter().all(|v| v.is_finite()),
+        "llama.cpp wrote non-finite logits"
+    );
+    let max_abs = logits.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let logits_sha256 = sha256_hex(&bytes);
+
+    let manifest = serde_json::json!({
+        "what": "llama.cpp Kimi-K3 logits of the dense twin of a synthetic K3 checkpoint; \
+                 row t = logits after consuming token t (batch prefill), little-endian f32",
+        "command": command,
+        "checkpoint": generator,
+        "tokens": tokens,
+        "logits": {
+            "file": "logits.f32",
+            "dtype": "f32",
+            "endian": "little",
+            "shape": [rows, twin.vocab_size],
+            "sha256": logits_sha256,
+            "max_abs": max_abs,
+        },
+        "llama_cpp": {
+            "package": PACKAGE,
+            "version": VERSION,
+            "sdist": SDIST,
+            "sdist_sha256": SDIST_SHA256,
+            "source": "vendor/llama.cpp of the sdist",
+            "library": "libllama (cmake -DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release, CPU backend)",
+            "harness": HARNESS_SOURCE,
+            "context": "flash attention disabled, K and V cache F32, one sequence, 2 threads",
+            "step_vs_batch": {
+                "max_abs_diff": facts.max_abs_step_vs_batch,
+                "max_rel_diff": facts.max_rel_step_vs_batch,
+                "limit_rel": 1e-4,
+            },
+        },
+        "converter": {
+            "script": "convert_hf_to_gguf.py of the sdist, with its gguf-py",
+            "wrapper": CONVERT_SCRIPT,
+            "outtype": "f32",
+            "gguf_sha256": gguf_sha256,
+            "notes": [
+                "set_vocab replaced by a byte-level vocabulary of vocab_size \
+                 (256 byte tokens, then unused [PADi]; pre-tokenizer kimi-k2, no merges)",
+                "routed experts given as dense F32 `experts.{e}.w{1,2,3}.weight`, each the \
+                 exact dequantisation of the checkpoint's MXFP4 (mxfp4_kernels scalar tier); \
+                 quantization_config dropped",
+                twin.mla_note,
+            ],
+        },
+        "dense_twin": {
+            "tensors": twin.tensors,
+            "experts_dequantised": twin.expert_matrices,
+            "mla_heads": twin.mla_heads,
+            "kda_heads": twin.kda_heads,
+        },
+    });
+    let mut text = serde_json::to_string_pretty(&manifest)?;
+    text.push('\n');
+    fs::write(partial.join("manifest.json"), &text).context("cannot write manifest.json")?;
+
+    let mut digests = Vec::new();
+    for file in OUT_FILES {
+        let digest = sha256_hex(&fs::read(partial.join(file))?);
+        // sha256sum's format, so `sha256sum -c` in the data directory checks it too.
+        fs::write(
+            partial.join(format!("{file}.sha256")),
+            format!("{digest}  {file}\n"),
+        )
+        .with_context(|| format!("cannot write {file}.sha256"))?;
+        digests.push((file, digest));
+    }
+    fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
+    for file in OUT_FILES
+        .iter()
+        .flat_map(|f| [(*f).to_owned(), format!("{f}.sha256")])
+    {
+        fs::rename(partial.join(&file), out.join(&file))
+            .with_context(|| format!("cannot move {file} to {}", out.display()))?;
+    }
+    fs::remove_dir(&partial).with_context(|| format!("cannot remove {}", partial.display()))?;
+
+    println!("command:  {command}");
+    println!(
+        "model:    {} -> dense twin {}",
+        relative(&model_dir),
+        relative(&twin_dir)
+    );
+    println!("gguf:     {} (sha256 {gguf_sha256})", relative(&gguf));
+    println!("tokens:   {token_list}");
+    println!(
+        "wrote:    {} ({rows} x {})",
+        relative(&out),
+        twin.vocab_size
+    );
+    for (file, digest) in digests {
+        println!("sha256:   {digest}  {file}");
+    }
+    println!("row 0:    {:?}", &logits[..logits.len().min(6)]);
+    println!("max |l|:  {max_abs}");
+    println!(
+        "step/batch: max |d| {:e}, max rel {:e}",
+        facts.max_abs_step_vs_batch, facts.max_rel_step_vs_batch
+    );
+    for (name, seconds) in &timings {
+        println!("time:     {name:<11} {seconds:.1} s");
+    }
+    println!("wall:     {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn parse_tokens(list: &str) -> Result<Vec<u32>> {
+    let tokens = list
+        .split(',')
+        .map(|t| {
+            t.trim()
+                .parse::<u32>()
+                .with_context(|| format!("token {t:?} is not a token id"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    ensure!(!tokens.is_empty(), "--tokens is empty");
+    Ok(tokens)
+}
+
+/// The unpacked llama.cpp source directory, fetching and unpacking the sdist if needed. A
+/// tarball already on disk is trusted only if it matches the pinned sha256.
+fn fetch_sdist(work: &Path) -> Result<PathBuf> {
+    let tarball = work.join(SDIST);
+    let unpacked = work.join(SDIST.trim_end_matches(".tar.gz"));
+    let source = unpacked.join("vendor").join("llama.cpp");
+    if !tarball.exists() {
+        let (url, listed) = pypi_file(SDIST)?;
+        ensure!(
+            listed == SDIST_SHA256,
+            "PyPI lists sha256 {listed} for {SDIST}, pinned is {SDIST_SHA256}"
+        );
+        let partial = work.join(format!("{SDIST}.partial"));
+        println!("fetching {url}");
+        run_checked(
+            Command::new("curl")
+                .args(["-sSfL", "-o"])
+                .arg(&partial)
+                .arg(&url),
+        )?;
+        fs::rename(&partial, &tarball)?;
+    }
+    let digest = sha256_hex(&fs::read(&tarball)?);
+    ensure!(
+        digest == SDIST_SHA256,
+        "{} has sha256 {digest}, pinned is {SDIST_SHA256}",
+        tarball.display()
+    );
+    if !source.join("CMakeLists.txt").exists() {
+        run_checked(
+            Command::new("tar")
+                .arg("xzf")
+                .arg(&tarball)
+                .arg("-C")
+                .arg(work),
+        )?;
+        ensure!(
+            source.join("convert_hf_to_gguf.py").exists(),
+            "{SDIST} has no vendor/llama.cpp/convert_hf_to_gguf.py"
+        );
+    }
+    Ok(source)
+}
+
+/// URL and sha256 of `filename` from PyPI's simple JSON API (PEP 691).
+fn pypi_file(filename: &str) -> Result<(String, String)> {
+    let output = Command::new("curl")
+        .args([
+            "-sSf",
+            "-H",
+            "Accept: application/vnd.pypi.simple.v1+json",
+            PYPI_SIMPLE,
+        ])
+        .output()
+        .context("cannot start curl")?;
+    ensure!(
+        output.status.success(),
+        "curl {PYPI_SIMPLE} exited with {}: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let index: serde_json::Value =
+        serde_json::from_slice(&output.stdout).context("PyPI's answer is not json")?;
+    let files = index["files"]
+        .as_array()
+        .context("PyPI's answer has no files list")?;
+    let file = files
+        .iter()
+        .find(|f| f["filename"] == filename)
+        .with_context(|| format!("PyPI lists no {filename}"))?;
+    let url = file["url"].as_str().context("no url")?.to_owned();
+    let sha = file["hashes"]["sha256"]
+        .as_str()
+        .context("no sha256")?
+        .to_owned();
+    Ok((url, sha))
+}
+
+/// Builds `libllama` (once; cmake skips what is up to date) and the harness against it;
+/// returns the harness path.
+fn build_llamacpp(work: &Path, source: &Path) -> Result<PathBuf> {
+    let has_cmake = Command::new("cmake")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_cmake {
+        println!("cmake is missing: installing Debian's with apt-get");
+        run_checked(Command::new("apt-get").args(["install", "-y", "cmake"]))?;
+    }
+    let build = work.join("build");
+    if !build.join("CMakeCache.txt").exists() {
+        run_checked(
+            Command::new("cmake")
+                .arg("-S")
+                .arg(source)
+                .arg("-B")
+                .arg(&build)
+                .args([
+                    "-DGGML_NATIVE=ON",
+                    "-DLLAMA_CURL=OFF",
+                    "-DLLAMA_OPENSSL=OFF",
+                    "-DCMAKE_BUILD_TYPE=Release",
+                    "-DLLAMA_BUILD_COMMON=OFF",
+                    "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DLLAMA_BUILD_TOOLS=OFF",
+                    "-DLLAMA_BUILD_EXAMPLES=OFF",
+                    "-DLLAMA_BUILD_SERVER=OFF",
+                    "-DLLAMA_BUILD_APP=OFF",
+                ]),
+        )?;
+    }
+    run_checked(
+        Command::new("cmake")
+            .arg("--build")
+            .arg(&build)
+            .args(["-j2", "--target", "llama"]),
+    )?;
+    let lib = build.join("bin");
+    let harness = lib.join("llamacpp_logits");
+    // The harness is one small file: compiling it every run (under a second) is simpler than
+    // tracking what it depends on.
+    run_checked(
+        Command::new("c++")
+            .args(["-std=c++17", "-O2", "-Wall", "-Wextra"])
+            .arg(format!("-I{}", source.join("include").display()))
+            .arg(format!(
+                "-I{}",
+                source.join("ggml").join("include").display()
+            ))
+            .arg(from_root(HARNESS_SOURCE))
+            .arg("-o")
+            .arg(&harness)
+            .arg(format!("-L{}", lib.display()))
+            .args(["-lllama", "-lggml", "-lggml-base", "-Wl,-rpath,$ORIGIN"]),
+    )?;
+    Ok(harness)
+}
+
+/// What the dense twin is, for the manifest.
+struct DenseTwin {
+    vocab_size: usize,
+    tensors: usize,
+    expert_matrices: usize,
+    mla_heads: usize,
+    kda_heads: usize,
+    mla_note: String,
+}
+
+/// Writes to `dst` the checkpoint in `src` with every routed expert dequantised exactly to F32
+/// (`...experts.{e}.w{1,2,3}.weight`, the dense names the converter stacks) and MLA padded with
+/// zero heads to the KDA head count; config.json loses `quantization_config` and gets the new
+/// `num_attention_heads` and `num_key_value_heads`.
+fn write_dense_twin(src: &Path, dst: &Path) -> Result<DenseTwin> {
+    let text = fs::read_to_string(src.join("config.json")).context("cannot read config.json")?;
+    let config = K3Config::from_json(&text)?;
+    let checkpoint = Checkpoint::open(src)?;
+    let kernels = Kernels::scalar();
+    let (mla_heads, kda_heads) = (config.mla.num_heads, config.kda.num_heads);
+    if mla_heads > kda_heads {
+        bail!(
+            "llama.cpp's K3 graph uses one head count for MLA and KDA; this checkpoint has \
+             {mla_heads} MLA heads and {kda_heads} KDA heads, and only MLA can be padded"
+        );
+    }
+    let extra_heads = kda_heads - mla_heads;
+    let mla = &config.mla;
+    // Rows of one head in each MLA tensor laid out head-major along its rows.
+    let head_rows: [(&str, usize); 3] = [
+        ("q_b_proj", mla.qk_nope_head_dim + mla.qk_rope_head_dim),
+        ("kv_b_proj", mla.qk_nope_head_dim + mla.v_head_dim),
+        ("g_proj", mla.v_head_dim),
+    ];
+
+    let mut outputs: Vec<(TensorOut, Vec<u8>)> = Vec::new();
+    let mut expert_matrices = 0;
+    for spec in text_tensors(&config) {
+        if spec.class == TensorClass::RoutedExperts {
+            let Some(base) = spec.name.strip_suffix(".weight_packed") else {
+                continue; // the scale, consumed with its packed tensor
+            };
+            let packed = checkpoint.require(&spec.name)?;
+            ensure!(packed.shape.len() == 2, "{}: not a matrix", packed.name);
+            let (rows, cols) = (packed.shape[0], packed.shape[1] * 2);
+            let matrix = checkpoint.mxfp4_matrix(base, rows, cols)?;
+            let mut values = vec![0.0f32; rows * cols];
+            kernels.dequant_mxfp4(&matrix, 0..rows, &mut values)?;
+            let stored = packed.name.strip_suffix(".weight_packed").unwrap_or(base);
+            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            outputs.push((
+                TensorOut {
+                    name: format!("{stored}.weight"),
+                    dtype: Dtype::F32,
+                    shape: vec![rows, cols],
+                },
+                bytes,
+            ));
+            expert_matrices += 1;
+            continue;
+        }
+        let tensor = checkpoint.require(&spec.name)?;
+        let mut shape = tensor.shape.to_vec();
+        let mut bytes = tensor.bytes.to_vec();
+        let is_mla = spec
+            .layer
+            .is_some_and(|l| config.layers[l].attention == AttentionKind::Mla);
+        if is_mla && extra_heads > 0 {
+            let elem = tensor.dtype.bitsize() / 8;
+            let suffix = |p: &str| spec.name.ends_with(&format!(".self_attn.{p}.weight"));
+            if let Some(&(_, rows)) = head_rows.iter().find(|(p, _)| suffix(p)) {
+                // Zero rows: the new heads' queries, keys, values and gates are all zero.
+                bytes.resize(bytes.len() + extra_heads * rows * shape[1] * elem, 0);
+                shape[0] += extra_heads * rows;
+            } else if suffix("o_proj") {
+                // Zero columns: whatever the new heads output is dropped.
+                let (old, new) = (
+                    shape[1] * elem,
+                    (shape[1] + extra_heads * mla.v_head_dim) * elem,
+                );
+                bytes = bytes
+                    .chunks_exact(old)
+                    .flat_map(|row| row.iter().copied().chain(std::iter::repeat_n(0, new - old)))
+                    .collect();
+                shape[1] += extra_heads * mla.v_head_dim;
+            }
+        }
+        outputs.push((
+            TensorOut {
+                name: tensor.name.to_owned(),
+                dtype: tensor.dtype,
+                shape,
+            },
+            bytes,
+        ));
+    }
+
+    if dst.exists() {
+        fs::remove_dir_all(dst).with_context(|| format!("cannot remove {}", dst.display()))?;
+    }
+    fs::create_dir_all(dst).with_context(|| format!("cannot create {}", dst.display()))?;
+    let tensors = outputs.len();
+    let mut data: HashMap<String, Vec<u8>> = HashMap::with_capacity(tensors);
+    let mut list = Vec::with_capacity(tensors);
+    for (out, bytes) in outputs {
+        data.insert(out.name.clone(), bytes);
+        list.push(out);
+    }
+    write_safetensors(&dst.join("model.safetensors"), list, |t, buf| {
+        buf.extend_from_slice(&data[&t.name]);
+    })?;
+
+    let mut root: serde_json::Value = serde_json::from_str(&text)?;
+    let object = root
+        .as_object_mut()
+        .context("config.json is not an object")?;
+    object.remove("quantization_config");
+    let text_config = object
+        .get_mut("text_config")
+        .and_then(|t| t.as_object_mut())
+        .context("config.json has no text_config")?;
+    text_config.remove("quantization_config");
+    // The converter splits kv_b_proj by `num_key_value_heads` (the release has 96 of each).
+    for key in ["num_attention_heads", "num_key_value_heads"] {
+        text_config.insert(key.into(), kda_heads.into());
+    }
+    let mut config_text = serde_json::to_string_pretty(&root)?;
+    config_text.push('\n');
+    fs::write(dst.join("config.json"), config_text)?;
+    for file in ["tiktoken.model", "tokenizer_config.json"] {
+        if src.join(file).exists() {
+            fs::copy(src.join(file), dst.join(file))
+                .with_context(|| format!("cannot copy {file}"))?;
+        }
+    }
+
+    let mla_note = if extra_heads == 0 {
+        "MLA and KDA head counts agree; no padding".to_owned()
+    } else {
+        format!(
+            "llama.cpp's K3 graph takes the MLA and the KDA head count both from \
+             num_attention_heads, so MLA was padded from {mla_heads} to {kda_heads} heads with \
+             zero q_b/kv_b/g_proj rows and zero o_proj columns (an exact no-op)"
+        )
+    };
+    Ok(DenseTwin {
+        vocab_size: config.vocab_size,
+        tensors,
+        expert_matrices,
+        mla_heads,
+        kda_heads,
+        mla_note,
+    })
+}
+
+/// The facts the harness prints as `key: value` lines.
+struct HarnessReport {
+    n_vocab: usize,
+    max_abs_step_vs_batch: f64,
+    max_rel_step_vs_batch: f64,
+}
+
+impl HarnessReport {
+    fn parse(stdout: &str) -> Result<Self> {
+        let get = |key: &str| -> Result<&str> {
+            stdout
+                .lines()
+                .find_map(|l| l.strip_prefix(key)?.strip_prefix(": "))
+                .with_context(|| format!("the harness printed no {key}: {stdout}"))
+        };
+        Ok(Self {
+            n_vocab: get("n_vocab")?.trim().parse()?,
+            max_abs_step_vs_batch: get("max_abs_step_vs_batch")?.trim().parse()?,
+            max_rel_step_vs_batch: get("max_rel_step_vs_batch")?.trim().parse()?,
+        })
+    }
+}
