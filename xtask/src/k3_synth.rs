@@ -15,7 +15,15 @@ use crate::{Options, from_root};
 pub(crate) fn generate_checkpoint(args: &[String]) -> Result<()> {
     let o = Options::parse(
         args,
-        &["preset", "out", "seed", "layers", "experts", "router-skew"],
+        &[
+            "preset",
+            "out",
+            "seed",
+            "layers",
+            "experts",
+            "router-skew",
+            "softplus-gate!",
+        ],
     )?;
     let preset: Preset = o
         .get("preset")
@@ -42,6 +50,7 @@ pub(crate) fn generate_checkpoint(args: &[String]) -> Result<()> {
             .transpose()
             .context("--router-skew is a number")?
             .unwrap_or(0.0),
+        softplus_gate: o.flag("softplus-gate"),
     };
     let start = Instant::now();
     let report = generate(&out, &options)?;

@@ -34,7 +34,7 @@ const TASKS: &[Task] = &[
     },
     Task {
         name: "gen-k3-synth",
-        usage: "--preset tiny|k3-0.40b|k3-wide --out DIR [--seed N] [--layers N] [--experts N] [--router-skew S]",
+        usage: "--preset tiny|k3-0.40b|k3-wide --out DIR [--seed N] [--layers N] [--experts N] [--router-skew S] [--softplus-gate]",
         about: "write a synthetic K3 checkpoint in the release's layout (config, shards, index)",
         run: k3_synth::generate_checkpoint,
     },
@@ -67,7 +67,7 @@ const TASKS: &[Task] = &[
     },
     Task {
         name: "oracle-llamacpp",
-        usage: "[--model DIR] [--out DIR] [--tokens 1,2,3,...] [--venv DIR]",
+        usage: "[--model DIR] [--out DIR] [--tokens 1,2,3,...] [--venv DIR] [--softplus-gate]",
         about: "regenerate the frozen llama.cpp Kimi-K3 logits of the dense twin of a synthetic \
             checkpoint (default: tiny, seed 1), built from the llama-cpp-python sdist",
         run: oracle_llamacpp::run,
@@ -143,6 +143,7 @@ fn from_root(path: &str) -> PathBuf {
 
 /// The `--name VALUE` (or `--name=VALUE`) options of one task: each at most once, and only
 /// the names the task declares, so a typo is an error rather than a silently ignored flag.
+/// A declared name ending in `!` is a switch: `--name` alone, no value.
 #[derive(Debug)]
 struct Options {
     values: Vec<(&'static str, String)>,
@@ -160,14 +161,18 @@ impl Options {
                 Some((flag, value)) => (flag, Some(value.to_owned())),
                 None => (flag, None),
             };
-            let Some(&name) = allowed.iter().find(|&&a| a == flag) else {
+            let Some(&declared) = allowed.iter().find(|&&a| a.trim_end_matches('!') == flag) else {
                 bail!("unknown option --{flag} (known: {})", allowed.join(", "));
             };
+            let name = declared.trim_end_matches('!');
             if values.iter().any(|(n, _)| *n == name) {
                 bail!("option --{name} given twice");
             }
+            let switch = declared.ends_with('!');
             let value = match inline {
+                Some(_) if switch => bail!("--{name} is a switch and takes no value"),
                 Some(value) => value,
+                None if switch => "true".to_owned(),
                 None => iter
                     .next()
                     .with_context(|| format!("option --{name} needs a value"))?
@@ -176,6 +181,11 @@ impl Options {
             values.push((name, value));
         }
         Ok(Self { values })
+    }
+
+    /// Whether the switch `--name` was given.
+    fn flag(&self, name: &str) -> bool {
+        self.get(name).is_some()
     }
 
     fn get(&self, name: &str) -> Option<&str> {

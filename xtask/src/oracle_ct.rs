@@ -62,6 +62,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         layers: Some(SYNTH_LAYERS),
         experts: Some(SYNTH_EXPERTS),
         router_skew: 0.0,
+        softplus_gate: false,
     };
     let report = generate(&synth.0, &synth_options).context("generating the base checkpoint")?;
     let provenance = serde_json::json!({

@@ -58,7 +58,8 @@ const OUT_FILES: [&str; 2] = ["logits.f32", "manifest.json"];
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let started = Instant::now();
-    let options = Options::parse(args, &["model", "out", "tokens", "venv"])?;
+    let options = Options::parse(args, &["model", "out", "tokens", "venv", "softplus-gate!"])?;
+    let softplus_gate = options.flag("softplus-gate");
     let out = from_root(options.get("out").unwrap_or(DEFAULT_OUT));
     let venv = from_root(options.get("venv").unwrap_or(DEFAULT_VENV));
     let tokens = match options.get("tokens") {
@@ -94,16 +95,21 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
                 layers: None,
                 experts: None,
                 router_skew: 0.0,
+                softplus_gate,
             };
             generate(&dir, &synth).context("generating the tiny checkpoint")?;
             let generator = serde_json::json!({
                 "generator": "k3_model::synth::generate",
-                "command": format!("cargo xtask gen-k3-synth --preset {SYNTH_PRESET} --seed {SYNTH_SEED} --out DIR"),
+                "command": format!(
+                    "cargo xtask gen-k3-synth --preset {SYNTH_PRESET} --seed {SYNTH_SEED}{} --out DIR",
+                    if softplus_gate { " --softplus-gate" } else { "" }
+                ),
                 "preset": SYNTH_PRESET,
                 "seed": SYNTH_SEED,
                 "layers": null,
                 "experts": null,
                 "router_skew": synth.router_skew,
+                "softplus_gate": softplus_gate,
             });
             (dir, generator)
         }

@@ -64,6 +64,9 @@ pub struct SynthOptions {
     /// Zipf-like expert popularity through the router's selection bias: expert `e` gets bias
     /// `-skew * ln(1 + e)`. 0 (the default) is flat, like the real router.
     pub router_skew: f32,
+    /// Drop `gate_lower_bound`: KDA then uses the Kimi-Linear softplus decay gate (as the
+    /// public 0.40B model does) instead of K3's bounded one.
+    pub softplus_gate: bool,
 }
 
 /// What was written.
@@ -197,7 +200,12 @@ pub enum SynthError {
 
 /// Writes a complete checkpoint for `options` into `dir` (created if needed).
 pub fn generate(dir: &Path, options: &SynthOptions) -> Result<SynthReport, SynthError> {
-    let root = preset_config(options.preset, options.layers, options.experts);
+    let mut root = preset_config(options.preset, options.layers, options.experts);
+    if options.softplus_gate {
+        if let Some(linear) = root["text_config"]["linear_attn_config"].as_object_mut() {
+            linear.remove("gate_lower_bound");
+        }
+    }
     let config = K3Config::from_json(&root.to_string())?;
     for (what, n) in [
         ("hidden_size", config.hidden_size),

@@ -32,6 +32,7 @@ fn tiny_checkpoint_skewed(tag: &str, router_skew: f32) -> (Scratch, K3Config) {
         layers: None,
         experts: None,
         router_skew,
+        softplus_gate: false,
     };
     let report = generate(&dir, &options).unwrap();
     (Scratch(dir), report.config)

@@ -12,13 +12,15 @@ use k3_model::synth::{Preset, SynthOptions, generate};
 use mxfp4_kernels::{Kernels, Tier};
 use sha2::{Digest, Sha256};
 
-fn data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/llamacpp_tiny")
+fn data(set: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(set)
 }
 
-fn sidecar_ok(file: &str) -> Vec<u8> {
-    let bytes = std::fs::read(data().join(file)).unwrap();
-    let sidecar = std::fs::read_to_string(data().join(format!("{file}.sha256"))).unwrap();
+fn sidecar_ok(set: &str, file: &str) -> Vec<u8> {
+    let bytes = std::fs::read(data(set).join(file)).unwrap();
+    let sidecar = std::fs::read_to_string(data(set).join(format!("{file}.sha256"))).unwrap();
     let want = sidecar.split_whitespace().next().unwrap();
     let got: String = Sha256::digest(&bytes)
         .iter()
@@ -28,10 +30,22 @@ fn sidecar_ok(file: &str) -> Vec<u8> {
     bytes
 }
 
+/// K3's bounded decay gate (`gate_lower_bound` -5, the release's form).
 #[test]
 fn tiny_matches_llamacpp_dense_twin() {
-    let manifest: serde_json::Value = serde_json::from_slice(&sidecar_ok("manifest.json")).unwrap();
-    let logits_bytes = sidecar_ok("logits.f32");
+    matches_llamacpp("llamacpp_tiny", false);
+}
+
+/// The Kimi-Linear softplus decay gate (`gate_lower_bound` absent, as in the 0.40B model).
+#[test]
+fn tiny_softplus_gate_matches_llamacpp_dense_twin() {
+    matches_llamacpp("llamacpp_tiny_softplus", true);
+}
+
+fn matches_llamacpp(set: &str, softplus: bool) {
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&sidecar_ok(set, "manifest.json")).unwrap();
+    let logits_bytes = sidecar_ok(set, "logits.f32");
     let reference: Vec<f32> = logits_bytes
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -46,7 +60,13 @@ fn tiny_matches_llamacpp_dense_twin() {
     assert_eq!(checkpoint["preset"], "tiny");
     let seed = checkpoint["seed"].as_u64().unwrap();
 
-    let dir = std::env::temp_dir().join(format!("k3-llamacpp-{}", std::process::id()));
+    assert_eq!(
+        manifest["checkpoint"]["softplus_gate"]
+            .as_bool()
+            .unwrap_or(false),
+        softplus
+    );
+    let dir = std::env::temp_dir().join(format!("k3-llamacpp-{set}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let options = SynthOptions {
         preset: Preset::Tiny,
@@ -54,10 +74,17 @@ fn tiny_matches_llamacpp_dense_twin() {
         layers: None,
         experts: None,
         router_skew: 0.0,
+        softplus_gate: manifest["checkpoint"]["softplus_gate"]
+            .as_bool()
+            .unwrap_or(false),
     };
     let report = generate(&dir, &options).unwrap();
     let ckpt = Checkpoint::open(&dir).unwrap();
     validate(&ckpt, &report.config).unwrap();
+    assert_eq!(
+        matches!(report.config.kda.gate, k3_model::config::KdaGate::Softplus),
+        softplus
+    );
     let vocab = report.config.vocab_size;
     assert_eq!(reference.len(), tokens.len() * vocab);
     let max_logit = reference.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -88,7 +115,7 @@ fn tiny_matches_llamacpp_dense_twin() {
                 );
             }
             eprintln!(
-                "{} chunk {chunk}: max |ours - llama.cpp| {worst:e} ({:e} of max |logit| {max_logit})",
+                "{set} {} chunk {chunk}: max |ours - llama.cpp| {worst:e} ({:e} of max |logit| {max_logit})",
                 kernels.tier(),
                 worst / max_logit
             );

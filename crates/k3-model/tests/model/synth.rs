@@ -33,6 +33,7 @@ fn tiny(seed: u64) -> SynthOptions {
         layers: None,
         experts: None,
         router_skew: 0.0,
+        softplus_gate: false,
     }
 }
 
@@ -194,6 +195,7 @@ fn router_skew_orders_the_selection_bias() {
     let scratch = Scratch::new("skew");
     let options = SynthOptions {
         router_skew: 1.0,
+        softplus_gate: false,
         ..tiny(2)
     };
     generate(&scratch.0, &options).unwrap();
