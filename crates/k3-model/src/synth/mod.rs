@@ -201,10 +201,10 @@ pub enum SynthError {
 /// Writes a complete checkpoint for `options` into `dir` (created if needed).
 pub fn generate(dir: &Path, options: &SynthOptions) -> Result<SynthReport, SynthError> {
     let mut root = preset_config(options.preset, options.layers, options.experts);
-    if options.softplus_gate {
-        if let Some(linear) = root["text_config"]["linear_attn_config"].as_object_mut() {
-            linear.remove("gate_lower_bound");
-        }
+    if options.softplus_gate
+        && let Some(linear) = root["text_config"]["linear_attn_config"].as_object_mut()
+    {
+        linear.remove("gate_lower_bound");
     }
     let config = K3Config::from_json(&root.to_string())?;
     for (what, n) in [
