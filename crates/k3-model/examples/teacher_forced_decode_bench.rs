@@ -151,12 +151,27 @@ fn main() -> Result<()> {
     let combined_fp = combined.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     });
+    // The read-bandwidth reference, measured now with the same number of pinned threads: the
+    // STREAM-like sum of the kernel benchmarks (benches::read_all) over 1 GiB, best of 3.
+    let probe_pool = benches::Pool::new(args.threads);
+    let buffer = benches::bandwidth_buffer(1 << 30);
+    let read = (0..3)
+        .map(|_| {
+            let start = Instant::now();
+            std::hint::black_box(benches::read_all(&probe_pool, &buffer));
+            buffer.len() as f64 / start.elapsed().as_secs_f64()
+        })
+        .fold(0.0, f64::max);
+    let achieved = plan.bytes_per_token as f64 / median;
     println!(
-        "{} steps: median {:.3} ms/token; {} weight bytes per token; {:.2} GB/s; combined fingerprint {combined_fp:016x}",
+        "{} steps: median {:.3} ms/token; {} weight bytes per token; {:.2} GB/s = {:.0}% of the {:.2} GB/s read bandwidth ({} threads); combined fingerprint {combined_fp:016x}",
         tokens.len(),
         median * 1e3,
         plan.bytes_per_token,
-        plan.bytes_per_token as f64 / median / 1e9
+        achieved / 1e9,
+        100.0 * achieved / read,
+        read / 1e9,
+        args.threads,
     );
     Ok(())
 }

@@ -35,6 +35,9 @@ pub enum ModelError {
 
 type Result<T, E = ModelError> = std::result::Result<T, E>;
 
+/// Smallest matrix whose GEMV is split across the pool.
+const PARALLEL_MIN_BYTES: usize = 2 << 20;
+
 /// The MLA low-rank norms use 1e-6 (HF's default), not `rms_norm_eps` (K3_SPEC §7.1).
 const MLA_NORM_EPS: f32 = 1e-6;
 
@@ -355,12 +358,24 @@ impl<'a> Model<'a> {
             let act = self.kernels.prepare(&flat, m.cols())?;
             // Row blocks as tasks: every output row is computed by one task with the same
             // arithmetic as a whole-matrix call, so the thread count cannot change a bit.
-            let ranges = row_tasks(rows, self.pool.threads());
-            let parts = self.pool.map(ranges.len(), |i| {
+            // Matrices under PARALLEL_MIN_BYTES run on the calling thread: waking the pool
+            // costs more than they take.
+            let threads = if m.weight_bytes() < PARALLEL_MIN_BYTES {
+                1
+            } else {
+                self.pool.threads()
+            };
+            let ranges = row_tasks(rows, threads);
+            let task = |i: usize| {
                 let range = ranges[i].clone();
                 let mut y = vec![0.0; range.len() * block.len()];
                 self.kernels.matmul_bf16(m, &act, range, &mut y).map(|()| y)
-            });
+            };
+            let parts: Vec<_> = if threads == 1 {
+                vec![task(0)]
+            } else {
+                self.pool.map(ranges.len(), task)
+            };
             let mut y = vec![vec![0.0; rows]; block.len()];
             for (range, part) in ranges.iter().zip(parts) {
                 let part = part?;
@@ -687,7 +702,7 @@ impl<'a> Model<'a> {
                 .collect();
             tasks.extend(users.chunks(MAX_TOKENS).map(|block| (e, block.to_vec())));
         }
-        let results = self.pool.map(tasks.len(), |i| -> Result<Vec<f32>> {
+        let run = |i: usize| -> Result<Vec<f32>> {
             let (e, block) = &tasks[i];
             let [gate, up, down] = &w.experts[*e];
             let flat: Vec<f32> = block
@@ -700,7 +715,16 @@ impl<'a> Model<'a> {
             self.kernels
                 .expert_ffn(gate, up, down, &self.situ, &act, &mut scratch, &mut out)?;
             Ok(out)
+        };
+        // Small expert work runs on the calling thread (the pool's wake-up would dominate).
+        let expert_bytes: usize = w.experts.first().map_or(0, |[g, u, d]| {
+            g.weight_bytes() + u.weight_bytes() + d.weight_bytes()
         });
+        let results: Vec<_> = if tasks.len() * expert_bytes < PARALLEL_MIN_BYTES {
+            (0..tasks.len()).map(run).collect()
+        } else {
+            self.pool.map(tasks.len(), run)
+        };
         for ((_, block), result) in tasks.iter().zip(results) {
             for (&(t, k), y) in block.iter().zip(result?.chunks_exact(io)) {
                 outputs[t][k] = y.to_vec();
