@@ -351,40 +351,64 @@ impl<'a> Model<'a> {
     /// `m · x_t` for every token of `xs`, through the batch-invariant GEMM in blocks of
     /// `MAX_TOKENS`: each row is bit-identical to a one-token GEMV.
     fn gemm(&self, m: &Bf16Matrix<'_>, xs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>> {
-        let rows = m.rows();
-        let mut out = Vec::with_capacity(xs.len());
+        Ok(self
+            .gemm_many(&[m], xs)?
+            .pop()
+            .expect("one matrix in, one result out"))
+    }
+
+    /// `m · x_t` for several matrices that read the same inputs, as one list of tasks (one
+    /// pool dispatch), each matrix's result `[token][row]`. Row blocks are tasks: every output
+    /// row is computed by one task with the same arithmetic as a whole-matrix call, so the
+    /// thread count cannot change a bit. Work under `PARALLEL_MIN_BYTES` runs on the calling
+    /// thread: waking the pool costs more than it takes.
+    fn gemm_many(&self, ms: &[&Bf16Matrix<'_>], xs: &[Vec<f32>]) -> Result<Vec<Vec<Vec<f32>>>> {
+        let cols = ms[0].cols();
+        let total: usize = ms.iter().map(|m| m.weight_bytes()).sum();
+        let threads = if total < PARALLEL_MIN_BYTES {
+            1
+        } else {
+            self.pool.threads()
+        };
+        let tasks: Vec<(usize, std::ops::Range<usize>)> = ms
+            .iter()
+            .enumerate()
+            .flat_map(|(k, m)| {
+                row_tasks(m.rows(), threads)
+                    .into_iter()
+                    .map(move |r| (k, r))
+            })
+            .collect();
+        let mut out: Vec<Vec<Vec<f32>>> = ms.iter().map(|_| Vec::with_capacity(xs.len())).collect();
         for block in xs.chunks(MAX_TOKENS) {
             let flat: Vec<f32> = block.iter().flatten().copied().collect();
-            let act = self.kernels.prepare(&flat, m.cols())?;
-            // Row blocks as tasks: every output row is computed by one task with the same
-            // arithmetic as a whole-matrix call, so the thread count cannot change a bit.
-            // Matrices under PARALLEL_MIN_BYTES run on the calling thread: waking the pool
-            // costs more than they take.
-            let threads = if m.weight_bytes() < PARALLEL_MIN_BYTES {
-                1
-            } else {
-                self.pool.threads()
-            };
-            let ranges = row_tasks(rows, threads);
+            let act = self.kernels.prepare(&flat, cols)?;
             let task = |i: usize| {
-                let range = ranges[i].clone();
+                let (k, range) = &tasks[i];
                 let mut y = vec![0.0; range.len() * block.len()];
-                self.kernels.matmul_bf16(m, &act, range, &mut y).map(|()| y)
+                self.kernels
+                    .matmul_bf16(ms[*k], &act, range.clone(), &mut y)
+                    .map(|()| y)
             };
             let parts: Vec<_> = if threads == 1 {
-                vec![task(0)]
+                (0..tasks.len()).map(task).collect()
             } else {
-                self.pool.map(ranges.len(), task)
+                self.pool.map(tasks.len(), task)
             };
-            let mut y = vec![vec![0.0; rows]; block.len()];
-            for (range, part) in ranges.iter().zip(parts) {
+            let mut ys: Vec<Vec<Vec<f32>>> = ms
+                .iter()
+                .map(|m| vec![vec![0.0; m.rows()]; block.len()])
+                .collect();
+            for ((k, range), part) in tasks.iter().zip(parts) {
                 let part = part?;
-                for (t, row) in y.iter_mut().enumerate() {
+                for (t, row) in ys[*k].iter_mut().enumerate() {
                     row[range.clone()]
                         .copy_from_slice(&part[t * range.len()..(t + 1) * range.len()]);
                 }
             }
-            out.extend(y);
+            for (o, y) in out.iter_mut().zip(ys) {
+                o.extend(y);
+            }
         }
         Ok(out)
     }
@@ -503,14 +527,13 @@ impl<'a> Model<'a> {
     fn kda(&self, w: &Kda<'_>, s: &mut KdaState, xs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
         let (heads, dim, taps) = (c.kda.num_heads, c.kda.head_dim, c.kda.conv_kernel);
-        let projections = [
-            self.gemm(&w.q, xs)?,
-            self.gemm(&w.k, xs)?,
-            self.gemm(&w.v, xs)?,
-        ];
-        let f = self.gemm(&w.f_b, &self.gemm(&w.f_a, xs)?)?;
-        let beta_logits = self.gemm(&w.b, xs)?;
-        let gates = self.gemm(&w.g, xs)?;
+        // One dispatch for the six projections of the normed input.
+        let [q, k, v, gates, f_a, beta_logits]: [Vec<Vec<f32>>; 6] = self
+            .gemm_many(&[&w.q, &w.k, &w.v, &w.g, &w.f_a, &w.b], xs)?
+            .try_into()
+            .expect("six matrices in, six results out");
+        let projections = [q, k, v];
+        let f = self.gemm(&w.f_b, &f_a)?;
         let scale = (dim as f32).powf(-0.5);
         let mut ys = Vec::with_capacity(xs.len());
         let mut o = vec![0.0; dim];
@@ -568,8 +591,16 @@ impl<'a> Model<'a> {
             m.v_head_dim,
             m.kv_lora_rank,
         );
-        let q_a: Vec<Vec<f32>> = self
-            .gemm(&w.q_a, xs)?
+        // One dispatch for the projections of the normed input (q_a, kv_a and the gate).
+        let mut matrices = vec![&w.q_a, &w.kv_a];
+        matrices.extend(w.g.as_ref());
+        let mut projected = self.gemm_many(&matrices, xs)?.into_iter();
+        let (q_a, ckvs) = (
+            projected.next().expect("q_a"),
+            projected.next().expect("kv_a"),
+        );
+        let gates = projected.next();
+        let q_a: Vec<Vec<f32>> = q_a
             .iter()
             .map(|q| {
                 let mut y = vec![0.0; q.len()];
@@ -578,11 +609,6 @@ impl<'a> Model<'a> {
             })
             .collect();
         let qs = self.gemm(&w.q_b, &q_a)?;
-        let ckvs = self.gemm(&w.kv_a, xs)?;
-        let gates = match &w.g {
-            Some(g) => Some(self.gemm(g, xs)?),
-            None => None,
-        };
         let scale = ((nope + rope) as f32).powf(-0.5);
         let mut ctxs = Vec::with_capacity(xs.len());
         for t in 0..xs.len() {
