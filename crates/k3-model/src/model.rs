@@ -149,6 +149,20 @@ impl Session {
     pub fn position(&self) -> usize {
         self.position
     }
+
+    /// Back to an empty sequence: KDA states and conv windows zeroed, MLA caches emptied (their
+    /// memory kept for reuse).
+    pub fn reset(&mut self) {
+        self.position = 0;
+        for state in self.kda.iter_mut().flatten() {
+            state.state.fill(0.0);
+            state.windows.iter_mut().for_each(|w| w.fill(0.0));
+        }
+        for cache in self.mla.iter_mut().flatten() {
+            cache.latent.clear();
+            cache.k_pe.clear();
+        }
+    }
 }
 
 impl<'a> Model<'a> {
@@ -419,6 +433,21 @@ impl<'a> Model<'a> {
             .forward(session, &[token])?
             .pop()
             .expect("one token in, one row out"))
+    }
+
+    /// Consumes a prompt in chunks of `chunk` tokens and returns the logits after its last
+    /// token (bit-identical to decoding it token by token).
+    pub fn prefill(
+        &self,
+        session: &mut Session,
+        tokens: &[usize],
+        chunk: usize,
+    ) -> Result<Vec<f32>> {
+        let mut last = Vec::new();
+        for part in tokens.chunks(chunk.max(1)) {
+            last = self.forward(session, part)?.pop().unwrap_or_default();
+        }
+        Ok(last)
     }
 
     /// Teacher-forced scoring: consumes `tokens` in chunks of `chunk` (layer-major, each weight

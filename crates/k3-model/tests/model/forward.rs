@@ -88,6 +88,11 @@ fn tiny_forward_is_finite_deterministic_and_tier_consistent() {
         assert_eq!(fingerprint(&a), fingerprint(&logits[8 + i]));
     }
     assert_eq!(session.position(), TOKENS.len());
+    // A reset session replays the sequence from scratch; prefill returns the last row.
+    session.reset();
+    assert_eq!(session.position(), 0);
+    let last = model.prefill(&mut session, &TOKENS, 5).unwrap();
+    assert_eq!(fingerprint(&last), fingerprint(&logits[TOKENS.len() - 1]));
     // The exact tier differs from the scalar oracle by summation order only.
     let scalar = Model::new(&ckpt, &config, Kernels::scalar()).unwrap();
     let reference = run(&scalar);
