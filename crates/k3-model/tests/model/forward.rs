@@ -243,3 +243,43 @@ fn approximate_tiers_stay_near_the_exact_tier() {
         );
     }
 }
+
+/// The model runs on any directory in the release layout: a single `model.safetensors` with no
+/// tokenizer files (the compressed-tensors fixture), and the same with `quantization_config`
+/// at the config's root only — with identical logits.
+#[test]
+fn runs_on_single_file_checkpoints_with_root_quantization_config() {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/ct_tiny");
+    let logits = |dir: &std::path::Path| -> Vec<u64> {
+        let config =
+            K3Config::from_json(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                .unwrap();
+        let ckpt = Checkpoint::open(dir).unwrap();
+        validate(&ckpt, &config).unwrap();
+        let model = Model::new(&ckpt, &config, Kernels::detect()).unwrap();
+        let mut session = model.session();
+        TOKENS
+            .iter()
+            .map(|&t| fingerprint(&model.decode_step(&mut session, t).unwrap()))
+            .collect()
+    };
+    let nested = logits(&fixture);
+    let scratch = Scratch(std::env::temp_dir().join(format!("k3-rootq-{}", std::process::id())));
+    std::fs::create_dir_all(&scratch.0).unwrap();
+    std::fs::copy(
+        fixture.join("model.safetensors"),
+        scratch.0.join("model.safetensors"),
+    )
+    .unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("config.json")).unwrap())
+            .unwrap();
+    let quantization = config["text_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("quantization_config")
+        .unwrap();
+    config["quantization_config"] = quantization;
+    std::fs::write(scratch.0.join("config.json"), config.to_string()).unwrap();
+    assert_eq!(logits(&scratch.0), nested);
+}
