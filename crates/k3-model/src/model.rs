@@ -107,6 +107,8 @@ pub struct Model<'a> {
     pub config: K3Config,
     kernels: Kernels,
     pool: Arc<Pool>,
+    /// Work (bytes of weights) below which a dispatch runs on the calling thread.
+    parallel_min_bytes: usize,
     situ: Situ,
     embed: Bf16Matrix<'a>,
     lm_head: Bf16Matrix<'a>,
@@ -315,6 +317,7 @@ impl<'a> Model<'a> {
             config: c.clone(),
             kernels,
             pool: Arc::new(Pool::new(1).map_err(|e| ModelError::Pool(e.to_string()))?),
+            parallel_min_bytes: PARALLEL_MIN_BYTES,
             situ: Situ {
                 beta: c.situ.beta,
                 linear_beta: c.situ.linear_beta,
@@ -334,6 +337,13 @@ impl<'a> Model<'a> {
     /// Logits are bit-identical for any pool size.
     pub fn with_pool(mut self, pool: Arc<Pool>) -> Self {
         self.pool = pool;
+        self
+    }
+
+    /// Sets the work size (bytes of weights) below which a dispatch stays on the calling
+    /// thread (default 2 MiB). Results do not depend on it; tests set 0 to split everything.
+    pub fn with_parallel_threshold(mut self, bytes: usize) -> Self {
+        self.parallel_min_bytes = bytes;
         self
     }
 
@@ -379,7 +389,7 @@ impl<'a> Model<'a> {
     fn gemm_many(&self, ms: &[&Bf16Matrix<'_>], xs: &[Vec<f32>]) -> Result<Vec<Vec<Vec<f32>>>> {
         let cols = ms[0].cols();
         let total: usize = ms.iter().map(|m| m.weight_bytes()).sum();
-        let threads = if total < PARALLEL_MIN_BYTES {
+        let threads = if total < self.parallel_min_bytes {
             1
         } else {
             self.pool.threads()
@@ -744,45 +754,104 @@ impl<'a> Model<'a> {
         // every token's output equals its one-token run); outputs[t][k] is token t's k-th pick.
         let mut outputs: Vec<Vec<Vec<f32>>> = routes
             .iter()
-            .map(|(ids, _)| vec![Vec::new(); ids.len()])
+            .map(|(ids, _)| vec![vec![0.0; io]; ids.len()])
             .collect();
-        // Tasks: (expert, block of up to MAX_TOKENS of its tokens); each result is written back
-        // to the slot of its (token, pick), so the schedule cannot change a bit.
-        let mut tasks: Vec<(usize, Vec<(usize, usize)>)> = Vec::new();
+        // Work items: (expert, block of up to MAX_TOKENS of its tokens). Each is split into row
+        // blocks twice — gate/up rows of the hidden vector, then down rows of the output — so
+        // that more workers than experts still share the work. Every row is computed by one
+        // task with the arithmetic of the fused kernel, so the schedule cannot change a bit.
+        let mut items: Vec<(usize, Vec<(usize, usize)>)> = Vec::new();
         for e in 0..w.experts.len() {
             let users: Vec<(usize, usize)> = routes
                 .iter()
                 .enumerate()
                 .filter_map(|(t, (ids, _))| ids.iter().position(|&id| id == e).map(|k| (t, k)))
                 .collect();
-            tasks.extend(users.chunks(MAX_TOKENS).map(|block| (e, block.to_vec())));
+            items.extend(users.chunks(MAX_TOKENS).map(|block| (e, block.to_vec())));
         }
-        let run = |i: usize| -> Result<Vec<f32>> {
-            let (e, block) = &tasks[i];
-            let [gate, up, down] = &w.experts[*e];
-            let flat: Vec<f32> = block
-                .iter()
-                .flat_map(|&(t, _)| zs[t].iter().copied())
-                .collect();
-            let act = self.kernels.prepare(&flat, io)?;
-            let mut out = vec![0.0; io * block.len()];
-            let mut scratch = ExpertScratch::default();
-            self.kernels
-                .expert_ffn(gate, up, down, &self.situ, &act, &mut scratch, &mut out)?;
-            Ok(out)
-        };
-        // Small expert work runs on the calling thread (the pool's wake-up would dominate).
         let expert_bytes: usize = w.experts.first().map_or(0, |[g, u, d]| {
             g.weight_bytes() + u.weight_bytes() + d.weight_bytes()
         });
-        let results: Vec<_> = if tasks.len() * expert_bytes < PARALLEL_MIN_BYTES {
-            (0..tasks.len()).map(run).collect()
+        let threads = if items.len() * expert_bytes < self.parallel_min_bytes {
+            1
         } else {
-            self.pool.map(tasks.len(), run)
+            self.pool.threads()
         };
-        for ((_, block), result) in tasks.iter().zip(results) {
-            for (&(t, k), y) in block.iter().zip(result?.chunks_exact(io)) {
-                outputs[t][k] = y.to_vec();
+        let inter = c.moe.expert_intermediate;
+        let splits = |rows: usize| row_tasks(rows, threads.div_ceil(items.len().max(1)));
+        let acts: Vec<mxfp4_kernels::Activations> = items
+            .iter()
+            .map(|(_, block)| {
+                let flat: Vec<f32> = block
+                    .iter()
+                    .flat_map(|&(t, _)| zs[t].iter().copied())
+                    .collect();
+                self.kernels.prepare(&flat, io)
+            })
+            .collect::<std::result::Result<_, _>>()?;
+        // Phase 1: SiTU(gate · z, up · z) by row blocks of the hidden vector.
+        let phase1: Vec<(usize, std::ops::Range<usize>)> = (0..items.len())
+            .flat_map(|i| splits(inter).into_iter().map(move |r| (i, r)))
+            .collect();
+        let gate_up = |task: usize| -> Result<Vec<f32>> {
+            let (i, range) = &phase1[task];
+            let [gate, up, _] = &w.experts[items[*i].0];
+            let mut hidden = vec![0.0; range.len() * items[*i].1.len()];
+            let mut scratch = ExpertScratch::default();
+            self.kernels.expert_gate_up(
+                gate,
+                up,
+                &self.situ,
+                &acts[*i],
+                range.clone(),
+                &mut scratch,
+                &mut hidden,
+            )?;
+            Ok(hidden)
+        };
+        let parts: Vec<_> = if threads == 1 {
+            (0..phase1.len()).map(gate_up).collect()
+        } else {
+            self.pool.map(phase1.len(), gate_up)
+        };
+        let mut hidden: Vec<Vec<f32>> = items
+            .iter()
+            .map(|(_, b)| vec![0.0; inter * b.len()])
+            .collect();
+        for ((i, range), part) in phase1.iter().zip(parts) {
+            let part = part?;
+            let tokens = items[*i].1.len();
+            for t in 0..tokens {
+                hidden[*i][t * inter + range.start..t * inter + range.end]
+                    .copy_from_slice(&part[t * range.len()..(t + 1) * range.len()]);
+            }
+        }
+        let hidden_acts: Vec<mxfp4_kernels::Activations> = hidden
+            .iter()
+            .map(|h| self.kernels.prepare(h, inter))
+            .collect::<std::result::Result<_, _>>()?;
+        // Phase 2: down · hidden by row blocks of the output.
+        let phase2: Vec<(usize, std::ops::Range<usize>)> = (0..items.len())
+            .flat_map(|i| splits(io).into_iter().map(move |r| (i, r)))
+            .collect();
+        let down_rows = |task: usize| -> Result<Vec<f32>> {
+            let (i, range) = &phase2[task];
+            let [_, _, down] = &w.experts[items[*i].0];
+            let mut y = vec![0.0; range.len() * items[*i].1.len()];
+            self.kernels
+                .matmul_mxfp4(down, &hidden_acts[*i], range.clone(), &mut y)?;
+            Ok(y)
+        };
+        let parts: Vec<_> = if threads == 1 {
+            (0..phase2.len()).map(down_rows).collect()
+        } else {
+            self.pool.map(phase2.len(), down_rows)
+        };
+        for ((i, range), part) in phase2.iter().zip(parts) {
+            let part = part?;
+            for (n, &(t, k)) in items[*i].1.iter().enumerate() {
+                outputs[t][k][range.clone()]
+                    .copy_from_slice(&part[n * range.len()..(n + 1) * range.len()]);
             }
         }
         // Per token, the weighted sum in the router's order.

@@ -163,7 +163,11 @@ fn thread_count_does_not_change_a_bit() {
             .collect();
         for threads in [2, 3] {
             let pool = std::sync::Arc::new(numa_sched::Pool::new(threads).unwrap());
-            let model = Model::new(&ckpt, &config, kernels).unwrap().with_pool(pool);
+            // Threshold 0: every projection, lm_head and expert is split into row-block tasks.
+            let model = Model::new(&ckpt, &config, kernels)
+                .unwrap()
+                .with_pool(pool)
+                .with_parallel_threshold(0);
             let stepped: Vec<u64> = run(&model).iter().map(|l| fingerprint(l)).collect();
             assert_eq!(
                 stepped,
