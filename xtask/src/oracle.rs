@@ -31,48 +31,73 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     let out = from_root(options.get("out").unwrap_or(DEFAULT_OUT));
     let command = command_line("oracle-mxfp4", args);
 
-    let python = ensure_venv(&venv)?;
-    let mut pip = Command::new(&python);
-    pip.args(["-m", "pip", "install", "--disable-pip-version-check"])
-        .args(PINNED);
-    // Already-satisfied exact pins make this a quick no-op when the venv is reused.
-    run_checked(&mut pip)?;
+    let python = venv_with(&venv, &PINNED)?;
 
     let dir = out
         .parent()
         .with_context(|| format!("output path {} has no parent", out.display()))?;
-    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let file_name = out
         .file_name()
         .and_then(|n| n.to_str())
         .with_context(|| format!("output path {} has no utf-8 file name", out.display()))?;
-    // Write beside the target and rename, so an interrupted run never leaves a half vector
-    // that matches no sidecar.
-    let partial = dir.join(format!("{file_name}.partial"));
-    let mut script = Command::new(&python);
-    script
-        .arg(from_root(SCRIPT))
-        .args(["--seed", &SEED.to_string(), "--command", &command, "--out"])
-        .arg(&partial);
-    run_checked(&mut script)?;
+    freeze_json(
+        &python,
+        SCRIPT,
+        SEED,
+        &command,
+        dir,
+        file_name,
+        check_oracle,
+    )?;
+    println!("wall:     {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
 
+/// Runs an oracle script (`SCRIPT --seed N --command C --out FILE.partial`), checks what it
+/// wrote with `check` (which returns the package versions it records), then moves it to
+/// `dir/file_name` with a `sha256sum`-format sidecar, so an interrupted run never leaves a
+/// half vector that matches no sidecar.
+pub(crate) fn freeze_json(
+    python: &Path,
+    script: &str,
+    seed: u64,
+    command: &str,
+    dir: &Path,
+    file_name: &str,
+    check: fn(&[u8]) -> Result<String>,
+) -> Result<()> {
+    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let out = dir.join(file_name);
+    let partial = dir.join(format!("{file_name}.partial"));
+    let mut run = Command::new(python);
+    run.arg(from_root(script))
+        .args(["--seed", &seed.to_string(), "--command", command, "--out"])
+        .arg(&partial);
+    run_checked(&mut run)?;
     let bytes = fs::read(&partial).with_context(|| format!("cannot read {}", partial.display()))?;
-    let versions =
-        check_oracle(&bytes).with_context(|| format!("bad oracle in {}", partial.display()))?;
+    let versions = check(&bytes).with_context(|| format!("bad vector in {}", partial.display()))?;
     let digest = sha256_hex(&bytes);
     fs::rename(&partial, &out)
-        .with_context(|| format!("cannot move oracle to {}", out.display()))?;
+        .with_context(|| format!("cannot move the vector to {}", out.display()))?;
     let sidecar = dir.join(format!("{file_name}.sha256"));
-    // sha256sum's format, so `sha256sum -c` in the data directory checks it too.
     fs::write(&sidecar, format!("{digest}  {file_name}\n"))
         .with_context(|| format!("cannot write {}", sidecar.display()))?;
-
     println!("command:  {command}");
     println!("wrote:    {} ({} bytes)", relative(&out), bytes.len());
     println!("sha256:   {digest}");
     println!("packages: {versions}");
-    println!("wall:     {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// The venv's interpreter with `pins` installed (exact pins already satisfied make this a
+/// quick no-op when the venv is reused).
+pub(crate) fn venv_with(venv: &Path, pins: &[&str]) -> Result<PathBuf> {
+    let python = ensure_venv(venv)?;
+    let mut pip = Command::new(&python);
+    pip.args(["-m", "pip", "install", "--disable-pip-version-check", "-q"])
+        .args(pins);
+    run_checked(&mut pip)?;
+    Ok(python)
 }
 
 /// The venv's interpreter, creating the venv with the system `python3` if it is missing.

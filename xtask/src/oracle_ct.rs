@@ -21,7 +21,7 @@ use k3_model::config::{FfnKind, K3Config};
 use k3_model::inventory::{TensorClass, text_tensors};
 use k3_model::synth::{Preset, SynthOptions, generate};
 
-use crate::oracle::{DEFAULT_VENV, PINNED, ensure_venv, relative, run_checked, sha256_hex};
+use crate::oracle::{DEFAULT_VENV, PINNED, relative, run_checked, sha256_hex, venv_with};
 use crate::{Options, command_line, from_root};
 
 /// The reader the script checks its output with; pinned like the other references.
@@ -48,12 +48,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     let out = from_root(options.get("out").unwrap_or(DEFAULT_OUT));
     let command = command_line("oracle-ct-checkpoint", args);
 
-    let python = ensure_venv(&venv)?;
-    let mut pip = Command::new(&python);
-    pip.args(["-m", "pip", "install", "--disable-pip-version-check"])
-        .args(PINNED)
-        .args(EXTRA_PINS);
-    run_checked(&mut pip)?;
+    let python = venv_with(&venv, &[&PINNED[..], &EXTRA_PINS[..]].concat())?;
 
     let synth = ScratchDir::new("k3-ct-synth")?;
     let synth_options = SynthOptions {

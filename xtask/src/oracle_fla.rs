@@ -6,13 +6,11 @@
 //! fla's Triton kernels do not run on a CPU, but its naive references do; they need torch, so
 //! they run here, in the oracle venv under `target/`, and never in `cargo test`.
 
-use std::fs;
-use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::oracle::{DEFAULT_VENV, ensure_venv, relative, run_checked, sha256_hex};
+use crate::oracle::{DEFAULT_VENV, freeze_json, venv_with};
 use crate::{Options, command_line, from_root};
 
 /// Exact pins: `fla-core` is the package that holds `fla/ops` (`flash-linear-attention` 0.6.0
@@ -34,40 +32,9 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     let dir = from_root(options.get("out").unwrap_or(DEFAULT_OUT));
     let command = command_line("oracle-fla-kda", args);
 
-    let python = ensure_venv(&venv)?;
-    let mut pip = Command::new(&python);
-    pip.args(["-m", "pip", "install", "--disable-pip-version-check"])
-        .args(PINS);
-    // Already-satisfied exact pins make this a quick no-op when the venv is reused.
-    run_checked(&mut pip)?;
+    let python = venv_with(&venv, &PINS)?;
 
-    fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let out = dir.join(FILE);
-    // Write beside the target and rename, so an interrupted run never leaves a half vector
-    // that matches no sidecar.
-    let partial = dir.join(format!("{FILE}.partial"));
-    let mut script = Command::new(&python);
-    script
-        .arg(from_root(SCRIPT))
-        .args(["--seed", &SEED.to_string(), "--command", &command, "--out"])
-        .arg(&partial);
-    run_checked(&mut script)?;
-
-    let bytes = fs::read(&partial).with_context(|| format!("cannot read {}", partial.display()))?;
-    let versions =
-        check_vector(&bytes).with_context(|| format!("bad vector in {}", partial.display()))?;
-    let digest = sha256_hex(&bytes);
-    fs::rename(&partial, &out)
-        .with_context(|| format!("cannot move the vector to {}", out.display()))?;
-    // sha256sum's format, so `sha256sum -c` in the data directory checks it too.
-    let sidecar = dir.join(format!("{FILE}.sha256"));
-    fs::write(&sidecar, format!("{digest}  {FILE}\n"))
-        .with_context(|| format!("cannot write {}", sidecar.display()))?;
-
-    println!("command:  {command}");
-    println!("wrote:    {} ({} bytes)", relative(&out), bytes.len());
-    println!("sha256:   {digest}");
-    println!("packages: {versions}");
+    freeze_json(&python, SCRIPT, SEED, &command, &dir, FILE, check_vector)?;
     println!("wall:     {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
 }

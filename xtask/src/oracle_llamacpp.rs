@@ -30,7 +30,7 @@ use k3_model::inventory::{TensorClass, text_tensors};
 use k3_model::synth::{Preset, SynthOptions, generate};
 use mxfp4_kernels::Kernels;
 
-use crate::oracle::{DEFAULT_VENV, PINNED, ensure_venv, relative, run_checked, sha256_hex};
+use crate::oracle::{DEFAULT_VENV, PINNED, relative, run_checked, sha256_hex, venv_with};
 use crate::{Options, command_line, from_root};
 
 const PACKAGE: &str = "llama-cpp-python";
@@ -126,12 +126,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     }
     lap("dense twin", &mut timings);
 
-    let python = ensure_venv(&venv)?;
-    let mut pip = Command::new(&python);
-    pip.args(["-m", "pip", "install", "--disable-pip-version-check", "-q"])
-        .args(PINNED)
-        .args(EXTRA_PINS);
-    run_checked(&mut pip)?;
+    let python = venv_with(&venv, &[&PINNED[..], &EXTRA_PINS[..]].concat())?;
     let gguf = work.join("dense-twin-f32.gguf");
     let mut convert = Command::new(&python);
     convert
