@@ -3,36 +3,12 @@
 //! bit for bit to what ml_dtypes decoded. The fixture is frozen in `tests/data/ct_tiny` by
 //! `cargo xtask oracle-ct-checkpoint`, which records its exact command and package versions.
 
-use std::path::{Path, PathBuf};
-
 use expert_store::Checkpoint;
 use k3_model::checkpoint::validate;
 use k3_model::config::{FfnKind, K3Config};
 use mxfp4_kernels::Kernels;
-use sha2::{Digest, Sha256};
 
-fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/ct_tiny")
-}
-
-/// Checks `file` against its `file.sha256` sidecar (sha256sum's `HEX  NAME` line).
-fn check_sidecar(dir: &Path, file: &str) {
-    let sidecar = std::fs::read_to_string(dir.join(format!("{file}.sha256"))).unwrap();
-    let (want, name) = sidecar
-        .trim_end()
-        .split_once("  ")
-        .unwrap_or_else(|| panic!("{file}.sha256 is not a sha256sum line: {sidecar:?}"));
-    assert_eq!(name, file, "{file}.sha256 names another file");
-    let bytes = std::fs::read(dir.join(file)).unwrap();
-    let got: String = Sha256::digest(&bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    assert_eq!(
-        got, want,
-        "{file} changed since `cargo xtask oracle-ct-checkpoint` froze it"
-    );
-}
+use crate::frozen::{data_dir, read_frozen};
 
 /// Little-endian f32 bit patterns from a hex string.
 fn f32_bits(hex: &str) -> Vec<u32> {
@@ -53,9 +29,17 @@ fn f32_bits(hex: &str) -> Vec<u32> {
 
 #[test]
 fn compressed_tensors_checkpoint_loads_and_decodes_bit_for_bit() {
-    let dir = fixture_dir();
-    check_sidecar(&dir, "model.safetensors");
-    check_sidecar(&dir, "expected.json");
+    let dir = data_dir("ct_tiny");
+    read_frozen(
+        "ct_tiny",
+        "model.safetensors",
+        "cargo xtask oracle-ct-checkpoint",
+    );
+    read_frozen(
+        "ct_tiny",
+        "expected.json",
+        "cargo xtask oracle-ct-checkpoint",
+    );
 
     let config =
         K3Config::from_json(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();

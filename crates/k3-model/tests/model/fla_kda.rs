@@ -4,11 +4,10 @@
 //! The vector is frozen in `tests/data/fla_kda` by `cargo xtask oracle-fla-kda`, which records
 //! its exact command and package versions.
 
-use std::path::{Path, PathBuf};
-
 use k3_model::config::KdaGate;
 use k3_model::ops::{kda_log_decay, kda_step, l2_norm, sigmoid};
-use sha2::{Digest, Sha256};
+
+use crate::frozen::read_frozen;
 
 const FILE: &str = "kda.json";
 /// The forward-pass acceptance: the KDA vector matches fla to ≤ 1e-5 relative to its largest
@@ -17,31 +16,6 @@ const REL_TOL: f32 = 1e-5;
 /// Gates are compared element by element: relative, with a floor for values near zero.
 const GATE_REL_TOL: f32 = 1e-6;
 const GATE_ABS_FLOOR: f32 = 1e-9;
-
-fn data_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fla_kda")
-}
-
-/// Checks `file` against its `file.sha256` sidecar (sha256sum's `HEX  NAME` line) and returns
-/// its bytes.
-fn read_checked(dir: &Path, file: &str) -> Vec<u8> {
-    let sidecar = std::fs::read_to_string(dir.join(format!("{file}.sha256"))).unwrap();
-    let (want, name) = sidecar
-        .trim_end()
-        .split_once("  ")
-        .unwrap_or_else(|| panic!("{file}.sha256 is not a sha256sum line: {sidecar:?}"));
-    assert_eq!(name, file, "{file}.sha256 names another file");
-    let bytes = std::fs::read(dir.join(file)).unwrap();
-    let got: String = Sha256::digest(&bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    assert_eq!(
-        got, want,
-        "{file} changed since `cargo xtask oracle-fla-kda` froze it"
-    );
-    bytes
-}
 
 /// f32 values from the hex of their little-endian bits; `len` is the expected count.
 fn f32s(value: &serde_json::Value, what: &str, len: usize) -> Vec<f32> {
@@ -80,7 +54,7 @@ fn max_abs(x: &[f32]) -> f32 {
 
 #[test]
 fn kda_gates_and_recurrence_match_fla_naive() {
-    let bytes = read_checked(&data_dir(), FILE);
+    let bytes = read_frozen("fla_kda", FILE, "cargo xtask oracle-fla-kda");
     let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(json["packages"]["fla-core"], "0.6.0");
     let dim = |name: &str| json["shape"][name].as_u64().unwrap() as usize;

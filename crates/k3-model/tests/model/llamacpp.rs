@@ -3,32 +3,13 @@
 //! by our exact tier, chunked and step by step, against the frozen logits of its dense twin
 //! (`cargo xtask oracle-llamacpp`, `tests/data/llamacpp_tiny/`).
 
-use std::path::{Path, PathBuf};
-
 use expert_store::Checkpoint;
 use k3_model::checkpoint::validate;
 use k3_model::model::Model;
 use k3_model::synth::{Preset, SynthOptions, generate};
 use mxfp4_kernels::{Kernels, Tier};
-use sha2::{Digest, Sha256};
 
-fn data(set: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(set)
-}
-
-fn sidecar_ok(set: &str, file: &str) -> Vec<u8> {
-    let bytes = std::fs::read(data(set).join(file)).unwrap();
-    let sidecar = std::fs::read_to_string(data(set).join(format!("{file}.sha256"))).unwrap();
-    let want = sidecar.split_whitespace().next().unwrap();
-    let got: String = Sha256::digest(&bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    assert_eq!(got, want, "{file} differs from its frozen sha256");
-    bytes
-}
+use crate::frozen::read_frozen;
 
 /// K3's bounded decay gate (`gate_lower_bound` -5, the release's form).
 #[test]
@@ -43,9 +24,13 @@ fn tiny_softplus_gate_matches_llamacpp_dense_twin() {
 }
 
 fn matches_llamacpp(set: &str, softplus: bool) {
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&sidecar_ok(set, "manifest.json")).unwrap();
-    let logits_bytes = sidecar_ok(set, "logits.f32");
+    let manifest: serde_json::Value = serde_json::from_slice(&read_frozen(
+        set,
+        "manifest.json",
+        "cargo xtask oracle-llamacpp",
+    ))
+    .unwrap();
+    let logits_bytes = read_frozen(set, "logits.f32", "cargo xtask oracle-llamacpp");
     let reference: Vec<f32> = logits_bytes
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))

@@ -4,6 +4,7 @@ mod config;
 mod ct_fixture;
 mod fla_kda;
 mod forward;
+mod frozen;
 mod inventory;
 mod llamacpp;
 mod ops;
