@@ -574,50 +574,94 @@ impl<'a> Model<'a> {
         let projections = [q, k, v];
         let f = self.gemm(&w.f_b, &f_a)?;
         let scale = (dim as f32).powf(-0.5);
-        let mut ys = Vec::with_capacity(xs.len());
-        let mut o = vec![0.0; dim];
-        for t in 0..xs.len() {
-            // The conv windows and the recurrent state advance token by token.
-            let mut qkv: [Vec<f32>; 3] = std::array::from_fn(|_| vec![0.0; heads * dim]);
-            for (((out, proj), weights), window) in qkv
-                .iter_mut()
-                .zip(&projections)
-                .zip(&w.conv)
-                .zip(s.windows.iter_mut())
-            {
-                conv_step(&proj[t], weights, taps, window, out);
-            }
-            let [q, k, v] = &mut qkv;
-            let mut y = vec![0.0; heads * dim];
-            for head in 0..heads {
-                let range = head * dim..(head + 1) * dim;
-                l2_norm(&mut q[range.clone()]);
-                q[range.clone()].iter_mut().for_each(|a| *a *= scale);
-                l2_norm(&mut k[range.clone()]);
-                let alpha: Vec<f32> = range
-                    .clone()
-                    .map(|ch| {
-                        kda_log_decay(c.kda.gate, w.a_log[head], f[t][ch] + w.dt_bias[ch]).exp()
-                    })
-                    .collect();
-                let state = &mut s.state[head * dim * dim..(head + 1) * dim * dim];
-                let beta = sigmoid(beta_logits[t][head]);
-                kda_step(
-                    state,
-                    &q[range.clone()],
-                    &k[range.clone()],
-                    &v[range.clone()],
-                    &alpha,
-                    beta,
-                    &mut o,
-                );
-                let out = &mut y[range.clone()];
-                rms_norm(&o, Some(&w.o_norm), c.rms_norm_eps, out);
-                for (a, &g) in out.iter_mut().zip(&gates[t][range]) {
-                    *a *= sigmoid(g);
+        // Head groups as tasks: each owns its heads' conv windows and states and runs the
+        // chunk's tokens in order; heads are independent, so grouping cannot change a bit.
+        let state_bytes = heads * dim * dim * 4 * xs.len();
+        let groups = if state_bytes < self.parallel_min_bytes {
+            1
+        } else {
+            self.pool.threads().min(heads)
+        };
+        let per = heads.div_ceil(groups);
+        let hist = taps - 1;
+        let [wq, wk, wv] = &mut s.windows;
+        let owned: Vec<std::sync::Mutex<[&mut [f32]; 4]>> = wq
+            .chunks_mut(per * dim * hist)
+            .zip(wk.chunks_mut(per * dim * hist))
+            .zip(wv.chunks_mut(per * dim * hist))
+            .zip(s.state.chunks_mut(per * dim * dim))
+            .map(|(((a, b), c), d)| std::sync::Mutex::new([a, b, c, d]))
+            .collect();
+        let group = |g: usize| -> Vec<Vec<f32>> {
+            let mut guard = owned[g].lock().expect("each group is locked by one task");
+            let [wq, wk, wv, state] = &mut *guard;
+            let first = g * per;
+            let count = state.len() / (dim * dim);
+            let channels = first * dim..(first + count) * dim;
+            let mut o = vec![0.0; dim];
+            let mut ys = Vec::with_capacity(xs.len());
+            for t in 0..xs.len() {
+                // The conv windows and the recurrent state advance token by token.
+                let mut qkv: [Vec<f32>; 3] = std::array::from_fn(|_| vec![0.0; count * dim]);
+                let windows: [&mut [f32]; 3] = [&mut **wq, &mut **wk, &mut **wv];
+                for (((out, proj), weights), window) in
+                    qkv.iter_mut().zip(&projections).zip(&w.conv).zip(windows)
+                {
+                    let taps_range = channels.start * taps..channels.end * taps;
+                    conv_step(
+                        &proj[t][channels.clone()],
+                        &weights[taps_range],
+                        taps,
+                        window,
+                        out,
+                    );
                 }
+                let [q, k, v] = &mut qkv;
+                let mut y = vec![0.0; count * dim];
+                for local in 0..count {
+                    let head = first + local;
+                    let range = local * dim..(local + 1) * dim;
+                    let global = head * dim..(head + 1) * dim;
+                    l2_norm(&mut q[range.clone()]);
+                    q[range.clone()].iter_mut().for_each(|a| *a *= scale);
+                    l2_norm(&mut k[range.clone()]);
+                    let alpha: Vec<f32> = global
+                        .clone()
+                        .map(|ch| {
+                            kda_log_decay(c.kda.gate, w.a_log[head], f[t][ch] + w.dt_bias[ch]).exp()
+                        })
+                        .collect();
+                    let head_state = &mut state[local * dim * dim..(local + 1) * dim * dim];
+                    let beta = sigmoid(beta_logits[t][head]);
+                    kda_step(
+                        head_state,
+                        &q[range.clone()],
+                        &k[range.clone()],
+                        &v[range.clone()],
+                        &alpha,
+                        beta,
+                        &mut o,
+                    );
+                    let out = &mut y[range];
+                    rms_norm(&o, Some(&w.o_norm), c.rms_norm_eps, out);
+                    for (a, &g) in out.iter_mut().zip(&gates[t][global]) {
+                        *a *= sigmoid(g);
+                    }
+                }
+                ys.push(y);
             }
-            ys.push(y);
+            ys
+        };
+        let parts: Vec<Vec<Vec<f32>>> = if owned.len() == 1 {
+            vec![group(0)]
+        } else {
+            self.pool.map(owned.len(), group)
+        };
+        let mut ys = vec![vec![0.0; heads * dim]; xs.len()];
+        for (g, part) in parts.into_iter().enumerate() {
+            for (y, piece) in ys.iter_mut().zip(part) {
+                y[g * per * dim..g * per * dim + piece.len()].copy_from_slice(&piece);
+            }
         }
         self.gemm(&w.o, &ys)
     }
