@@ -693,70 +693,101 @@ impl<'a> Model<'a> {
             .collect();
         let qs = self.gemm(&w.q_b, &q_a)?;
         let scale = ((nope + rope) as f32).powf(-0.5);
-        let mut ctxs = Vec::with_capacity(xs.len());
-        for t in 0..xs.len() {
-            // Append this token's latent and k_pe, then attend causally over the cache.
+        // Append the chunk's latents and k_pe in token order; token t then attends causally
+        // to the cache rows before it and itself.
+        let first_position = cache.latent.len() / rank;
+        for ckv in &ckvs {
             let mut latent = vec![0.0; rank];
-            rms_norm(
-                &ckvs[t][..rank],
-                Some(&w.kv_a_norm),
-                MLA_NORM_EPS,
-                &mut latent,
-            );
+            rms_norm(&ckv[..rank], Some(&w.kv_a_norm), MLA_NORM_EPS, &mut latent);
             cache.latent.extend_from_slice(&latent);
-            cache.k_pe.extend_from_slice(&ckvs[t][rank..rank + rope]);
-            let positions = cache.latent.len() / rank;
-            let mut ctx = vec![0.0; m.num_heads * vd];
-            for head in 0..m.num_heads {
-                let qh = &qs[t][head * (nope + rope)..(head + 1) * (nope + rope)];
-                let rows = &w.kv_b[head * (nope + vd) * rank..(head + 1) * (nope + vd) * rank];
-                // q_abs = W_UKᵀ q_nope: [rank].
-                let mut q_abs = vec![0.0f32; rank];
-                for (i, &qi) in qh[..nope].iter().enumerate() {
-                    for (a, &wv) in q_abs.iter_mut().zip(&rows[i * rank..(i + 1) * rank]) {
-                        *a += qi * wv;
-                    }
-                }
-                let scores: Vec<f32> = (0..positions)
-                    .map(|p| {
-                        let c = &cache.latent[p * rank..(p + 1) * rank];
-                        let pe = &cache.k_pe[p * rope..(p + 1) * rope];
-                        let dot = q_abs.iter().zip(c).fold(0.0f32, |a, (x, y)| a + x * y)
-                            + qh[nope..]
-                                .iter()
-                                .zip(pe)
-                                .fold(0.0f32, |a, (x, y)| a + x * y);
-                        dot * scale
-                    })
-                    .collect();
-                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let exps: Vec<f32> = scores.iter().map(|&s| (s - max).exp()).collect();
-                let total = exps.iter().fold(0.0f32, |a, &e| a + e);
-                let mut ctx_latent = vec![0.0f32; rank];
-                for (p, &e) in exps.iter().enumerate() {
-                    let weight = e / total;
-                    for (a, &cv) in ctx_latent
-                        .iter_mut()
-                        .zip(&cache.latent[p * rank..(p + 1) * rank])
-                    {
-                        *a += weight * cv;
-                    }
-                }
-                // ctx_h = W_UV ctx_latent: [v_head_dim].
-                for j in 0..vd {
-                    let wrow = &rows[(nope + j) * rank..(nope + j + 1) * rank];
-                    ctx[head * vd + j] = wrow
-                        .iter()
-                        .zip(&ctx_latent)
-                        .fold(0.0f32, |a, (x, y)| a + x * y);
+            cache.k_pe.extend_from_slice(&ckv[rank..rank + rope]);
+        }
+        let cache = &*cache;
+        // One head's context for token t (the absorbed form, K3_SPEC §7.3).
+        let head_context = |t: usize, head: usize, out: &mut [f32]| {
+            let positions = first_position + t + 1;
+            let qh = &qs[t][head * (nope + rope)..(head + 1) * (nope + rope)];
+            let rows = &w.kv_b[head * (nope + vd) * rank..(head + 1) * (nope + vd) * rank];
+            // q_abs = W_UKᵀ q_nope: [rank].
+            let mut q_abs = vec![0.0f32; rank];
+            for (i, &qi) in qh[..nope].iter().enumerate() {
+                for (a, &wv) in q_abs.iter_mut().zip(&rows[i * rank..(i + 1) * rank]) {
+                    *a += qi * wv;
                 }
             }
-            if let Some(gates) = &gates {
-                for (a, &g) in ctx.iter_mut().zip(&gates[t]) {
+            let scores: Vec<f32> = (0..positions)
+                .map(|p| {
+                    let c = &cache.latent[p * rank..(p + 1) * rank];
+                    let pe = &cache.k_pe[p * rope..(p + 1) * rope];
+                    let dot = q_abs.iter().zip(c).fold(0.0f32, |a, (x, y)| a + x * y)
+                        + qh[nope..]
+                            .iter()
+                            .zip(pe)
+                            .fold(0.0f32, |a, (x, y)| a + x * y);
+                    dot * scale
+                })
+                .collect();
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let exps: Vec<f32> = scores.iter().map(|&s| (s - max).exp()).collect();
+            let total = exps.iter().fold(0.0f32, |a, &e| a + e);
+            let mut ctx_latent = vec![0.0f32; rank];
+            for (p, &e) in exps.iter().enumerate() {
+                let weight = e / total;
+                for (a, &cv) in ctx_latent
+                    .iter_mut()
+                    .zip(&cache.latent[p * rank..(p + 1) * rank])
+                {
+                    *a += weight * cv;
+                }
+            }
+            // ctx_h = W_UV ctx_latent: [v_head_dim].
+            for (j, o) in out.iter_mut().enumerate() {
+                let wrow = &rows[(nope + j) * rank..(nope + j + 1) * rank];
+                *o = wrow
+                    .iter()
+                    .zip(&ctx_latent)
+                    .fold(0.0f32, |a, (x, y)| a + x * y);
+            }
+        };
+        // Head groups as tasks over the read-only cache (heads are independent).
+        let heads = m.num_heads;
+        let work = heads * xs.len() * (first_position + xs.len()) * (rank + rope) * 4;
+        let groups = if work < self.parallel_min_bytes {
+            1
+        } else {
+            self.pool.threads().min(heads)
+        };
+        let per = heads.div_ceil(groups);
+        let group = |g: usize| -> Vec<Vec<f32>> {
+            let heads_here = g * per..((g + 1) * per).min(heads);
+            (0..xs.len())
+                .map(|t| {
+                    let mut ctx = vec![0.0; heads_here.len() * vd];
+                    for (local, head) in heads_here.clone().enumerate() {
+                        head_context(t, head, &mut ctx[local * vd..(local + 1) * vd]);
+                    }
+                    ctx
+                })
+                .collect()
+        };
+        let count = heads.div_ceil(per);
+        let parts: Vec<Vec<Vec<f32>>> = if count == 1 {
+            vec![group(0)]
+        } else {
+            self.pool.map(count, group)
+        };
+        let mut ctxs = vec![vec![0.0; heads * vd]; xs.len()];
+        for (g, part) in parts.into_iter().enumerate() {
+            for (ctx, piece) in ctxs.iter_mut().zip(part) {
+                ctx[g * per * vd..g * per * vd + piece.len()].copy_from_slice(&piece);
+            }
+        }
+        if let Some(gates) = &gates {
+            for (ctx, gate) in ctxs.iter_mut().zip(gates) {
+                for (a, &g) in ctx.iter_mut().zip(gate) {
                     *a *= sigmoid(g);
                 }
             }
-            ctxs.push(ctx);
         }
         self.gemm(&w.o, &ctxs)
     }
