@@ -6,6 +6,10 @@
 //!  [--tokens 5,17,42,...] [--steps N] [--threads N] [--prefill-chunk N] [--kernel-tier T]
 //!  [--logits-out FILE]`
 //!
+//! Without `--model` it first generates a synthetic checkpoint (`--preset`, default `k3-0.40b`:
+//! the public 0.40B model's shapes, 0.75 GB, a few seconds) into a temporary directory that is
+//! removed when it exits: the engine's main job on a built-in default.
+//!
 //! With `--prefill-chunk N` the tokens are consumed N at a time (layer-major, bit-identical to
 //! N = 1); each chunk's time is divided among its tokens. `--threads N` runs the row blocks
 //! and expert tasks on N pinned workers (one domain; bit-identical logits for any N).
@@ -20,10 +24,13 @@ use k3_model::checkpoint::validate;
 use k3_model::config::K3Config;
 use k3_model::inventory::BytePlan;
 use k3_model::model::{Model, fingerprint};
+use k3_model::synth::{Preset, SynthOptions, generate};
 use mxfp4_kernels::{Kernels, Tier};
 
 struct Args {
-    model: PathBuf,
+    model: Option<PathBuf>,
+    /// The preset's name as given (default `k3-0.40b`).
+    preset: String,
     tokens: Option<Vec<usize>>,
     steps: usize,
     threads: usize,
@@ -34,7 +41,8 @@ struct Args {
 
 fn parse() -> Result<Args> {
     let mut args = Args {
-        model: PathBuf::new(),
+        model: None,
+        preset: "k3-0.40b".to_owned(),
         tokens: None,
         steps: 16,
         threads: 1,
@@ -42,12 +50,13 @@ fn parse() -> Result<Args> {
         tier: None,
         logits_out: None,
     };
-    let mut model = None;
+    let mut preset = None;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
         match flag.as_str() {
-            "--model" => model = Some(PathBuf::from(value()?)),
+            "--model" => args.model = Some(PathBuf::from(value()?)),
+            "--preset" => preset = Some(value()?),
             "--tokens" => {
                 args.tokens = Some(
                     value()?
@@ -65,14 +74,21 @@ fn parse() -> Result<Args> {
             "--logits-out" => args.logits_out = Some(PathBuf::from(value()?)),
             "-h" | "--help" => {
                 println!(
-                    "usage: teacher_forced_decode_bench --model DIR [--tokens IDS] [--steps N] [--threads N] [--prefill-chunk N] [--kernel-tier T] [--logits-out FILE]"
+                    "usage: teacher_forced_decode_bench [--model DIR | --preset tiny|k3-0.40b|k3-wide] [--tokens IDS] [--steps N] [--threads N] [--prefill-chunk N] [--kernel-tier T] [--logits-out FILE]"
                 );
                 std::process::exit(0);
             }
             other => bail!("unknown flag {other:?} (see --help)"),
         }
     }
-    args.model = model.context("--model DIR is required")?;
+    match (preset, &args.model) {
+        (Some(_), Some(_)) => bail!("--preset generates a checkpoint; it cannot go with --model"),
+        (Some(preset), None) => {
+            preset.parse::<Preset>().map_err(anyhow::Error::msg)?;
+            args.preset = preset
+        }
+        _ => {}
+    }
     if args.threads == 0 {
         bail!("--threads must be at least 1");
     }
@@ -82,17 +98,54 @@ fn parse() -> Result<Args> {
     Ok(args)
 }
 
+/// A generated checkpoint's directory, removed on drop.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 fn main() -> Result<()> {
     let args = parse()?;
+    let mut _scratch = None;
+    let model_dir = match &args.model {
+        Some(dir) => dir.clone(),
+        None => {
+            let dir = std::env::temp_dir().join(format!("k3-decode-synth-{}", std::process::id()));
+            let scratch = _scratch.insert(Scratch(dir));
+            let start = Instant::now();
+            let options = SynthOptions {
+                preset: args.preset.parse::<Preset>().map_err(anyhow::Error::msg)?,
+                seed: 0,
+                layers: None,
+                experts: None,
+                router_skew: 0.0,
+                softplus_gate: false,
+            };
+            let report =
+                generate(&scratch.0, &options).context("generating the synthetic checkpoint")?;
+            eprintln!(
+                "no --model: generated a synthetic {} checkpoint ({:.2} GB, {} tensors) in {:.1} s at {}",
+                args.preset,
+                report.bytes as f64 / 1e9,
+                report.tensors,
+                start.elapsed().as_secs_f64(),
+                scratch.0.display()
+            );
+            scratch.0.clone()
+        }
+    };
     let kernels = match args.tier {
         Some(tier) => Kernels::new(tier)?,
         None => Kernels::detect(),
     };
     eprintln!("kernel tier: {}, threads: {}", kernels.tier(), args.threads);
     let config_text =
-        std::fs::read_to_string(args.model.join("config.json")).context("reading config.json")?;
+        std::fs::read_to_string(model_dir.join("config.json")).context("reading config.json")?;
     let config = K3Config::from_json(&config_text)?;
-    let ckpt = Checkpoint::open(&args.model)?;
+    let ckpt = Checkpoint::open(&model_dir)?;
     validate(&ckpt, &config)?;
     let pool = std::sync::Arc::new(numa_sched::Pool::new(args.threads)?);
     let model = Model::new(&ckpt, &config, kernels)?.with_pool(pool);
