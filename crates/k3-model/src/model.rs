@@ -36,7 +36,7 @@ pub enum ModelError {
 type Result<T, E = ModelError> = std::result::Result<T, E>;
 
 /// Smallest matrix whose GEMV is split across the pool.
-const PARALLEL_MIN_BYTES: usize = 2 << 20;
+const PARALLEL_MIN_BYTES: usize = 128 << 10;
 
 /// The MLA low-rank norms use 1e-6 (HF's default), not `rms_norm_eps` (K3_SPEC §7.1).
 const MLA_NORM_EPS: f32 = 1e-6;
@@ -341,7 +341,7 @@ impl<'a> Model<'a> {
     }
 
     /// Sets the work size (bytes of weights) below which a dispatch stays on the calling
-    /// thread (default 2 MiB). Results do not depend on it; tests set 0 to split everything.
+    /// thread (default 128 KiB). Results do not depend on it; tests set 0 to split everything.
     pub fn with_parallel_threshold(mut self, bytes: usize) -> Self {
         self.parallel_min_bytes = bytes;
         self
@@ -479,7 +479,16 @@ impl<'a> Model<'a> {
     /// Layer-major forward of a chunk of tokens: per-token state (conv windows, KDA states,
     /// the MLA cache, AttnRes banks) advances in token order; projections, MLPs and experts
     /// run as batch-invariant GEMMs over the chunk.
+    /// One chunk through the whole model, run on one of the pool's workers so that every
+    /// dispatch inside starts on that worker at once while the others join (from an outside
+    /// thread, each dispatch would wake all workers and sleep): 6-8% faster on k3-0.40b with
+    /// 2 threads, same bits (PERFORMANCE.md, phase 3).
     fn forward(&self, session: &mut Session, tokens: &[usize]) -> Result<Vec<Vec<f32>>> {
+        self.pool
+            .install(|| self.forward_on_worker(session, tokens))
+    }
+
+    fn forward_on_worker(&self, session: &mut Session, tokens: &[usize]) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
         let d = c.hidden_size;
         let eps = c.rms_norm_eps;

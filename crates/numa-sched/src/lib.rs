@@ -46,6 +46,16 @@ impl Pool {
         self.threads
     }
 
+    /// Runs `f` on one of the workers and returns its result. [`Pool::map`] called inside `f`
+    /// then starts on that worker at once while the others join, instead of waking all of
+    /// them from the calling thread and sleeping until they finish.
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        if self.threads == 1 {
+            return f();
+        }
+        self.pool.install(f)
+    }
+
     /// Runs `task(0..tasks)` on the workers and returns the results in task order. A panicking
     /// task propagates to the caller (the pool stays usable).
     pub fn map<T: Send>(&self, tasks: usize, task: impl Fn(usize) -> T + Sync + Send) -> Vec<T> {
@@ -87,6 +97,25 @@ mod tests {
                 .all(|n| n.as_deref().is_some_and(|n| n.starts_with("k3-d0-w"))),
             "{names:?}"
         );
+    }
+
+    #[test]
+    fn install_runs_on_a_worker_and_map_inside_keeps_task_order() {
+        let pool = Pool::new(2).unwrap();
+        let (name, squares) = pool.install(|| {
+            (
+                std::thread::current().name().map(str::to_owned),
+                pool.map(50, |i| i * i),
+            )
+        });
+        assert!(
+            name.as_deref().is_some_and(|n| n.starts_with("k3-d0-w")),
+            "{name:?}"
+        );
+        assert_eq!(squares, (0..50).map(|i| i * i).collect::<Vec<_>>());
+        // One thread: the caller runs it.
+        let one = Pool::new(1).unwrap();
+        assert_eq!(one.install(|| one.map(3, |i| i + 1)), [1, 2, 3]);
     }
 
     #[test]
