@@ -103,12 +103,24 @@ pub struct ExpertLocation {
     pub contiguous: bool,
 }
 
+/// Tensors copied out of the file mappings into anonymous memory advised for huge pages.
+#[derive(Debug)]
+struct Resident {
+    map: Mmap,
+    /// Stored name -> byte range in `map`.
+    ranges: HashMap<String, std::ops::Range<usize>>,
+}
+
+/// Alignment of each resident tensor's first byte (a cache line, as the kernels' loads like).
+const RESIDENT_ALIGN: usize = 64;
+
 /// A mapped checkpoint directory.
 #[derive(Debug)]
 pub struct Checkpoint {
     dir: PathBuf,
     shards: Vec<Shard>,
     tensors: HashMap<String, Entry>,
+    resident: Option<Resident>,
     /// `TEXT_PREFIX` if the checkpoint's text tensors carry it, else empty.
     prefix: &'static str,
 }
@@ -210,8 +222,46 @@ impl Checkpoint {
             dir: dir.to_owned(),
             shards,
             tensors,
+            resident: None,
             prefix,
         })
+    }
+
+    /// Copies every tensor whose stored name passes `keep` into one anonymous buffer advised
+    /// for transparent huge pages; [`Checkpoint::tensor`] then hands out those copies (with the
+    /// same file `offset`). Streaming a weight from the 4 KiB pages of the file mapping costs
+    /// about 10% of read bandwidth at 2 threads against huge pages (PERFORMANCE.md, phase 3),
+    /// so weights read every token (the trunk) belong here. Replaces any earlier copy; returns
+    /// the size of the copy (the tensors in file order, each from a 64-byte boundary). The file pages stay in the page cache until the kernel evicts them.
+    pub fn make_resident(&mut self, keep: impl Fn(&str) -> bool) -> Result<usize> {
+        let mut names: Vec<&String> = self.tensors.keys().filter(|k| keep(k)).collect();
+        // File order: one sequential pass over each shard.
+        names.sort_by_key(|k| (self.tensors[*k].shard, self.tensors[*k].start));
+        let mut ranges = HashMap::with_capacity(names.len());
+        let mut len: usize = 0;
+        for name in &names {
+            let entry = &self.tensors[*name];
+            let start = len.next_multiple_of(RESIDENT_ALIGN);
+            len = start + (entry.end - entry.start);
+            ranges.insert((*name).clone(), start..len);
+        }
+        self.resident = None;
+        let anon_error = |source| CheckpointError::Io {
+            path: self.dir.clone(),
+            source,
+        };
+        let mut map = memmap2::MmapMut::map_anon(len.max(1)).map_err(anon_error)?;
+        // Advice only: where THP is off the copy still works, on 4 KiB pages.
+        #[cfg(target_os = "linux")]
+        let _ = map.advise(memmap2::Advice::HugePage);
+        for (name, range) in &ranges {
+            let entry = &self.tensors[name];
+            map[range.clone()]
+                .copy_from_slice(&self.shards[entry.shard].map[entry.start..entry.end]);
+        }
+        let map = map.make_read_only().map_err(anon_error)?;
+        self.resident = Some(Resident { map, ranges });
+        Ok(len)
     }
 
     pub fn dir(&self) -> &Path {
@@ -241,13 +291,20 @@ impl Checkpoint {
             .get_key_value(&stored)
             .or_else(|| self.tensors.get_key_value(name))?;
         let shard = &self.shards[entry.shard];
+        let bytes = match &self.resident {
+            Some(resident) => match resident.ranges.get(key) {
+                Some(range) => &resident.map[range.clone()],
+                None => &shard.map[entry.start..entry.end],
+            },
+            None => &shard.map[entry.start..entry.end],
+        };
         Some(TensorRef {
             name: key,
             path: &shard.path,
             dtype: entry.dtype,
             shape: &entry.shape,
             offset: entry.start,
-            bytes: &shard.map[entry.start..entry.end],
+            bytes,
         })
     }
 

@@ -4,7 +4,10 @@
 //!
 //! `cargo run --release -p k3-model --example teacher_forced_decode_bench -- --model DIR
 //!  [--tokens 5,17,42,...] [--steps N] [--threads N] [--prefill-chunk N] [--kernel-tier T]
-//!  [--logits-out FILE]`
+//!  [--logits-out FILE] [--resident-trunk]`
+//!
+//! `--resident-trunk` copies every text tensor but the routed experts out of the file mapping
+//! into huge-page memory before decoding (`Checkpoint::make_resident`); the logits are the same.
 //!
 //! Without `--model` it first generates a synthetic checkpoint (`--preset`, default `k3-0.40b`:
 //! the public 0.40B model's shapes, 0.75 GB, a few seconds) into a temporary directory that is
@@ -20,9 +23,10 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use expert_store::Checkpoint;
+use expert_store::checkpoint::TEXT_PREFIX;
 use k3_model::checkpoint::validate;
 use k3_model::config::K3Config;
-use k3_model::inventory::BytePlan;
+use k3_model::inventory::{BytePlan, TensorClass, text_tensors};
 use k3_model::model::{Model, fingerprint};
 use k3_model::synth::{Preset, SynthOptions, generate};
 use mxfp4_kernels::{Kernels, Tier};
@@ -37,6 +41,7 @@ struct Args {
     prefill_chunk: usize,
     tier: Option<Tier>,
     logits_out: Option<PathBuf>,
+    resident_trunk: bool,
 }
 
 fn parse() -> Result<Args> {
@@ -49,6 +54,7 @@ fn parse() -> Result<Args> {
         prefill_chunk: 1,
         tier: None,
         logits_out: None,
+        resident_trunk: false,
     };
     let mut preset = None;
     let mut it = std::env::args().skip(1);
@@ -72,9 +78,10 @@ fn parse() -> Result<Args> {
             }
             "--kernel-tier" => args.tier = Some(value()?.parse()?),
             "--logits-out" => args.logits_out = Some(PathBuf::from(value()?)),
+            "--resident-trunk" => args.resident_trunk = true,
             "-h" | "--help" => {
                 println!(
-                    "usage: teacher_forced_decode_bench [--model DIR | --preset tiny|k3-0.40b|k3-wide] [--tokens IDS] [--steps N] [--threads N] [--prefill-chunk N] [--kernel-tier T] [--logits-out FILE]"
+                    "usage: teacher_forced_decode_bench [--model DIR | --preset tiny|k3-0.40b|k3-wide] [--tokens IDS] [--steps N] [--threads N] [--prefill-chunk N] [--kernel-tier T] [--logits-out FILE] [--resident-trunk]"
                 );
                 std::process::exit(0);
             }
@@ -145,8 +152,24 @@ fn main() -> Result<()> {
     let config_text =
         std::fs::read_to_string(model_dir.join("config.json")).context("reading config.json")?;
     let config = K3Config::from_json(&config_text)?;
-    let ckpt = Checkpoint::open(&model_dir)?;
+    let mut ckpt = Checkpoint::open(&model_dir)?;
     validate(&ckpt, &config)?;
+    if args.resident_trunk {
+        let trunk: std::collections::HashSet<String> = text_tensors(&config)
+            .into_iter()
+            .filter(|t| t.class != TensorClass::RoutedExperts)
+            .map(|t| t.name)
+            .collect();
+        let start = Instant::now();
+        let bytes = ckpt.make_resident(|stored| {
+            trunk.contains(stored.strip_prefix(TEXT_PREFIX).unwrap_or(stored))
+        })?;
+        eprintln!(
+            "resident trunk: {:.2} GB copied in {:.1} s",
+            bytes as f64 / 1e9,
+            start.elapsed().as_secs_f64()
+        );
+    }
     let pool = std::sync::Arc::new(numa_sched::Pool::new(args.threads)?);
     let model = Model::new(&ckpt, &config, kernels)?.with_pool(pool);
     let plan = BytePlan::new(&config);

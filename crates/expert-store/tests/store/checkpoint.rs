@@ -164,6 +164,63 @@ fn reads_shards_views_and_expert_table() {
 }
 
 #[test]
+fn resident_copies_hand_out_the_same_bytes_from_owned_memory() {
+    let scratch = Scratch::new("resident");
+    write_checkpoint(&scratch.0, "language_model.");
+    let mut ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let names: Vec<String> = [
+        "model.norm.weight",
+        "lm_head.weight",
+        "model.layers.0.self_attn.A_log",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .chain(
+        (0..EXPERTS)
+            .map(|e| format!("model.layers.1.block_sparse_moe.experts.{e}.w2.weight_packed")),
+    )
+    .collect();
+    let before: Vec<(Vec<u8>, usize, usize)> = names
+        .iter()
+        .map(|n| {
+            let t = ckpt.require(n).unwrap();
+            (t.bytes.to_vec(), t.offset, t.bytes.as_ptr() as usize)
+        })
+        .collect();
+    let copied = ckpt
+        .make_resident(|stored| !stored.contains(".experts."))
+        .unwrap();
+    // In file order: lm_head (4096 B), A_log (32 B), then norm (128 B) from the next 64-byte
+    // boundary (4160).
+    assert_eq!(copied, 4160 + 128);
+    for (name, (bytes, offset, old_ptr)) in names.iter().zip(&before) {
+        let t = ckpt.require(name).unwrap();
+        assert_eq!((t.bytes, t.offset), (&bytes[..], *offset), "{name}");
+        let moved = t.bytes.as_ptr() as usize != *old_ptr;
+        assert_eq!(moved, !name.contains(".experts."), "{name}");
+        if moved {
+            assert_eq!(t.bytes.as_ptr() as usize % 64, 0, "{name}");
+        }
+    }
+    // Views read the copies; a second call replaces the first.
+    assert_eq!(
+        ckpt.bf16_matrix("lm_head.weight", 32, 64).unwrap().rows(),
+        32
+    );
+    assert_eq!(
+        ckpt.make_resident(|stored| stored.ends_with("norm.weight"))
+            .unwrap(),
+        128
+    );
+    let lm_head = ckpt.require("lm_head.weight").unwrap();
+    assert_eq!(
+        lm_head.bytes.as_ptr() as usize,
+        before[1].2,
+        "back on the mapping"
+    );
+}
+
+#[test]
 fn single_file_checkpoint() {
     let scratch = Scratch::new("single");
     write_safetensors(

@@ -192,6 +192,27 @@ fn thread_count_does_not_change_a_bit() {
     }
 }
 
+#[test]
+fn a_resident_trunk_gives_the_same_bits() {
+    let (scratch, config) = tiny_checkpoint("resident");
+    let mut ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let mapped: Vec<u64> = run(&Model::new(&ckpt, &config, Kernels::detect()).unwrap())
+        .iter()
+        .map(|l| fingerprint(l))
+        .collect();
+    let copied = ckpt
+        .make_resident(|stored| !stored.contains(".experts."))
+        .unwrap();
+    assert!(copied > 0);
+    let pool = std::sync::Arc::new(numa_sched::Pool::new(2).unwrap());
+    let model = Model::new(&ckpt, &config, Kernels::detect())
+        .unwrap()
+        .with_pool(pool)
+        .with_parallel_threshold(0);
+    let resident: Vec<u64> = run(&model).iter().map(|l| fingerprint(l)).collect();
+    assert_eq!(resident, mapped);
+}
+
 /// The approximate tiers' logit deviation from the exact tier on `tiny` (recorded in
 /// PERFORMANCE.md). The router is skewed (`--router-skew 8`) so that expert choices are not
 /// near-ties: with random weights and a flat router, any rounding flips some top-2 choice and
