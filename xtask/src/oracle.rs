@@ -79,14 +79,64 @@ pub(crate) fn freeze_json(
     let digest = sha256_hex(&bytes);
     fs::rename(&partial, &out)
         .with_context(|| format!("cannot move the vector to {}", out.display()))?;
-    let sidecar = dir.join(format!("{file_name}.sha256"));
-    fs::write(&sidecar, format!("{digest}  {file_name}\n"))
-        .with_context(|| format!("cannot write {}", sidecar.display()))?;
+    write_sidecar(dir, file_name, &digest)?;
     println!("command:  {command}");
     println!("wrote:    {} ({} bytes)", relative(&out), bytes.len());
     println!("sha256:   {digest}");
     println!("packages: {versions}");
     Ok(())
+}
+
+/// Writes `dir/{file}.sha256` in `sha256sum`'s format, so `sha256sum -c` in `dir` checks it.
+fn write_sidecar(dir: &Path, file: &str, digest: &str) -> Result<()> {
+    let sidecar = dir.join(format!("{file}.sha256"));
+    fs::write(&sidecar, format!("{digest}  {file}\n"))
+        .with_context(|| format!("cannot write {}", sidecar.display()))
+}
+
+/// A fresh, empty `{out}.partial` directory beside `out`, where a multi-file oracle writes
+/// everything first, so an interrupted or rejected run never leaves files that disagree with
+/// their sidecars. Publish it with [`publish_staged`].
+pub(crate) fn staging_dir(out: &Path) -> Result<PathBuf> {
+    let name = out
+        .file_name()
+        .and_then(|n| n.to_str())
+        .with_context(|| format!("output path {} has no utf-8 name", out.display()))?;
+    let staging = out.with_file_name(format!("{name}.partial"));
+    if staging.exists() {
+        fs::remove_dir_all(&staging)
+            .with_context(|| format!("cannot remove stale {}", staging.display()))?;
+    }
+    fs::create_dir_all(&staging).with_context(|| format!("cannot create {}", staging.display()))?;
+    Ok(staging)
+}
+
+/// Writes a sidecar for each of `hashed` in `staging`, then moves `files` and those sidecars
+/// into `out` and removes `staging`. Returns each hashed file's sha256.
+pub(crate) fn publish_staged<'a>(
+    staging: &Path,
+    out: &Path,
+    files: &[&str],
+    hashed: &[&'a str],
+) -> Result<Vec<(&'a str, String)>> {
+    let mut digests = Vec::new();
+    for &file in hashed {
+        let bytes = fs::read(staging.join(file)).with_context(|| format!("cannot read {file}"))?;
+        let digest = sha256_hex(&bytes);
+        write_sidecar(staging, file, &digest)?;
+        digests.push((file, digest));
+    }
+    fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let moved = files
+        .iter()
+        .map(|f| (*f).to_owned())
+        .chain(hashed.iter().map(|f| format!("{f}.sha256")));
+    for file in moved {
+        fs::rename(staging.join(&file), out.join(&file))
+            .with_context(|| format!("cannot move {file} to {}", out.display()))?;
+    }
+    fs::remove_dir(staging).with_context(|| format!("cannot remove {}", staging.display()))?;
+    Ok(digests)
 }
 
 /// The venv's interpreter with `pins` installed (exact pins already satisfied make this a

@@ -21,7 +21,9 @@ use k3_model::config::{FfnKind, K3Config};
 use k3_model::inventory::{TensorClass, text_tensors};
 use k3_model::synth::{Preset, SynthOptions, generate};
 
-use crate::oracle::{DEFAULT_VENV, PINNED, relative, run_checked, sha256_hex, venv_with};
+use crate::oracle::{
+    DEFAULT_VENV, PINNED, publish_staged, relative, run_checked, staging_dir, venv_with,
+};
 use crate::{Options, command_line, from_root};
 
 /// The reader the script checks its output with; pinned like the other references.
@@ -69,18 +71,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         "router_skew": synth_options.router_skew,
     });
 
-    // Everything is written beside the target first, so an interrupted or rejected run never
-    // leaves files that disagree with their sidecars.
-    let name = out
-        .file_name()
-        .and_then(|n| n.to_str())
-        .with_context(|| format!("output path {} has no utf-8 name", out.display()))?;
-    let partial = out.with_file_name(format!("{name}.partial"));
-    if partial.exists() {
-        fs::remove_dir_all(&partial)
-            .with_context(|| format!("cannot remove stale {}", partial.display()))?;
-    }
-    fs::create_dir_all(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
+    let partial = staging_dir(&out)?;
     fs::copy(synth.0.join("config.json"), partial.join("config.json"))
         .context("cannot copy config.json")?;
 
@@ -96,29 +87,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
 
     let versions = check_fixture(&synth.0, &partial, &report.config)
         .with_context(|| format!("bad fixture in {}", partial.display()))?;
-    let mut digests = Vec::new();
-    for file in HASHED_FILES {
-        let bytes = fs::read(partial.join(file)).with_context(|| format!("cannot read {file}"))?;
-        let digest = sha256_hex(&bytes);
-        // sha256sum's format, so `sha256sum -c` in the fixture directory checks it too.
-        fs::write(
-            partial.join(format!("{file}.sha256")),
-            format!("{digest}  {file}\n"),
-        )
-        .with_context(|| format!("cannot write {file}.sha256"))?;
-        digests.push((file, digest));
-    }
-
-    fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
-    let moved = FIXTURE_FILES
-        .into_iter()
-        .map(str::to_owned)
-        .chain(HASHED_FILES.iter().map(|f| format!("{f}.sha256")));
-    for file in moved {
-        fs::rename(partial.join(&file), out.join(&file))
-            .with_context(|| format!("cannot move {file} to {}", out.display()))?;
-    }
-    fs::remove_dir(&partial).with_context(|| format!("cannot remove {}", partial.display()))?;
+    let digests = publish_staged(&partial, &out, &FIXTURE_FILES, &HASHED_FILES)?;
 
     println!("command:  {command}");
     println!(

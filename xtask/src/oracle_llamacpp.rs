@@ -30,7 +30,9 @@ use k3_model::inventory::{TensorClass, text_tensors};
 use k3_model::synth::{Preset, SynthOptions, generate};
 use mxfp4_kernels::Kernels;
 
-use crate::oracle::{DEFAULT_VENV, PINNED, relative, run_checked, sha256_hex, venv_with};
+use crate::oracle::{
+    DEFAULT_VENV, PINNED, publish_staged, relative, run_checked, sha256_hex, staging_dir, venv_with,
+};
 use crate::{Options, command_line, from_root};
 
 const PACKAGE: &str = "llama-cpp-python";
@@ -142,16 +144,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     let gguf_sha256 = sha256_hex(&fs::read(&gguf).context("cannot read the converted gguf")?);
     lap("convert", &mut timings);
 
-    let name = out
-        .file_name()
-        .and_then(|n| n.to_str())
-        .with_context(|| format!("output path {} has no utf-8 name", out.display()))?;
-    let partial = out.with_file_name(format!("{name}.partial"));
-    if partial.exists() {
-        fs::remove_dir_all(&partial)
-            .with_context(|| format!("cannot remove stale {}", partial.display()))?;
-    }
-    fs::create_dir_all(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
+    let partial = staging_dir(&out)?;
     let token_list = tokens
         .iter()
         .map(u32::to_string)
@@ -256,26 +249,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     text.push('\n');
     fs::write(partial.join("manifest.json"), &text).context("cannot write manifest.json")?;
 
-    let mut digests = Vec::new();
-    for file in OUT_FILES {
-        let digest = sha256_hex(&fs::read(partial.join(file))?);
-        // sha256sum's format, so `sha256sum -c` in the data directory checks it too.
-        fs::write(
-            partial.join(format!("{file}.sha256")),
-            format!("{digest}  {file}\n"),
-        )
-        .with_context(|| format!("cannot write {file}.sha256"))?;
-        digests.push((file, digest));
-    }
-    fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
-    for file in OUT_FILES
-        .iter()
-        .flat_map(|f| [(*f).to_owned(), format!("{f}.sha256")])
-    {
-        fs::rename(partial.join(&file), out.join(&file))
-            .with_context(|| format!("cannot move {file} to {}", out.display()))?;
-    }
-    fs::remove_dir(&partial).with_context(|| format!("cannot remove {}", partial.display()))?;
+    let digests = publish_staged(&partial, &out, &OUT_FILES, &OUT_FILES)?;
 
     println!("command:  {command}");
     println!(
