@@ -29,10 +29,11 @@ from compressed_tensors.compressors.mxfp4 import MXFP4PackedCompressor
 from compressed_tensors.quantization import QuantizationConfig
 from safetensors import safe_open
 
+from splitmix import SplitMix64
+
 # Shared with the decode oracle, so both fixtures quantise, decode and cross-check one way.
 from mxfp4_oracle import (
     GROUP,
-    SplitMix64,
     check_decode,
     decode_ml_dtypes,
     quantize_with_compressed_tensors,

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from fla.ops.kda.gate import naive_kda_gate, naive_kda_lowerbound_gate
 from fla.ops.kda.naive import naive_recurrent_kda
 
-MASK64 = (1 << 64) - 1
+from splitmix import SplitMix64
+
 PACKAGES = ["fla-core", "einops", "torch"]
 # B = 1. V differs from K so that a [K, V] / [V, K] mix-up cannot go unnoticed.
 T, H, K, V = 12, 3, 16, 12
@@ -39,26 +40,13 @@ L2NORM_EPS = 1e-6
 LARGE_Z = [(4, 1, 3, 23.5), (9, 2, 11, 20.75)]
 
 
-class SplitMix64:
-    """Steele, Lea and Flood's splitmix64: tiny, and fixed forever, unlike library streams."""
-
-    def __init__(self, seed):
-        self.state = seed & MASK64
-
-    def next_u64(self):
-        self.state = (self.state + 0x9E3779B97F4A7C15) & MASK64
-        z = self.state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
-        return z ^ (z >> 31)
-
-    def uniform(self, shape, lo, hi):
-        """f32 tensor of `shape`, uniform in [lo, hi) on a 2^-24 grid of the unit interval."""
-        count = 1
-        for n in shape:
-            count *= n
-        values = [lo + (hi - lo) * ((self.next_u64() >> 40) / float(1 << 24)) for _ in range(count)]
-        return torch.tensor(values, dtype=torch.float32).reshape(shape)
+def uniform(rng, shape, lo, hi):
+    """f32 tensor of `shape`, uniform in [lo, hi) on a 2^-24 grid of the unit interval."""
+    count = 1
+    for n in shape:
+        count *= n
+    values = [lo + (hi - lo) * ((rng.next_u64() >> 40) / float(1 << 24)) for _ in range(count)]
+    return torch.tensor(values, dtype=torch.float32).reshape(shape)
 
 
 def hex_f32(tensor):
@@ -87,13 +75,13 @@ def main():
 
     torch.use_deterministic_algorithms(True)
     rng = SplitMix64(args.seed)
-    q_raw = rng.uniform((1, T, H, K), -1.0, 1.0)
-    k_raw = rng.uniform((1, T, H, K), -1.0, 1.0)
-    v = rng.uniform((1, T, H, V), -1.0, 1.0)
-    f = rng.uniform((1, T, H, K), -4.0, 4.0)
-    dt_bias = rng.uniform((H * K,), -1.0, 1.0)
-    a_log = rng.uniform((H,), -1.0, 1.0)
-    beta_logit = rng.uniform((1, T, H), -3.0, 3.0)
+    q_raw = uniform(rng, (1, T, H, K), -1.0, 1.0)
+    k_raw = uniform(rng, (1, T, H, K), -1.0, 1.0)
+    v = uniform(rng, (1, T, H, V), -1.0, 1.0)
+    f = uniform(rng, (1, T, H, K), -4.0, 4.0)
+    dt_bias = uniform(rng, (H * K,), -1.0, 1.0)
+    a_log = uniform(rng, (H,), -1.0, 1.0)
+    beta_logit = uniform(rng, (1, T, H), -3.0, 3.0)
     for t, h, d, z in LARGE_Z:
         f[0, t, h, d] = z - dt_bias[h * K + d].item()
 

@@ -26,33 +26,12 @@ from compressed_tensors.compressors.nvfp4.helpers import (
 from compressed_tensors.quantization.quant_scheme import preset_name_to_scheme
 from compressed_tensors.quantization.utils.helpers import calculate_qparams
 
+from splitmix import SplitMix64
+
 GROUP = 32
-MASK64 = (1 << 64) - 1
 # Every E8M0 byte except 0xFF, which is NaN and which our loader rejects.
 VALID_SCALE_BYTES = 255
 PACKAGES = ["ml-dtypes", "compressed-tensors", "torch", "numpy"]
-
-
-class SplitMix64:
-    """Steele, Lea and Flood's splitmix64: tiny, and fixed forever, unlike library streams."""
-
-    def __init__(self, seed):
-        self.state = seed & MASK64
-
-    def next_u64(self):
-        self.state = (self.state + 0x9E3779B97F4A7C15) & MASK64
-        z = self.state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
-        return z ^ (z >> 31)
-
-    def below(self, n):
-        # The modulo bias is below 2^-50 for the small n used here.
-        return self.next_u64() % n
-
-    def signed_unit(self):
-        """Uniform in [-1, 1) on a 2^-23 grid, so the value is exact in f32."""
-        return ((self.next_u64() >> 40) / float(1 << 24)) * 2.0 - 1.0
 
 
 # ---------------------------------------------------------------------------------------------
