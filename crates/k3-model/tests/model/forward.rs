@@ -50,6 +50,20 @@ fn run(model: &Model<'_>) -> Vec<Vec<f32>> {
         .collect()
 }
 
+/// Each row's FNV-1a 64 fingerprint.
+fn fingerprints(rows: &[Vec<f32>]) -> Vec<u64> {
+    rows.iter().map(|l| fingerprint(l)).collect()
+}
+
+/// Largest |a - b| over all rows.
+fn max_abs_gap(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
+    a.iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max)
+}
+
 #[test]
 fn tiny_forward_is_finite_deterministic_and_tier_consistent() {
     let (scratch, config) = tiny_checkpoint("main");
@@ -96,12 +110,7 @@ fn tiny_forward_is_finite_deterministic_and_tier_consistent() {
     // The exact tier differs from the scalar oracle by summation order only.
     let scalar = Model::new(&ckpt, &config, Kernels::scalar()).unwrap();
     let reference = run(&scalar);
-    let worst = logits
-        .iter()
-        .flatten()
-        .zip(reference.iter().flatten())
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+    let worst = max_abs_gap(&logits, &reference);
     eprintln!("tiny: max |logit| {max}, max |exact tier - scalar| {worst:e}");
     assert!(
         worst <= 1e-4 * max,
@@ -139,11 +148,11 @@ fn chunked_scoring_equals_step_by_step_in_every_tier() {
     let ckpt = Checkpoint::open(&scratch.0).unwrap();
     for kernels in Kernels::available() {
         let model = Model::new(&ckpt, &config, kernels).unwrap();
-        let steps: Vec<u64> = run(&model).iter().map(|l| fingerprint(l)).collect();
+        let steps = fingerprints(&run(&model));
         for chunk in [1, 7, 64] {
             let mut session = model.session();
             let scored = model.score(&mut session, &TOKENS, chunk).unwrap();
-            let chunked: Vec<u64> = scored.iter().map(|l| fingerprint(l)).collect();
+            let chunked = fingerprints(&scored);
             assert_eq!(chunked, steps, "{}: chunk {chunk}", kernels.tier());
             assert_eq!(session.position(), TOKENS.len());
         }
@@ -157,10 +166,7 @@ fn thread_count_does_not_change_a_bit() {
     let (scratch, config) = tiny_checkpoint("threads");
     let ckpt = Checkpoint::open(&scratch.0).unwrap();
     for kernels in Kernels::available() {
-        let single: Vec<u64> = run(&Model::new(&ckpt, &config, kernels).unwrap())
-            .iter()
-            .map(|l| fingerprint(l))
-            .collect();
+        let single = fingerprints(&run(&Model::new(&ckpt, &config, kernels).unwrap()));
         for threads in [2, 3] {
             let pool = std::sync::Arc::new(numa_sched::Pool::new(threads).unwrap());
             // Threshold 0: every projection, lm_head and expert is split into row-block tasks.
@@ -168,7 +174,7 @@ fn thread_count_does_not_change_a_bit() {
                 .unwrap()
                 .with_pool(pool)
                 .with_parallel_threshold(0);
-            let stepped: Vec<u64> = run(&model).iter().map(|l| fingerprint(l)).collect();
+            let stepped = fingerprints(&run(&model));
             assert_eq!(
                 stepped,
                 single,
@@ -176,12 +182,7 @@ fn thread_count_does_not_change_a_bit() {
                 kernels.tier()
             );
             let mut session = model.session();
-            let chunked: Vec<u64> = model
-                .score(&mut session, &TOKENS, 7)
-                .unwrap()
-                .iter()
-                .map(|l| fingerprint(l))
-                .collect();
+            let chunked = fingerprints(&model.score(&mut session, &TOKENS, 7).unwrap());
             assert_eq!(
                 chunked,
                 single,
@@ -196,10 +197,7 @@ fn thread_count_does_not_change_a_bit() {
 fn a_resident_trunk_gives_the_same_bits() {
     let (scratch, config) = tiny_checkpoint("resident");
     let mut ckpt = Checkpoint::open(&scratch.0).unwrap();
-    let mapped: Vec<u64> = run(&Model::new(&ckpt, &config, Kernels::detect()).unwrap())
-        .iter()
-        .map(|l| fingerprint(l))
-        .collect();
+    let mapped = fingerprints(&run(&Model::new(&ckpt, &config, Kernels::detect()).unwrap()));
     let copied = ckpt
         .make_resident(|stored| !stored.contains(".experts."))
         .unwrap();
@@ -209,7 +207,7 @@ fn a_resident_trunk_gives_the_same_bits() {
         .unwrap()
         .with_pool(pool)
         .with_parallel_threshold(0);
-    let resident: Vec<u64> = run(&model).iter().map(|l| fingerprint(l)).collect();
+    let resident = fingerprints(&run(&model));
     assert_eq!(resident, mapped);
 }
 
@@ -238,12 +236,7 @@ fn approximate_tiers_stay_near_the_exact_tier() {
             continue;
         };
         let logits = run(&Model::new(&ckpt, &config, kernels).unwrap());
-        let worst = logits
-            .iter()
-            .flatten()
-            .zip(reference.iter().flatten())
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
+        let worst = max_abs_gap(&logits, &reference);
         let argmax = |v: &[f32]| (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b])).unwrap();
         let agree = logits
             .iter()
