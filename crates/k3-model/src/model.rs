@@ -381,6 +381,21 @@ impl<'a> Model<'a> {
             .expect("one matrix in, one result out"))
     }
 
+    /// `task(0..tasks)` on the pool, or on this thread when `parallel` is false (work too small
+    /// to be worth waking workers for); results in task order either way.
+    fn run_tasks<T: Send>(
+        &self,
+        parallel: bool,
+        tasks: usize,
+        task: impl Fn(usize) -> T + Sync + Send,
+    ) -> Vec<T> {
+        if parallel {
+            self.pool.map(tasks, task)
+        } else {
+            (0..tasks).map(task).collect()
+        }
+    }
+
     /// `m · x_t` for several matrices that read the same inputs, as one list of tasks (one
     /// pool dispatch), each matrix's result `[token][row]`. Row blocks are tasks: every output
     /// row is computed by one task with the same arithmetic as a whole-matrix call, so the
@@ -414,11 +429,7 @@ impl<'a> Model<'a> {
                     .matmul_bf16(ms[*k], &act, range.clone(), &mut y)
                     .map(|()| y)
             };
-            let parts: Vec<_> = if threads == 1 {
-                (0..tasks.len()).map(task).collect()
-            } else {
-                self.pool.map(tasks.len(), task)
-            };
+            let parts = self.run_tasks(threads > 1, tasks.len(), task);
             let mut ys: Vec<Vec<Vec<f32>>> = ms
                 .iter()
                 .map(|m| vec![vec![0.0; m.rows()]; block.len()])
@@ -661,11 +672,7 @@ impl<'a> Model<'a> {
             }
             ys
         };
-        let parts: Vec<Vec<Vec<f32>>> = if owned.len() == 1 {
-            vec![group(0)]
-        } else {
-            self.pool.map(owned.len(), group)
-        };
+        let parts = self.run_tasks(owned.len() > 1, owned.len(), group);
         let mut ys = vec![vec![0.0; heads * dim]; xs.len()];
         for (g, part) in parts.into_iter().enumerate() {
             for (y, piece) in ys.iter_mut().zip(part) {
@@ -780,11 +787,7 @@ impl<'a> Model<'a> {
                 .collect()
         };
         let count = heads.div_ceil(per);
-        let parts: Vec<Vec<Vec<f32>>> = if count == 1 {
-            vec![group(0)]
-        } else {
-            self.pool.map(count, group)
-        };
+        let parts = self.run_tasks(count > 1, count, group);
         let mut ctxs = vec![vec![0.0; heads * vd]; xs.len()];
         for (g, part) in parts.into_iter().enumerate() {
             for (ctx, piece) in ctxs.iter_mut().zip(part) {
@@ -893,11 +896,7 @@ impl<'a> Model<'a> {
             )?;
             Ok(hidden)
         };
-        let parts: Vec<_> = if threads == 1 {
-            (0..phase1.len()).map(gate_up).collect()
-        } else {
-            self.pool.map(phase1.len(), gate_up)
-        };
+        let parts = self.run_tasks(threads > 1, phase1.len(), gate_up);
         let mut hidden: Vec<Vec<f32>> = items
             .iter()
             .map(|(_, b)| vec![0.0; inter * b.len()])
@@ -926,11 +925,7 @@ impl<'a> Model<'a> {
                 .matmul_mxfp4(down, &hidden_acts[*i], range.clone(), &mut y)?;
             Ok(y)
         };
-        let parts: Vec<_> = if threads == 1 {
-            (0..phase2.len()).map(down_rows).collect()
-        } else {
-            self.pool.map(phase2.len(), down_rows)
-        };
+        let parts = self.run_tasks(threads > 1, phase2.len(), down_rows);
         for ((i, range), part) in phase2.iter().zip(parts) {
             let part = part?;
             for (n, &(t, k)) in items[*i].1.iter().enumerate() {
