@@ -237,13 +237,13 @@ impl Checkpoint {
         let mut names: Vec<&String> = self.tensors.keys().filter(|k| keep(k)).collect();
         // File order: one sequential pass over each shard.
         names.sort_by_key(|k| (self.tensors[*k].shard, self.tensors[*k].start));
-        let mut ranges = HashMap::with_capacity(names.len());
+        let mut placed = Vec::with_capacity(names.len());
         let mut len: usize = 0;
-        for name in &names {
-            let entry = &self.tensors[*name];
+        for name in names {
+            let entry = &self.tensors[name];
             let start = len.next_multiple_of(RESIDENT_ALIGN);
             len = start + (entry.end - entry.start);
-            ranges.insert((*name).clone(), start..len);
+            placed.push((name.clone(), start..len));
         }
         self.resident = None;
         let anon_error = |source| CheckpointError::Io {
@@ -254,13 +254,16 @@ impl Checkpoint {
         // Advice only: where THP is off the copy still works, on 4 KiB pages.
         #[cfg(target_os = "linux")]
         let _ = map.advise(memmap2::Advice::HugePage);
-        for (name, range) in &ranges {
+        for (name, range) in &placed {
             let entry = &self.tensors[name];
             map[range.clone()]
                 .copy_from_slice(&self.shards[entry.shard].map[entry.start..entry.end]);
         }
         let map = map.make_read_only().map_err(anon_error)?;
-        self.resident = Some(Resident { map, ranges });
+        self.resident = Some(Resident {
+            map,
+            ranges: placed.into_iter().collect(),
+        });
         Ok(len)
     }
 
