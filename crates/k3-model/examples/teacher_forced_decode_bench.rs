@@ -33,8 +33,8 @@ use mxfp4_kernels::{Kernels, Tier};
 
 struct Args {
     model: Option<PathBuf>,
-    /// The preset's name as given (default `k3-0.40b`).
-    preset: String,
+    /// Generated when there is no `--model` (default `k3-0.40b`).
+    preset: Preset,
     tokens: Option<Vec<usize>>,
     steps: usize,
     threads: usize,
@@ -47,7 +47,7 @@ struct Args {
 fn parse() -> Result<Args> {
     let mut args = Args {
         model: None,
-        preset: "k3-0.40b".to_owned(),
+        preset: Preset::K3_040B,
         tokens: None,
         steps: 16,
         threads: 1,
@@ -62,7 +62,7 @@ fn parse() -> Result<Args> {
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
         match flag.as_str() {
             "--model" => args.model = Some(PathBuf::from(value()?)),
-            "--preset" => preset = Some(value()?),
+            "--preset" => preset = Some(value()?.parse::<Preset>().map_err(anyhow::Error::msg)?),
             "--tokens" => {
                 args.tokens = Some(
                     value()?
@@ -90,10 +90,7 @@ fn parse() -> Result<Args> {
     }
     match (preset, &args.model) {
         (Some(_), Some(_)) => bail!("--preset generates a checkpoint; it cannot go with --model"),
-        (Some(preset), None) => {
-            preset.parse::<Preset>().map_err(anyhow::Error::msg)?;
-            args.preset = preset
-        }
+        (Some(preset), None) => args.preset = preset,
         _ => {}
     }
     if args.threads == 0 {
@@ -116,15 +113,15 @@ impl Drop for Scratch {
 
 fn main() -> Result<()> {
     let args = parse()?;
-    let mut _scratch = None;
+    let mut generated = None;
     let model_dir = match &args.model {
         Some(dir) => dir.clone(),
         None => {
             let dir = std::env::temp_dir().join(format!("k3-decode-synth-{}", std::process::id()));
-            let scratch = _scratch.insert(Scratch(dir));
+            let scratch = generated.insert(Scratch(dir));
             let start = Instant::now();
             let options = SynthOptions {
-                preset: args.preset.parse::<Preset>().map_err(anyhow::Error::msg)?,
+                preset: args.preset,
                 seed: 0,
                 layers: None,
                 experts: None,

@@ -40,15 +40,32 @@ pub enum Preset {
     K3Wide,
 }
 
+impl Preset {
+    pub const ALL: [Preset; 3] = [Preset::Tiny, Preset::K3_040B, Preset::K3Wide];
+
+    /// The name `--preset` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Preset::Tiny => "tiny",
+            Preset::K3_040B => "k3-0.40b",
+            Preset::K3Wide => "k3-wide",
+        }
+    }
+}
+
+impl std::fmt::Display for Preset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl std::str::FromStr for Preset {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "tiny" => Ok(Preset::Tiny),
-            "k3-0.40b" => Ok(Preset::K3_040B),
-            "k3-wide" => Ok(Preset::K3Wide),
-            _ => Err(format!("unknown preset {s:?} (tiny, k3-0.40b, k3-wide)")),
-        }
+        Preset::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| format!("unknown preset {s:?} (tiny, k3-0.40b, k3-wide)"))
     }
 }
 
