@@ -1,6 +1,8 @@
 //! Teacher-forced decode benchmark: consumes a fixed token sequence one token at a time and
 //! reports per-step time, the median ms/token, the weight bytes one token reads, the achieved
-//! GB/s, and the FNV-1a 64 fingerprint of every step's logits and of them all.
+//! GB/s, and the FNV-1a 64 fingerprint of every step's logits and of them all. The achieved
+//! bandwidth is given as a fraction of the machine's read bandwidth, probed between steps in
+//! the same run with the same thread count (median of the per-step ratios).
 //!
 //! `cargo run --release -p k3-model --example teacher_forced_decode_bench -- --model DIR
 //!  [--tokens 5,17,42,...] [--steps N] [--threads N] [--prefill-chunk N] [--kernel-tier T]
@@ -102,6 +104,9 @@ fn parse() -> Result<Args> {
     Ok(args)
 }
 
+/// Timed steps between two read-bandwidth probes.
+const PROBE_EVERY: usize = 4;
+
 /// A generated checkpoint's directory, removed on drop.
 struct Scratch(PathBuf);
 
@@ -192,14 +197,37 @@ fn main() -> Result<()> {
         )),
         None => None,
     };
+    // The read-bandwidth reference, measured in the same run with the same number of pinned
+    // threads: the STREAM-like sum of the kernel benchmarks (benches::read_all) over 512 MiB,
+    // after every `PROBE_EVERY` timed steps (or the chunk that reaches them), so each step is
+    // paired with the bandwidth the machine gave at that moment (this host is shared: it
+    // drifts by tens of percent within a minute). A probe flushes the caches and the next
+    // step pays for it, so probing after every step would understate the decode.
+    let probe_pool = benches::Pool::new(args.threads);
+    let buffer = benches::bandwidth_buffer(512 << 20);
+    let probe = || {
+        let start = Instant::now();
+        std::hint::black_box(benches::read_all(&probe_pool, &buffer));
+        buffer.len() as f64 / start.elapsed().as_secs_f64()
+    };
+    probe(); // warm: the first pass also faults the buffer's pages in
     let mut session = model.session();
     let mut times = Vec::with_capacity(tokens.len());
+    let mut reads = Vec::with_capacity(tokens.len());
+    let mut ratios = Vec::with_capacity(tokens.len());
+    let mut pending = Vec::new();
     let mut combined = Vec::with_capacity(tokens.len() * 8);
     let mut step = 0;
     for chunk in tokens.chunks(args.prefill_chunk) {
         let start = Instant::now();
         let rows = model.score(&mut session, chunk, chunk.len())?;
         let per_token = start.elapsed().as_secs_f64() / chunk.len() as f64;
+        pending.extend(std::iter::repeat_n(per_token, chunk.len()));
+        if pending.len() >= PROBE_EVERY || step + chunk.len() == tokens.len() {
+            let read = probe();
+            reads.push(read);
+            ratios.extend(pending.drain(..).map(|t| plan.bytes_per_token as f64 / t / read));
+        }
         for (&token, logits) in chunk.iter().zip(&rows) {
             times.push(per_token);
             let fp = fingerprint(logits);
@@ -219,32 +247,30 @@ fn main() -> Result<()> {
     if let Some(mut out) = out {
         out.flush()?;
     }
-    times.sort_by(f64::total_cmp);
-    let median = times[times.len() / 2];
+    let median = |values: &mut Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    let median_time = median(&mut times);
+    let median_read = median(&mut reads);
+    let median_ratio = median(&mut ratios);
     let combined_fp = combined.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     });
-    // The read-bandwidth reference, measured now with the same number of pinned threads: the
-    // STREAM-like sum of the kernel benchmarks (benches::read_all) over 1 GiB, best of 3.
-    let probe_pool = benches::Pool::new(args.threads);
-    let buffer = benches::bandwidth_buffer(1 << 30);
-    let read = (0..3)
-        .map(|_| {
-            let start = Instant::now();
-            std::hint::black_box(benches::read_all(&probe_pool, &buffer));
-            buffer.len() as f64 / start.elapsed().as_secs_f64()
-        })
-        .fold(0.0, f64::max);
-    let achieved = plan.bytes_per_token as f64 / median;
     println!(
-        "{} steps: median {:.3} ms/token; {} weight bytes per token; {:.2} GB/s = {:.0}% of the {:.2} GB/s read bandwidth ({} threads); combined fingerprint {combined_fp:016x}",
-        tokens.len(),
-        median * 1e3,
-        plan.bytes_per_token,
-        achieved / 1e9,
-        100.0 * achieved / read,
-        read / 1e9,
+        "read bandwidth, measured after every {PROBE_EVERY} steps ({} threads): median {:.2} GB/s, range {:.2}-{:.2}",
         args.threads,
+        median_read / 1e9,
+        reads[0] / 1e9,
+        reads[reads.len() - 1] / 1e9,
+    );
+    println!(
+        "{} steps: median {:.3} ms/token; {} weight bytes per token; {:.2} GB/s; {:.0}% of the read bandwidth (median of per-step ratios to the read measured next); combined fingerprint {combined_fp:016x}",
+        tokens.len(),
+        median_time * 1e3,
+        plan.bytes_per_token,
+        plan.bytes_per_token as f64 / median_time / 1e9,
+        100.0 * median_ratio,
     );
     Ok(())
 }
