@@ -101,7 +101,20 @@ pub struct ExpertLocation {
     pub len: usize,
     /// The six tensors are back to back (one read fetches exactly them).
     pub contiguous: bool,
+    /// Each tensor's absolute byte range, in [`EXPERT_TENSORS`] order.
+    pub tensors: [std::ops::Range<usize>; 6],
 }
+
+/// The six tensors of a routed expert, in the order [`ExpertLocation::tensors`] keeps them:
+/// gate (`w1`), up (`w3`) and down (`w2`), each packed codes then scales.
+pub const EXPERT_TENSORS: [&str; 6] = [
+    "w1.weight_packed",
+    "w1.weight_scale",
+    "w3.weight_packed",
+    "w3.weight_scale",
+    "w2.weight_packed",
+    "w2.weight_scale",
+];
 
 /// Tensors copied out of the file mappings into anonymous memory advised for huge pages.
 #[derive(Debug)]
@@ -367,16 +380,17 @@ impl Checkpoint {
     /// (`model.layers.{l}.block_sparse_moe.experts.{e}.{w1,w2,w3}.{weight_packed,weight_scale}`).
     /// Experts are not stored in id order; this is the only way to find them.
     pub fn expert_table(&self) -> Result<BTreeMap<(usize, usize), ExpertLocation>> {
-        let mut parts: BTreeMap<(usize, usize), Vec<&Entry>> = BTreeMap::new();
+        let mut parts: BTreeMap<(usize, usize), Vec<(usize, &Entry)>> = BTreeMap::new();
         for (name, entry) in &self.tensors {
             let relative = name.strip_prefix(self.prefix).unwrap_or(name);
-            if let Some(key) = parse_expert_name(relative) {
-                parts.entry(key).or_default().push(entry);
+            if let Some((key, part)) = parse_expert_name(relative) {
+                parts.entry(key).or_default().push((part, entry));
             }
         }
         let mut table = BTreeMap::new();
-        for ((layer, expert), entries) in parts {
-            let first = entries[0];
+        for ((layer, expert), mut entries) in parts {
+            entries.sort_by_key(|&(part, _)| part);
+            let first = entries[0].1;
             let path = &self.shards[first.shard].path;
             let name = format!(
                 "{}model.layers.{layer}.block_sparse_moe.experts.{expert}",
@@ -390,6 +404,7 @@ impl Checkpoint {
                     found: format!("{} tensors", entries.len()),
                 });
             }
+            let entries: Vec<&Entry> = entries.into_iter().map(|(_, e)| e).collect();
             if entries.iter().any(|e| e.shard != first.shard) {
                 return Err(CheckpointError::Mismatch {
                     path: path.clone(),
@@ -408,6 +423,7 @@ impl Checkpoint {
                     offset,
                     len: end - offset,
                     contiguous: stored == end - offset,
+                    tensors: std::array::from_fn(|i| entries[i].start..entries[i].end),
                 },
             );
         }
@@ -433,15 +449,15 @@ fn f16_to_f32(h: u16) -> f32 {
     f32::from_bits(bits)
 }
 
-/// Parses `model.layers.{l}.block_sparse_moe.experts.{e}.w{1,2,3}.weight_{packed,scale}`.
-fn parse_expert_name(name: &str) -> Option<(usize, usize)> {
+/// Parses `model.layers.{l}.block_sparse_moe.experts.{e}.w{1,2,3}.weight_{packed,scale}` into
+/// `((layer, expert), index in EXPERT_TENSORS)`.
+fn parse_expert_name(name: &str) -> Option<((usize, usize), usize)> {
     let rest = name.strip_prefix("model.layers.")?;
     let (layer, rest) = rest.split_once('.')?;
     let rest = rest.strip_prefix("block_sparse_moe.experts.")?;
     let (expert, rest) = rest.split_once('.')?;
-    let (w, part) = rest.split_once('.')?;
-    let known = matches!(w, "w1" | "w2" | "w3") && matches!(part, "weight_packed" | "weight_scale");
-    known.then_some((layer.parse().ok()?, expert.parse().ok()?))
+    let part = EXPERT_TENSORS.iter().position(|t| *t == rest)?;
+    Some(((layer.parse().ok()?, expert.parse().ok()?), part))
 }
 
 fn expect(t: &TensorRef<'_>, dtype: Dtype, shape: &[usize]) -> Result<()> {

@@ -1,9 +1,21 @@
 //! Checkpoint access (safetensors shards, typed tensor views) and routed-expert residency: an (layer, expert) -> byte-range table, a bounded cache with parallel miss loads, preload, pinning and usage statistics.
 //!
-//! Implemented so far: [`checkpoint`], the read side of a checkpoint directory, and
-//! [`writer`], safetensors files in the release's layout.
+//! - [`checkpoint`]: the read side of a checkpoint directory (mapped shards, typed views, the
+//!   expert table).
+//! - [`store`]: the routed-expert residency cache over it ([`ExpertStore`]); [`io`] reads
+//!   experts from their shards; [`usage`] keeps use counts across runs.
+//! - [`writer`]: safetensors files in the release's layout.
 
 pub mod checkpoint;
+pub mod io;
+pub mod store;
+pub mod usage;
 pub mod writer;
+
+pub use store::{
+    Capacity, Expert, ExpertShape, ExpertStore, Policy, PreloadProgress, PreloadReport, Request,
+    StoreConfig, StoreError, StoreStats,
+};
+pub use usage::UsageHistory;
 
 pub use checkpoint::{Checkpoint, CheckpointError, Dtype, ExpertLocation, TensorRef};

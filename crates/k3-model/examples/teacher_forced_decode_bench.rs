@@ -226,7 +226,11 @@ fn main() -> Result<()> {
         if pending.len() >= PROBE_EVERY || step + chunk.len() == tokens.len() {
             let read = probe();
             reads.push(read);
-            ratios.extend(pending.drain(..).map(|t| plan.bytes_per_token as f64 / t / read));
+            ratios.extend(
+                pending
+                    .drain(..)
+                    .map(|t| plan.bytes_per_token as f64 / t / read),
+            );
         }
         for (&token, logits) in chunk.iter().zip(&rows) {
             times.push(per_token);

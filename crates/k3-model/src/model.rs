@@ -9,8 +9,8 @@
 
 use std::sync::Arc;
 
-use expert_store::Checkpoint;
 use expert_store::checkpoint::CheckpointError;
+use expert_store::{Checkpoint, ExpertShape, ExpertStore, StoreError};
 use mxfp4_kernels::{Bf16Matrix, ExpertScratch, Kernels, MAX_TOKENS, MxFp4Matrix, Situ};
 use numa_sched::Pool;
 
@@ -31,6 +31,15 @@ pub enum ModelError {
     Pool(String),
     #[error("token {token} is outside the vocabulary of {vocab}")]
     Token { token: usize, vocab: usize },
+    /// An expert could not be read: this step fails (the session is then mid-step and must
+    /// be reset); the model and other sessions carry on.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the expert store's experts are {store:?}, the config's {config:?}")]
+    StoreShape {
+        store: ExpertShape,
+        config: ExpertShape,
+    },
 }
 
 type Result<T, E = ModelError> = std::result::Result<T, E>;
@@ -79,6 +88,9 @@ struct Moe<'a> {
     bias: Vec<f32>,
     latent: Option<(Bf16Matrix<'a>, Option<Vec<f32>>, Bf16Matrix<'a>)>,
     shared: Option<Mlp<'a>>,
+    /// The checkpoint's layer index (the expert store's key).
+    layer: usize,
+    /// Mapped from the checkpoint; empty when the experts come from an `ExpertStore`.
     experts: Vec<[MxFp4Matrix<'a>; 3]>,
 }
 
@@ -115,6 +127,16 @@ pub struct Model<'a> {
     final_norm: Vec<f32>,
     output_res_score: Vec<f32>,
     layers: Vec<Layer<'a>>,
+    /// Where routed experts come from when they are not mapped.
+    store: Option<Arc<ExpertStore>>,
+}
+
+/// The routed-expert shapes `config` implies (what an `ExpertStore` is opened with).
+pub fn expert_shape(config: &K3Config) -> ExpertShape {
+    ExpertShape {
+        intermediate: config.moe.expert_intermediate,
+        io: config.moe.expert_io(config.hidden_size),
+    }
 }
 
 impl std::fmt::Debug for Model<'_> {
@@ -168,9 +190,39 @@ impl Session {
 }
 
 impl<'a> Model<'a> {
-    /// Builds the model over a checkpoint (validate it first with [`crate::checkpoint::validate`]).
+    /// Builds the model over a checkpoint (validate it first with [`crate::checkpoint::validate`]),
+    /// routed experts read through the file mapping.
     pub fn new(ckpt: &'a Checkpoint, config: &K3Config, kernels: Kernels) -> Result<Self> {
+        Self::load(ckpt, config, kernels, None)
+    }
+
+    /// Builds the model with its routed experts served by `store` (opened over the same
+    /// checkpoint with [`expert_shape`]); no expert byte is touched here. Logits are the same
+    /// bits as [`Model::new`]'s, whatever the store's capacity, policy or preload.
+    pub fn with_expert_store(
+        ckpt: &'a Checkpoint,
+        config: &K3Config,
+        kernels: Kernels,
+        store: Arc<ExpertStore>,
+    ) -> Result<Self> {
+        Self::load(ckpt, config, kernels, Some(store))
+    }
+
+    fn load(
+        ckpt: &'a Checkpoint,
+        config: &K3Config,
+        kernels: Kernels,
+        store: Option<Arc<ExpertStore>>,
+    ) -> Result<Self> {
         let c = config;
+        if let Some(store) = &store
+            && store.shape() != expert_shape(c)
+        {
+            return Err(ModelError::StoreShape {
+                store: store.shape(),
+                config: expert_shape(c),
+            });
+        }
         let d = c.hidden_size;
         let vec = |name: &str, n: usize| ckpt.f32_values(name, &[n]);
         let row = |name: &str, n: usize| ckpt.f32_values(name, &[1, n]);
@@ -279,7 +331,8 @@ impl<'a> Model<'a> {
                         0 => None,
                         width => Some(mlp(&format!("{q}shared_experts."), width)?),
                     };
-                    let experts = (0..moe.num_experts)
+                    let mapped = if store.is_some() { 0 } else { moe.num_experts };
+                    let experts = (0..mapped)
                         .map(|e| {
                             let base = format!("{q}experts.{e}.");
                             Ok([
@@ -294,6 +347,7 @@ impl<'a> Model<'a> {
                         bias: vec(&format!("{q}gate.e_score_correction_bias"), moe.num_experts)?,
                         latent,
                         shared,
+                        layer: i,
                         experts,
                     })
                 }
@@ -330,6 +384,7 @@ impl<'a> Model<'a> {
                 row("model.output_attn_res_proj.weight", d)?,
             ),
             layers,
+            store,
         })
     }
 
@@ -843,20 +898,102 @@ impl<'a> Model<'a> {
             .iter()
             .map(|(ids, _)| vec![vec![0.0; io]; ids.len()])
             .collect();
+        let mut needed: Vec<usize> = routes.iter().flat_map(|(ids, _)| ids.clone()).collect();
+        needed.sort_unstable();
+        needed.dedup();
+        let shared = match &self.store {
+            None => {
+                let experts: Vec<(usize, [MxFp4Matrix<'_>; 3])> =
+                    needed.iter().map(|&e| (e, w.experts[e])).collect();
+                self.run_experts(&experts, &routes, &zs, &mut outputs)?;
+                None
+            }
+            Some(store) => {
+                // All of the layer's experts at once: misses load in file order while the
+                // shared experts and then the resident experts compute; each missing one
+                // runs as it lands. Outputs go to fixed slots, so arrival order is invisible.
+                let mut request = store.request(w.layer, &needed);
+                let shared = match &w.shared {
+                    Some(mlp) if request.pending() > 0 => Some(self.mlp(mlp, xs)?),
+                    _ => None,
+                };
+                loop {
+                    let batch = request.next_batch();
+                    if batch.is_empty() {
+                        break;
+                    }
+                    let guards = batch
+                        .into_iter()
+                        .map(|(i, expert)| Ok((needed[i], expert?)))
+                        .collect::<Result<Vec<_>>>()?;
+                    let experts: Vec<(usize, [MxFp4Matrix<'_>; 3])> =
+                        guards.iter().map(|(e, g)| (*e, g.matrices())).collect();
+                    self.run_experts(&experts, &routes, &zs, &mut outputs)?;
+                }
+                shared
+            }
+        };
+        // Per token, the weighted sum in the router's order.
+        let mut routed: Vec<Vec<f32>> = Vec::with_capacity(xs.len());
+        for ((_, weights), outs) in routes.iter().zip(&outputs) {
+            let mut sum = vec![0.0f32; io];
+            for (&weight, y) in weights.iter().zip(outs) {
+                for (s, &o) in sum.iter_mut().zip(y) {
+                    *s += weight * o;
+                }
+            }
+            routed.push(sum);
+        }
+        let mut routed = match &w.latent {
+            Some((_, norm, up)) => {
+                if let Some(norm) = norm {
+                    for y in &mut routed {
+                        let raw = y.clone();
+                        rms_norm(&raw, Some(norm), c.rms_norm_eps, y);
+                    }
+                }
+                self.gemm(up, &routed)?
+            }
+            None => routed,
+        };
+        let shared = match (shared, &w.shared) {
+            (Some(done), _) => Some(done),
+            (None, Some(mlp)) => Some(self.mlp(mlp, xs)?),
+            (None, None) => None,
+        };
+        if let Some(shared) = shared {
+            for (a, b) in routed.iter_mut().zip(shared) {
+                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+            }
+        }
+        Ok(routed)
+    }
+
+    /// Runs `experts` (id and matrices) for the tokens that chose them, writing each output to
+    /// `outputs[token][pick]`.
+    fn run_experts(
+        &self,
+        experts: &[(usize, [MxFp4Matrix<'_>; 3])],
+        routes: &[(Vec<usize>, Vec<f32>)],
+        zs: &[Vec<f32>],
+        outputs: &mut [Vec<Vec<f32>>],
+    ) -> Result<()> {
+        let c = &self.config;
+        let io = zs.first().map_or(0, Vec::len);
         // Work items: (expert, block of up to MAX_TOKENS of its tokens). Each is split into row
         // blocks twice — gate/up rows of the hidden vector, then down rows of the output — so
         // that more workers than experts still share the work. Every row is computed by one
         // task with the arithmetic of the fused kernel, so the schedule cannot change a bit.
         let mut items: Vec<(usize, Vec<(usize, usize)>)> = Vec::new();
-        for e in 0..w.experts.len() {
+        for (slot, (e, _)) in experts.iter().enumerate() {
             let users: Vec<(usize, usize)> = routes
                 .iter()
                 .enumerate()
-                .filter_map(|(t, (ids, _))| ids.iter().position(|&id| id == e).map(|k| (t, k)))
+                .filter_map(|(t, (ids, _))| ids.iter().position(|id| id == e).map(|k| (t, k)))
                 .collect();
-            items.extend(users.chunks(MAX_TOKENS).map(|block| (e, block.to_vec())));
+            items.extend(users.chunks(MAX_TOKENS).map(|block| (slot, block.to_vec())));
         }
-        let expert_bytes: usize = w.experts.first().map_or(0, |[g, u, d]| {
+        let expert_bytes: usize = experts.first().map_or(0, |(_, [g, u, d])| {
             g.weight_bytes() + u.weight_bytes() + d.weight_bytes()
         });
         let threads = if items.len() * expert_bytes < self.parallel_min_bytes {
@@ -882,7 +1019,7 @@ impl<'a> Model<'a> {
             .collect();
         let gate_up = |task: usize| -> Result<Vec<f32>> {
             let (i, range) = &phase1[task];
-            let [gate, up, _] = &w.experts[items[*i].0];
+            let [gate, up, _] = &experts[items[*i].0].1;
             let mut hidden = vec![0.0; range.len() * items[*i].1.len()];
             let mut scratch = ExpertScratch::default();
             self.kernels.expert_gate_up(
@@ -919,7 +1056,7 @@ impl<'a> Model<'a> {
             .collect();
         let down_rows = |task: usize| -> Result<Vec<f32>> {
             let (i, range) = &phase2[task];
-            let [_, _, down] = &w.experts[items[*i].0];
+            let [_, _, down] = &experts[items[*i].0].1;
             let mut y = vec![0.0; range.len() * items[*i].1.len()];
             self.kernels
                 .matmul_mxfp4(down, &hidden_acts[*i], range.clone(), &mut y)?;
@@ -933,35 +1070,7 @@ impl<'a> Model<'a> {
                     .copy_from_slice(&part[n * range.len()..(n + 1) * range.len()]);
             }
         }
-        // Per token, the weighted sum in the router's order.
-        let mut routed: Vec<Vec<f32>> = Vec::with_capacity(xs.len());
-        for ((_, weights), outs) in routes.iter().zip(&outputs) {
-            let mut sum = vec![0.0f32; io];
-            for (&weight, y) in weights.iter().zip(outs) {
-                for (s, &o) in sum.iter_mut().zip(y) {
-                    *s += weight * o;
-                }
-            }
-            routed.push(sum);
-        }
-        let mut routed = match &w.latent {
-            Some((_, norm, up)) => {
-                if let Some(norm) = norm {
-                    for y in &mut routed {
-                        let raw = y.clone();
-                        rms_norm(&raw, Some(norm), c.rms_norm_eps, y);
-                    }
-                }
-                self.gemm(up, &routed)?
-            }
-            None => routed,
-        };
-        if let Some(shared) = &w.shared {
-            for (a, b) in routed.iter_mut().zip(self.mlp(shared, xs)?) {
-                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-            }
-        }
-        Ok(routed)
+        Ok(())
     }
 }
 

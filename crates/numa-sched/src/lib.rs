@@ -73,6 +73,18 @@ impl Pool {
     }
 }
 
+/// Starts an I/O thread named `k3-io-{index}` on domain 0's CPUs (all of them, with one
+/// domain). I/O threads mostly sleep in `pread`, so they are not pinned to one core: the
+/// domain is their placement. The NUMA issue gives each domain its own.
+pub fn spawn_io_thread(
+    index: usize,
+    f: impl FnOnce() + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("k3-io-{index}"))
+        .spawn(f)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

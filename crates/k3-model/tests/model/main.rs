@@ -8,4 +8,5 @@ mod frozen;
 mod inventory;
 mod llamacpp;
 mod ops;
+mod streamed;
 mod synth;

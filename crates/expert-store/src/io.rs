@@ -1,0 +1,215 @@
+//! Reading one expert from its shard: owned 4 KiB-aligned buffers, `pread` with `O_DIRECT`
+//! where the filesystem takes it, buffered reads (the pages dropped after) where it does not.
+
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Alignment of buffers, file offsets and lengths for `O_DIRECT` (the page size; a multiple
+/// of every block size Linux filesystems use here).
+pub const IO_ALIGN: usize = 4096;
+
+/// An owned, zero-initialised, `IO_ALIGN`-aligned byte buffer. Immutable once filled, so it is
+/// shared between threads behind an `Arc`.
+#[derive(Debug)]
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain bytes owned by this value; shared access is read-only and the
+// single writer (the loading thread) holds `&mut` until it hands the buffer out.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: as above: `&AlignedBuf` only reads.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// `len` zero bytes (at least one page is allocated so the pointer is always real).
+    pub fn zeroed(len: usize) -> Self {
+        let layout = Self::layout(len);
+        // SAFETY: the layout has a non-zero size (at least IO_ALIGN) and a power-of-two align.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        Self { ptr, len }
+    }
+
+    fn layout(len: usize) -> std::alloc::Layout {
+        std::alloc::Layout::from_size_align(len.max(1).next_multiple_of(IO_ALIGN), IO_ALIGN)
+            .expect("a buffer size below isize::MAX")
+    }
+
+    /// Locks the buffer's pages in RAM (`mlock`); the error is the OS's.
+    pub fn lock(&self) -> std::io::Result<()> {
+        // SAFETY: the range is this allocation, which outlives the call.
+        let rc = unsafe { libc::mlock(self.ptr.as_ptr().cast(), Self::layout(self.len).size()) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+}
+
+impl std::ops::Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr` holds `len` initialised (zeroed, then read into) bytes owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`, and `&mut self` makes this the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len)) };
+    }
+}
+
+/// One shard opened for expert reads.
+#[derive(Debug)]
+pub struct ShardReader {
+    pub path: PathBuf,
+    file: File,
+    /// Opened with `O_DIRECT`, and no read has refused it yet.
+    direct: AtomicBool,
+    /// A buffered handle for the fallback (also the only one when `O_DIRECT` was refused).
+    buffered: File,
+}
+
+/// How a read went: the bytes and whether it bypassed the page cache.
+#[derive(Debug)]
+pub struct ReadOutcome {
+    pub direct: bool,
+}
+
+impl ShardReader {
+    /// Opens `path`, with `O_DIRECT` when `direct` is asked for and the filesystem takes it.
+    pub fn open(path: &Path, direct: bool) -> std::io::Result<Self> {
+        let buffered = File::open(path)?;
+        let direct_file = if direct {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(path)
+                .ok()
+        } else {
+            None
+        };
+        Ok(Self {
+            path: path.to_owned(),
+            direct: AtomicBool::new(direct_file.is_some()),
+            file: direct_file.unwrap_or(buffered.try_clone()?),
+            buffered,
+        })
+    }
+
+    /// Whether reads currently bypass the page cache.
+    pub fn is_direct(&self) -> bool {
+        self.direct.load(Ordering::Relaxed)
+    }
+
+    /// Reads the file ranges `segments` into one new buffer, each segment starting at an
+    /// `IO_ALIGN` boundary of it; returns the buffer and where each segment's first byte
+    /// landed. One `pread` per segment (more only if the kernel returns less than asked).
+    pub fn read_segments(
+        &self,
+        segments: &[Range<usize>],
+    ) -> std::io::Result<(AlignedBuf, Vec<usize>, ReadOutcome)> {
+        let spans: Vec<(usize, usize)> = segments
+            .iter()
+            .map(|s| {
+                let start = s.start / IO_ALIGN * IO_ALIGN;
+                (start, s.end.next_multiple_of(IO_ALIGN) - start)
+            })
+            .collect();
+        let total: usize = spans.iter().map(|&(_, len)| len).sum();
+        let mut buf = AlignedBuf::zeroed(total);
+        let mut at = 0;
+        let mut starts = Vec::with_capacity(segments.len());
+        let mut direct = self.is_direct();
+        for (segment, &(start, len)) in segments.iter().zip(&spans) {
+            let needed = segment.end - start;
+            let dst = &mut buf[at..at + len];
+            let got = match direct.then(|| read_full(&self.file, dst, start)) {
+                Some(Err(e)) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    // The filesystem opened the file with O_DIRECT but refuses the read:
+                    // buffered from now on (the caller says so once).
+                    self.direct.store(false, Ordering::Relaxed);
+                    direct = false;
+                    read_full(&self.buffered, dst, start)?
+                }
+                Some(result) => result?,
+                None => read_full(&self.buffered, dst, start)?,
+            };
+            if got < needed {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "short read: {got} of {needed} bytes at offset {start} (the file ends early)"
+                    ),
+                ));
+            }
+            if !direct {
+                // The expert now lives in our buffer: drop the page-cache copy of what we read.
+                // SAFETY: plain syscall on an open descriptor; it only advises.
+                unsafe {
+                    libc::posix_fadvise(
+                        std::os::fd::AsRawFd::as_raw_fd(&self.buffered),
+                        start as libc::off_t,
+                        len as libc::off_t,
+                        libc::POSIX_FADV_DONTNEED,
+                    )
+                };
+            }
+            starts.push(at + (segment.start - start));
+            at += len;
+        }
+        Ok((buf, starts, ReadOutcome { direct }))
+    }
+}
+
+/// Reads into `dst` from `offset` until it is full or the file ends; returns the bytes read.
+fn read_full(file: &File, dst: &mut [u8], offset: usize) -> std::io::Result<usize> {
+    let mut done = 0;
+    while done < dst.len() {
+        match file.read_at(&mut dst[done..], (offset + done) as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// The memory the kernel says is available now (`MemAvailable` in `/proc/meminfo`), for the
+/// caller that wants a cache capacity checked against it; `None` where it cannot be read.
+pub fn memory_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// `RLIMIT_MEMLOCK` (soft limit, bytes), to name it when `mlock` fails.
+pub fn memlock_limit() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we pass.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut limit) };
+    (rc == 0).then_some(limit.rlim_cur)
+}

@@ -1,0 +1,135 @@
+//! Per-(layer, expert) use counts kept across runs: a small JSON file that lets the next start
+//! preload the hottest experts first and seeds the usage-weighted eviction policy.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The file's `format` field; a file with another is refused.
+pub const USAGE_FORMAT: &str = "k3-expert-usage/1";
+
+/// The default file name, placed in the checkpoint directory.
+pub const USAGE_FILE: &str = "k3-expert-usage.json";
+
+/// Errors reading or writing a usage file.
+#[derive(Debug, thiserror::Error)]
+pub enum UsageError {
+    #[error("{path}: {reason}")]
+    File { path: PathBuf, reason: String },
+}
+
+/// Use counts per layer (the checkpoint's 0-based layer index) and expert id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UsageHistory {
+    counts: BTreeMap<usize, Vec<u64>>,
+}
+
+impl UsageHistory {
+    /// The count of `(layer, expert)`; 0 for one never seen.
+    pub fn count(&self, layer: usize, expert: usize) -> u64 {
+        self.counts
+            .get(&layer)
+            .and_then(|c| c.get(expert))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Adds `n` uses of `(layer, expert)`.
+    pub fn add(&mut self, layer: usize, expert: usize, n: u64) {
+        let row = self.counts.entry(layer).or_default();
+        if row.len() <= expert {
+            row.resize(expert + 1, 0);
+        }
+        row[expert] += n;
+    }
+
+    /// All uses counted.
+    pub fn total(&self) -> u64 {
+        self.counts.values().flatten().sum()
+    }
+
+    /// Reads `path`; `Ok(None)` when there is no such file (a first run).
+    pub fn load(path: &Path) -> Result<Option<Self>, UsageError> {
+        let fail = |reason: String| UsageError::File {
+            path: path.to_owned(),
+            reason,
+        };
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(fail(e.to_string())),
+        };
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| fail(format!("not JSON: {e}")))?;
+        if json["format"] != USAGE_FORMAT {
+            return Err(fail(format!(
+                "format is {}, expected {USAGE_FORMAT:?}",
+                json["format"]
+            )));
+        }
+        let layers = json["layers"]
+            .as_object()
+            .ok_or_else(|| fail("no \"layers\" object".into()))?;
+        let mut history = Self::default();
+        for (layer, counts) in layers {
+            let layer: usize = layer
+                .parse()
+                .map_err(|_| fail(format!("layer key {layer:?} is not an index")))?;
+            let counts = counts
+                .as_array()
+                .ok_or_else(|| fail(format!("layer {layer}: counts are not an array")))?;
+            let row = counts
+                .iter()
+                .map(|c| c.as_u64())
+                .collect::<Option<Vec<u64>>>()
+                .ok_or_else(|| fail(format!("layer {layer}: a count is not a whole number")))?;
+            history.counts.insert(layer, row);
+        }
+        Ok(Some(history))
+    }
+
+    /// Writes the counts to `path` (through a temporary file renamed into place).
+    pub fn save(&self, path: &Path) -> Result<(), UsageError> {
+        let layers: serde_json::Map<String, serde_json::Value> = self
+            .counts
+            .iter()
+            .map(|(layer, counts)| (layer.to_string(), serde_json::json!(counts)))
+            .collect();
+        let text = serde_json::json!({ "format": USAGE_FORMAT, "layers": layers }).to_string();
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .map_err(|e| UsageError::File {
+                path: path.to_owned(),
+                reason: e.to_string(),
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_round_trip_and_bad_files_are_named() {
+        let dir = std::env::temp_dir().join(format!("k3-usage-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(USAGE_FILE);
+        assert_eq!(UsageHistory::load(&path).unwrap(), None);
+        let mut history = UsageHistory::default();
+        history.add(3, 7, 5);
+        history.add(3, 1, 2);
+        history.add(1, 0, 1);
+        history.save(&path).unwrap();
+        let back = UsageHistory::load(&path).unwrap().unwrap();
+        assert_eq!(back, history);
+        assert_eq!(
+            (back.count(3, 7), back.count(3, 2), back.count(9, 9)),
+            (5, 0, 0)
+        );
+        assert_eq!(back.total(), 8);
+        std::fs::write(&path, r#"{"format": "other", "layers": {}}"#).unwrap();
+        let err = UsageHistory::load(&path).unwrap_err().to_string();
+        assert!(err.contains("format") && err.contains(USAGE_FILE), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
