@@ -11,6 +11,16 @@
 //! `--resident-trunk` copies every text tensor but the routed experts out of the file mapping
 //! into huge-page memory before decoding (`Checkpoint::make_resident`); the logits are the same.
 //!
+//! Routed experts: by default they are read through the file mapping. `--expert-cache N`
+//! (experts per layer; 0 reads every expert on use), `--expert-cache-gb G` or
+//! `--preload-experts` serve them from the expert store instead: O_DIRECT reads on
+//! `--io-threads` threads (default 8), `--preload-experts` fills the cache first (a progress
+//! bar, then time and GB/s), `--mlock` pins what is resident, `--expert-policy lru|usage`
+//! picks the eviction policy, and the usage file (`k3-expert-usage.json` beside the shards, or
+//! `--usage-file F`) orders the preload and seeds the usage policy unless `--no-usage-cache`.
+//! Each step then also prints the time it waited on loads and the bytes it read; the run ends
+//! with the store's statistics. Logits are the same bits either way.
+//!
 //! Without `--model` it first generates a synthetic checkpoint (`--preset`, default `k3-0.40b`:
 //! the public 0.40B model's shapes, 0.75 GB, a few seconds) into a temporary directory that is
 //! removed when it exits: the engine's main job on a built-in default.
@@ -21,13 +31,15 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use expert_store::Checkpoint;
 use expert_store::checkpoint::TEXT_PREFIX;
+use expert_store::{Checkpoint, ExpertStore, Policy};
 use k3_model::checkpoint::validate;
 use k3_model::config::K3Config;
+use k3_model::experts::{ExpertOptions, stats_report};
 use k3_model::inventory::{BytePlan, TensorClass, text_tensors};
 use k3_model::model::{Model, fingerprint};
 use k3_model::synth::{Preset, SynthOptions, generate};
@@ -44,6 +56,7 @@ struct Args {
     tier: Option<Tier>,
     logits_out: Option<PathBuf>,
     resident_trunk: bool,
+    experts: ExpertOptions,
 }
 
 fn parse() -> Result<Args> {
@@ -57,6 +70,7 @@ fn parse() -> Result<Args> {
         tier: None,
         logits_out: None,
         resident_trunk: false,
+        experts: ExpertOptions::default(),
     };
     let mut preset = None;
     let mut it = std::env::args().skip(1);
@@ -81,9 +95,39 @@ fn parse() -> Result<Args> {
             "--kernel-tier" => args.tier = Some(value()?.parse()?),
             "--logits-out" => args.logits_out = Some(PathBuf::from(value()?)),
             "--resident-trunk" => args.resident_trunk = true,
+            "--expert-cache" => {
+                args.experts.cache_experts = Some(
+                    value()?
+                        .parse()
+                        .context("--expert-cache is experts per layer")?,
+                )
+            }
+            "--expert-cache-gb" => {
+                let gb: f64 = value()?
+                    .parse()
+                    .context("--expert-cache-gb is a size in GB")?;
+                if !(gb >= 0.0 && gb.is_finite()) {
+                    bail!("--expert-cache-gb must be a size in GB, not {gb}");
+                }
+                args.experts.cache_bytes = Some((gb * 1e9) as u64);
+            }
+            "--preload-experts" => args.experts.preload = true,
+            "--mlock" => args.experts.mlock = true,
+            "--no-usage-cache" => args.experts.usage_cache = false,
+            "--usage-file" => args.experts.usage_file = Some(PathBuf::from(value()?)),
+            "--expert-policy" => {
+                args.experts.policy = Some(match value()?.as_str() {
+                    "lru" => Policy::Lru,
+                    "usage" => Policy::UsageWeighted,
+                    other => bail!("--expert-policy is lru or usage, not {other:?}"),
+                })
+            }
+            "--io-threads" => {
+                args.experts.io_threads = value()?.parse().context("--io-threads is a count")?
+            }
             "-h" | "--help" => {
                 println!(
-                    "usage: teacher_forced_decode_bench [--model DIR | --preset tiny|k3-0.40b|k3-wide] [--tokens IDS] [--steps N] [--threads N] [--prefill-chunk N] [--kernel-tier T] [--logits-out FILE] [--resident-trunk]"
+                    "usage: teacher_forced_decode_bench [--model DIR | --preset tiny|k3-0.40b|k3-wide] [--tokens IDS] [--steps N] [--threads N] [--prefill-chunk N] [--kernel-tier T] [--logits-out FILE] [--resident-trunk] [--expert-cache N | --expert-cache-gb G] [--preload-experts] [--mlock] [--no-usage-cache] [--usage-file F] [--expert-policy lru|usage] [--io-threads N]"
                 );
                 std::process::exit(0);
             }
@@ -101,6 +145,12 @@ fn parse() -> Result<Args> {
     if args.prefill_chunk == 0 {
         bail!("--prefill-chunk must be at least 1");
     }
+    if args.experts.cache_experts.is_some() && args.experts.cache_bytes.is_some() {
+        bail!("--expert-cache and --expert-cache-gb cannot both be given");
+    }
+    if args.experts.io_threads == 0 {
+        bail!("--io-threads must be at least 1");
+    }
     Ok(args)
 }
 
@@ -117,6 +167,8 @@ impl Drop for Scratch {
 }
 
 fn main() -> Result<()> {
+    static LOG: StderrLog = StderrLog;
+    let _ = log::set_logger(&LOG).map(|()| log::set_max_level(log::LevelFilter::Warn));
     let args = parse()?;
     let mut generated = None;
     let model_dir = match &args.model {
@@ -172,8 +224,31 @@ fn main() -> Result<()> {
             start.elapsed().as_secs_f64()
         );
     }
-    let pool = std::sync::Arc::new(numa_sched::Pool::new(args.threads)?);
-    let model = Model::new(&ckpt, &config, kernels)?.with_pool(pool);
+    let store = args
+        .experts
+        .open(&ckpt, &config, expert_store::io::memory_available())?
+        .map(Arc::new);
+    if let Some(store) = &store {
+        eprintln!(
+            "expert store: {:?}, {} I/O threads, {}",
+            store,
+            args.experts.io_threads,
+            if store.is_direct() {
+                "O_DIRECT reads"
+            } else {
+                "buffered reads"
+            }
+        );
+        if args.experts.preload {
+            preload(store)?;
+        }
+    }
+    let pool = Arc::new(numa_sched::Pool::new(args.threads)?);
+    let model = match &store {
+        Some(store) => Model::with_expert_store(&ckpt, &config, kernels, Arc::clone(store))?,
+        None => Model::new(&ckpt, &config, kernels)?,
+    }
+    .with_pool(pool);
     let plan = BytePlan::new(&config);
     let tokens: Vec<usize> = match args.tokens {
         Some(tokens) => tokens,
@@ -211,6 +286,9 @@ fn main() -> Result<()> {
         buffer.len() as f64 / start.elapsed().as_secs_f64()
     };
     probe(); // warm: the first pass also faults the buffer's pages in
+    if let Some(store) = &store {
+        store.reset_stats(); // the preload's reads are not the decode's
+    }
     let mut session = model.session();
     let mut times = Vec::with_capacity(tokens.len());
     let mut reads = Vec::with_capacity(tokens.len());
@@ -220,8 +298,22 @@ fn main() -> Result<()> {
     let mut step = 0;
     for chunk in tokens.chunks(args.prefill_chunk) {
         let start = Instant::now();
+        let before = store.as_ref().map(|s| s.stats());
         let rows = model.score(&mut session, chunk, chunk.len())?;
         let per_token = start.elapsed().as_secs_f64() / chunk.len() as f64;
+        // With the store: this chunk's wait on loads and bytes read, per token.
+        let loads = match (&store, before) {
+            (Some(store), Some(before)) => {
+                let after = store.stats();
+                let n = chunk.len() as f64;
+                format!(
+                    "  waited {:7.3} ms, read {:8.1} MB",
+                    (after.wait - before.wait).as_secs_f64() * 1e3 / n,
+                    (after.bytes_read - before.bytes_read) as f64 / 1e6 / n
+                )
+            }
+            _ => String::new(),
+        };
         pending.extend(std::iter::repeat_n(per_token, chunk.len()));
         if pending.len() >= PROBE_EVERY || step + chunk.len() == tokens.len() {
             let read = probe();
@@ -237,7 +329,7 @@ fn main() -> Result<()> {
             let fp = fingerprint(logits);
             combined.extend_from_slice(&fp.to_le_bytes());
             println!(
-                "step {step:4} token {token:6}  {:9.3} ms  fingerprint {fp:016x}",
+                "step {step:4} token {token:6}  {:9.3} ms  fingerprint {fp:016x}{loads}",
                 per_token * 1e3
             );
             if let Some(out) = &mut out {
@@ -276,5 +368,57 @@ fn main() -> Result<()> {
         plan.bytes_per_token as f64 / median_time / 1e9,
         100.0 * median_ratio,
     );
+    if let Some(store) = &store {
+        print!("{}", stats_report(store, &store.stats(), tokens.len()));
+        if let Some(path) = args.experts.usage_path(&model_dir) {
+            // A read-only checkpoint directory only loses the next start's ordering.
+            match store.usage().save(&path) {
+                Ok(()) => eprintln!("expert usage saved to {}", path.display()),
+                Err(e) => eprintln!("warning: expert usage not saved: {e}"),
+            }
+        }
+    }
     Ok(())
+}
+
+/// Fills the cache before decoding, with a progress bar (GB/s, ETA) and a final line.
+fn preload(store: &ExpertStore) -> Result<()> {
+    let bar = indicatif::ProgressBar::new(0).with_style(
+        indicatif::ProgressStyle::with_template(
+            "preloading experts {bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+        )
+        .expect("a valid template"),
+    );
+    let report = store.preload(|p| {
+        bar.set_length(p.bytes_total);
+        bar.set_position(p.bytes_done);
+    })?;
+    bar.finish_and_clear();
+    eprintln!(
+        "preloaded {} experts, {:.2} GB in {:.1} s: {:.2} GB/s",
+        report.experts,
+        report.bytes as f64 / 1e9,
+        report.elapsed.as_secs_f64(),
+        report.gbps()
+    );
+    Ok(())
+}
+
+/// Prints the libraries' warnings (an mlock failure, buffered expert reads) on stderr.
+struct StderrLog;
+
+impl log::Log for StderrLog {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        metadata.level() <= log::Level::Warn
+    }
+    fn log(&self, record: &log::Record<'_>) {
+        if self.enabled(record.metadata()) {
+            eprintln!(
+                "{}: {}",
+                record.level().as_str().to_lowercase(),
+                record.args()
+            );
+        }
+    }
+    fn flush(&self) {}
 }

@@ -4,10 +4,12 @@
 //! every tensor the config implies with its byte plan; [`checkpoint`], validation of a
 //! checkpoint against the config; [`synth`], synthetic checkpoints in the release's layout;
 //! [`ops`], the forward pass's primitives (norms, AttnRes mix, router, KDA gate/conv/step);
-//! [`model`], a first single-threaded token-by-token forward pass and `Session`.
+//! [`model`], the forward pass and `Session`; [`experts`], the expert-store options the
+//! binaries share.
 
 pub mod checkpoint;
 pub mod config;
+pub mod experts;
 pub mod inventory;
 pub mod model;
 pub mod ops;
