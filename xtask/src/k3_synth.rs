@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use expert_store::Checkpoint;
 use k3_model::checkpoint::{validate, validate_expert_scales};
 use k3_model::config::K3Config;
-use k3_model::synth::{Preset, SynthOptions, generate};
+use k3_model::synth::{Preset, SynthOptions, generate, selection_bias};
 
 use crate::{Options, from_root};
 
@@ -109,6 +109,52 @@ pub(crate) fn check(args: &[String]) -> Result<()> {
         expert_matrices,
         validated.truncated_a_log.len(),
         start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `cargo xtask set-router-skew --model DIR --skew S`: overwrites each MoE layer's
+/// `gate.e_score_correction_bias` (F32) in its shard with `selection_bias(S)`, so one large
+/// synthetic checkpoint serves both the flat and the skewed cache measurements.
+pub(crate) fn set_router_skew(args: &[String]) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let o = Options::parse(args, &["model", "skew"])?;
+    let dir = from_root(o.get("model").context("--model DIR is required")?);
+    let skew: f32 = o
+        .get("skew")
+        .context("--skew S is required")?
+        .parse()
+        .context("--skew is a number")?;
+    let config = K3Config::from_json(
+        &std::fs::read_to_string(dir.join("config.json")).context("reading config.json")?,
+    )?;
+    let ckpt = Checkpoint::open(&dir)?;
+    let experts = config.moe.num_experts;
+    let bias = selection_bias(skew, experts);
+    let bytes: Vec<u8> = bias.iter().flat_map(|b| b.to_le_bytes()).collect();
+    let mut layers = 0;
+    for (i, layer) in config.layers.iter().enumerate() {
+        if layer.ffn != k3_model::config::FfnKind::Moe {
+            continue;
+        }
+        let name = format!("model.layers.{i}.block_sparse_moe.gate.e_score_correction_bias");
+        let t = ckpt.require(&name)?;
+        anyhow::ensure!(
+            t.dtype == expert_store::Dtype::F32 && t.shape == [experts],
+            "{name}: expected F32 [{experts}], found {:?} {:?}",
+            t.dtype,
+            t.shape
+        );
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(t.path)
+            .and_then(|f| f.write_all_at(&bytes, t.offset as u64))
+            .with_context(|| format!("writing {name} in {}", t.path.display()))?;
+        layers += 1;
+    }
+    println!(
+        "{}: router selection bias set to skew {skew} in {layers} MoE layers ({experts} experts each)",
+        dir.display()
     );
     Ok(())
 }

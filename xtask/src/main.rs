@@ -39,6 +39,13 @@ const TASKS: &[Task] = &[
         run: k3_synth::generate_checkpoint,
     },
     Task {
+        name: "set-router-skew",
+        usage: "--model DIR --skew S",
+        about: "rewrite every MoE layer's router selection bias in place to gen-k3-synth's \
+                --router-skew S (0: flat), for cache measurements on one checkpoint",
+        run: k3_synth::set_router_skew,
+    },
+    Task {
         name: "k3-check",
         usage: "--model DIR",
         about: "open a checkpoint directory and validate it against its config.json",

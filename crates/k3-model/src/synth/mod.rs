@@ -86,6 +86,14 @@ pub struct SynthOptions {
     pub softplus_gate: bool,
 }
 
+/// The router's selection bias for `--router-skew`: expert `e` gets `-skew * ln(1 + e)`, a
+/// Zipf-like popularity (0: flat).
+pub fn selection_bias(skew: f32, experts: usize) -> Vec<f32> {
+    (0..experts)
+        .map(|e| -skew * (1.0 + e as f32).ln())
+        .collect()
+}
+
 /// What was written.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SynthReport {
@@ -344,9 +352,7 @@ fn fill(config: &K3Config, options: &SynthOptions, spec: &TensorSpec, buf: &mut 
                         .collect()
                 }
                 "dt_bias" => (0..n).map(|_| rng.uniform(-0.5, 0.5)).collect(),
-                "e_score_correction_bias" => (0..n)
-                    .map(|e| -options.router_skew * (1.0 + e as f32).ln())
-                    .collect(),
+                "e_score_correction_bias" => selection_bias(options.router_skew, n),
                 // o_norm weight: ones; conv taps: a smoothing kernel around 1/width.
                 _ if leaf == "o_norm" => vec![1.0; n],
                 _ => {
