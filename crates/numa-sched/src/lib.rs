@@ -5,6 +5,10 @@
 //! in task order, so what a caller computes from them cannot depend on which worker ran what.
 //! Topology, several domains and node-local memory are the NUMA issue's.
 
+pub mod topology;
+
+pub use topology::{Domain, Topology, TopologyOptions, TopologySource};
+
 /// Errors of pool construction.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
