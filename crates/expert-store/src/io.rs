@@ -123,9 +123,13 @@ impl ShardReader {
     /// Reads the file ranges `segments` into one new buffer, each segment starting at an
     /// `IO_ALIGN` boundary of it; returns the buffer and where each segment's first byte
     /// landed. One `pread` per segment (more only if the kernel returns less than asked).
+    ///
+    /// With `node`, the buffer's pages are bound to that NUMA node before the read faults
+    /// them in (if the kernel refuses, first touch by this thread places them).
     pub fn read_segments(
         &self,
         segments: &[Range<usize>],
+        node: Option<usize>,
     ) -> std::io::Result<(AlignedBuf, Vec<usize>, ReadOutcome)> {
         let spans: Vec<(usize, usize)> = segments
             .iter()
@@ -136,6 +140,10 @@ impl ShardReader {
             .collect();
         let total: usize = spans.iter().map(|&(_, len)| len).sum();
         let mut buf = AlignedBuf::zeroed(total);
+        if let Some(node) = node {
+            // Placement is a preference: a refusal leaves the pages where first touch puts them.
+            let _ = numa_sched::memory::bind_to_node(&mut buf, node);
+        }
         let mut at = 0;
         let mut starts = Vec::with_capacity(segments.len());
         let mut direct = self.is_direct();

@@ -278,6 +278,16 @@ struct Shared {
     wait_ns: AtomicU64,
     requests: AtomicU64,
     busy: Mutex<Busy>,
+    placement: std::sync::OnceLock<Placement>,
+}
+
+/// Each expert's home domain, and the NUMA node (if any) its buffer is bound to.
+#[derive(Debug)]
+struct Placement {
+    /// Per layer position, per expert id.
+    homes: Vec<Vec<u16>>,
+    /// Per domain: the node to bind buffers to (`None`: first touch).
+    nodes: Vec<Option<usize>>,
 }
 
 /// A job for the I/O threads.
@@ -405,6 +415,7 @@ impl ExpertStore {
                 since: Instant::now(),
                 total: Duration::ZERO,
             }),
+            placement: std::sync::OnceLock::new(),
         });
         let (jobs, queue) = crossbeam_channel::unbounded::<Job>();
         let threads = (0..config.io_threads)
@@ -431,6 +442,44 @@ impl ExpertStore {
             store.say_buffered();
         }
         Ok(store)
+    }
+
+    /// Gives every expert a home among `nodes.len()` domains (`nodes[d]`: the NUMA node of
+    /// domain `d`, or `None` for a synthetic one) and binds the buffers of experts loaded from
+    /// now on to their home's node. Homes balance the expected load per layer: experts in
+    /// order of their earlier-run use counts (most used first, ties by id) each go to the
+    /// domain with the least load so far, counting a never-seen expert as one use; with no
+    /// counts that is round-robin by id. Call once, before the first request or preload;
+    /// later calls change nothing (returns false).
+    pub fn place(&self, nodes: Vec<Option<usize>>) -> bool {
+        let shared = &self.shared;
+        let domains = nodes.len().max(1);
+        let homes = shared
+            .layer_pos
+            .iter()
+            .map(|(&layer, &pos)| {
+                let n = shared.experts_per_layer[pos];
+                let weight = |e: usize| shared.history.count(layer, e).max(1);
+                let mut order: Vec<usize> = (0..n).collect();
+                order.sort_by_key(|&e| (std::cmp::Reverse(weight(e)), e));
+                let mut load = vec![0u64; domains];
+                let mut homes = vec![0u16; n];
+                for e in order {
+                    let d = (0..domains)
+                        .min_by_key(|&d| (load[d], d))
+                        .expect("at least one domain");
+                    load[d] += weight(e);
+                    homes[e] = d as u16;
+                }
+                homes
+            })
+            .collect();
+        shared.placement.set(Placement { homes, nodes }).is_ok()
+    }
+
+    /// Expert `expert`'s home domain in checkpoint layer `layer` (0 before [`Self::place`]).
+    pub fn home(&self, layer: usize, expert: usize) -> usize {
+        self.shared.home(layer, expert)
     }
 
     /// The expert shapes the store validates each landed expert against.
@@ -711,6 +760,26 @@ impl Shared {
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn home(&self, layer: usize, expert: usize) -> usize {
+        let (Some(placement), Some(&pos)) = (self.placement.get(), self.layer_pos.get(&layer))
+        else {
+            return 0;
+        };
+        placement.homes[pos]
+            .get(expert)
+            .map_or(0, |&d| usize::from(d))
+    }
+
+    /// The NUMA node expert buffers of `key` are bound to, if its home has one.
+    fn node(&self, key: (usize, usize)) -> Option<usize> {
+        let placement = self.placement.get()?;
+        placement
+            .nodes
+            .get(self.home(key.0, key.1))
+            .copied()
+            .flatten()
+    }
+
     fn priority(&self, layer: usize, expert: usize) -> u64 {
         match self.policy {
             Policy::Lru => 0,
@@ -767,7 +836,7 @@ impl Shared {
         let located = &self.table[&key];
         let reader = &self.readers[located.shard];
         self.busy_change(true);
-        let read = reader.read_segments(&located.segments);
+        let read = reader.read_segments(&located.segments, self.node(key));
         self.busy_change(false);
         let result = read
             .map_err(|e| StoreError::Read {

@@ -21,6 +21,13 @@
 //! Each step then also prints the time it waited on loads and the bytes it read; the run ends
 //! with the store's statistics. Logits are the same bits either way.
 //!
+//! Placement: `--threads N` is the number of workers in all (default 1), split evenly over the
+//! domains; `--numa` makes each NUMA node a domain, `--numa-fake N` splits the CPUs into N
+//! synthetic domains, `--numa-threads N` puts N workers in every domain (instead of
+//! `--threads`), `--hyperthreads` keeps hyperthread siblings (skipped by default). Workers are
+//! pinned to their domain's CPUs; row blocks, head groups and lm_head shards are spread over
+//! the domains, experts run on their home domain. Logits are the same bits for any of these.
+//!
 //! Without `--model` it first generates a synthetic checkpoint (`--preset`, default `k3-0.40b`:
 //! the public 0.40B model's shapes, 0.75 GB, a few seconds) into a temporary directory that is
 //! removed when it exits: the engine's main job on a built-in default.
@@ -57,6 +64,7 @@ struct Args {
     logits_out: Option<PathBuf>,
     resident_trunk: bool,
     experts: ExpertOptions,
+    placement: numa_sched::PoolOptions,
 }
 
 fn parse() -> Result<Args> {
@@ -71,6 +79,7 @@ fn parse() -> Result<Args> {
         logits_out: None,
         resident_trunk: false,
         experts: ExpertOptions::default(),
+        placement: numa_sched::PoolOptions::default(),
     };
     let mut preset = None;
     let mut it = std::env::args().skip(1);
@@ -95,6 +104,22 @@ fn parse() -> Result<Args> {
             "--kernel-tier" => args.tier = Some(value()?.parse()?),
             "--logits-out" => args.logits_out = Some(PathBuf::from(value()?)),
             "--resident-trunk" => args.resident_trunk = true,
+            "--numa" => args.placement.numa = true,
+            "--numa-fake" => {
+                let n: usize = value()?.parse().context("--numa-fake is a domain count")?;
+                if n == 0 {
+                    bail!("--numa-fake must be at least 1");
+                }
+                args.placement.fake_domains = Some(n);
+            }
+            "--numa-threads" => {
+                let n: usize = value()?.parse().context("--numa-threads is a count")?;
+                if n == 0 {
+                    bail!("--numa-threads must be at least 1");
+                }
+                args.placement.threads_per_domain = Some(n);
+            }
+            "--hyperthreads" => args.placement.hyperthreads = true,
             "--expert-cache" => {
                 args.experts.cache_experts = Some(
                     value()?
@@ -127,7 +152,7 @@ fn parse() -> Result<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "usage: teacher_forced_decode_bench [--model DIR | --preset tiny|k3-0.40b|k3-wide] [--tokens IDS] [--steps N] [--threads N] [--prefill-chunk N] [--kernel-tier T] [--logits-out FILE] [--resident-trunk] [--expert-cache N | --expert-cache-gb G] [--preload-experts] [--mlock] [--no-usage-cache] [--usage-file F] [--expert-policy lru|usage] [--io-threads N]"
+                    "usage: teacher_forced_decode_bench [--model DIR | --preset tiny|k3-0.40b|k3-wide] [--tokens IDS] [--steps N] [--threads N] [--prefill-chunk N] [--kernel-tier T] [--logits-out FILE] [--resident-trunk] [--expert-cache N | --expert-cache-gb G] [--preload-experts] [--mlock] [--no-usage-cache] [--usage-file F] [--expert-policy lru|usage] [--io-threads N] [--numa | --numa-fake N] [--numa-threads N] [--hyperthreads]"
                 );
                 std::process::exit(0);
             }
@@ -142,6 +167,7 @@ fn parse() -> Result<Args> {
     if args.threads == 0 {
         bail!("--threads must be at least 1");
     }
+    args.placement.threads = Some(args.threads);
     if args.prefill_chunk == 0 {
         bail!("--prefill-chunk must be at least 1");
     }
@@ -202,7 +228,17 @@ fn main() -> Result<()> {
         Some(tier) => Kernels::new(tier)?,
         None => Kernels::detect(),
     };
-    eprintln!("kernel tier: {}, threads: {}", kernels.tier(), args.threads);
+    let pool = Arc::new(args.placement.build()?);
+    eprintln!("{}", pool.topology().describe());
+    eprintln!(
+        "kernel tier: {}, threads: {} ({} per domain)",
+        kernels.tier(),
+        pool.threads(),
+        (0..pool.domains())
+            .map(|d| pool.domain_threads(d).to_string())
+            .collect::<Vec<_>>()
+            .join("/")
+    );
     let config_text =
         std::fs::read_to_string(model_dir.join("config.json")).context("reading config.json")?;
     let config = K3Config::from_json(&config_text)?;
@@ -239,16 +275,17 @@ fn main() -> Result<()> {
                 "buffered reads"
             }
         );
+        // Experts get home domains (balanced by the usage file's counts) before any load.
+        store.place(pool.topology().domains.iter().map(|d| d.node).collect());
         if args.experts.preload {
             preload(store)?;
         }
     }
-    let pool = Arc::new(numa_sched::Pool::new(args.threads)?);
     let model = match &store {
         Some(store) => Model::with_expert_store(&ckpt, &config, kernels, Arc::clone(store))?,
         None => Model::new(&ckpt, &config, kernels)?,
     }
-    .with_pool(pool);
+    .with_pool(Arc::clone(&pool));
     let plan = BytePlan::new(&config);
     let tokens: Vec<usize> = match args.tokens {
         Some(tokens) => tokens,
@@ -278,7 +315,7 @@ fn main() -> Result<()> {
     // paired with the bandwidth the machine gave at that moment (this host is shared: it
     // drifts by tens of percent within a minute). A probe flushes the caches and the next
     // step pays for it, so probing after every step would understate the decode.
-    let probe_pool = benches::Pool::new(args.threads);
+    let probe_pool = benches::Pool::new(pool.threads());
     let buffer = benches::bandwidth_buffer(512 << 20);
     let probe = || {
         let start = Instant::now();
@@ -355,7 +392,7 @@ fn main() -> Result<()> {
     });
     println!(
         "read bandwidth, measured after every {PROBE_EVERY} steps ({} threads): median {:.2} GB/s, range {:.2}-{:.2}",
-        args.threads,
+        pool.threads(),
         median_read / 1e9,
         reads[0] / 1e9,
         reads[reads.len() - 1] / 1e9,

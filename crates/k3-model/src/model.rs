@@ -436,18 +436,32 @@ impl<'a> Model<'a> {
             .expect("one matrix in, one result out"))
     }
 
-    /// `task(0..tasks)` on the pool, or on this thread when `parallel` is false (work too small
-    /// to be worth waking workers for); results in task order either way.
+    /// `task(0..tasks)` on the pool, task `i` on domain `domain_of(i)`, or all on this thread
+    /// when `parallel` is false (work too small to be worth waking workers for); results in
+    /// task order either way.
     fn run_tasks<T: Send>(
         &self,
         parallel: bool,
         tasks: usize,
+        domain_of: impl Fn(usize) -> usize,
         task: impl Fn(usize) -> T + Sync + Send,
-    ) -> Vec<T> {
+    ) -> Result<Vec<T>> {
         if parallel {
-            self.pool.map(tasks, task)
+            self.pool
+                .map_on(tasks, domain_of, task)
+                .map_err(|e| ModelError::Pool(e.to_string()))
         } else {
-            (0..tasks).map(task).collect()
+            Ok((0..tasks).map(task).collect())
+        }
+    }
+
+    /// The domain that runs routed expert `expert` of checkpoint layer `layer`: its home in
+    /// the expert store when the store was placed on this pool's domains, else round-robin.
+    fn expert_domain(&self, layer: usize, expert: usize) -> usize {
+        let domains = self.pool.domains();
+        match &self.store {
+            Some(store) => store.home(layer, expert) % domains,
+            None => expert % domains,
         }
     }
 
@@ -464,13 +478,19 @@ impl<'a> Model<'a> {
         } else {
             self.pool.threads()
         };
-        let tasks: Vec<(usize, std::ops::Range<usize>)> = ms
+        // Each matrix's rows split into blocks, the blocks spread over the domains in order:
+        // each domain reads its own rows of every matrix.
+        let domains = self.pool.domains();
+        let tasks: Vec<(usize, std::ops::Range<usize>, usize)> = ms
             .iter()
             .enumerate()
             .flat_map(|(k, m)| {
-                row_tasks(m.rows(), threads)
+                let blocks = row_tasks(m.rows(), threads.max(domains));
+                let n = blocks.len();
+                blocks
                     .into_iter()
-                    .map(move |r| (k, r))
+                    .enumerate()
+                    .map(move |(j, r)| (k, r, j * domains / n))
             })
             .collect();
         let mut out: Vec<Vec<Vec<f32>>> = ms.iter().map(|_| Vec::with_capacity(xs.len())).collect();
@@ -478,18 +498,18 @@ impl<'a> Model<'a> {
             let flat: Vec<f32> = block.iter().flatten().copied().collect();
             let act = self.kernels.prepare(&flat, cols)?;
             let task = |i: usize| {
-                let (k, range) = &tasks[i];
+                let (k, range, _) = &tasks[i];
                 let mut y = vec![0.0; range.len() * block.len()];
                 self.kernels
                     .matmul_bf16(ms[*k], &act, range.clone(), &mut y)
                     .map(|()| y)
             };
-            let parts = self.run_tasks(threads > 1, tasks.len(), task);
+            let parts = self.run_tasks(threads > 1, tasks.len(), |i| tasks[i].2, task)?;
             let mut ys: Vec<Vec<Vec<f32>>> = ms
                 .iter()
                 .map(|m| vec![vec![0.0; m.rows()]; block.len()])
                 .collect();
-            for ((k, range), part) in tasks.iter().zip(parts) {
+            for ((k, range, _), part) in tasks.iter().zip(parts) {
                 let part = part?;
                 for (t, row) in ys[*k].iter_mut().enumerate() {
                     row[range.clone()]
@@ -727,7 +747,12 @@ impl<'a> Model<'a> {
             }
             ys
         };
-        let parts = self.run_tasks(owned.len() > 1, owned.len(), group);
+        let parts = self.run_tasks(
+            owned.len() > 1,
+            owned.len(),
+            |g| self.pool.block_domain(g, owned.len()),
+            group,
+        )?;
         let mut ys = vec![vec![0.0; heads * dim]; xs.len()];
         for (g, part) in parts.into_iter().enumerate() {
             for (y, piece) in ys.iter_mut().zip(part) {
@@ -842,7 +867,12 @@ impl<'a> Model<'a> {
                 .collect()
         };
         let count = heads.div_ceil(per);
-        let parts = self.run_tasks(count > 1, count, group);
+        let parts = self.run_tasks(
+            count > 1,
+            count,
+            |g| self.pool.block_domain(g, count),
+            group,
+        )?;
         let mut ctxs = vec![vec![0.0; heads * vd]; xs.len()];
         for (g, part) in parts.into_iter().enumerate() {
             for (ctx, piece) in ctxs.iter_mut().zip(part) {
@@ -905,7 +935,7 @@ impl<'a> Model<'a> {
             None => {
                 let experts: Vec<(usize, [MxFp4Matrix<'_>; 3])> =
                     needed.iter().map(|&e| (e, w.experts[e])).collect();
-                self.run_experts(&experts, &routes, &zs, &mut outputs)?;
+                self.run_experts(w.layer, &experts, &routes, &zs, &mut outputs)?;
                 None
             }
             Some(store) => {
@@ -928,7 +958,7 @@ impl<'a> Model<'a> {
                         .collect::<Result<Vec<_>>>()?;
                     let experts: Vec<(usize, [MxFp4Matrix<'_>; 3])> =
                         guards.iter().map(|(e, g)| (*e, g.matrices())).collect();
-                    self.run_experts(&experts, &routes, &zs, &mut outputs)?;
+                    self.run_experts(w.layer, &experts, &routes, &zs, &mut outputs)?;
                 }
                 shared
             }
@@ -973,6 +1003,7 @@ impl<'a> Model<'a> {
     /// `outputs[token][pick]`.
     fn run_experts(
         &self,
+        layer: usize,
         experts: &[(usize, [MxFp4Matrix<'_>; 3])],
         routes: &[(Vec<usize>, Vec<f32>)],
         zs: &[Vec<f32>],
@@ -1033,7 +1064,8 @@ impl<'a> Model<'a> {
             )?;
             Ok(hidden)
         };
-        let parts = self.run_tasks(threads > 1, phase1.len(), gate_up);
+        let home = |i: usize| self.expert_domain(layer, experts[items[i].0].0);
+        let parts = self.run_tasks(threads > 1, phase1.len(), |t| home(phase1[t].0), gate_up)?;
         let mut hidden: Vec<Vec<f32>> = items
             .iter()
             .map(|(_, b)| vec![0.0; inter * b.len()])
@@ -1062,7 +1094,7 @@ impl<'a> Model<'a> {
                 .matmul_mxfp4(down, &hidden_acts[*i], range.clone(), &mut y)?;
             Ok(y)
         };
-        let parts = self.run_tasks(threads > 1, phase2.len(), down_rows);
+        let parts = self.run_tasks(threads > 1, phase2.len(), |t| home(phase2[t].0), down_rows)?;
         for ((i, range), part) in phase2.iter().zip(parts) {
             let part = part?;
             for (n, &(t, k)) in items[*i].1.iter().enumerate() {

@@ -26,6 +26,8 @@ pub enum TopologySource {
     SingleNode,
     /// `Topology::fake(n)`: the CPUs split into `n` synthetic domains.
     Fake(usize),
+    /// Every CPU of the machine's nodes as one domain (NUMA not asked for).
+    Merged,
 }
 
 /// The domains work is placed on.
@@ -175,6 +177,7 @@ impl Topology {
             TopologySource::Sysfs => "NUMA nodes from sysfs".to_string(),
             TopologySource::SingleNode => "one node (no NUMA information)".to_string(),
             TopologySource::Fake(n) => format!("{n} synthetic domains (--numa-fake)"),
+            TopologySource::Merged => "all CPUs as one domain (no --numa)".to_string(),
         };
         let domains: Vec<String> = self
             .domains

@@ -7,6 +7,7 @@ mod forward;
 mod frozen;
 mod inventory;
 mod llamacpp;
+mod numa;
 mod ops;
 mod streamed;
 mod synth;
