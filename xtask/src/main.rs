@@ -6,6 +6,7 @@
 mod bench_kernels;
 mod k3_plan;
 mod k3_synth;
+mod numa_model;
 mod oracle;
 mod oracle_ct;
 mod oracle_fla;
@@ -44,6 +45,14 @@ const TASKS: &[Task] = &[
         about: "rewrite every MoE layer's router selection bias in place to gen-k3-synth's \
                 --router-skew S (0: flat), for cache measurements on one checkpoint",
         run: k3_synth::set_router_skew,
+    },
+    Task {
+        name: "numa-model",
+        usage: "[--config FILE] [--socket-gbps G] [--link-gbps G] [--efficiency E] [--tokens N]",
+        about: "the multi-socket decode model: bytes per domain and across the link for \
+                interleaved, home-domain and split-expert placements, the busiest domain's \
+                expert share under a flat router (simulated), predicted s/token",
+        run: numa_model::run,
     },
     Task {
         name: "k3-check",

@@ -124,12 +124,13 @@ impl ShardReader {
     /// `IO_ALIGN` boundary of it; returns the buffer and where each segment's first byte
     /// landed. One `pread` per segment (more only if the kernel returns less than asked).
     ///
-    /// With `node`, the buffer's pages are bound to that NUMA node before the read faults
-    /// them in (if the kernel refuses, first touch by this thread places them).
+    /// `place(buffer, starts)` runs on the new buffer before any read touches it, with where
+    /// each segment's first byte will land: the caller binds pages to NUMA nodes there, so
+    /// the read's page faults allocate them on the right node.
     pub fn read_segments(
         &self,
         segments: &[Range<usize>],
-        node: Option<usize>,
+        place: impl FnOnce(&mut [u8], &[usize]),
     ) -> std::io::Result<(AlignedBuf, Vec<usize>, ReadOutcome)> {
         let spans: Vec<(usize, usize)> = segments
             .iter()
@@ -140,12 +141,14 @@ impl ShardReader {
             .collect();
         let total: usize = spans.iter().map(|&(_, len)| len).sum();
         let mut buf = AlignedBuf::zeroed(total);
-        if let Some(node) = node {
-            // Placement is a preference: a refusal leaves the pages where first touch puts them.
-            let _ = numa_sched::memory::bind_to_node(&mut buf, node);
-        }
-        let mut at = 0;
         let mut starts = Vec::with_capacity(segments.len());
+        let mut at = 0;
+        for (segment, &(start, len)) in segments.iter().zip(&spans) {
+            starts.push(at + (segment.start - start));
+            at += len;
+        }
+        place(&mut buf, &starts);
+        let mut at = 0;
         let mut direct = self.is_direct();
         for (segment, &(start, len)) in segments.iter().zip(&spans) {
             let needed = segment.end - start;
@@ -181,7 +184,6 @@ impl ShardReader {
                     )
                 };
             }
-            starts.push(at + (segment.start - start));
             at += len;
         }
         Ok((buf, starts, ReadOutcome { direct }))

@@ -281,13 +281,15 @@ struct Shared {
     placement: std::sync::OnceLock<Placement>,
 }
 
-/// Each expert's home domain, and the NUMA node (if any) its buffer is bound to.
+/// Each expert's home domain, and the NUMA nodes (if any) its buffer is bound to.
 #[derive(Debug)]
 struct Placement {
     /// Per layer position, per expert id.
     homes: Vec<Vec<u16>>,
     /// Per domain: the node to bind buffers to (`None`: first touch).
     nodes: Vec<Option<usize>>,
+    /// Every expert's rows spread over the domains (else whole on its home).
+    split_rows: bool,
 }
 
 /// A job for the I/O threads.
@@ -446,12 +448,14 @@ impl ExpertStore {
 
     /// Gives every expert a home among `nodes.len()` domains (`nodes[d]`: the NUMA node of
     /// domain `d`, or `None` for a synthetic one) and binds the buffers of experts loaded from
-    /// now on to their home's node. Homes balance the expected load per layer: experts in
+    /// now on: with `split_rows`, each tensor's rows evenly over the domains' nodes (where the
+    /// forward pass reads them with split placement), else the whole buffer on the home's
+    /// node. Homes balance the expected load per layer: experts in
     /// order of their earlier-run use counts (most used first, ties by id) each go to the
     /// domain with the least load so far, counting a never-seen expert as one use; with no
     /// counts that is round-robin by id. Call once, before the first request or preload;
     /// later calls change nothing (returns false).
-    pub fn place(&self, nodes: Vec<Option<usize>>) -> bool {
+    pub fn place(&self, nodes: Vec<Option<usize>>, split_rows: bool) -> bool {
         let shared = &self.shared;
         let domains = nodes.len().max(1);
         let homes = shared
@@ -474,7 +478,14 @@ impl ExpertStore {
                 homes
             })
             .collect();
-        shared.placement.set(Placement { homes, nodes }).is_ok()
+        shared
+            .placement
+            .set(Placement {
+                homes,
+                nodes,
+                split_rows,
+            })
+            .is_ok()
     }
 
     /// Expert `expert`'s home domain in checkpoint layer `layer` (0 before [`Self::place`]).
@@ -770,14 +781,45 @@ impl Shared {
             .map_or(0, |&d| usize::from(d))
     }
 
-    /// The NUMA node expert buffers of `key` are bound to, if its home has one.
-    fn node(&self, key: (usize, usize)) -> Option<usize> {
-        let placement = self.placement.get()?;
-        placement
-            .nodes
-            .get(self.home(key.0, key.1))
-            .copied()
-            .flatten()
+    /// Binds a new buffer of `key` (segments starting at `starts`) to its nodes, before the
+    /// read faults its pages in. A refusal (no NUMA support) leaves first touch to place them.
+    fn bind(&self, key: (usize, usize), located: &Located, buf: &mut [u8], starts: &[usize]) {
+        let Some(placement) = self.placement.get() else {
+            return;
+        };
+        if placement.nodes.iter().all(Option::is_none) {
+            return;
+        }
+        let page = crate::io::IO_ALIGN;
+        let whole = 0..buf.len();
+        let mut bind = |range: Range<usize>, node: Option<usize>| {
+            // Whole pages inside the range; the pages at its edges stay where they fall.
+            let start = range.start.next_multiple_of(page);
+            let end = range.end / page * page;
+            if let (Some(node), true) = (node, start < end) {
+                let _ = numa_sched::memory::bind_to_node(&mut buf[start..end], node);
+            }
+        };
+        if !placement.split_rows {
+            let node = placement
+                .nodes
+                .get(self.home(key.0, key.1))
+                .copied()
+                .flatten();
+            bind(whole, node);
+            return;
+        }
+        let ExpertShape { intermediate, io } = self.shape;
+        let domains = placement.nodes.len();
+        for (i, &(segment, offset, len)) in located.tensors.iter().enumerate() {
+            // gate and up are [intermediate, io]; down is [io, intermediate].
+            let rows = if i < 4 { intermediate } else { io };
+            let at = starts[segment] + offset;
+            for (d, &node) in placement.nodes.iter().enumerate() {
+                let (r0, r1) = (d * rows / domains, (d + 1) * rows / domains);
+                bind(at + r0 * len / rows..at + r1 * len / rows, node);
+            }
+        }
     }
 
     fn priority(&self, layer: usize, expert: usize) -> u64 {
@@ -836,7 +878,9 @@ impl Shared {
         let located = &self.table[&key];
         let reader = &self.readers[located.shard];
         self.busy_change(true);
-        let read = reader.read_segments(&located.segments, self.node(key));
+        let read = reader.read_segments(&located.segments, |buf, starts| {
+            self.bind(key, located, buf, starts)
+        });
         self.busy_change(false);
         let result = read
             .map_err(|e| StoreError::Read {

@@ -26,7 +26,9 @@
 //! synthetic domains, `--numa-threads N` puts N workers in every domain (instead of
 //! `--threads`), `--hyperthreads` keeps hyperthread siblings (skipped by default). Workers are
 //! pinned to their domain's CPUs; row blocks, head groups and lm_head shards are spread over
-//! the domains, experts run on their home domain. Logits are the same bits for any of these.
+//! the domains, and so are every routed expert's rows (`--expert-placement split`, the
+//! default) or each expert runs whole on its home domain (`home`). Logits are the same bits
+//! for any of these.
 //!
 //! Without `--model` it first generates a synthetic checkpoint (`--preset`, default `k3-0.40b`:
 //! the public 0.40B model's shapes, 0.75 GB, a few seconds) into a temporary directory that is
@@ -48,7 +50,7 @@ use k3_model::checkpoint::validate;
 use k3_model::config::K3Config;
 use k3_model::experts::{ExpertOptions, stats_report};
 use k3_model::inventory::{BytePlan, TensorClass, text_tensors};
-use k3_model::model::{Model, fingerprint};
+use k3_model::model::{ExpertPlacement, Model, fingerprint};
 use k3_model::synth::{Preset, SynthOptions, generate};
 use mxfp4_kernels::{Kernels, Tier};
 
@@ -65,6 +67,7 @@ struct Args {
     resident_trunk: bool,
     experts: ExpertOptions,
     placement: numa_sched::PoolOptions,
+    expert_placement: ExpertPlacement,
 }
 
 fn parse() -> Result<Args> {
@@ -80,6 +83,7 @@ fn parse() -> Result<Args> {
         resident_trunk: false,
         experts: ExpertOptions::default(),
         placement: numa_sched::PoolOptions::default(),
+        expert_placement: ExpertPlacement::default(),
     };
     let mut preset = None;
     let mut it = std::env::args().skip(1);
@@ -120,6 +124,13 @@ fn parse() -> Result<Args> {
                 args.placement.threads_per_domain = Some(n);
             }
             "--hyperthreads" => args.placement.hyperthreads = true,
+            "--expert-placement" => {
+                args.expert_placement = match value()?.as_str() {
+                    "split" => ExpertPlacement::Split,
+                    "home" => ExpertPlacement::Home,
+                    other => bail!("--expert-placement is split or home, not {other:?}"),
+                }
+            }
             "--expert-cache" => {
                 args.experts.cache_experts = Some(
                     value()?
@@ -152,7 +163,7 @@ fn parse() -> Result<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "usage: teacher_forced_decode_bench [--model DIR | --preset tiny|k3-0.40b|k3-wide] [--tokens IDS] [--steps N] [--threads N] [--prefill-chunk N] [--kernel-tier T] [--logits-out FILE] [--resident-trunk] [--expert-cache N | --expert-cache-gb G] [--preload-experts] [--mlock] [--no-usage-cache] [--usage-file F] [--expert-policy lru|usage] [--io-threads N] [--numa | --numa-fake N] [--numa-threads N] [--hyperthreads]"
+                    "usage: teacher_forced_decode_bench [--model DIR | --preset tiny|k3-0.40b|k3-wide] [--tokens IDS] [--steps N] [--threads N] [--prefill-chunk N] [--kernel-tier T] [--logits-out FILE] [--resident-trunk] [--expert-cache N | --expert-cache-gb G] [--preload-experts] [--mlock] [--no-usage-cache] [--usage-file F] [--expert-policy lru|usage] [--io-threads N] [--numa | --numa-fake N] [--numa-threads N] [--hyperthreads] [--expert-placement split|home]"
                 );
                 std::process::exit(0);
             }
@@ -276,7 +287,10 @@ fn main() -> Result<()> {
             }
         );
         // Experts get home domains (balanced by the usage file's counts) before any load.
-        store.place(pool.topology().domains.iter().map(|d| d.node).collect());
+        store.place(
+            pool.topology().domains.iter().map(|d| d.node).collect(),
+            args.expert_placement == ExpertPlacement::Split,
+        );
         if args.experts.preload {
             preload(store)?;
         }
@@ -285,7 +299,8 @@ fn main() -> Result<()> {
         Some(store) => Model::with_expert_store(&ckpt, &config, kernels, Arc::clone(store))?,
         None => Model::new(&ckpt, &config, kernels)?,
     }
-    .with_pool(Arc::clone(&pool));
+    .with_pool(Arc::clone(&pool))
+    .with_expert_placement(args.expert_placement);
     let plan = BytePlan::new(&config);
     let tokens: Vec<usize> = match args.tokens {
         Some(tokens) => tokens,

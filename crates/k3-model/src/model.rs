@@ -129,6 +129,19 @@ pub struct Model<'a> {
     layers: Vec<Layer<'a>>,
     /// Where routed experts come from when they are not mapped.
     store: Option<Arc<ExpertStore>>,
+    expert_placement: ExpertPlacement,
+}
+
+/// Where a routed expert's work runs when the pool has several domains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExpertPlacement {
+    /// Every expert's rows spread over all domains, like the trunk's (the default: each domain
+    /// reads 1/D of every selected expert, so no domain waits on an unlucky draw; see
+    /// `cargo xtask numa-model` and PERFORMANCE.md).
+    #[default]
+    Split,
+    /// Each expert whole on its home domain (`ExpertStore::place`, else id modulo domains).
+    Home,
 }
 
 /// The routed-expert shapes `config` implies (what an `ExpertStore` is opened with).
@@ -385,6 +398,7 @@ impl<'a> Model<'a> {
             ),
             layers,
             store,
+            expert_placement: ExpertPlacement::default(),
         })
     }
 
@@ -392,6 +406,12 @@ impl<'a> Model<'a> {
     /// Logits are bit-identical for any pool size.
     pub fn with_pool(mut self, pool: Arc<Pool>) -> Self {
         self.pool = pool;
+        self
+    }
+
+    /// How routed experts are spread over the pool's domains (results do not depend on it).
+    pub fn with_expert_placement(mut self, placement: ExpertPlacement) -> Self {
+        self.expert_placement = placement;
         self
     }
 
@@ -1033,7 +1053,27 @@ impl<'a> Model<'a> {
             self.pool.threads()
         };
         let inter = c.moe.expert_intermediate;
-        let splits = |rows: usize| row_tasks(rows, threads.div_ceil(items.len().max(1)));
+        // With split placement each expert's rows are spread over every domain (at least one
+        // block each); with home placement an expert's blocks all run on its home domain.
+        let domains = self.pool.domains();
+        let split = self.expert_placement == ExpertPlacement::Split && domains > 1;
+        let per_expert = threads.div_ceil(items.len().max(1));
+        let splits = |rows: usize| {
+            let blocks = row_tasks(
+                rows,
+                if split {
+                    per_expert.max(domains)
+                } else {
+                    per_expert
+                },
+            );
+            let n = blocks.len();
+            blocks
+                .into_iter()
+                .enumerate()
+                .map(move |(j, r)| (r, j * domains / n))
+                .collect::<Vec<_>>()
+        };
         let acts: Vec<mxfp4_kernels::Activations> = items
             .iter()
             .map(|(_, block)| {
@@ -1045,11 +1085,11 @@ impl<'a> Model<'a> {
             })
             .collect::<std::result::Result<_, _>>()?;
         // Phase 1: SiTU(gate · z, up · z) by row blocks of the hidden vector.
-        let phase1: Vec<(usize, std::ops::Range<usize>)> = (0..items.len())
-            .flat_map(|i| splits(inter).into_iter().map(move |r| (i, r)))
+        let phase1: Vec<(usize, std::ops::Range<usize>, usize)> = (0..items.len())
+            .flat_map(|i| splits(inter).into_iter().map(move |(r, d)| (i, r, d)))
             .collect();
         let gate_up = |task: usize| -> Result<Vec<f32>> {
-            let (i, range) = &phase1[task];
+            let (i, range, _) = &phase1[task];
             let [gate, up, _] = &experts[items[*i].0].1;
             let mut hidden = vec![0.0; range.len() * items[*i].1.len()];
             let mut scratch = ExpertScratch::default();
@@ -1064,13 +1104,24 @@ impl<'a> Model<'a> {
             )?;
             Ok(hidden)
         };
-        let home = |i: usize| self.expert_domain(layer, experts[items[i].0].0);
-        let parts = self.run_tasks(threads > 1, phase1.len(), |t| home(phase1[t].0), gate_up)?;
+        let domain = |i: usize, block_domain: usize| {
+            if split {
+                block_domain
+            } else {
+                self.expert_domain(layer, experts[items[i].0].0)
+            }
+        };
+        let parts = self.run_tasks(
+            threads > 1,
+            phase1.len(),
+            |t| domain(phase1[t].0, phase1[t].2),
+            gate_up,
+        )?;
         let mut hidden: Vec<Vec<f32>> = items
             .iter()
             .map(|(_, b)| vec![0.0; inter * b.len()])
             .collect();
-        for ((i, range), part) in phase1.iter().zip(parts) {
+        for ((i, range, _), part) in phase1.iter().zip(parts) {
             let part = part?;
             let tokens = items[*i].1.len();
             for t in 0..tokens {
@@ -1083,19 +1134,24 @@ impl<'a> Model<'a> {
             .map(|h| self.kernels.prepare(h, inter))
             .collect::<std::result::Result<_, _>>()?;
         // Phase 2: down · hidden by row blocks of the output.
-        let phase2: Vec<(usize, std::ops::Range<usize>)> = (0..items.len())
-            .flat_map(|i| splits(io).into_iter().map(move |r| (i, r)))
+        let phase2: Vec<(usize, std::ops::Range<usize>, usize)> = (0..items.len())
+            .flat_map(|i| splits(io).into_iter().map(move |(r, d)| (i, r, d)))
             .collect();
         let down_rows = |task: usize| -> Result<Vec<f32>> {
-            let (i, range) = &phase2[task];
+            let (i, range, _) = &phase2[task];
             let [_, _, down] = &experts[items[*i].0].1;
             let mut y = vec![0.0; range.len() * items[*i].1.len()];
             self.kernels
                 .matmul_mxfp4(down, &hidden_acts[*i], range.clone(), &mut y)?;
             Ok(y)
         };
-        let parts = self.run_tasks(threads > 1, phase2.len(), |t| home(phase2[t].0), down_rows)?;
-        for ((i, range), part) in phase2.iter().zip(parts) {
+        let parts = self.run_tasks(
+            threads > 1,
+            phase2.len(),
+            |t| domain(phase2[t].0, phase2[t].2),
+            down_rows,
+        )?;
+        for ((i, range, _), part) in phase2.iter().zip(parts) {
             let part = part?;
             for (n, &(t, k)) in items[*i].1.iter().enumerate() {
                 outputs[t][k][range.clone()]

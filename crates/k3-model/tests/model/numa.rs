@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use expert_store::{Capacity, Checkpoint, ExpertStore, StoreConfig};
-use k3_model::model::{Model, expert_shape, fingerprint};
+use k3_model::model::{ExpertPlacement, Model, expert_shape, fingerprint};
 use k3_model::synth::{Preset, SynthOptions, generate};
 use mxfp4_kernels::Kernels;
 use numa_sched::{Pool, Threads, Topology};
@@ -54,6 +54,16 @@ fn fake_domains_and_thread_counts_give_the_same_bits() {
                 .with_parallel_threshold(0);
             assert_eq!(fingerprints(&mapped, 1), reference, "{what}, step by step");
             assert_eq!(fingerprints(&mapped, 4), reference, "{what}, chunks of 4");
+            let homed = Model::new(&ckpt, &config, kernels)
+                .unwrap()
+                .with_pool(Arc::clone(&pool))
+                .with_parallel_threshold(0)
+                .with_expert_placement(ExpertPlacement::Home);
+            assert_eq!(
+                fingerprints(&homed, 2),
+                reference,
+                "{what}, experts on home domains"
+            );
             let store = ExpertStore::open(
                 &ckpt,
                 expert_shape(&config),
@@ -64,7 +74,7 @@ fn fake_domains_and_thread_counts_give_the_same_bits() {
                 },
             )
             .unwrap();
-            assert!(store.place(nodes));
+            assert!(store.place(nodes, false));
             let (layer, experts) = store.layers().next().unwrap();
             let homes: Vec<usize> = (0..experts).map(|e| store.home(layer, e)).collect();
             assert!(homes.iter().all(|&h| h < domains), "{what}: {homes:?}");
@@ -75,7 +85,8 @@ fn fake_domains_and_thread_counts_give_the_same_bits() {
             let streamed = Model::with_expert_store(&ckpt, &config, kernels, Arc::new(store))
                 .unwrap()
                 .with_pool(pool)
-                .with_parallel_threshold(0);
+                .with_parallel_threshold(0)
+                .with_expert_placement(ExpertPlacement::Home);
             assert_eq!(
                 fingerprints(&streamed, 3),
                 reference,
