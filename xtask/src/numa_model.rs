@@ -8,7 +8,7 @@
 
 use anyhow::{Context, Result};
 use k3_model::config::{FfnKind, K3Config};
-use k3_model::inventory::{BytePlan, TensorClass};
+use k3_model::inventory::{BytePlan, DType, TensorClass, text_tensors};
 
 use crate::{Options, from_root};
 
@@ -80,37 +80,71 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     );
     println!("|---|---|---|---|---|---|");
     let expert_bytes = plan.expert_bytes as f64;
+    // Row-split placements move activations, not weights: for every matrix a token reads,
+    // each other domain reads the f32 input vector once and the home of the next step reads
+    // the other domains' output rows. Matrices: every 2-D BF16 trunk tensor but the
+    // embedding table, and each selected expert's three.
+    let (mut inputs, mut outputs) = (0usize, 0usize);
+    for t in text_tensors(&config) {
+        let routed = t.class == TensorClass::RoutedExperts;
+        if t.class == TensorClass::Embedding || (routed && t.expert != Some(0)) {
+            continue;
+        }
+        if let [rows, cols] = t.shape[..]
+            && (t.dtype == DType::Bf16 || routed)
+        {
+            // Expert 0's tensors stand for the top_k selected (packed codes carry the shape
+            // of half the columns; scales are skipped).
+            let (rows, cols, times) = if routed {
+                if !t.name.ends_with("weight_packed") {
+                    continue;
+                }
+                (rows, cols * 2, top_k)
+            } else {
+                (rows, cols, 1)
+            };
+            inputs += cols * 4 * times;
+            outputs += rows * 4 * times;
+        }
+    }
+    let activations = |domains: usize| {
+        (inputs * (domains - 1) + outputs * (domains - 1) / domains) as f64 / domains as f64
+    };
     for domains in [2usize, 4] {
         let share = busiest_share(experts, top_k, domains, moe_layers, tokens);
         let reach = socket * efficiency;
-        // Interleaved pages: every domain reads 1/D of everything, (D-1)/D of it remote.
-        // Remote reads share the link; the time is the larger of the local-memory time and
-        // the link time (per direction, remote bytes of one domain's reads).
+        // Interleaved pages: every domain reads 1/D of everything, (D-1)/D of that from other
+        // sockets. A remote byte costs about two local ones (the forward-pass issue's
+        // public figure: "every byte read across the socket link halves the bandwidth"), and
+        // no domain can pull remote bytes faster than the link carries them.
         let per_domain = plan.bytes_per_token as f64 / domains as f64;
         let remote = per_domain * (domains - 1) as f64 / domains as f64;
-        let interleaved = (per_domain / reach).max(remote / link);
+        let local = per_domain - remote;
+        let interleaved = ((local + 2.0 * remote) / reach).max(remote / link);
         println!(
-            "| {domains} | interleaved pages (numactl --interleave) | {:.1} GB | {:.1} GB | — | {:.3} (link-bound: {}) |",
+            "| {domains} | interleaved pages (numactl --interleave) | {:.1} GB ({:.1} of it remote) | {:.1} GB | — | {:.3} |",
             per_domain / 1e9,
             remote / 1e9,
+            remote / 1e9,
             interleaved,
-            remote / link > per_domain / reach
         );
         // Row-split trunk, experts whole on a home domain: the busiest domain reads its trunk
         // rows and, per layer, its experts; the layer ends when the busiest is done.
         let home_bytes =
             trunk_per_token / domains as f64 + share * (top_k * moe_layers) as f64 * expert_bytes;
         println!(
-            "| {domains} | trunk rows split, experts on a home domain | {:.1} GB | activations only (~0.03 MB) | {:.3} (ideal {:.3}) | {:.3} |",
+            "| {domains} | trunk rows split, experts on a home domain | {:.1} GB | {:.0} MB of activations | {:.3} (ideal {:.3}) | {:.3} |",
             home_bytes / 1e9,
+            activations(domains) / 1e6,
             share,
             1.0 / domains as f64,
             home_bytes / reach
         );
         let split_bytes = plan.bytes_per_token as f64 / domains as f64;
         println!(
-            "| {domains} | trunk rows split, every expert's rows split | {:.1} GB | activations only (~0.03 MB) | {:.3} | {:.3} |",
+            "| {domains} | trunk rows split, every expert's rows split | {:.1} GB | {:.0} MB of activations | {:.3} | {:.3} |",
             split_bytes / 1e9,
+            activations(domains) / 1e6,
             1.0 / domains as f64,
             split_bytes / reach
         );
