@@ -247,6 +247,17 @@ impl Checkpoint {
     /// so weights read every token (the trunk) belong here. Replaces any earlier copy; returns
     /// the size of the copy (the tensors in file order, each from a 64-byte boundary). The file pages stay in the page cache until the kernel evicts them.
     pub fn make_resident(&mut self, keep: impl Fn(&str) -> bool) -> Result<usize> {
+        self.make_resident_placed(keep, |_, _, _| {})
+    }
+
+    /// [`Checkpoint::make_resident`], calling `place(name, shape, bytes)` on each tensor's
+    /// destination before the copy touches it: the caller binds pages to NUMA nodes there
+    /// (e.g. each domain's rows to its node), so the copy's page faults allocate them there.
+    pub fn make_resident_placed(
+        &mut self,
+        keep: impl Fn(&str) -> bool,
+        mut place: impl FnMut(&str, &[usize], &mut [u8]),
+    ) -> Result<usize> {
         let mut names: Vec<&String> = self.tensors.keys().filter(|k| keep(k)).collect();
         // File order: one sequential pass over each shard.
         names.sort_by_key(|k| (self.tensors[*k].shard, self.tensors[*k].start));
@@ -269,6 +280,7 @@ impl Checkpoint {
         let _ = map.advise(memmap2::Advice::HugePage);
         for (name, range) in &placed {
             let entry = &self.tensors[name];
+            place(name, &entry.shape, &mut map[range.clone()]);
             map[range.clone()]
                 .copy_from_slice(&self.shards[entry.shard].map[entry.start..entry.end]);
         }

@@ -790,35 +790,23 @@ impl Shared {
         if placement.nodes.iter().all(Option::is_none) {
             return;
         }
-        let page = crate::io::IO_ALIGN;
-        let whole = 0..buf.len();
-        let mut bind = |range: Range<usize>, node: Option<usize>| {
-            // Whole pages inside the range; the pages at its edges stay where they fall.
-            let start = range.start.next_multiple_of(page);
-            let end = range.end / page * page;
-            if let (Some(node), true) = (node, start < end) {
-                let _ = numa_sched::memory::bind_to_node(&mut buf[start..end], node);
-            }
-        };
         if !placement.split_rows {
-            let node = placement
+            if let Some(node) = placement
                 .nodes
                 .get(self.home(key.0, key.1))
                 .copied()
-                .flatten();
-            bind(whole, node);
+                .flatten()
+            {
+                numa_sched::memory::bind_whole_pages(buf, node);
+            }
             return;
         }
         let ExpertShape { intermediate, io } = self.shape;
-        let domains = placement.nodes.len();
         for (i, &(segment, offset, len)) in located.tensors.iter().enumerate() {
             // gate and up are [intermediate, io]; down is [io, intermediate].
             let rows = if i < 4 { intermediate } else { io };
             let at = starts[segment] + offset;
-            for (d, &node) in placement.nodes.iter().enumerate() {
-                let (r0, r1) = (d * rows / domains, (d + 1) * rows / domains);
-                bind(at + r0 * len / rows..at + r1 * len / rows, node);
-            }
+            numa_sched::memory::bind_row_split(&mut buf[at..at + len], rows, &placement.nodes);
         }
     }
 

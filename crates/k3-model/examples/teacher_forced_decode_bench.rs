@@ -262,9 +262,16 @@ fn main() -> Result<()> {
             .map(|t| t.name)
             .collect();
         let start = Instant::now();
-        let bytes = ckpt.make_resident(|stored| {
-            trunk.contains(stored.strip_prefix(TEXT_PREFIX).unwrap_or(stored))
-        })?;
+        // Each domain's rows of every matrix on its node (real NUMA only), as it reads them.
+        let nodes: Vec<Option<usize>> = pool.topology().domains.iter().map(|d| d.node).collect();
+        let bytes = ckpt.make_resident_placed(
+            |stored| trunk.contains(stored.strip_prefix(TEXT_PREFIX).unwrap_or(stored)),
+            |_, shape, bytes| {
+                if let [rows, _] = shape {
+                    numa_sched::memory::bind_row_split(bytes, *rows, &nodes);
+                }
+            },
+        )?;
         eprintln!(
             "resident trunk: {:.2} GB copied in {:.1} s",
             bytes as f64 / 1e9,

@@ -35,6 +35,38 @@ pub fn bind_to_node(memory: &mut [u8], node: usize) -> std::io::Result<()> {
     }
 }
 
+/// Binds the pages of `memory` to `node` where they lie wholly inside it (the partial pages at
+/// its edges are left to first touch); false when nothing was bound.
+pub fn bind_whole_pages(memory: &mut [u8], node: usize) -> bool {
+    const PAGE: usize = 4096;
+    let address = memory.as_ptr() as usize;
+    let skip = address.next_multiple_of(PAGE) - address;
+    if skip >= memory.len() {
+        return false;
+    }
+    let pages = (memory.len() - skip) / PAGE * PAGE;
+    pages > 0 && bind_to_node(&mut memory[skip..skip + pages], node).is_ok()
+}
+
+/// Binds a row-major matrix of `rows` rows in `memory` so that domain `d`'s rows
+/// `[d * rows / D, (d + 1) * rows / D)` live on `nodes[d]` (`None`: left to first touch) — the
+/// rows that domain's workers read. Whole pages only; returns how many ranges were bound.
+pub fn bind_row_split(memory: &mut [u8], rows: usize, nodes: &[Option<usize>]) -> usize {
+    if rows == 0 || nodes.iter().all(Option::is_none) {
+        return 0;
+    }
+    let row_bytes = memory.len() / rows;
+    let domains = nodes.len();
+    nodes
+        .iter()
+        .enumerate()
+        .filter(|&(d, node)| {
+            let (r0, r1) = (d * rows / domains, (d + 1) * rows / domains);
+            node.is_some_and(|n| bind_whole_pages(&mut memory[r0 * row_bytes..r1 * row_bytes], n))
+        })
+        .count()
+}
+
 /// The node the page holding `byte` is on (`get_mempolicy` with `MPOL_F_NODE | MPOL_F_ADDR`),
 /// for tests and diagnostics.
 pub fn node_of(byte: &u8) -> std::io::Result<usize> {
@@ -80,6 +112,11 @@ mod tests {
                 assert!(bind_to_node(memory, 1000).is_err());
                 // Nor is memory that does not start on a page.
                 assert!(bind_to_node(&mut memory[1..], 0).is_err());
+                // Whole pages of an unaligned range, and a matrix's row halves.
+                assert!(bind_whole_pages(&mut memory[1..], 0));
+                assert!(!bind_whole_pages(&mut memory[1..100], 0));
+                assert_eq!(bind_row_split(memory, 16, &[Some(0), Some(0)]), 2);
+                assert_eq!(bind_row_split(memory, 16, &[None, None]), 0);
             }
             Err(e) => eprintln!("mbind unavailable here ({e}): first touch places memory"),
         }
