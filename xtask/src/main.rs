@@ -11,6 +11,7 @@ mod oracle;
 mod oracle_ct;
 mod oracle_fla;
 mod oracle_llamacpp;
+mod oracle_tiktoken;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -45,6 +46,13 @@ const TASKS: &[Task] = &[
         about: "rewrite every MoE layer's router selection bias in place to gen-k3-synth's \
                 --router-skew S (0: flat), for cache measurements on one checkpoint",
         run: k3_synth::set_router_skew,
+    },
+    Task {
+        name: "oracle-tiktoken",
+        usage: "[--venv DIR] [--out DIR]",
+        about: "freeze the tokenizer reference vector: PyPI tiktoken 0.14.0 with the Kimi split \
+                pattern on the synthetic vocabulary (written beside it)",
+        run: oracle_tiktoken::run,
     },
     Task {
         name: "numa-model",

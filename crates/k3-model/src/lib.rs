@@ -14,5 +14,6 @@ pub mod inventory;
 pub mod model;
 pub mod ops;
 pub mod synth;
+pub mod tokenizer;
 
 pub use config::{AttentionKind, ConfigError, FfnKind, K3Config, KdaGate};

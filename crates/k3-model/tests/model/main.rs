@@ -11,3 +11,4 @@ mod numa;
 mod ops;
 mod streamed;
 mod synth;
+mod tokenizer;

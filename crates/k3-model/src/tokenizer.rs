@@ -1,0 +1,356 @@
+//! The K3 tokenizer (K3_SPEC §10.1): tiktoken's rank-based byte-pair encoding over
+//! `tiktoken.model`, the Kimi pre-tokenizer regex, and the special tokens of
+//! `tokenizer_config.json`, recognised only where the caller allows them.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// The Kimi pre-tokenizer split pattern, alternatives in order (K3_SPEC §10.1; the `(?!\S)`
+/// lookahead is why this is `fancy_regex`).
+pub const KIMI_PATTERN: &str = concat!(
+    r"[\p{Han}]+",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|\p{N}{1,3}",
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*",
+    r"|\s*[\r\n]+",
+    r"|\s+(?!\S)",
+    r"|\s+",
+);
+
+/// Text is encoded in pieces of at most this many characters (as Kimi's tokenizer does).
+const MAX_CHARS: usize = 400_000;
+/// ... and runs of whitespace or of non-whitespace longer than this are cut.
+const MAX_RUN: usize = 25_000;
+
+/// Errors loading a tokenizer.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    #[error("{path}: {reason}")]
+    File { path: PathBuf, reason: String },
+    #[error("{path}: line {line}: {reason}")]
+    Line {
+        path: PathBuf,
+        line: usize,
+        reason: String,
+    },
+}
+
+/// A loaded tokenizer.
+#[derive(Debug)]
+pub struct Tokenizer {
+    ranks: HashMap<Vec<u8>, u32>,
+    decoder: HashMap<u32, Vec<u8>>,
+    specials: HashMap<String, u32>,
+    special_names: HashMap<u32, String>,
+    /// Special-token strings, longest first (so a longer one wins where two start together).
+    special_order: Vec<String>,
+    pattern: fancy_regex::Regex,
+}
+
+impl Tokenizer {
+    /// Loads `tiktoken.model` and `tokenizer_config.json` from a checkpoint directory.
+    pub fn from_dir(dir: &Path) -> Result<Self, TokenizerError> {
+        let model = dir.join("tiktoken.model");
+        let config = dir.join("tokenizer_config.json");
+        let read = |path: &Path| {
+            std::fs::read_to_string(path).map_err(|e| TokenizerError::File {
+                path: path.to_owned(),
+                reason: e.to_string(),
+            })
+        };
+        let specials = parse_specials(&config, &read(&config)?)?;
+        Self::new(&model, &read(&model)?, specials)
+    }
+
+    /// From the text of a `tiktoken.model` (`path` names it in errors) and special tokens.
+    pub fn new(
+        path: &Path,
+        model: &str,
+        specials: HashMap<String, u32>,
+    ) -> Result<Self, TokenizerError> {
+        let mut ranks = HashMap::new();
+        for (i, line) in model.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let bad = |reason: String| TokenizerError::Line {
+                path: path.to_owned(),
+                line: i + 1,
+                reason,
+            };
+            let (token, rank) = line
+                .split_once(' ')
+                .ok_or_else(|| bad("expected `base64 rank`".into()))?;
+            let bytes = base64_decode(token).ok_or_else(|| bad(format!("bad base64 {token:?}")))?;
+            let rank: u32 = rank
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("bad rank {rank:?}")))?;
+            if ranks.insert(bytes, rank).is_some() {
+                return Err(bad("a token listed twice".into()));
+            }
+        }
+        let decoder: HashMap<u32, Vec<u8>> = ranks.iter().map(|(b, &r)| (r, b.clone())).collect();
+        if decoder.len() != ranks.len() {
+            return Err(TokenizerError::File {
+                path: path.to_owned(),
+                reason: "two tokens share a rank".into(),
+            });
+        }
+        let mut special_order: Vec<String> = specials.keys().cloned().collect();
+        special_order.sort_by(|a, b| b.len().cmp(&a.len()).then(a.cmp(b)));
+        Ok(Self {
+            special_names: specials.iter().map(|(s, &id)| (id, s.clone())).collect(),
+            ranks,
+            decoder,
+            specials,
+            special_order,
+            pattern: fancy_regex::Regex::new(KIMI_PATTERN).expect("the Kimi pattern compiles"),
+        })
+    }
+
+    /// The id of a special token, e.g. `<|end_of_msg|>`.
+    pub fn special(&self, name: &str) -> Option<u32> {
+        self.specials.get(name).copied()
+    }
+
+    /// Encodes `text`. With `allow_special`, special-token strings in it become their ids;
+    /// otherwise they are ordinary text.
+    pub fn encode(&self, text: &str, allow_special: bool) -> Vec<u32> {
+        let mut out = Vec::new();
+        if !allow_special || self.specials.is_empty() {
+            self.encode_ordinary(text, &mut out);
+            return out;
+        }
+        let mut rest = text;
+        while !rest.is_empty() {
+            // The earliest special in `rest` (longest at equal starts).
+            let found = self
+                .special_order
+                .iter()
+                .filter_map(|s| rest.find(s.as_str()).map(|at| (at, s)))
+                .min_by_key(|&(at, s)| (at, std::cmp::Reverse(s.len())));
+            match found {
+                Some((at, special)) => {
+                    self.encode_ordinary(&rest[..at], &mut out);
+                    out.push(self.specials[special]);
+                    rest = &rest[at + special.len()..];
+                }
+                None => {
+                    self.encode_ordinary(rest, &mut out);
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    /// Decodes ids to bytes (special tokens to their names); unknown ids are skipped.
+    pub fn decode_bytes(&self, ids: &[u32]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for id in ids {
+            if let Some(bytes) = self.decoder.get(id) {
+                out.extend_from_slice(bytes);
+            } else if let Some(name) = self.special_names.get(id) {
+                out.extend_from_slice(name.as_bytes());
+            }
+        }
+        out
+    }
+
+    /// Decodes ids to text (invalid UTF-8 replaced).
+    pub fn decode(&self, ids: &[u32]) -> String {
+        String::from_utf8_lossy(&self.decode_bytes(ids)).into_owned()
+    }
+
+    fn encode_ordinary(&self, text: &str, out: &mut Vec<u32>) {
+        for piece in split_long(text) {
+            for m in self.pattern.find_iter(piece) {
+                // The pattern has no construct that can fail at run time on valid UTF-8 (its
+                // one lookahead is a single character).
+                let Ok(m) = m else { continue };
+                let bytes = m.as_str().as_bytes();
+                match self.ranks.get(bytes) {
+                    Some(&rank) => out.push(rank),
+                    None => byte_pair_encode(bytes, &self.ranks, out),
+                }
+            }
+        }
+    }
+}
+
+/// Kimi's chunking: at most `MAX_CHARS` characters per piece, and runs of whitespace or of
+/// non-whitespace longer than `MAX_RUN` cut (Python's `str.isspace`, which `char::is_whitespace`
+/// matches for every character the split regexes treat as space).
+fn split_long(text: &str) -> Vec<&str> {
+    let mut pieces = Vec::new();
+    let mut start = 0;
+    let mut chars = 0;
+    let mut run = 0;
+    let mut run_space = None;
+    for (i, c) in text.char_indices() {
+        let space = c.is_whitespace();
+        if run_space == Some(space) {
+            run += 1;
+        } else {
+            run = 1;
+            run_space = Some(space);
+        }
+        if chars == MAX_CHARS || run > MAX_RUN {
+            pieces.push(&text[start..i]);
+            start = i;
+            chars = 0;
+            run = 1;
+        }
+        chars += 1;
+    }
+    if start < text.len() {
+        pieces.push(&text[start..]);
+    }
+    pieces
+}
+
+/// tiktoken's merge: start from single bytes and repeatedly merge the adjacent pair whose
+/// concatenation has the lowest rank (the leftmost on ties) until no pair is a token.
+fn byte_pair_encode(piece: &[u8], ranks: &HashMap<Vec<u8>, u32>, out: &mut Vec<u32>) {
+    // parts[i] = start of part i; rank of joining parts i and i+1.
+    let rank_of = |parts: &[(usize, u32)], i: usize| -> u32 {
+        if i + 2 < parts.len() {
+            ranks
+                .get(&piece[parts[i].0..parts[i + 2].0])
+                .copied()
+                .unwrap_or(u32::MAX)
+        } else {
+            u32::MAX
+        }
+    };
+    let mut parts: Vec<(usize, u32)> = (0..=piece.len()).map(|i| (i, u32::MAX)).collect();
+    for i in 0..parts.len().saturating_sub(2) {
+        parts[i].1 = rank_of(&parts, i);
+    }
+    loop {
+        let Some((i, &(_, rank))) = parts[..parts.len() - 1]
+            .iter()
+            .enumerate()
+            .min_by_key(|&(i, &(_, r))| (r, i))
+        else {
+            break;
+        };
+        if rank == u32::MAX {
+            break;
+        }
+        parts.remove(i + 1);
+        parts[i].1 = rank_of(&parts, i);
+        if i > 0 {
+            parts[i - 1].1 = rank_of(&parts, i - 1);
+        }
+    }
+    for w in parts.windows(2) {
+        let bytes = &piece[w[0].0..w[1].0];
+        // Every single byte is a token in a byte-level vocabulary; a vocabulary without it
+        // cannot encode this piece, and the byte is dropped rather than invented.
+        if let Some(&rank) = ranks.get(bytes) {
+            out.push(rank);
+        }
+    }
+}
+
+/// `added_tokens_decoder` of `tokenizer_config.json`: `{"163584": {"content": "[BOS]", ...}}`.
+fn parse_specials(path: &Path, text: &str) -> Result<HashMap<String, u32>, TokenizerError> {
+    let fail = |reason: String| TokenizerError::File {
+        path: path.to_owned(),
+        reason,
+    };
+    let json: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| fail(format!("not JSON: {e}")))?;
+    let added = json["added_tokens_decoder"]
+        .as_object()
+        .ok_or_else(|| fail("no added_tokens_decoder object".into()))?;
+    added
+        .iter()
+        .map(|(id, token)| {
+            let id: u32 = id
+                .parse()
+                .map_err(|_| fail(format!("token id {id:?} is not a number")))?;
+            let content = token["content"]
+                .as_str()
+                .ok_or_else(|| fail(format!("token {id} has no content")))?;
+            Ok((content.to_owned(), id))
+        })
+        .collect()
+}
+
+/// Standard base64 (with padding) to bytes; `None` when malformed.
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    let value = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let bytes = text.trim().as_bytes();
+    if bytes.len() % 4 != 0 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(bytes.len() / 4 * 3);
+    for quad in bytes.chunks(4) {
+        let pad = quad.iter().rev().take_while(|&&c| c == b'=').count();
+        if pad > 2 {
+            return None;
+        }
+        let mut n = 0u32;
+        for &c in &quad[..4 - pad] {
+            n = n << 6 | value(c)?;
+        }
+        n <<= 6 * pad as u32;
+        let group = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+        out.extend_from_slice(&group[..3 - pad]);
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_decodes_with_and_without_padding() {
+        assert_eq!(base64_decode("AA==").unwrap(), [0]);
+        assert_eq!(base64_decode("IGE=").unwrap(), b" a");
+        assert_eq!(base64_decode("aGVsbG8h").unwrap(), b"hello!");
+        assert_eq!(base64_decode("a"), None);
+        assert_eq!(base64_decode("a$=="), None);
+    }
+
+    #[test]
+    fn long_runs_are_cut_like_kimi() {
+        let text = format!("ab{}cd", " ".repeat(MAX_RUN + 5));
+        let pieces = split_long(&text);
+        assert_eq!(pieces.concat(), text);
+        assert!(pieces.len() >= 2);
+        assert_eq!(split_long("short text"), ["short text"]);
+    }
+
+    #[test]
+    fn merges_take_the_lowest_rank_first() {
+        let encode = |pairs: &[(&[u8], u32)]| {
+            let mut ranks: HashMap<Vec<u8>, u32> = [(&b"a"[..], 0), (b"b", 1), (b"c", 2)]
+                .iter()
+                .map(|(t, r)| (t.to_vec(), *r))
+                .collect();
+            ranks.extend(pairs.iter().map(|(t, r)| (t.to_vec(), *r)));
+            let mut out = Vec::new();
+            byte_pair_encode(b"abc", &ranks, &mut out);
+            out
+        };
+        assert_eq!(encode(&[(b"ab", 3), (b"bc", 4)]), [3, 2]); // ab first
+        assert_eq!(encode(&[(b"ab", 4), (b"bc", 3)]), [0, 3]); // bc first
+        assert_eq!(encode(&[(b"ab", 4), (b"bc", 3), (b"abc", 5)]), [5]); // then a+bc
+        assert_eq!(encode(&[]), [0, 1, 2]);
+    }
+}
