@@ -229,14 +229,11 @@ fn byte_pair_encode(piece: &[u8], ranks: &HashMap<Vec<u8>, u32>, out: &mut Vec<u
     for i in 0..parts.len().saturating_sub(2) {
         parts[i].1 = rank_of(&parts, i);
     }
-    loop {
-        let Some((i, &(_, rank))) = parts[..parts.len() - 1]
-            .iter()
-            .enumerate()
-            .min_by_key(|&(i, &(_, r))| (r, i))
-        else {
-            break;
-        };
+    while let Some((i, &(_, rank))) = parts[..parts.len() - 1]
+        .iter()
+        .enumerate()
+        .min_by_key(|&(i, &(_, r))| (r, i))
+    {
         if rank == u32::MAX {
             break;
         }
@@ -294,7 +291,7 @@ fn base64_decode(text: &str) -> Option<Vec<u8>> {
         } as u32)
     };
     let bytes = text.trim().as_bytes();
-    if bytes.len() % 4 != 0 {
+    if !bytes.len().is_multiple_of(4) {
         return None;
     }
     let mut out = Vec::with_capacity(bytes.len() / 4 * 3);
