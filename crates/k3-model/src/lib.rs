@@ -7,6 +7,7 @@
 //! [`model`], the forward pass and `Session`; [`experts`], the expert-store options the
 //! binaries share.
 
+pub mod chat;
 pub mod checkpoint;
 pub mod config;
 pub mod experts;
