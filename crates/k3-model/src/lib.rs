@@ -14,6 +14,7 @@ pub mod experts;
 pub mod inventory;
 pub mod model;
 pub mod ops;
+pub mod sampling;
 pub mod synth;
 pub mod tokenizer;
 

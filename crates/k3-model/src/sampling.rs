@@ -1,0 +1,421 @@
+//! Choosing the next token from logits: greedy, temperature, top-k, top-p, min-p, repetition /
+//! presence / frequency penalties, a seed (the same seed, logits and history give the same
+//! token), log-probabilities with the top alternatives; and stop strings for streamed text.
+//!
+//! Order: penalties on the logits; log-probabilities of that distribution (temperature 1,
+//! as OpenAI reports them); then temperature, top-k, top-p, min-p, and a draw. Arithmetic is
+//! f64 over the logits in id order, ties go to the lower id, so nothing depends on threads.
+
+use std::collections::HashMap;
+
+/// Sampling settings (OpenAI's names and neutral values).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0: greedy.
+    pub temperature: f32,
+    /// 0: off.
+    pub top_k: usize,
+    /// 1: off.
+    pub top_p: f32,
+    /// 0: off. Keeps tokens with probability >= `min_p` x the top token's.
+    pub min_p: f32,
+    /// 1: off. HF's form: a seen token's positive logit is divided by it, a negative one
+    /// multiplied (prompt and output count as seen).
+    pub repetition_penalty: f32,
+    /// Subtracted once from the logit of every token the output already holds.
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence in the output.
+    pub frequency_penalty: f32,
+    pub seed: u64,
+    /// Log-probabilities of this many top alternatives (0: only the chosen token's).
+    pub top_logprobs: usize,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: 0,
+            top_logprobs: 0,
+        }
+    }
+}
+
+/// A value out of range, named.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{name} must be {range}, got {value}")]
+pub struct ParamError {
+    pub name: &'static str,
+    pub range: &'static str,
+    pub value: f64,
+}
+
+impl SamplingParams {
+    /// Checks every value against its range (what a server answers 400 for).
+    pub fn validate(&self) -> Result<(), ParamError> {
+        let check = |name, ok: bool, range, value: f32| {
+            if ok {
+                Ok(())
+            } else {
+                Err(ParamError {
+                    name,
+                    range,
+                    value: f64::from(value),
+                })
+            }
+        };
+        let t = self.temperature;
+        check(
+            "temperature",
+            t.is_finite() && (0.0..=2.0).contains(&t),
+            "in [0, 2]",
+            t,
+        )?;
+        let p = self.top_p;
+        check(
+            "top_p",
+            p.is_finite() && p > 0.0 && p <= 1.0,
+            "in (0, 1]",
+            p,
+        )?;
+        let m = self.min_p;
+        check(
+            "min_p",
+            m.is_finite() && (0.0..=1.0).contains(&m),
+            "in [0, 1]",
+            m,
+        )?;
+        let r = self.repetition_penalty;
+        check(
+            "repetition_penalty",
+            r.is_finite() && r > 0.0,
+            "positive",
+            r,
+        )?;
+        for (name, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            check(
+                name,
+                v.is_finite() && (-2.0..=2.0).contains(&v),
+                "in [-2, 2]",
+                v,
+            )?;
+        }
+        if self.top_logprobs > 20 {
+            return Err(ParamError {
+                name: "top_logprobs",
+                range: "at most 20",
+                value: self.top_logprobs as f64,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The chosen token and its log-probability, with the top alternatives when asked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    pub token: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// One sequence's sampler: its settings, random state and token counts.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: u64,
+    /// Occurrences in the output (presence and frequency penalties).
+    output_counts: HashMap<u32, u32>,
+    /// Tokens of prompt and output (repetition penalty).
+    seen: std::collections::HashSet<u32>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams, prompt: &[u32]) -> Self {
+        Self {
+            rng: params.seed,
+            params,
+            output_counts: HashMap::new(),
+            seen: prompt.iter().copied().collect(),
+        }
+    }
+
+    /// Chooses the next token and records it.
+    pub fn sample(&mut self, logits: &[f32]) -> Sampled {
+        let p = self.params.clone();
+        let mut z: Vec<f64> = logits.iter().map(|&l| f64::from(l)).collect();
+        if p.repetition_penalty != 1.0 {
+            let r = f64::from(p.repetition_penalty);
+            for &t in &self.seen {
+                if let Some(l) = z.get_mut(t as usize) {
+                    *l = if *l > 0.0 { *l / r } else { *l * r };
+                }
+            }
+        }
+        for (&t, &n) in &self.output_counts {
+            if let Some(l) = z.get_mut(t as usize) {
+                *l -= f64::from(p.presence_penalty) + f64::from(p.frequency_penalty) * f64::from(n);
+            }
+        }
+        let log_softmax = log_softmax(&z);
+        let token = if p.temperature == 0.0 {
+            argmax(&z)
+        } else {
+            self.draw(&z, &p)
+        };
+        let mut top: Vec<(u32, f32)> = Vec::new();
+        if p.top_logprobs > 0 {
+            let mut order: Vec<usize> = (0..z.len()).collect();
+            let n = p.top_logprobs.min(order.len());
+            order.select_nth_unstable_by(n.saturating_sub(1), |&a, &b| by_value(&z, a, b));
+            order.truncate(n);
+            order.sort_by(|&a, &b| by_value(&z, a, b));
+            top = order
+                .into_iter()
+                .map(|i| (i as u32, log_softmax[i] as f32))
+                .collect();
+        }
+        self.observe(token);
+        Sampled {
+            token,
+            logprob: log_softmax[token as usize] as f32,
+            top,
+        }
+    }
+
+    fn observe(&mut self, token: u32) {
+        *self.output_counts.entry(token).or_default() += 1;
+        self.seen.insert(token);
+    }
+
+    fn draw(&mut self, z: &[f64], p: &SamplingParams) -> u32 {
+        let t = f64::from(p.temperature);
+        let mut order: Vec<usize> = (0..z.len()).collect();
+        order.sort_by(|&a, &b| by_value(z, a, b));
+        if p.top_k > 0 {
+            order.truncate(p.top_k);
+        }
+        let max = z[order[0]] / t;
+        let mut probs: Vec<f64> = order.iter().map(|&i| (z[i] / t - max).exp()).collect();
+        let sum: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|q| *q /= sum);
+        // Nucleus: the shortest prefix (by probability) reaching top_p.
+        if p.top_p < 1.0 {
+            let mut cumulative = 0.0;
+            let keep = probs
+                .iter()
+                .position(|&q| {
+                    cumulative += q;
+                    cumulative >= f64::from(p.top_p)
+                })
+                .map_or(probs.len(), |i| i + 1);
+            probs.truncate(keep);
+        }
+        if p.min_p > 0.0 {
+            let floor = probs[0] * f64::from(p.min_p);
+            let keep = probs.iter().take_while(|&&q| q >= floor).count().max(1);
+            probs.truncate(keep);
+        }
+        let total: f64 = probs.iter().sum();
+        let u = self.uniform() * total;
+        let mut acc = 0.0;
+        for (k, &q) in probs.iter().enumerate() {
+            acc += q;
+            if u < acc {
+                return order[k] as u32;
+            }
+        }
+        order[probs.len() - 1] as u32
+    }
+
+    /// A uniform draw in [0, 1) from SplitMix64 (53 bits).
+    fn uniform(&mut self) -> f64 {
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut x = self.rng;
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^= x >> 31;
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Descending value, then ascending id (NaN last).
+fn by_value(z: &[f64], a: usize, b: usize) -> std::cmp::Ordering {
+    z[b].total_cmp(&z[a]).then(a.cmp(&b))
+}
+
+fn argmax(z: &[f64]) -> u32 {
+    (0..z.len()).min_by(|&a, &b| by_value(z, a, b)).unwrap_or(0) as u32
+}
+
+fn log_softmax(z: &[f64]) -> Vec<f64> {
+    let max = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let log_sum = z.iter().map(|&l| (l - max).exp()).sum::<f64>().ln() + max;
+    z.iter().map(|&l| l - log_sum).collect()
+}
+
+/// Stop strings over streamed text: where the earliest one starts, and how much of the tail
+/// to hold back because it could still become one.
+#[derive(Debug, Clone, Default)]
+pub struct StopStrings {
+    stops: Vec<String>,
+}
+
+impl StopStrings {
+    pub fn new(stops: Vec<String>) -> Self {
+        Self {
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+        }
+    }
+
+    /// The byte offset in `text` where the earliest stop string begins.
+    pub fn find(&self, text: &str) -> Option<usize> {
+        self.stops
+            .iter()
+            .filter_map(|s| text.find(s.as_str()))
+            .min()
+    }
+
+    /// The length of the longest tail of `text` that is a proper prefix of a stop string (so
+    /// it must not be streamed yet), on a character boundary.
+    pub fn hold_back(&self, text: &str) -> usize {
+        let mut held = 0;
+        for stop in &self.stops {
+            for (i, _) in stop.char_indices().skip(1) {
+                if text.ends_with(&stop[..i]) {
+                    held = held.max(i);
+                }
+            }
+        }
+        held
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(temperature: f32) -> SamplingParams {
+        SamplingParams {
+            temperature,
+            ..SamplingParams::default()
+        }
+    }
+
+    #[test]
+    fn greedy_takes_the_largest_and_the_lower_id_on_ties() {
+        let mut s = Sampler::new(params(0.0), &[]);
+        assert_eq!(s.sample(&[0.1, 3.0, 3.0, -1.0]).token, 1);
+    }
+
+    #[test]
+    fn a_seed_fixes_the_draws_and_filters_bound_them() {
+        let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
+        let run = |p: SamplingParams| -> Vec<u32> {
+            let mut s = Sampler::new(p, &[]);
+            (0..40).map(|_| s.sample(&logits).token).collect()
+        };
+        let base = SamplingParams {
+            seed: 7,
+            ..params(1.0)
+        };
+        assert_eq!(run(base.clone()), run(base.clone()));
+        assert_ne!(
+            run(base.clone()),
+            run(SamplingParams {
+                seed: 8,
+                ..base.clone()
+            })
+        );
+        // top-k 3: only the three largest logits can come out.
+        let mut top3: Vec<usize> = (0..50).collect();
+        top3.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+        let allowed: Vec<u32> = top3[..3].iter().map(|&i| i as u32).collect();
+        let k3 = run(SamplingParams {
+            top_k: 3,
+            ..base.clone()
+        });
+        assert!(k3.iter().all(|t| allowed.contains(t)), "{k3:?}");
+        // A tiny top-p keeps only the top token.
+        let p = run(SamplingParams {
+            top_p: 1e-6,
+            ..base.clone()
+        });
+        assert!(p.iter().all(|&t| t == allowed[0]));
+        // min-p 1 keeps only the top token too.
+        let m = run(SamplingParams { min_p: 1.0, ..base });
+        assert!(m.iter().all(|&t| t == allowed[0]));
+    }
+
+    #[test]
+    fn penalties_push_seen_tokens_down() {
+        let logits = [2.0f32, 1.9, 0.0];
+        let mut s = Sampler::new(
+            SamplingParams {
+                presence_penalty: 1.0,
+                ..params(0.0)
+            },
+            &[],
+        );
+        assert_eq!(s.sample(&logits).token, 0);
+        assert_eq!(s.sample(&logits).token, 1, "0 is present now");
+        let mut r = Sampler::new(
+            SamplingParams {
+                repetition_penalty: 2.0,
+                ..params(0.0)
+            },
+            &[0],
+        );
+        assert_eq!(
+            r.sample(&logits).token,
+            1,
+            "0 was in the prompt: 2.0 / 2 < 1.9"
+        );
+    }
+
+    #[test]
+    fn logprobs_are_a_log_softmax_with_the_top_alternatives() {
+        let mut s = Sampler::new(
+            SamplingParams {
+                top_logprobs: 2,
+                ..params(0.0)
+            },
+            &[],
+        );
+        let out = s.sample(&[0.0, (2.0f32).ln(), f32::NEG_INFINITY]);
+        assert_eq!(out.token, 1);
+        assert!((out.logprob - (2.0f32 / 3.0).ln()).abs() < 1e-6);
+        assert_eq!(out.top.iter().map(|t| t.0).collect::<Vec<_>>(), [1, 0]);
+        assert!((out.top[1].1 - (1.0f32 / 3.0).ln()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn out_of_range_values_are_named() {
+        let bad = SamplingParams {
+            top_p: 0.0,
+            ..SamplingParams::default()
+        };
+        assert_eq!(bad.validate().unwrap_err().name, "top_p");
+        assert!(params(2.5).validate().is_err());
+        assert!(SamplingParams::default().validate().is_ok());
+    }
+
+    #[test]
+    fn stop_strings_are_found_and_their_prefixes_held() {
+        let stops = StopStrings::new(vec!["END".into(), "\n\n".into()]);
+        assert_eq!(stops.find("abc END x"), Some(4));
+        assert_eq!(stops.find("abc"), None);
+        assert_eq!(stops.hold_back("abc EN"), 2);
+        assert_eq!(stops.hold_back("abc\n"), 1);
+        assert_eq!(stops.hold_back("abc"), 0);
+    }
+}
