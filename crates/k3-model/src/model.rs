@@ -590,14 +590,51 @@ impl<'a> Model<'a> {
     /// thread, each dispatch would wake all workers and sleep): 6-8% faster on k3-0.40b with
     /// 2 threads, same bits (PERFORMANCE.md, phase 3).
     fn forward(&self, session: &mut Session, tokens: &[usize]) -> Result<Vec<Vec<f32>>> {
-        self.pool
-            .install(|| self.forward_on_worker(session, tokens))
+        let mut groups = [(session, tokens)];
+        Ok(self
+            .pool
+            .install(|| self.forward_on_worker(&mut groups))?
+            .concat())
     }
 
-    fn forward_on_worker(&self, session: &mut Session, tokens: &[usize]) -> Result<Vec<Vec<f32>>> {
+    /// One decode step for several sequences at once: `steps[i]` feeds one token to its own
+    /// session; returns each sequence's logits. Weights (projections of the MLPs and experts,
+    /// lm_head) are read once for all of them through the batch-invariant GEMM, attention runs
+    /// on each sequence's own state, so every sequence's logits are bit-identical to its
+    /// [`Model::decode_step`] alone, whoever shares the step.
+    pub fn decode_batch(&self, steps: &mut [(&mut Session, usize)]) -> Result<Vec<Vec<f32>>> {
+        let tokens: Vec<[usize; 1]> = steps.iter().map(|(_, t)| [*t]).collect();
+        let mut groups: Vec<(&mut Session, &[usize])> = steps
+            .iter_mut()
+            .zip(&tokens)
+            .map(|((session, _), token)| (&mut **session, &token[..]))
+            .collect();
+        Ok(self
+            .pool
+            .install(|| self.forward_on_worker(&mut groups))?
+            .into_iter()
+            .map(|mut rows| rows.pop().expect("one token in, one row out"))
+            .collect())
+    }
+
+    /// Layer-major forward of several sequences' chunks (`groups[g]`: a session and the tokens
+    /// it consumes): per-token state advances in each sequence's token order, weights are read
+    /// once for all tokens. Returns each group's logits, one row per token.
+    fn forward_on_worker(
+        &self,
+        groups: &mut [(&mut Session, &[usize])],
+    ) -> Result<Vec<Vec<Vec<f32>>>> {
         let c = &self.config;
         let d = c.hidden_size;
         let eps = c.rms_norm_eps;
+        let tokens: Vec<usize> = groups.iter().flat_map(|(_, t)| t.iter().copied()).collect();
+        let mut spans = Vec::with_capacity(groups.len());
+        let mut at = 0;
+        for (_, t) in groups.iter() {
+            spans.push(at..at + t.len());
+            at += t.len();
+        }
+        let tokens = &tokens[..];
         let mut h: Vec<Vec<f32>> = Vec::with_capacity(tokens.len());
         for &token in tokens {
             if token >= c.vocab_size {
@@ -635,14 +672,19 @@ impl<'a> Model<'a> {
                 normed.push(norm(&mixed, &layer.input_norm));
                 raw.push(input);
             }
-            let attn = match &layer.attention {
-                Attention::Kda(kda) => {
-                    self.kda(kda, session.kda[i].as_mut().expect("KDA state"), &normed)?
-                }
-                Attention::Mla(mla) => {
-                    self.mla(mla, session.mla[i].as_mut().expect("MLA cache"), &normed)?
-                }
-            };
+            // Attention on each sequence's own state (its tokens in order).
+            let mut attn = Vec::with_capacity(tokens.len());
+            for ((session, _), span) in groups.iter_mut().zip(&spans) {
+                let xs = &normed[span.clone()];
+                attn.extend(match &layer.attention {
+                    Attention::Kda(kda) => {
+                        self.kda(kda, session.kda[i].as_mut().expect("KDA state"), xs)?
+                    }
+                    Attention::Mla(mla) => {
+                        self.mla(mla, session.mla[i].as_mut().expect("MLA cache"), xs)?
+                    }
+                });
+            }
             let mut prefix = Vec::with_capacity(tokens.len());
             let mut post = Vec::with_capacity(tokens.len());
             for (t, a) in attn.into_iter().enumerate() {
@@ -673,8 +715,14 @@ impl<'a> Model<'a> {
             mix(bank, &h[t], &self.output_res_score, eps, &mut out);
             finals.push(norm(&out, &self.final_norm));
         }
-        session.position += tokens.len();
-        self.gemm(&self.lm_head, &finals)
+        let mut logits = self.gemm(&self.lm_head, &finals)?.into_iter();
+        Ok(groups
+            .iter_mut()
+            .map(|(session, t)| {
+                session.position += t.len();
+                logits.by_ref().take(t.len()).collect()
+            })
+            .collect())
     }
 
     #[allow(clippy::needless_range_loop)] // `head` indexes several per-head arrays

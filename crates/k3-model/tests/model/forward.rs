@@ -301,3 +301,48 @@ fn runs_on_single_file_checkpoints_with_root_quantization_config() {
     std::fs::write(scratch.0.join("config.json"), config.to_string()).unwrap();
     assert_eq!(logits(&scratch.0), nested);
 }
+
+/// A step shared by several sequences gives each the bits it gets alone, whoever shares it
+/// and whatever their positions.
+#[test]
+fn batched_decode_matches_each_sequence_alone() {
+    let (scratch, config) = tiny_checkpoint("batch");
+    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let pool = std::sync::Arc::new(numa_sched::Pool::new(2).unwrap());
+    let model = Model::new(&ckpt, &config, Kernels::detect())
+        .unwrap()
+        .with_pool(pool)
+        .with_parallel_threshold(0);
+    let streams: [&[usize]; 3] = [&TOKENS[..6], &TOKENS[3..12], &TOKENS[8..]];
+    // Alone: each stream step by step.
+    let alone: Vec<Vec<u64>> = streams
+        .iter()
+        .map(|s| {
+            let mut session = model.session();
+            s.iter()
+                .map(|&t| fingerprint(&model.decode_step(&mut session, t).unwrap()))
+                .collect()
+        })
+        .collect();
+    // Together: stream 1 starts two steps late; each step feeds every live stream.
+    let mut sessions: Vec<_> = streams.iter().map(|_| model.session()).collect();
+    let mut got: Vec<Vec<u64>> = vec![Vec::new(); streams.len()];
+    for step in 0usize..12 {
+        let mut batch = Vec::new();
+        let mut who = Vec::new();
+        for (k, session) in sessions.iter_mut().enumerate() {
+            let start = if k == 1 { 2 } else { 0 };
+            if let Some(&t) = step.checked_sub(start).and_then(|i| streams[k].get(i)) {
+                batch.push((session, t));
+                who.push(k);
+            }
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        for (k, logits) in who.into_iter().zip(model.decode_batch(&mut batch).unwrap()) {
+            got[k].push(fingerprint(&logits));
+        }
+    }
+    assert_eq!(got, alone);
+}
