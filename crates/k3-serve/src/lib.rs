@@ -1,1 +1,7 @@
-//! The deployable k3 binary (CLI, OpenAI-compatible HTTP server with SSE, engine thread running batched decode) — filled in by the serve issue.
+//! The deployable k3 binary's library: OpenAI-compatible request validation ([`api`]), the
+//! engine thread that owns the model and runs batched decode ([`engine`]), and the HTTP router
+//! with SSE streaming ([`server`]). `main.rs` is the CLI over them.
+
+pub mod api;
+pub mod engine;
+pub mod server;

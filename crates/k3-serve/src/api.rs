@@ -1,0 +1,369 @@
+//! The OpenAI-compatible request bodies, their validation into the one type the engine
+//! accepts ([`ValidRequest`]), and the error type every handler returns (OpenAI's error
+//! object, one status per class).
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use k3_model::chat::{Message, ToolCall};
+use k3_model::sampling::SamplingParams;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+/// An error answered as `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub param: Option<String>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    /// A 400 about one field.
+    pub fn invalid(param: &str, message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            param: Some(param.into()),
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self.status.as_u16() {
+            400 | 413 | 422 => "invalid_request_error",
+            404 => "not_found_error",
+            429 => "rate_limit_error",
+            503 => "service_unavailable",
+            _ => "server_error",
+        }
+    }
+
+    pub fn body(&self) -> Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind(),
+            "param": self.param,
+            "code": self.status.as_u16().to_string(),
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(self.body())).into_response()
+    }
+}
+
+/// Fields shared by both endpoints (OpenAI names; the extras vLLM and others accept too).
+#[derive(Debug, Deserialize)]
+pub struct CommonFields {
+    pub model: Option<String>,
+    #[serde(default)]
+    pub stream: bool,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub seed: Option<u64>,
+    pub stop: Option<Value>,
+    #[serde(default)]
+    pub logprobs: Value,
+    pub top_logprobs: Option<i64>,
+    pub n: Option<i64>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<Value>,
+    pub tools: Option<Value>,
+    /// `{"thinking": false}` turns thinking off (default on).
+    pub chat_template_kwargs: Option<Value>,
+    #[serde(flatten)]
+    pub common: CommonFields,
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    pub prompt: Value,
+    #[serde(flatten)]
+    pub common: CommonFields,
+}
+
+/// What a request asks the engine for, checked.
+#[derive(Debug, Clone)]
+pub struct ValidRequest {
+    pub prompt: Prompt,
+    pub sampling: SamplingParams,
+    pub max_tokens: usize,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    /// Log-probabilities of the chosen tokens.
+    pub logprobs: bool,
+}
+
+/// The prompt: chat messages (rendered with XTML) or plain text.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    Chat {
+        messages: Vec<Message>,
+        tools: Option<Value>,
+        thinking: bool,
+    },
+    Text(String),
+}
+
+/// Limits the validation checks against.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub model_name: String,
+    pub max_tokens_default: usize,
+    /// The context: prompt plus generated tokens.
+    pub context: usize,
+}
+
+impl CommonFields {
+    fn validate(
+        &self,
+        limits: &Limits,
+    ) -> Result<(SamplingParams, usize, Vec<String>, bool), ApiError> {
+        if let Some(model) = &self.model
+            && model != &limits.model_name
+        {
+            return Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                message: format!(
+                    "the model {model:?} does not exist; this server serves {:?}",
+                    limits.model_name
+                ),
+                param: Some("model".into()),
+            });
+        }
+        if self.n.is_some_and(|n| n != 1) {
+            return Err(ApiError::invalid("n", "only n = 1 is supported"));
+        }
+        let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
+            None => limits.max_tokens_default,
+            Some(n) if n >= 1 && (n as usize) < limits.context => n as usize,
+            Some(n) => {
+                return Err(ApiError::invalid(
+                    "max_tokens",
+                    format!(
+                        "max_tokens must be between 1 and {}, got {n}",
+                        limits.context - 1
+                    ),
+                ));
+            }
+        };
+        let top_k = match self.top_k {
+            None | Some(-1) => 0,
+            Some(k) if k >= 0 => k as usize,
+            Some(k) => {
+                return Err(ApiError::invalid(
+                    "top_k",
+                    format!("top_k must be -1 or >= 0, got {k}"),
+                ));
+            }
+        };
+        let logprobs = match &self.logprobs {
+            Value::Null => false,
+            Value::Bool(b) => *b,
+            Value::Number(n) => n.as_u64().is_some_and(|n| n > 0),
+            other => {
+                return Err(ApiError::invalid(
+                    "logprobs",
+                    format!("logprobs must be a boolean, got {other}"),
+                ));
+            }
+        };
+        let top_logprobs = match self.top_logprobs {
+            None => 0,
+            Some(n) if (0..=20).contains(&n) => n as usize,
+            Some(n) => {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    format!("top_logprobs must be in [0, 20], got {n}"),
+                ));
+            }
+        };
+        let sampling = SamplingParams {
+            temperature: self.temperature.unwrap_or(1.0),
+            top_k,
+            top_p: self.top_p.unwrap_or(1.0),
+            min_p: self.min_p.unwrap_or(0.0),
+            repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            seed: self.seed.unwrap_or(0),
+            top_logprobs,
+        };
+        sampling
+            .validate()
+            .map_err(|e| ApiError::invalid(e.name, e.to_string()))?;
+        let stop = match &self.stop {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::String(s)) => vec![s.clone()],
+            Some(Value::Array(items)) if items.len() <= 4 => items
+                .iter()
+                .map(|v| {
+                    v.as_str().map(str::to_owned).ok_or_else(|| {
+                        ApiError::invalid(
+                            "stop",
+                            "stop must be a string or a list of up to 4 strings",
+                        )
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "stop",
+                    "stop must be a string or a list of up to 4 strings",
+                ));
+            }
+        };
+        Ok((sampling, max_tokens, stop, logprobs))
+    }
+}
+
+impl ChatRequest {
+    pub fn validate(self, limits: &Limits) -> Result<ValidRequest, ApiError> {
+        let (sampling, max_tokens, stop, logprobs) = self.common.validate(limits)?;
+        if self.messages.is_empty() {
+            return Err(ApiError::invalid("messages", "messages must not be empty"));
+        }
+        let messages = self
+            .messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| parse_message(i, m))
+            .collect::<Result<Vec<_>, _>>()?;
+        let thinking = self
+            .chat_template_kwargs
+            .as_ref()
+            .and_then(|k| k.get("thinking"))
+            .and_then(Value::as_bool)
+            .unwrap_or(true);
+        if let Some(tools) = &self.tools
+            && !tools.is_array()
+        {
+            return Err(ApiError::invalid("tools", "tools must be a list"));
+        }
+        Ok(ValidRequest {
+            prompt: Prompt::Chat {
+                messages,
+                tools: self.tools,
+                thinking,
+            },
+            sampling,
+            max_tokens,
+            stop,
+            stream: self.common.stream,
+            logprobs,
+        })
+    }
+}
+
+impl CompletionRequest {
+    pub fn validate(self, limits: &Limits) -> Result<ValidRequest, ApiError> {
+        let (sampling, max_tokens, stop, logprobs) = self.common.validate(limits)?;
+        let prompt = match self.prompt {
+            Value::String(s) => s,
+            _ => return Err(ApiError::invalid("prompt", "prompt must be a string")),
+        };
+        Ok(ValidRequest {
+            prompt: Prompt::Text(prompt),
+            sampling,
+            max_tokens,
+            stop,
+            stream: self.common.stream,
+            logprobs,
+        })
+    }
+}
+
+/// One OpenAI message into ours: `role`, `content` (a string or text parts),
+/// `reasoning_content`, `tool_calls` (function name and JSON-string arguments), and for tool
+/// results `name` and the call index from `tool_call_id` when it is a number.
+fn parse_message(i: usize, m: &Value) -> Result<Message, ApiError> {
+    let param = format!("messages[{i}]");
+    let role = m["role"]
+        .as_str()
+        .ok_or_else(|| ApiError::invalid(&param, format!("{param} has no role")))?;
+    if !matches!(role, "system" | "user" | "assistant" | "tool" | "developer") {
+        return Err(ApiError::invalid(
+            &param,
+            format!("{param}: unknown role {role:?}"),
+        ));
+    }
+    let content = match &m["content"] {
+        Value::Null => String::new(),
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .map(|p| {
+                p["text"].as_str().map(str::to_owned).ok_or_else(|| {
+                    ApiError::invalid(
+                        &param,
+                        format!("{param}: only text content parts are supported"),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?
+            .concat(),
+        _ => {
+            return Err(ApiError::invalid(
+                &param,
+                format!("{param}: content must be a string or a list of text parts"),
+            ));
+        }
+    };
+    let tool_calls = match &m["tool_calls"] {
+        Value::Array(calls) => calls
+            .iter()
+            .map(|c| {
+                let f = &c["function"];
+                let name = f["name"].as_str().unwrap_or_default().to_owned();
+                let arguments = match &f["arguments"] {
+                    Value::String(s) => serde_json::from_str(s).map_err(|e| {
+                        ApiError::invalid(
+                            &param,
+                            format!("{param}: tool call arguments are not JSON: {e}"),
+                        )
+                    })?,
+                    other => other.clone(),
+                };
+                Ok(ToolCall { name, arguments })
+            })
+            .collect::<Result<Vec<_>, ApiError>>()?,
+        _ => Vec::new(),
+    };
+    Ok(Message {
+        role: if role == "developer" {
+            "system".into()
+        } else {
+            role.into()
+        },
+        content,
+        reasoning: m["reasoning_content"].as_str().map(str::to_owned),
+        tool_calls,
+        tool_name: m["name"].as_str().map(str::to_owned),
+        tool_index: m["tool_call_id"]
+            .as_str()
+            .and_then(|id| id.rsplit(['_', '-']).next())
+            .and_then(|n| n.parse().ok()),
+    })
+}

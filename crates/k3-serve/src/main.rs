@@ -1,0 +1,307 @@
+//! `k3-serve`: one-shot generation (`--prompt`) or the OpenAI-compatible server (`--serve`).
+//!
+//! ```text
+//! k3-serve [--model DIR] [--serve] [--host 127.0.0.1] [--port 8000] [--threads N] [--numa]
+//!          [--numa-fake N] [--numa-threads N] [--expert-cache N] [--expert-cache-gb G]
+//!          [--preload-experts] [--mlock] [--no-usage-cache] [--max-batch N] [--ctx N]
+//!          [--queue N] [--kernel-tier T] [--prompt TEXT] [--max-tokens N] [--temperature T]
+//!          [--seed S] [--no-think]
+//! ```
+//! Without `--model` it generates the `tiny` synthetic checkpoint once into a cache directory
+//! (`$XDG_CACHE_HOME/k3/tiny`, else `~/.cache/k3/tiny`) and uses it.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k3_model::chat::Message;
+use k3_model::experts::ExpertOptions;
+use k3_model::sampling::SamplingParams;
+use k3_serve::api::{Limits, Prompt, ValidRequest};
+use k3_serve::engine::{EngineConfig, Event, Job, prompt_ids, spawn, wait_ready};
+use k3_serve::server::{AppState, app};
+use mxfp4_kernels::{Kernels, Tier};
+
+struct Args {
+    model: Option<PathBuf>,
+    serve: bool,
+    host: String,
+    port: u16,
+    placement: numa_sched::PoolOptions,
+    experts: ExpertOptions,
+    max_batch: usize,
+    ctx: usize,
+    queue: usize,
+    tier: Option<Tier>,
+    prompt: Option<String>,
+    max_tokens: usize,
+    temperature: f32,
+    seed: u64,
+    thinking: bool,
+}
+
+fn parse() -> Result<Args> {
+    let mut a = Args {
+        model: None,
+        serve: false,
+        host: "127.0.0.1".into(),
+        port: 8000,
+        placement: numa_sched::PoolOptions {
+            threads: Some(1),
+            ..Default::default()
+        },
+        experts: ExpertOptions::default(),
+        max_batch: 8,
+        ctx: 4096,
+        queue: 64,
+        tier: None,
+        prompt: None,
+        max_tokens: 32,
+        temperature: 0.0,
+        seed: 0,
+        thinking: true,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--model" => a.model = Some(PathBuf::from(value()?)),
+            "--serve" => a.serve = true,
+            "--host" => a.host = value()?,
+            "--port" => a.port = value()?.parse().context("--port is a port number")?,
+            "--threads" => a.placement.threads = Some(count(&flag, &value()?)?),
+            "--numa" => a.placement.numa = true,
+            "--numa-fake" => a.placement.fake_domains = Some(count(&flag, &value()?)?),
+            "--numa-threads" => a.placement.threads_per_domain = Some(count(&flag, &value()?)?),
+            "--hyperthreads" => a.placement.hyperthreads = true,
+            "--expert-cache" => {
+                a.experts.cache_experts = Some(
+                    value()?
+                        .parse()
+                        .context("--expert-cache is experts per layer")?,
+                )
+            }
+            "--expert-cache-gb" => {
+                let gb: f64 = value()?
+                    .parse()
+                    .context("--expert-cache-gb is a size in GB")?;
+                if !(gb >= 0.0 && gb.is_finite()) {
+                    bail!("--expert-cache-gb must be a size in GB, not {gb}");
+                }
+                a.experts.cache_bytes = Some((gb * 1e9) as u64);
+            }
+            "--preload-experts" => a.experts.preload = true,
+            "--mlock" => a.experts.mlock = true,
+            "--no-usage-cache" => a.experts.usage_cache = false,
+            "--max-batch" => a.max_batch = count(&flag, &value()?)?,
+            "--ctx" => a.ctx = count(&flag, &value()?)?,
+            "--queue" => a.queue = count(&flag, &value()?)?,
+            "--kernel-tier" => a.tier = Some(value()?.parse()?),
+            "--prompt" => a.prompt = Some(value()?),
+            "--max-tokens" => a.max_tokens = count(&flag, &value()?)?,
+            "--temperature" => {
+                a.temperature = value()?.parse().context("--temperature is a number")?
+            }
+            "--seed" => a.seed = value()?.parse().context("--seed is a number")?,
+            "--no-think" => a.thinking = false,
+            "-h" | "--help" => {
+                println!(
+                    "usage: k3-serve [--model DIR] [--serve] [--host H] [--port P] [--threads N] [--numa] [--numa-fake N] [--numa-threads N] [--expert-cache N] [--expert-cache-gb G] [--preload-experts] [--mlock] [--no-usage-cache] [--max-batch N] [--ctx N] [--queue N] [--kernel-tier T] [--prompt TEXT] [--max-tokens N] [--temperature T] [--seed S] [--no-think]"
+                );
+                std::process::exit(0);
+            }
+            other => bail!("unknown flag {other:?} (see --help)"),
+        }
+    }
+    if !a.serve && a.prompt.is_none() {
+        bail!("give --prompt TEXT for a one-shot generation, or --serve to start the server");
+    }
+    Ok(a)
+}
+
+fn count(flag: &str, value: &str) -> Result<usize> {
+    let n: usize = value
+        .parse()
+        .with_context(|| format!("{flag} is a count"))?;
+    if n == 0 {
+        bail!("{flag} must be at least 1");
+    }
+    Ok(n)
+}
+
+/// The cached `tiny` checkpoint, generated on first use.
+fn default_model() -> Result<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    let dir = base.join("k3").join("tiny");
+    if !dir.join("config.json").exists() {
+        let partial = base
+            .join("k3")
+            .join(format!("tiny.partial-{}", std::process::id()));
+        let options = k3_model::synth::SynthOptions {
+            preset: k3_model::synth::Preset::Tiny,
+            seed: 0,
+            layers: None,
+            experts: None,
+            router_skew: 0.0,
+            softplus_gate: false,
+        };
+        k3_model::synth::generate(&partial, &options).context("generating the tiny checkpoint")?;
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::rename(&partial, &dir).context("placing the tiny checkpoint")?;
+        eprintln!(
+            "no --model: generated the synthetic `tiny` checkpoint in {}",
+            dir.display()
+        );
+    }
+    Ok(dir)
+}
+
+struct StderrLog;
+
+impl log::Log for StderrLog {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        metadata.level() <= log::Level::Info
+    }
+    fn log(&self, record: &log::Record<'_>) {
+        if self.enabled(record.metadata()) {
+            eprintln!(
+                "{}: {}",
+                record.level().as_str().to_lowercase(),
+                record.args()
+            );
+        }
+    }
+    fn flush(&self) {}
+}
+
+fn main() -> Result<()> {
+    static LOG: StderrLog = StderrLog;
+    let _ = log::set_logger(&LOG).map(|()| log::set_max_level(log::LevelFilter::Info));
+    let args = parse()?;
+    let model_dir = match &args.model {
+        Some(dir) => dir.clone(),
+        None => default_model()?,
+    };
+    let kernels = match args.tier {
+        Some(tier) => Kernels::new(tier)?,
+        None => Kernels::detect(),
+    };
+    log::info!("kernel tier {}", kernels.tier());
+    let (engine, _thread) = spawn(EngineConfig {
+        model_dir: model_dir.clone(),
+        kernels,
+        placement: args.placement,
+        experts: args.experts.clone(),
+        max_batch: args.max_batch,
+        queue: args.queue,
+        prefill_chunk: 16,
+    })?;
+    let limits = Limits {
+        model_name: model_dir
+            .file_name()
+            .map_or("k3".into(), |n| n.to_string_lossy().into_owned()),
+        max_tokens_default: 256,
+        context: args.ctx,
+    };
+    if args.serve {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        return runtime.block_on(async move {
+            let address = format!("{}:{}", args.host, args.port);
+            let listener = tokio::net::TcpListener::bind(&address)
+                .await
+                .with_context(|| format!("binding {address}"))?;
+            log::info!(
+                "serving {} on http://{}",
+                limits.model_name,
+                listener.local_addr()?
+            );
+            let state = AppState {
+                engine,
+                limits: Arc::new(limits),
+            };
+            axum::serve(listener, app(state))
+                .with_graceful_shutdown(async {
+                    let _ = tokio::signal::ctrl_c().await;
+                    log::info!("shutting down: finishing open responses");
+                })
+                .await?;
+            Ok(())
+        });
+    }
+    // One-shot generation.
+    if !wait_ready(&engine, Duration::from_secs(600)) {
+        bail!("the model did not load");
+    }
+    let request = ValidRequest {
+        prompt: Prompt::Chat {
+            messages: vec![Message {
+                role: "user".into(),
+                content: args.prompt.clone().unwrap_or_default(),
+                ..Message::default()
+            }],
+            tools: None,
+            thinking: args.thinking,
+        },
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            seed: args.seed,
+            ..SamplingParams::default()
+        },
+        max_tokens: args.max_tokens,
+        stop: Vec::new(),
+        stream: true,
+        logprobs: false,
+    };
+    let ids = prompt_ids(&engine.tokenizer, &request.prompt);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let start = Instant::now();
+    engine
+        .submit(Job {
+            request,
+            prompt_ids: ids,
+            events: tx,
+        })
+        .map_err(|e| anyhow::anyhow!("could not queue the prompt: {e:?}"))?;
+    let mut tokens = 0;
+    use std::io::Write;
+    let mut out = std::io::stdout();
+    while let Some(event) = rx.blocking_recv() {
+        match event {
+            Event::Delta {
+                reasoning, content, ..
+            } => {
+                write!(out, "{reasoning}{content}")?;
+                out.flush()?;
+            }
+            Event::Done {
+                finish_reason,
+                completion_tokens,
+                prompt_tokens,
+                prefill,
+                decode,
+            } => {
+                tokens = completion_tokens;
+                println!();
+                // The first token comes with the prefill; the rest are decode steps.
+                println!(
+                    "{completion_tokens} tokens ({finish_reason}); prefill of {prompt_tokens} tokens {:.3} s, then {:.2} tokens/s decoding ({:.2} s in all)",
+                    prefill.as_secs_f64(),
+                    completion_tokens.saturating_sub(1) as f64 / decode.as_secs_f64().max(1e-9),
+                    start.elapsed().as_secs_f64()
+                );
+            }
+            Event::Error(message) => bail!("generation failed: {message}"),
+        }
+    }
+    if tokens == 0 {
+        bail!("no tokens were generated");
+    }
+    Ok(())
+}

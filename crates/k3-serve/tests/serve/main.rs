@@ -1,0 +1,28 @@
+//! Integration tests of k3-serve: the router without sockets (every endpoint and error
+//! class), and the binary on a loopback port driven by a plain HTTP client.
+
+mod e2e;
+mod router;
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+/// The `tiny` synthetic checkpoint, generated once per test binary.
+pub(crate) fn tiny() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("k3-serve-tiny-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let options = k3_model::synth::SynthOptions {
+            preset: k3_model::synth::Preset::Tiny,
+            seed: 0,
+            layers: None,
+            experts: None,
+            router_skew: 0.0,
+            softplus_gate: false,
+        };
+        k3_model::synth::generate(&dir, &options).unwrap();
+        dir
+    })
+    .clone()
+}

@@ -1,0 +1,253 @@
+//! The router through `tower::ServiceExt::oneshot`: endpoints and every error class.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use k3_model::experts::ExpertOptions;
+use k3_serve::api::Limits;
+use k3_serve::engine::{EngineConfig, spawn, wait_ready};
+use k3_serve::server::{AppState, MAX_BODY, app};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+fn state(queue: usize, max_batch: usize, context: usize) -> AppState {
+    let (engine, _thread) = spawn(EngineConfig {
+        model_dir: crate::tiny(),
+        kernels: mxfp4_kernels::Kernels::detect(),
+        placement: numa_sched::PoolOptions {
+            threads: Some(1),
+            ..Default::default()
+        },
+        experts: ExpertOptions {
+            usage_cache: false,
+            ..ExpertOptions::default()
+        },
+        max_batch,
+        queue,
+        prefill_chunk: 8,
+    })
+    .unwrap();
+    assert!(wait_ready(&engine, Duration::from_secs(60)));
+    AppState {
+        engine,
+        limits: Arc::new(Limits {
+            model_name: "tiny".into(),
+            max_tokens_default: 16,
+            context,
+        }),
+    }
+}
+
+async fn call(
+    state: &AppState,
+    method: &str,
+    uri: &str,
+    body: Option<String>,
+) -> (StatusCode, String) {
+    let request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .body(body.map_or_else(Body::empty, Body::from))
+        .unwrap();
+    let response = app(state.clone()).oneshot(request).await.unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+fn chat_body(extra: Value) -> String {
+    let mut body = json!({"model": "tiny", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 6, "temperature": 0});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body.to_string()
+}
+
+/// `(status, error.param, error.type)` of an error answer.
+fn error_of(status: StatusCode, text: &str) -> (u16, Value, Value) {
+    let v: Value = serde_json::from_str(text).unwrap_or_else(|_| panic!("not JSON: {text}"));
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{text}"
+    );
+    (
+        status.as_u16(),
+        v["error"]["param"].clone(),
+        v["error"]["type"].clone(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_answer() {
+    let s = state(8, 4, 512);
+    let (status, text) = call(&s, "GET", "/health", None).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let (_, text) = call(&s, "GET", "/v1/models", None).await;
+    let models: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(models["data"][0]["id"], "tiny");
+
+    let (status, text) = call(
+        &s,
+        "POST",
+        "/v1/chat/completions",
+        Some(chat_body(json!({}))),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    let usage = &v["usage"];
+    assert!(usage["prompt_tokens"].as_u64().unwrap() > 5);
+    assert!(usage["completion_tokens"].as_u64().unwrap() <= 6);
+    let reason = v["choices"][0]["finish_reason"].as_str().unwrap();
+    assert!(
+        ["length", "stop", "tool_calls"].contains(&reason),
+        "{reason}"
+    );
+
+    // The same request again: greedy decoding gives the same answer.
+    let (_, again) = call(
+        &s,
+        "POST",
+        "/v1/chat/completions",
+        Some(chat_body(json!({}))),
+    )
+    .await;
+    let again: Value = serde_json::from_str(&again).unwrap();
+    assert_eq!(again["choices"], v["choices"]);
+
+    let body = json!({"model": "tiny", "prompt": "Once upon", "max_tokens": 5, "temperature": 0.7, "seed": 3, "logprobs": true, "top_logprobs": 2});
+    let (status, text) = call(&s, "POST", "/v1/completions", Some(body.to_string())).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["usage"]["completion_tokens"], 5);
+    let lps = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(lps.len(), 5);
+    assert_eq!(lps[0]["top_logprobs"].as_array().unwrap().len(), 2);
+
+    // Streaming: SSE chunks, the last data line [DONE].
+    let (status, text) = call(
+        &s,
+        "POST",
+        "/v1/chat/completions",
+        Some(chat_body(json!({"stream": true}))),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let data: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{text}");
+    let first: Value = serde_json::from_str(data[0]).unwrap();
+    assert_eq!(first["object"], "chat.completion.chunk");
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    let done: Value = serde_json::from_str(data[data.len() - 2]).unwrap();
+    assert!(done["choices"][0]["finish_reason"].is_string(), "{done}");
+
+    let (status, text) = call(&s, "GET", "/metrics", None).await;
+    assert_eq!(status, StatusCode::OK);
+    for name in [
+        "k3_requests_total 4",
+        "k3_generated_tokens_total",
+        "k3_queue_depth",
+        "k3_expert_cache_hits_total",
+    ] {
+        assert!(text.contains(name), "{name} missing:\n{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_class_has_its_status_and_body() {
+    let s = state(8, 4, 512);
+    let post = |body: String| call(&s, "POST", "/v1/chat/completions", Some(body));
+    let (st, t) = post("{not json".into()).await;
+    assert_eq!(error_of(st, &t).0, 400);
+    let (st, t) = post(json!({"messages": 5}).to_string()).await;
+    assert_eq!(error_of(st, &t).0, 422);
+    let (st, t) = post(chat_body(json!({"model": "other"}))).await;
+    assert_eq!(
+        error_of(st, &t),
+        (404, json!("model"), json!("not_found_error"))
+    );
+    let (st, t) = post(chat_body(json!({"max_tokens": 0}))).await;
+    assert_eq!(
+        error_of(st, &t),
+        (400, json!("max_tokens"), json!("invalid_request_error"))
+    );
+    let (st, t) = post(chat_body(json!({"temperature": 5.0}))).await;
+    assert_eq!(error_of(st, &t).1, "temperature");
+    let (st, t) = post(chat_body(json!({"top_p": 0}))).await;
+    assert_eq!(error_of(st, &t).1, "top_p");
+    let (st, t) = post(chat_body(json!({"max_tokens": 511}))).await;
+    let (code, param, _) = error_of(st, &t);
+    assert_eq!((code, param), (400, json!("max_tokens")));
+    assert!(t.contains("exceeds the context"), "{t}");
+    let (st, t) = post(json!({"messages": []}).to_string()).await;
+    assert_eq!(error_of(st, &t).1, "messages");
+    let (st, t) = post(chat_body(
+        json!({"messages": [{"role": "wizard", "content": "x"}]}),
+    ))
+    .await;
+    assert_eq!(error_of(st, &t).0, 400);
+    let huge = format!(
+        "{{\"messages\": [{{\"role\": \"user\", \"content\": \"{}\"}}]}}",
+        "a".repeat(MAX_BODY + 10)
+    );
+    let (st, t) = post(huge).await;
+    assert_eq!(error_of(st, &t).0, 413);
+    let (st, t) = call(&s, "GET", "/v1/nothing", None).await;
+    assert_eq!(error_of(st, &t).0, 404);
+    // Not ready: 503 from the health check and from generation.
+    s.engine.ready.store(false, Ordering::Release);
+    let (st, t) = call(&s, "GET", "/health", None).await;
+    assert_eq!(error_of(st, &t).0, 503);
+    let (st, t) = post(chat_body(json!({}))).await;
+    assert_eq!(error_of(st, &t).0, 503);
+    s.engine.ready.store(true, Ordering::Release);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_answers_429() {
+    // One sequence at a time, one waiting: the third concurrent request is refused.
+    let s = state(1, 1, 8192);
+    let long = chat_body(json!({"max_tokens": 4000, "stream": true}));
+    let first = tokio::spawn({
+        let s = s.clone();
+        let long = long.clone();
+        async move { call(&s, "POST", "/v1/chat/completions", Some(long)).await }
+    });
+    while s.engine.metrics.active.load(Ordering::Relaxed) < 1 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let second = tokio::spawn({
+        let s = s.clone();
+        async move { call(&s, "POST", "/v1/chat/completions", Some(long)).await }
+    });
+    while s.engine.metrics.queue_depth.load(Ordering::Relaxed) < 1 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let (st, t) = call(
+        &s,
+        "POST",
+        "/v1/chat/completions",
+        Some(chat_body(json!({}))),
+    )
+    .await;
+    assert_eq!(
+        error_of(st, &t),
+        (429, Value::Null, json!("rate_limit_error"))
+    );
+    assert_eq!(first.await.unwrap().0, StatusCode::OK);
+    assert_eq!(second.await.unwrap().0, StatusCode::OK);
+    assert!(s.engine.metrics.rejected.load(Ordering::Relaxed) >= 1);
+}
