@@ -206,3 +206,51 @@ fn eight_concurrent_streams_match_their_solo_runs_and_a_disconnect_frees_its_slo
         "the abandoned stream ran to its end ({generated} tokens)"
     );
 }
+
+/// PyPI's `openai` client (a venv made by `tests/openai/setup_venv.sh`, pinned) completes a
+/// streamed chat against the running server. Where the venv cannot be made (no python3, no
+/// package index), the test says why and returns.
+#[test]
+fn the_openai_python_client_streams_a_chat() {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let venv = manifest.join("../../target/openai-venv");
+    let setup = Command::new("bash")
+        .arg(manifest.join("tests/openai/setup_venv.sh"))
+        .arg(&venv)
+        .output();
+    let python = match setup {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        Ok(out) => {
+            eprintln!(
+                "skipping: could not set up the openai venv: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return;
+        }
+        Err(e) => {
+            eprintln!("skipping: bash not runnable: {e}");
+            return;
+        }
+    };
+    let server = start();
+    let model = crate::tiny()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let out = Command::new(python)
+        .arg(manifest.join("tests/openai/client.py"))
+        .arg(format!("http://127.0.0.1:{}/v1", server.port))
+        .arg(&model)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "openai client failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert!(report["chunks"].as_u64().unwrap() >= 2, "{report}");
+    assert_eq!(report["models"][0], model.as_str());
+}
