@@ -1,0 +1,113 @@
+//! Batched decode throughput through the engine (no HTTP): one greedy stream, then `--streams`
+//! concurrent greedy streams, alternating `--rounds` times; prints each run's aggregate
+//! tokens/s and the ratio.
+//!
+//! `cargo run --release -p k3-serve --example batch_throughput -- --model DIR [--threads 2]
+//!  [--streams 4] [--tokens 64] [--rounds 3]`
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k3_model::experts::ExpertOptions;
+use k3_model::sampling::SamplingParams;
+use k3_serve::api::{Prompt, ValidRequest};
+use k3_serve::engine::{EngineConfig, EngineHandle, Event, Job, prompt_ids, spawn, wait_ready};
+
+fn main() -> Result<()> {
+    let mut model = None;
+    let (mut threads, mut streams, mut tokens, mut rounds) = (2, 4, 64, 3);
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--model" => model = Some(std::path::PathBuf::from(value()?)),
+            "--threads" => threads = value()?.parse()?,
+            "--streams" => streams = value()?.parse()?,
+            "--tokens" => tokens = value()?.parse()?,
+            "--rounds" => rounds = value()?.parse()?,
+            other => bail!("unknown flag {other:?}"),
+        }
+    }
+    let model = model.context("--model DIR is required")?;
+    let (engine, _thread) = spawn(EngineConfig {
+        model_dir: model.clone(),
+        kernels: mxfp4_kernels::Kernels::detect(),
+        placement: numa_sched::PoolOptions {
+            threads: Some(threads),
+            ..Default::default()
+        },
+        experts: ExpertOptions {
+            usage_cache: false,
+            ..ExpertOptions::default()
+        },
+        max_batch: streams.max(1),
+        queue: 64,
+        prefill_chunk: 16,
+    })?;
+    if !wait_ready(&engine, Duration::from_secs(600)) {
+        bail!("the model did not load");
+    }
+    println!(
+        "{} with {threads} threads, {tokens} greedy tokens per stream",
+        model.display()
+    );
+    let mut ratios = Vec::new();
+    for round in 0..rounds {
+        let one = run(&engine, 1, tokens)?;
+        let many = run(&engine, streams, tokens)?;
+        println!(
+            "round {round}: 1 stream {one:.2} tokens/s; {streams} streams {many:.2} tokens/s in all; ratio {:.2}",
+            many / one
+        );
+        ratios.push(many / one);
+    }
+    ratios.sort_by(f64::total_cmp);
+    println!(
+        "median ratio {:.2} over {rounds} rounds",
+        ratios[ratios.len() / 2]
+    );
+    Ok(())
+}
+
+/// `streams` concurrent greedy streams of `tokens` tokens; aggregate tokens/s over the wall time
+/// from submission to the last token (short distinct prompts, so prefill is a small share).
+fn run(engine: &EngineHandle, streams: usize, tokens: usize) -> Result<f64> {
+    let start = Instant::now();
+    let mut receivers = Vec::new();
+    for s in 0..streams {
+        let request = ValidRequest {
+            prompt: Prompt::Text(format!("Stream {s}:")),
+            sampling: SamplingParams {
+                temperature: 0.0,
+                ..SamplingParams::default()
+            },
+            max_tokens: tokens,
+            stop: Vec::new(),
+            stream: true,
+            logprobs: false,
+        };
+        let ids = prompt_ids(&engine.tokenizer, &request.prompt);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        engine
+            .submit(Job {
+                request,
+                prompt_ids: ids,
+                events: tx,
+            })
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        receivers.push(rx);
+    }
+    let mut generated = 0;
+    for mut rx in receivers {
+        while let Some(event) = rx.blocking_recv() {
+            match event {
+                Event::Done {
+                    completion_tokens, ..
+                } => generated += completion_tokens,
+                Event::Error(e) => bail!("{e}"),
+                Event::Delta { .. } => {}
+            }
+        }
+    }
+    Ok(generated as f64 / start.elapsed().as_secs_f64())
+}
