@@ -127,9 +127,14 @@ impl ShardReader {
     /// `place(buffer, starts)` runs on the new buffer before any read touches it, with where
     /// each segment's first byte will land: the caller binds pages to NUMA nodes there, so
     /// the read's page faults allocate them on the right node.
+    ///
+    /// `reuse` is a buffer of an expert no longer needed: taken when large enough, so the
+    /// read lands in pages already faulted in (a fresh buffer costs a page fault and a zeroed
+    /// page per 4 KiB during the read).
     pub fn read_segments(
         &self,
         segments: &[Range<usize>],
+        reuse: Option<AlignedBuf>,
         place: impl FnOnce(&mut [u8], &[usize]),
     ) -> std::io::Result<(AlignedBuf, Vec<usize>, ReadOutcome)> {
         let spans: Vec<(usize, usize)> = segments
@@ -140,7 +145,10 @@ impl ShardReader {
             })
             .collect();
         let total: usize = spans.iter().map(|&(_, len)| len).sum();
-        let mut buf = AlignedBuf::zeroed(total);
+        let mut buf = match reuse {
+            Some(buf) if buf.len() >= total => buf,
+            _ => AlignedBuf::zeroed(total),
+        };
         let mut starts = Vec::with_capacity(segments.len());
         let mut at = 0;
         for (segment, &(start, len)) in segments.iter().zip(&spans) {

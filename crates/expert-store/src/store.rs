@@ -65,7 +65,8 @@ pub enum Policy {
 pub struct StoreConfig {
     pub capacity: Capacity,
     pub policy: Policy,
-    /// Threads issuing reads (the queue depth the disk sees).
+    /// Threads issuing reads (the queue depth the disk sees; default 16, a K3 layer's top-k, so
+    /// every miss of a layer is in flight at once).
     pub io_threads: usize,
     /// Read with `O_DIRECT` where the filesystem allows it.
     pub direct_io: bool,
@@ -82,7 +83,7 @@ impl Default for StoreConfig {
         Self {
             capacity: Capacity::PerLayer(usize::MAX),
             policy: Policy::Lru,
-            io_threads: 8,
+            io_threads: 16,
             direct_io: true,
             mlock: false,
             history: None,
@@ -125,13 +126,45 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 struct ExpertData {
     /// gate, up, down over `buf`.
     views: [MxFp4Matrix<'static>; 3],
-    /// Owns the bytes `views` borrow; never moved out or mutated while they live.
-    buf: AlignedBuf,
+    /// Owns the bytes `views` borrow; never moved or mutated while they live, and handed
+    /// back to `free` only when this drops (no view can outlive it: see `Expert`).
+    buf: Option<AlignedBuf>,
+    /// Buffer bytes the cache counts for this expert.
+    size: u64,
+    free: Arc<FreeBuffers>,
 }
 
 impl ExpertData {
     fn bytes(&self) -> u64 {
-        self.buf.len() as u64
+        self.size
+    }
+}
+
+impl Drop for ExpertData {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            self.free.give(buf);
+        }
+    }
+}
+
+/// Buffers of dropped experts, kept for the next loads (at most `max`).
+#[derive(Debug)]
+struct FreeBuffers {
+    list: Mutex<Vec<AlignedBuf>>,
+    max: usize,
+}
+
+impl FreeBuffers {
+    fn give(&self, buf: AlignedBuf) {
+        let mut list = self.list.lock().unwrap_or_else(|p| p.into_inner());
+        if list.len() < self.max {
+            list.push(buf);
+        }
+    }
+
+    fn take(&self) -> Option<AlignedBuf> {
+        self.list.lock().unwrap_or_else(|p| p.into_inner()).pop()
     }
 }
 
@@ -279,6 +312,7 @@ struct Shared {
     requests: AtomicU64,
     busy: Mutex<Busy>,
     placement: std::sync::OnceLock<Placement>,
+    free: Arc<FreeBuffers>,
 }
 
 /// Each expert's home domain, and the NUMA nodes (if any) its buffer is bound to.
@@ -418,6 +452,11 @@ impl ExpertStore {
                 total: Duration::ZERO,
             }),
             placement: std::sync::OnceLock::new(),
+            // Two per I/O thread: enough that every load in flight finds one in steady state.
+            free: Arc::new(FreeBuffers {
+                list: Mutex::new(Vec::new()),
+                max: 2 * config.io_threads,
+            }),
         });
         let (jobs, queue) = crossbeam_channel::unbounded::<Job>();
         let threads = (0..config.io_threads)
@@ -866,7 +905,7 @@ impl Shared {
         let located = &self.table[&key];
         let reader = &self.readers[located.shard];
         self.busy_change(true);
-        let read = reader.read_segments(&located.segments, |buf, starts| {
+        let read = reader.read_segments(&located.segments, self.free.take(), |buf, starts| {
             self.bind(key, located, buf, starts)
         });
         self.busy_change(false);
@@ -879,8 +918,7 @@ impl Shared {
             })
             .and_then(|(buf, starts, _)| {
                 self.loads.fetch_add(1, Ordering::Relaxed);
-                self.bytes_read
-                    .fetch_add(buf.len() as u64, Ordering::Relaxed);
+                self.bytes_read.fetch_add(located.bytes, Ordering::Relaxed);
                 self.build(key, located, buf, &starts)
             });
         let mut cache = self.lock();
@@ -936,7 +974,12 @@ impl Shared {
             view("expert w3 (up)", 2, intermediate, io)?,
             view("expert w2 (down)", 4, io, intermediate)?,
         ];
-        Ok(Arc::new(ExpertData { views, buf }))
+        Ok(Arc::new(ExpertData {
+            views,
+            buf: Some(buf),
+            size: located.bytes,
+            free: Arc::clone(&self.free),
+        }))
     }
 
     /// Makes a landed expert resident when the capacity allows, evicting by the policy.
@@ -985,7 +1028,7 @@ impl Shared {
             rank
         };
         if self.mlock.load(Ordering::Relaxed)
-            && let Err(e) = data.buf.lock()
+            && let Some(Err(e)) = data.buf.as_ref().map(AlignedBuf::lock)
             && self.mlock.swap(false, Ordering::Relaxed)
         {
             let limit = memlock_limit().map_or("unknown".to_string(), |l| {

@@ -14,7 +14,7 @@
 //! Routed experts: by default they are read through the file mapping. `--expert-cache N`
 //! (experts per layer; 0 reads every expert on use), `--expert-cache-gb G` or
 //! `--preload-experts` serve them from the expert store instead: O_DIRECT reads on
-//! `--io-threads` threads (default 8), `--preload-experts` fills the cache first (a progress
+//! `--io-threads` threads (default 16), `--preload-experts` fills the cache first (a progress
 //! bar, then time and GB/s), `--mlock` pins what is resident, `--expert-policy lru|usage`
 //! picks the eviction policy, and the usage file (`k3-expert-usage.json` beside the shards, or
 //! `--usage-file F`) orders the preload and seeds the usage policy unless `--no-usage-cache`.

@@ -32,7 +32,7 @@ pub struct ExpertOptions {
     pub usage_file: Option<PathBuf>,
     /// `--expert-policy lru|usage` (default: usage-weighted while the usage cache is on).
     pub policy: Option<Policy>,
-    /// `--io-threads N`: reads in flight at once.
+    /// `--io-threads N`: reads in flight at once (default 16: all of a K3 layer's misses).
     pub io_threads: usize,
 }
 
@@ -46,7 +46,7 @@ impl Default for ExpertOptions {
             usage_cache: true,
             usage_file: None,
             policy: None,
-            io_threads: 8,
+            io_threads: 16,
         }
     }
 }
