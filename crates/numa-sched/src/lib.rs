@@ -10,6 +10,7 @@
 pub mod memory;
 pub mod topology;
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 
 pub use topology::{Domain, Topology, TopologyOptions, TopologySource};
@@ -127,6 +128,86 @@ pub struct Pool {
     domains: Vec<DomainPool>,
     topology: Topology,
     live: Arc<Live>,
+    /// One per domain (index 0 unused): where `map_on` posts a domain's tasks while the
+    /// domain's workers spin inside [`Pool::install`].
+    mailboxes: Vec<Arc<Mailbox>>,
+    /// Set while `install` keeps the other domains' workers spinning on their mailboxes.
+    hot: std::sync::atomic::AtomicBool,
+}
+
+/// A domain's task list posted by `map_on` (see [`Mailbox`]).
+struct Posted {
+    /// `run(task index)`: points into the posting `map_on`'s frame, which does not return
+    /// before `pending` is zero; a worker only calls it for an index it claimed below `len`.
+    run: *const (dyn Fn(usize) + Sync),
+    tasks: *const usize,
+    len: usize,
+    next: std::sync::atomic::AtomicUsize,
+    pending: std::sync::atomic::AtomicUsize,
+}
+
+// SAFETY: the pointers are only dereferenced while the poster waits for `pending` to reach
+// zero (see `run`), and what they point to is `Sync`.
+unsafe impl Send for Posted {}
+// SAFETY: as above.
+unsafe impl Sync for Posted {}
+
+/// Hot dispatch to one domain. A cross-domain `map_on` otherwise wakes the other domain's
+/// sleeping workers on every call (a futex and a context switch, tens of microseconds); a
+/// forward pass makes about a hundred such calls per token. Inside `install` the other
+/// domains' workers instead spin on their mailbox and pick up a posted list at once.
+#[derive(Default)]
+struct Mailbox {
+    generation: std::sync::atomic::AtomicU64,
+    posted: Mutex<Option<Arc<Posted>>>,
+    /// Workers currently in the spin loop.
+    spinning: std::sync::atomic::AtomicUsize,
+}
+
+impl Mailbox {
+    /// Claims and runs tasks of the current post until none are left.
+    fn drain(&self, posted: &Posted) {
+        loop {
+            let k = posted.next.fetch_add(1, Ordering::AcqRel);
+            if k >= posted.len {
+                return;
+            }
+            // SAFETY: k < len claims task k of the post, whose poster is still waiting for
+            // this task's `pending` decrement, so `run` and `tasks` are alive.
+            unsafe { (*posted.run)(*posted.tasks.add(k)) };
+            posted.pending.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// A worker's loop while the pool is hot: run every post, until `hot` clears.
+    fn spin(&self, hot: &std::sync::atomic::AtomicBool) {
+        // Not the current generation: a list posted before this worker started spinning (the
+        // spin job starts asynchronously) is picked up on the first pass.
+        let mut seen = u64::MAX;
+        let mut idle: u32 = 0;
+        while hot.load(Ordering::Acquire) {
+            let now = self.generation.load(Ordering::Acquire);
+            if now != seen {
+                seen = now;
+                idle = 0;
+                let posted = self
+                    .posted
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
+                if let Some(posted) = posted {
+                    self.drain(&posted);
+                }
+            } else {
+                idle = idle.saturating_add(1);
+                if idle < 1 << 16 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Pool {
@@ -196,10 +277,15 @@ impl Pool {
                 })
             })
             .collect::<Result<Vec<_>, Error>>()?;
+        let mailboxes = (0..domains.len())
+            .map(|_| Arc::new(Mailbox::default()))
+            .collect();
         Ok(Self {
             domains,
             topology,
             live,
+            mailboxes,
+            hot: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -232,11 +318,36 @@ impl Pool {
     /// Runs `f` on one of domain 0's workers and returns its result. [`Pool::map_on`] called
     /// inside `f` then starts on that worker at once while the others join, instead of waking
     /// them all from the calling thread and sleeping until they finish.
+    ///
+    /// With several domains, the other domains' workers spin on their mailboxes while `f`
+    /// runs, so each `map_on` inside reaches them at once (they sleep again when `f` returns).
     pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         if self.threads() == 1 {
             return f();
         }
-        self.rayon(0).install(f)
+        if self.domains.len() == 1 || self.hot.swap(true, Ordering::AcqRel) {
+            return self.rayon(0).install(f);
+        }
+        // The spin jobs own their Arcs; `hot` is cleared before we wait for them to stop.
+        let hot = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        for (d, mailbox) in self.mailboxes.iter().enumerate().skip(1) {
+            let workers = self.domains[d].threads;
+            mailbox.spinning.fetch_add(workers, Ordering::AcqRel);
+            let (mailbox, hot) = (Arc::clone(mailbox), Arc::clone(&hot));
+            self.rayon(d).spawn_broadcast(move |_| {
+                mailbox.spin(&hot);
+                mailbox.spinning.fetch_sub(1, Ordering::AcqRel);
+            });
+        }
+        let result = self.rayon(0).install(f);
+        hot.store(false, Ordering::Release);
+        for mailbox in &self.mailboxes[1..] {
+            while mailbox.spinning.load(Ordering::Acquire) > 0 {
+                std::thread::yield_now();
+            }
+        }
+        self.hot.store(false, Ordering::Release);
+        result
     }
 
     /// The domain that task `i` of `tasks` gets from [`Pool::map`]: contiguous, equal blocks
@@ -291,6 +402,8 @@ impl Pool {
             for (d, list) in by_domain.iter().enumerate() {
                 list.iter().for_each(|&i| run(i, d));
             }
+        } else if self.hot.load(Ordering::Acquire) && self.domains.len() > 1 {
+            self.run_hot(&by_domain, &run);
         } else {
             self.run_domains(&by_domain, &run, 1);
         }
@@ -302,6 +415,60 @@ impl Pool {
                     .expect("every task ran")
             })
             .collect()
+    }
+
+    /// Inside `install`: posts each other domain's list to its spinning workers, runs domain
+    /// 0's list here (stealing among domain 0's workers), then waits for the posts to drain.
+    fn run_hot(&self, by_domain: &[Vec<usize>], run: &(impl Fn(usize, usize) + Sync)) {
+        use rayon::prelude::*;
+        let closures: Vec<Box<dyn Fn(usize) + Sync + '_>> = (0..by_domain.len())
+            .map(|d| Box::new(move |i: usize| run(i, d)) as Box<dyn Fn(usize) + Sync + '_>)
+            .collect();
+        let mut posts = Vec::new();
+        for (d, list) in by_domain.iter().enumerate().skip(1) {
+            if list.is_empty() {
+                continue;
+            }
+            let closure: &(dyn Fn(usize) + Sync + '_) = &*closures[d];
+            // SAFETY: the lifetime is erased only for the post; this function waits below
+            // until every claimed task has finished (`pending == 0`) before `closures` and
+            // `by_domain` go out of scope, and workers claim nothing past `len`.
+            let run_static: *const (dyn Fn(usize) + Sync) =
+                unsafe { std::mem::transmute(closure as *const (dyn Fn(usize) + Sync + '_)) };
+            let posted = Arc::new(Posted {
+                run: run_static,
+                tasks: list.as_ptr(),
+                len: list.len(),
+                next: std::sync::atomic::AtomicUsize::new(0),
+                pending: std::sync::atomic::AtomicUsize::new(list.len()),
+            });
+            let mailbox = &self.mailboxes[d];
+            *mailbox.posted.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&posted));
+            mailbox.generation.fetch_add(1, Ordering::AcqRel);
+            posts.push((d, posted));
+        }
+        let local = &by_domain[0];
+        if !local.is_empty() {
+            self.rayon(0).install(|| {
+                local.par_iter().with_max_len(1).for_each(|&i| run(i, 0));
+            });
+        }
+        for (d, posted) in &posts {
+            let mut spins: u32 = 0;
+            while posted.pending.load(Ordering::Acquire) > 0 {
+                spins = spins.saturating_add(1);
+                if spins < 1 << 16 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+            // The post is done: no worker may pick it up again.
+            *self.mailboxes[*d]
+                .posted
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = None;
+        }
     }
 
     /// Domains `d..` each run their list inside their own pool (one scope per domain, nested
@@ -472,6 +639,29 @@ mod tests {
         let multi = fake(3, Threads::PerDomain(1));
         let got = multi.install(|| multi.map(30, |i| i + 1).unwrap());
         assert_eq!(got, (1..=30).collect::<Vec<_>>());
+        // Inside install the other domains spin on their mailboxes: tasks still run on the
+        // domain they are tagged with, call after call, and a panic is still an error.
+        multi.install(|| {
+            for round in 0..200 {
+                let names = multi
+                    .map_on(
+                        9,
+                        |i| (i + round) % 3,
+                        |_| std::thread::current().name().map(str::to_owned),
+                    )
+                    .unwrap();
+                for (i, name) in names.iter().enumerate() {
+                    let want = format!("k3-d{}-w", (i + round) % 3);
+                    assert!(
+                        name.as_deref().is_some_and(|n| n.starts_with(&want)),
+                        "{name:?}"
+                    );
+                }
+            }
+            let err = multi.map_on(4, |i| i % 3, |i| assert!(i != 2, "task 2 failed"));
+            assert!(matches!(err, Err(Error::TaskPanicked { task: 2, .. })));
+        });
+        assert_eq!(multi.map(3, |i| i).unwrap(), [0, 1, 2]);
     }
 
     #[test]
