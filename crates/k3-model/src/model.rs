@@ -672,19 +672,29 @@ impl<'a> Model<'a> {
                 normed.push(norm(&mixed, &layer.input_norm));
                 raw.push(input);
             }
-            // Attention on each sequence's own state (its tokens in order).
-            let mut attn = Vec::with_capacity(tokens.len());
-            for ((session, _), span) in groups.iter_mut().zip(&spans) {
-                let xs = &normed[span.clone()];
-                attn.extend(match &layer.attention {
-                    Attention::Kda(kda) => {
-                        self.kda(kda, session.kda[i].as_mut().expect("KDA state"), xs)?
-                    }
-                    Attention::Mla(mla) => {
-                        self.mla(mla, session.mla[i].as_mut().expect("MLA cache"), xs)?
-                    }
-                });
-            }
+            // Projections once for all tokens; attention on each sequence's own state.
+            let attn = match &layer.attention {
+                Attention::Kda(kda) => {
+                    let states = groups
+                        .iter_mut()
+                        .zip(&spans)
+                        .map(|((session, _), span)| {
+                            (session.kda[i].as_mut().expect("KDA state"), span.clone())
+                        })
+                        .collect();
+                    self.kda(kda, states, &normed)?
+                }
+                Attention::Mla(mla) => {
+                    let caches = groups
+                        .iter_mut()
+                        .zip(&spans)
+                        .map(|((session, _), span)| {
+                            (session.mla[i].as_mut().expect("MLA cache"), span.clone())
+                        })
+                        .collect();
+                    self.mla(mla, caches, &normed)?
+                }
+            };
             let mut prefix = Vec::with_capacity(tokens.len());
             let mut post = Vec::with_capacity(tokens.len());
             for (t, a) in attn.into_iter().enumerate() {
@@ -726,7 +736,15 @@ impl<'a> Model<'a> {
     }
 
     #[allow(clippy::needless_range_loop)] // `head` indexes several per-head arrays
-    fn kda(&self, w: &Kda<'_>, s: &mut KdaState, xs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>> {
+    /// KDA over the tokens of several sequences: `states[i]` is a sequence's state and the
+    /// span of `xs` that is its tokens (in order). Projections read their weights once for
+    /// all tokens; each sequence's recurrence runs on its own state.
+    fn kda(
+        &self,
+        w: &Kda<'_>,
+        states: Vec<(&mut KdaState, std::ops::Range<usize>)>,
+        xs: &[Vec<f32>],
+    ) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
         let (heads, dim, taps) = (c.kda.num_heads, c.kda.head_dim, c.kda.conv_kernel);
         // One dispatch for the six projections of the normed input.
@@ -737,100 +755,112 @@ impl<'a> Model<'a> {
         let projections = [q, k, v];
         let f = self.gemm(&w.f_b, &f_a)?;
         let scale = (dim as f32).powf(-0.5);
-        // Head groups as tasks: each owns its heads' conv windows and states and runs the
-        // chunk's tokens in order; heads are independent, so grouping cannot change a bit.
-        let state_bytes = heads * dim * dim * 4 * xs.len();
-        let groups = if state_bytes < self.parallel_min_bytes {
-            1
-        } else {
-            self.pool.threads().min(heads)
-        };
-        let per = heads.div_ceil(groups);
-        let hist = taps - 1;
-        let [wq, wk, wv] = &mut s.windows;
-        let owned: Vec<std::sync::Mutex<[&mut [f32]; 4]>> = wq
-            .chunks_mut(per * dim * hist)
-            .zip(wk.chunks_mut(per * dim * hist))
-            .zip(wv.chunks_mut(per * dim * hist))
-            .zip(s.state.chunks_mut(per * dim * dim))
-            .map(|(((a, b), c), d)| std::sync::Mutex::new([a, b, c, d]))
-            .collect();
-        let group = |g: usize| -> Vec<Vec<f32>> {
-            let mut guard = owned[g].lock().expect("each group is locked by one task");
-            let [wq, wk, wv, state] = &mut *guard;
-            let first = g * per;
-            let count = state.len() / (dim * dim);
-            let channels = first * dim..(first + count) * dim;
-            let mut o = vec![0.0; dim];
-            let mut ys = Vec::with_capacity(xs.len());
-            for t in 0..xs.len() {
-                // The conv windows and the recurrent state advance token by token.
-                let mut qkv: [Vec<f32>; 3] = std::array::from_fn(|_| vec![0.0; count * dim]);
-                let windows: [&mut [f32]; 3] = [&mut **wq, &mut **wk, &mut **wv];
-                for (((out, proj), weights), window) in
-                    qkv.iter_mut().zip(&projections).zip(&w.conv).zip(windows)
-                {
-                    let taps_range = channels.start * taps..channels.end * taps;
-                    conv_step(
-                        &proj[t][channels.clone()],
-                        &weights[taps_range],
-                        taps,
-                        window,
-                        out,
-                    );
-                }
-                let [q, k, v] = &mut qkv;
-                let mut y = vec![0.0; count * dim];
-                for local in 0..count {
-                    let head = first + local;
-                    let range = local * dim..(local + 1) * dim;
-                    let global = head * dim..(head + 1) * dim;
-                    l2_norm(&mut q[range.clone()]);
-                    q[range.clone()].iter_mut().for_each(|a| *a *= scale);
-                    l2_norm(&mut k[range.clone()]);
-                    let alpha: Vec<f32> = global
-                        .clone()
-                        .map(|ch| {
-                            kda_log_decay(c.kda.gate, w.a_log[head], f[t][ch] + w.dt_bias[ch]).exp()
-                        })
-                        .collect();
-                    let head_state = &mut state[local * dim * dim..(local + 1) * dim * dim];
-                    let beta = sigmoid(beta_logits[t][head]);
-                    kda_step(
-                        head_state,
-                        &q[range.clone()],
-                        &k[range.clone()],
-                        &v[range.clone()],
-                        &alpha,
-                        beta,
-                        &mut o,
-                    );
-                    let out = &mut y[range];
-                    rms_norm(&o, Some(&w.o_norm), c.rms_norm_eps, out);
-                    for (a, &g) in out.iter_mut().zip(&gates[t][global]) {
-                        *a *= sigmoid(g);
+        let mut ys = Vec::with_capacity(xs.len());
+        for (s, span) in states {
+            // Head groups as tasks: each owns its heads' conv windows and states and runs the
+            // chunk's tokens in order; heads are independent, so grouping cannot change a bit.
+            let state_bytes = heads * dim * dim * 4 * span.len();
+            let groups = if state_bytes < self.parallel_min_bytes {
+                1
+            } else {
+                self.pool.threads().min(heads)
+            };
+            let per = heads.div_ceil(groups);
+            let hist = taps - 1;
+            let [wq, wk, wv] = &mut s.windows;
+            let owned: Vec<std::sync::Mutex<[&mut [f32]; 4]>> = wq
+                .chunks_mut(per * dim * hist)
+                .zip(wk.chunks_mut(per * dim * hist))
+                .zip(wv.chunks_mut(per * dim * hist))
+                .zip(s.state.chunks_mut(per * dim * dim))
+                .map(|(((a, b), c), d)| std::sync::Mutex::new([a, b, c, d]))
+                .collect();
+            let group = |g: usize| -> Vec<Vec<f32>> {
+                let mut guard = owned[g].lock().expect("each group is locked by one task");
+                let [wq, wk, wv, state] = &mut *guard;
+                let first = g * per;
+                let count = state.len() / (dim * dim);
+                let channels = first * dim..(first + count) * dim;
+                let mut o = vec![0.0; dim];
+                let mut ys = Vec::with_capacity(span.len());
+                for t in span.clone() {
+                    // The conv windows and the recurrent state advance token by token.
+                    let mut qkv: [Vec<f32>; 3] = std::array::from_fn(|_| vec![0.0; count * dim]);
+                    let windows: [&mut [f32]; 3] = [&mut **wq, &mut **wk, &mut **wv];
+                    for (((out, proj), weights), window) in
+                        qkv.iter_mut().zip(&projections).zip(&w.conv).zip(windows)
+                    {
+                        let taps_range = channels.start * taps..channels.end * taps;
+                        conv_step(
+                            &proj[t][channels.clone()],
+                            &weights[taps_range],
+                            taps,
+                            window,
+                            out,
+                        );
                     }
+                    let [q, k, v] = &mut qkv;
+                    let mut y = vec![0.0; count * dim];
+                    for local in 0..count {
+                        let head = first + local;
+                        let range = local * dim..(local + 1) * dim;
+                        let global = head * dim..(head + 1) * dim;
+                        l2_norm(&mut q[range.clone()]);
+                        q[range.clone()].iter_mut().for_each(|a| *a *= scale);
+                        l2_norm(&mut k[range.clone()]);
+                        let alpha: Vec<f32> = global
+                            .clone()
+                            .map(|ch| {
+                                kda_log_decay(c.kda.gate, w.a_log[head], f[t][ch] + w.dt_bias[ch])
+                                    .exp()
+                            })
+                            .collect();
+                        let head_state = &mut state[local * dim * dim..(local + 1) * dim * dim];
+                        let beta = sigmoid(beta_logits[t][head]);
+                        kda_step(
+                            head_state,
+                            &q[range.clone()],
+                            &k[range.clone()],
+                            &v[range.clone()],
+                            &alpha,
+                            beta,
+                            &mut o,
+                        );
+                        let out = &mut y[range];
+                        rms_norm(&o, Some(&w.o_norm), c.rms_norm_eps, out);
+                        for (a, &g) in out.iter_mut().zip(&gates[t][global]) {
+                            *a *= sigmoid(g);
+                        }
+                    }
+                    ys.push(y);
                 }
-                ys.push(y);
+                ys
+            };
+            let parts = self.run_tasks(
+                owned.len() > 1,
+                owned.len(),
+                |g| self.pool.block_domain(g, owned.len()),
+                group,
+            )?;
+            let mut span_ys = vec![vec![0.0; heads * dim]; span.len()];
+            for (g, part) in parts.into_iter().enumerate() {
+                for (y, piece) in span_ys.iter_mut().zip(part) {
+                    y[g * per * dim..g * per * dim + piece.len()].copy_from_slice(&piece);
+                }
             }
-            ys
-        };
-        let parts = self.run_tasks(
-            owned.len() > 1,
-            owned.len(),
-            |g| self.pool.block_domain(g, owned.len()),
-            group,
-        )?;
-        let mut ys = vec![vec![0.0; heads * dim]; xs.len()];
-        for (g, part) in parts.into_iter().enumerate() {
-            for (y, piece) in ys.iter_mut().zip(part) {
-                y[g * per * dim..g * per * dim + piece.len()].copy_from_slice(&piece);
-            }
+            ys.extend(span_ys);
         }
         self.gemm(&w.o, &ys)
     }
 
-    fn mla(&self, w: &Mla<'_>, cache: &mut MlaCache, xs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>> {
+    /// Gated MLA over the tokens of several sequences (`caches[i]`: a sequence's cache and the
+    /// span of `xs` that is its tokens); projections once for all, attention per sequence.
+    fn mla(
+        &self,
+        w: &Mla<'_>,
+        caches: Vec<(&mut MlaCache, std::ops::Range<usize>)>,
+        xs: &[Vec<f32>],
+    ) -> Result<Vec<Vec<f32>>> {
         let m = &self.config.mla;
         let (nope, rope, vd, rank) = (
             m.qk_nope_head_dim,
@@ -857,95 +887,99 @@ impl<'a> Model<'a> {
             .collect();
         let qs = self.gemm(&w.q_b, &q_a)?;
         let scale = ((nope + rope) as f32).powf(-0.5);
-        // Append the chunk's latents and k_pe in token order; token t then attends causally
-        // to the cache rows before it and itself.
-        let first_position = cache.latent.len() / rank;
-        for ckv in &ckvs {
-            let mut latent = vec![0.0; rank];
-            rms_norm(&ckv[..rank], Some(&w.kv_a_norm), MLA_NORM_EPS, &mut latent);
-            cache.latent.extend_from_slice(&latent);
-            cache.k_pe.extend_from_slice(&ckv[rank..rank + rope]);
-        }
-        let cache = &*cache;
-        // One head's context for token t (the absorbed form, K3_SPEC §7.3).
-        let head_context = |t: usize, head: usize, out: &mut [f32]| {
-            let positions = first_position + t + 1;
-            let qh = &qs[t][head * (nope + rope)..(head + 1) * (nope + rope)];
-            let rows = &w.kv_b[head * (nope + vd) * rank..(head + 1) * (nope + vd) * rank];
-            // q_abs = W_UKᵀ q_nope: [rank].
-            let mut q_abs = vec![0.0f32; rank];
-            for (i, &qi) in qh[..nope].iter().enumerate() {
-                for (a, &wv) in q_abs.iter_mut().zip(&rows[i * rank..(i + 1) * rank]) {
-                    *a += qi * wv;
-                }
+        let mut ctxs = Vec::with_capacity(xs.len());
+        for (cache, span) in caches {
+            // Append the chunk's latents and k_pe in token order; token t then attends causally
+            // to the cache rows before it and itself.
+            let first_position = cache.latent.len() / rank;
+            for ckv in &ckvs[span.clone()] {
+                let mut latent = vec![0.0; rank];
+                rms_norm(&ckv[..rank], Some(&w.kv_a_norm), MLA_NORM_EPS, &mut latent);
+                cache.latent.extend_from_slice(&latent);
+                cache.k_pe.extend_from_slice(&ckv[rank..rank + rope]);
             }
-            let scores: Vec<f32> = (0..positions)
-                .map(|p| {
-                    let c = &cache.latent[p * rank..(p + 1) * rank];
-                    let pe = &cache.k_pe[p * rope..(p + 1) * rope];
-                    let dot = q_abs.iter().zip(c).fold(0.0f32, |a, (x, y)| a + x * y)
-                        + qh[nope..]
-                            .iter()
-                            .zip(pe)
-                            .fold(0.0f32, |a, (x, y)| a + x * y);
-                    dot * scale
-                })
-                .collect();
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let exps: Vec<f32> = scores.iter().map(|&s| (s - max).exp()).collect();
-            let total = exps.iter().fold(0.0f32, |a, &e| a + e);
-            let mut ctx_latent = vec![0.0f32; rank];
-            for (p, &e) in exps.iter().enumerate() {
-                let weight = e / total;
-                for (a, &cv) in ctx_latent
-                    .iter_mut()
-                    .zip(&cache.latent[p * rank..(p + 1) * rank])
-                {
-                    *a += weight * cv;
-                }
-            }
-            // ctx_h = W_UV ctx_latent: [v_head_dim].
-            for (j, o) in out.iter_mut().enumerate() {
-                let wrow = &rows[(nope + j) * rank..(nope + j + 1) * rank];
-                *o = wrow
-                    .iter()
-                    .zip(&ctx_latent)
-                    .fold(0.0f32, |a, (x, y)| a + x * y);
-            }
-        };
-        // Head groups as tasks over the read-only cache (heads are independent).
-        let heads = m.num_heads;
-        let work = heads * xs.len() * (first_position + xs.len()) * (rank + rope) * 4;
-        let groups = if work < self.parallel_min_bytes {
-            1
-        } else {
-            self.pool.threads().min(heads)
-        };
-        let per = heads.div_ceil(groups);
-        let group = |g: usize| -> Vec<Vec<f32>> {
-            let heads_here = g * per..((g + 1) * per).min(heads);
-            (0..xs.len())
-                .map(|t| {
-                    let mut ctx = vec![0.0; heads_here.len() * vd];
-                    for (local, head) in heads_here.clone().enumerate() {
-                        head_context(t, head, &mut ctx[local * vd..(local + 1) * vd]);
+            let cache = &*cache;
+            // One head's context for token t (the absorbed form, K3_SPEC §7.3).
+            let head_context = |t: usize, head: usize, out: &mut [f32]| {
+                let positions = first_position + (t - span.start) + 1;
+                let qh = &qs[t][head * (nope + rope)..(head + 1) * (nope + rope)];
+                let rows = &w.kv_b[head * (nope + vd) * rank..(head + 1) * (nope + vd) * rank];
+                // q_abs = W_UKᵀ q_nope: [rank].
+                let mut q_abs = vec![0.0f32; rank];
+                for (i, &qi) in qh[..nope].iter().enumerate() {
+                    for (a, &wv) in q_abs.iter_mut().zip(&rows[i * rank..(i + 1) * rank]) {
+                        *a += qi * wv;
                     }
-                    ctx
-                })
-                .collect()
-        };
-        let count = heads.div_ceil(per);
-        let parts = self.run_tasks(
-            count > 1,
-            count,
-            |g| self.pool.block_domain(g, count),
-            group,
-        )?;
-        let mut ctxs = vec![vec![0.0; heads * vd]; xs.len()];
-        for (g, part) in parts.into_iter().enumerate() {
-            for (ctx, piece) in ctxs.iter_mut().zip(part) {
-                ctx[g * per * vd..g * per * vd + piece.len()].copy_from_slice(&piece);
+                }
+                let scores: Vec<f32> = (0..positions)
+                    .map(|p| {
+                        let c = &cache.latent[p * rank..(p + 1) * rank];
+                        let pe = &cache.k_pe[p * rope..(p + 1) * rope];
+                        let dot = q_abs.iter().zip(c).fold(0.0f32, |a, (x, y)| a + x * y)
+                            + qh[nope..]
+                                .iter()
+                                .zip(pe)
+                                .fold(0.0f32, |a, (x, y)| a + x * y);
+                        dot * scale
+                    })
+                    .collect();
+                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let exps: Vec<f32> = scores.iter().map(|&s| (s - max).exp()).collect();
+                let total = exps.iter().fold(0.0f32, |a, &e| a + e);
+                let mut ctx_latent = vec![0.0f32; rank];
+                for (p, &e) in exps.iter().enumerate() {
+                    let weight = e / total;
+                    for (a, &cv) in ctx_latent
+                        .iter_mut()
+                        .zip(&cache.latent[p * rank..(p + 1) * rank])
+                    {
+                        *a += weight * cv;
+                    }
+                }
+                // ctx_h = W_UV ctx_latent: [v_head_dim].
+                for (j, o) in out.iter_mut().enumerate() {
+                    let wrow = &rows[(nope + j) * rank..(nope + j + 1) * rank];
+                    *o = wrow
+                        .iter()
+                        .zip(&ctx_latent)
+                        .fold(0.0f32, |a, (x, y)| a + x * y);
+                }
+            };
+            // Head groups as tasks over the read-only cache (heads are independent).
+            let heads = m.num_heads;
+            let work = heads * span.len() * (first_position + span.len()) * (rank + rope) * 4;
+            let groups = if work < self.parallel_min_bytes {
+                1
+            } else {
+                self.pool.threads().min(heads)
+            };
+            let per = heads.div_ceil(groups);
+            let group = |g: usize| -> Vec<Vec<f32>> {
+                let heads_here = g * per..((g + 1) * per).min(heads);
+                span.clone()
+                    .map(|t| {
+                        let mut ctx = vec![0.0; heads_here.len() * vd];
+                        for (local, head) in heads_here.clone().enumerate() {
+                            head_context(t, head, &mut ctx[local * vd..(local + 1) * vd]);
+                        }
+                        ctx
+                    })
+                    .collect()
+            };
+            let count = heads.div_ceil(per);
+            let parts = self.run_tasks(
+                count > 1,
+                count,
+                |g| self.pool.block_domain(g, count),
+                group,
+            )?;
+            let mut span_ctxs = vec![vec![0.0; heads * vd]; span.len()];
+            for (g, part) in parts.into_iter().enumerate() {
+                for (ctx, piece) in span_ctxs.iter_mut().zip(part) {
+                    ctx[g * per * vd..g * per * vd + piece.len()].copy_from_slice(&piece);
+                }
             }
+            ctxs.extend(span_ctxs);
         }
         if let Some(gates) = &gates {
             for (ctx, gate) in ctxs.iter_mut().zip(gates) {

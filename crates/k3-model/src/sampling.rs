@@ -166,7 +166,8 @@ impl Sampler {
                 *l -= f64::from(p.presence_penalty) + f64::from(p.frequency_penalty) * f64::from(n);
             }
         }
-        let log_softmax = log_softmax(&z);
+        // One pass for the log-sum-exp (a vocabulary of exps, so only one).
+        let log_sum = log_sum_exp(&z);
         let token = if p.temperature == 0.0 {
             argmax(&z)
         } else {
@@ -181,13 +182,13 @@ impl Sampler {
             order.sort_by(|&a, &b| by_value(&z, a, b));
             top = order
                 .into_iter()
-                .map(|i| (i as u32, log_softmax[i] as f32))
+                .map(|i| (i as u32, (z[i] - log_sum) as f32))
                 .collect();
         }
         self.observe(token);
         Sampled {
             token,
-            logprob: log_softmax[token as usize] as f32,
+            logprob: (z[token as usize] - log_sum) as f32,
             top,
         }
     }
@@ -200,9 +201,17 @@ impl Sampler {
     fn draw(&mut self, z: &[f64], p: &SamplingParams) -> u32 {
         let t = f64::from(p.temperature);
         let mut order: Vec<usize> = (0..z.len()).collect();
-        order.sort_by(|&a, &b| by_value(z, a, b));
-        if p.top_k > 0 {
+        if p.top_k > 0 && p.top_k < order.len() {
+            // The k largest, then sorted: no full sort of the vocabulary.
+            order.select_nth_unstable_by(p.top_k - 1, |&a, &b| by_value(z, a, b));
             order.truncate(p.top_k);
+        }
+        if p.top_k > 0 || p.top_p < 1.0 || p.min_p > 0.0 {
+            order.sort_by(|&a, &b| by_value(z, a, b));
+        } else {
+            // No filter: draw over ids in order; only the maximum needs finding.
+            let top = argmax(z) as usize;
+            order.swap(0, top);
         }
         let max = z[order[0]] / t;
         let mut probs: Vec<f64> = order.iter().map(|&i| (z[i] / t - max).exp()).collect();
@@ -257,10 +266,9 @@ fn argmax(z: &[f64]) -> u32 {
     (0..z.len()).min_by(|&a, &b| by_value(z, a, b)).unwrap_or(0) as u32
 }
 
-fn log_softmax(z: &[f64]) -> Vec<f64> {
+fn log_sum_exp(z: &[f64]) -> f64 {
     let max = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let log_sum = z.iter().map(|&l| (l - max).exp()).sum::<f64>().ln() + max;
-    z.iter().map(|&l| l - log_sum).collect()
+    z.iter().map(|&l| (l - max).exp()).sum::<f64>().ln() + max
 }
 
 /// Stop strings over streamed text: where the earliest one starts, and how much of the tail
