@@ -201,7 +201,19 @@ fn run(
             let job = if active.is_empty() {
                 match queue.recv() {
                     Ok(job) => job,
-                    Err(_) => return Ok(()),
+                    Err(_) => {
+                        // The server is gone: keep this run's expert use counts for the next
+                        // start's preload order (unless --no-usage-cache).
+                        if let (Some(store), Some(path)) =
+                            (&store, config.experts.usage_path(&config.model_dir))
+                        {
+                            match store.usage().save(&path) {
+                                Ok(()) => log::info!("expert usage saved to {}", path.display()),
+                                Err(e) => log::warn!("expert usage not saved: {e}"),
+                            }
+                        }
+                        return Ok(());
+                    }
                 }
             } else {
                 match queue.try_recv() {

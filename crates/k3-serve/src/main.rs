@@ -191,7 +191,7 @@ fn main() -> Result<()> {
         None => Kernels::detect(),
     };
     log::info!("kernel tier {}", kernels.tier());
-    let (engine, _thread) = spawn(EngineConfig {
+    let (engine, engine_thread) = spawn(EngineConfig {
         model_dir: model_dir.clone(),
         kernels,
         placement: args.placement,
@@ -228,10 +228,20 @@ fn main() -> Result<()> {
             };
             axum::serve(listener, app(state))
                 .with_graceful_shutdown(async {
-                    let _ = tokio::signal::ctrl_c().await;
+                    // Ctrl-C or SIGTERM (what service managers send).
+                    let mut term =
+                        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                            .ok();
+                    tokio::select! {
+                        _ = tokio::signal::ctrl_c() => {}
+                        _ = async { match &mut term { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+                    }
                     log::info!("shutting down: finishing open responses");
                 })
                 .await?;
+            // The router (and with it the engine's queue) is gone: the engine finishes what it
+            // runs, saves the usage counts and stops.
+            let _ = engine_thread.join();
             Ok(())
         });
     }
