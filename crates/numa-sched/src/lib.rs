@@ -7,6 +7,8 @@
 //! returns the results in task order: nothing a caller computes from them can depend on which
 //! worker ran what. [`memory`] binds memory to a domain's node.
 
+#[cfg(feature = "libnuma")]
+pub mod libnuma;
 pub mod memory;
 pub mod topology;
 
