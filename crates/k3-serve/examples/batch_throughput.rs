@@ -92,6 +92,7 @@ fn run(engine: &EngineHandle, streams: usize, tokens: usize) -> Result<(f64, f64
             },
             max_tokens: tokens,
             stop: Vec::new(),
+            stop_tokens: Vec::new(),
             stream: true,
             logprobs: false,
         };

@@ -79,6 +79,8 @@ pub struct CommonFields {
     pub repetition_penalty: Option<f32>,
     pub seed: Option<u64>,
     pub stop: Option<Value>,
+    /// Token ids that end generation besides `<|end_of_msg|>` and `[EOS]` (vLLM's name).
+    pub stop_token_ids: Option<Vec<u32>>,
     #[serde(default)]
     pub logprobs: Value,
     pub top_logprobs: Option<i64>,
@@ -111,6 +113,8 @@ pub struct ValidRequest {
     pub sampling: SamplingParams,
     pub max_tokens: usize,
     pub stop: Vec<String>,
+    /// Extra stop tokens.
+    pub stop_tokens: Vec<u32>,
     pub stream: bool,
     /// Log-probabilities of the chosen tokens.
     pub logprobs: bool,
@@ -271,6 +275,7 @@ impl ChatRequest {
             sampling,
             max_tokens,
             stop,
+            stop_tokens: self.common.stop_token_ids.clone().unwrap_or_default(),
             stream: self.common.stream,
             logprobs,
         })
@@ -289,6 +294,7 @@ impl CompletionRequest {
             sampling,
             max_tokens,
             stop,
+            stop_tokens: self.common.stop_token_ids.clone().unwrap_or_default(),
             stream: self.common.stream,
             logprobs,
         })

@@ -310,7 +310,7 @@ impl Sequence {
             stops: StopStrings::new(request.stop.clone()),
             prompt: prompt_ids,
             events,
-            ends: ends.to_vec(),
+            ends: ends.iter().chain(&request.stop_tokens).copied().collect(),
             max_tokens: request.max_tokens,
             logprobs: request.logprobs,
             generated: 0,

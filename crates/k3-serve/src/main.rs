@@ -266,6 +266,7 @@ fn main() -> Result<()> {
         },
         max_tokens: args.max_tokens,
         stop: Vec::new(),
+        stop_tokens: Vec::new(),
         stream: true,
         logprobs: false,
     };

@@ -15,17 +15,28 @@ use serde_json::{Value, json};
 use tower::ServiceExt;
 
 fn state(queue: usize, max_batch: usize, context: usize) -> AppState {
+    let experts = ExpertOptions {
+        usage_cache: false,
+        ..ExpertOptions::default()
+    };
+    state_on(crate::tiny(), experts, queue, max_batch, context)
+}
+
+fn state_on(
+    model_dir: std::path::PathBuf,
+    experts: ExpertOptions,
+    queue: usize,
+    max_batch: usize,
+    context: usize,
+) -> AppState {
     let (engine, _thread) = spawn(EngineConfig {
-        model_dir: crate::tiny(),
+        model_dir,
         kernels: mxfp4_kernels::Kernels::detect(),
         placement: numa_sched::PoolOptions {
             threads: Some(1),
             ..Default::default()
         },
-        experts: ExpertOptions {
-            usage_cache: false,
-            ..ExpertOptions::default()
-        },
+        experts,
         max_batch,
         queue,
         prefill_chunk: 8,
@@ -250,4 +261,65 @@ async fn a_full_queue_answers_429() {
     assert_eq!(first.await.unwrap().0, StatusCode::OK);
     assert_eq!(second.await.unwrap().0, StatusCode::OK);
     assert!(s.engine.metrics.rejected.load(Ordering::Relaxed) >= 1);
+}
+
+/// An expert that fails to load (here: a NaN scale byte) fails the request that needed it with
+/// a 500 naming the file and the expert; the server answers the next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unloadable_expert_is_a_500_and_the_server_carries_on() {
+    let dir = std::env::temp_dir().join(format!("k3-serve-broken-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(crate::tiny()).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+    }
+    // Every expert read on use (cache 0), through the store.
+    let experts = ExpertOptions {
+        cache_experts: Some(0),
+        usage_cache: false,
+        ..ExpertOptions::default()
+    };
+    let s = state_on(dir.clone(), experts, 8, 4, 512);
+    let (status, _) = call(
+        &s,
+        "POST",
+        "/v1/chat/completions",
+        Some(chat_body(json!({}))),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    // Poison every expert: the first byte of its gate's scales becomes 0xFF (NaN in E8M0),
+    // which the store's validation of a landed expert refuses. (Truncating a shard would pull
+    // the mapped trunk tensors that follow the experts out from under the model.)
+    let ckpt = expert_store::Checkpoint::open(&dir).unwrap();
+    for loc in ckpt.expert_table().unwrap().values() {
+        use std::os::unix::fs::FileExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&loc.path)
+            .unwrap()
+            .write_all_at(&[0xFF], loc.tensors[1].start as u64)
+            .unwrap();
+    }
+    drop(ckpt);
+    let (st, t) = call(
+        &s,
+        "POST",
+        "/v1/chat/completions",
+        Some(chat_body(json!({}))),
+    )
+    .await;
+    assert_eq!(error_of(st, &t).0, 500, "{t}");
+    assert!(
+        t.contains("expert") && t.contains("layer") && t.contains(".safetensors"),
+        "{t}"
+    );
+    // The engine is still there: health and the next request are answered.
+    let (st, _) = call(&s, "GET", "/health", None).await;
+    assert_eq!(st, StatusCode::OK);
+    let body = json!({"prompt": "x", "max_tokens": 2}).to_string();
+    let (st, _) = call(&s, "POST", "/v1/completions", Some(body)).await;
+    assert_eq!(st, StatusCode::INTERNAL_SERVER_ERROR);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
