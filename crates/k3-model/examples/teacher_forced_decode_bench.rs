@@ -45,7 +45,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use expert_store::checkpoint::TEXT_PREFIX;
-use expert_store::{Checkpoint, ExpertStore, Policy};
+use expert_store::{Checkpoint, ExpertStore};
 use k3_model::checkpoint::validate;
 use k3_model::config::K3Config;
 use k3_model::experts::{ExpertOptions, stats_report};
@@ -108,22 +108,6 @@ fn parse() -> Result<Args> {
             "--kernel-tier" => args.tier = Some(value()?.parse()?),
             "--logits-out" => args.logits_out = Some(PathBuf::from(value()?)),
             "--resident-trunk" => args.resident_trunk = true,
-            "--numa" => args.placement.numa = true,
-            "--numa-fake" => {
-                let n: usize = value()?.parse().context("--numa-fake is a domain count")?;
-                if n == 0 {
-                    bail!("--numa-fake must be at least 1");
-                }
-                args.placement.fake_domains = Some(n);
-            }
-            "--numa-threads" => {
-                let n: usize = value()?.parse().context("--numa-threads is a count")?;
-                if n == 0 {
-                    bail!("--numa-threads must be at least 1");
-                }
-                args.placement.threads_per_domain = Some(n);
-            }
-            "--hyperthreads" => args.placement.hyperthreads = true,
             "--expert-placement" => {
                 args.expert_placement = match value()?.as_str() {
                     "split" => ExpertPlacement::Split,
@@ -131,43 +115,26 @@ fn parse() -> Result<Args> {
                     other => bail!("--expert-placement is split or home, not {other:?}"),
                 }
             }
-            "--expert-cache" => {
-                args.experts.cache_experts = Some(
-                    value()?
-                        .parse()
-                        .context("--expert-cache is experts per layer")?,
-                )
-            }
-            "--expert-cache-gb" => {
-                let gb: f64 = value()?
-                    .parse()
-                    .context("--expert-cache-gb is a size in GB")?;
-                if !(gb >= 0.0 && gb.is_finite()) {
-                    bail!("--expert-cache-gb must be a size in GB, not {gb}");
-                }
-                args.experts.cache_bytes = Some((gb * 1e9) as u64);
-            }
-            "--preload-experts" => args.experts.preload = true,
-            "--mlock" => args.experts.mlock = true,
-            "--no-usage-cache" => args.experts.usage_cache = false,
-            "--usage-file" => args.experts.usage_file = Some(PathBuf::from(value()?)),
-            "--expert-policy" => {
-                args.experts.policy = Some(match value()?.as_str() {
-                    "lru" => Policy::Lru,
-                    "usage" => Policy::UsageWeighted,
-                    other => bail!("--expert-policy is lru or usage, not {other:?}"),
-                })
-            }
-            "--io-threads" => {
-                args.experts.io_threads = value()?.parse().context("--io-threads is a count")?
-            }
             "-h" | "--help" => {
                 println!(
                     "usage: teacher_forced_decode_bench [--model DIR | --preset tiny|k3-0.40b|k3-wide] [--tokens IDS] [--steps N] [--threads N] [--prefill-chunk N] [--kernel-tier T] [--logits-out FILE] [--resident-trunk] [--expert-cache N | --expert-cache-gb G] [--preload-experts] [--mlock] [--no-usage-cache] [--usage-file F] [--expert-policy lru|usage] [--io-threads N] [--numa | --numa-fake N] [--numa-threads N] [--hyperthreads] [--expert-placement split|home]"
                 );
                 std::process::exit(0);
             }
-            other => bail!("unknown flag {other:?} (see --help)"),
+            other => {
+                let value = || it.next();
+                let known = args
+                    .experts
+                    .apply_flag(other, value)
+                    .map_err(anyhow::Error::msg)?
+                    || args
+                        .placement
+                        .apply_flag(other, || it.next())
+                        .map_err(anyhow::Error::msg)?;
+                if !known {
+                    bail!("unknown flag {other:?} (see --help)");
+                }
+            }
         }
     }
     match (preset, &args.model) {
@@ -204,8 +171,11 @@ impl Drop for Scratch {
 }
 
 fn main() -> Result<()> {
-    static LOG: StderrLog = StderrLog;
-    let _ = log::set_logger(&LOG).map(|()| log::set_max_level(log::LevelFilter::Warn));
+    // The libraries' log lines (an mlock failure, buffered expert reads, ...) on stderr.
+    env_logger::Builder::new()
+        .filter_level(log::LevelFilter::Warn)
+        .format_timestamp(None)
+        .init();
     let args = parse()?;
     let mut generated = None;
     let model_dir = match &args.model {
@@ -214,14 +184,7 @@ fn main() -> Result<()> {
             let dir = std::env::temp_dir().join(format!("k3-decode-synth-{}", std::process::id()));
             let scratch = generated.insert(Scratch(dir));
             let start = Instant::now();
-            let options = SynthOptions {
-                preset: args.preset,
-                seed: 0,
-                layers: None,
-                experts: None,
-                router_skew: 0.0,
-                softplus_gate: false,
-            };
+            let options = SynthOptions::new(args.preset);
             let report =
                 generate(&scratch.0, &options).context("generating the synthetic checkpoint")?;
             eprintln!(
@@ -461,23 +424,4 @@ fn preload(store: &ExpertStore) -> Result<()> {
         report.gbps()
     );
     Ok(())
-}
-
-/// Prints the libraries' warnings (an mlock failure, buffered expert reads) on stderr.
-struct StderrLog;
-
-impl log::Log for StderrLog {
-    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
-        metadata.level() <= log::Level::Warn
-    }
-    fn log(&self, record: &log::Record<'_>) {
-        if self.enabled(record.metadata()) {
-            eprintln!(
-                "{}: {}",
-                record.level().as_str().to_lowercase(),
-                record.args()
-            );
-        }
-    }
-    fn flush(&self) {}
 }

@@ -140,11 +140,32 @@ pub struct Limits {
     pub context: usize,
 }
 
+/// The checked common fields, waiting for their prompt.
+struct Checked {
+    sampling: SamplingParams,
+    max_tokens: usize,
+    stop: Vec<String>,
+    stop_tokens: Vec<u32>,
+    stream: bool,
+    logprobs: bool,
+}
+
+impl Checked {
+    fn with(self, prompt: Prompt) -> ValidRequest {
+        ValidRequest {
+            prompt,
+            sampling: self.sampling,
+            max_tokens: self.max_tokens,
+            stop: self.stop,
+            stop_tokens: self.stop_tokens,
+            stream: self.stream,
+            logprobs: self.logprobs,
+        }
+    }
+}
+
 impl CommonFields {
-    fn validate(
-        &self,
-        limits: &Limits,
-    ) -> Result<(SamplingParams, usize, Vec<String>, bool), ApiError> {
+    fn validate(&self, limits: &Limits) -> Result<Checked, ApiError> {
         if let Some(model) = &self.model
             && model != &limits.model_name
         {
@@ -239,13 +260,20 @@ impl CommonFields {
                 ));
             }
         };
-        Ok((sampling, max_tokens, stop, logprobs))
+        Ok(Checked {
+            sampling,
+            max_tokens,
+            stop,
+            stop_tokens: self.stop_token_ids.clone().unwrap_or_default(),
+            stream: self.stream,
+            logprobs,
+        })
     }
 }
 
 impl ChatRequest {
     pub fn validate(self, limits: &Limits) -> Result<ValidRequest, ApiError> {
-        let (sampling, max_tokens, stop, logprobs) = self.common.validate(limits)?;
+        let checked = self.common.validate(limits)?;
         if self.messages.is_empty() {
             return Err(ApiError::invalid("messages", "messages must not be empty"));
         }
@@ -266,38 +294,22 @@ impl ChatRequest {
         {
             return Err(ApiError::invalid("tools", "tools must be a list"));
         }
-        Ok(ValidRequest {
-            prompt: Prompt::Chat {
-                messages,
-                tools: self.tools,
-                thinking,
-            },
-            sampling,
-            max_tokens,
-            stop,
-            stop_tokens: self.common.stop_token_ids.clone().unwrap_or_default(),
-            stream: self.common.stream,
-            logprobs,
-        })
+        Ok(checked.with(Prompt::Chat {
+            messages,
+            tools: self.tools,
+            thinking,
+        }))
     }
 }
 
 impl CompletionRequest {
     pub fn validate(self, limits: &Limits) -> Result<ValidRequest, ApiError> {
-        let (sampling, max_tokens, stop, logprobs) = self.common.validate(limits)?;
+        let checked = self.common.validate(limits)?;
         let prompt = match self.prompt {
             Value::String(s) => s,
             _ => return Err(ApiError::invalid("prompt", "prompt must be a string")),
         };
-        Ok(ValidRequest {
-            prompt: Prompt::Text(prompt),
-            sampling,
-            max_tokens,
-            stop,
-            stop_tokens: self.common.stop_token_ids.clone().unwrap_or_default(),
-            stream: self.common.stream,
-            logprobs,
-        })
+        Ok(checked.with(Prompt::Text(prompt)))
     }
 }
 

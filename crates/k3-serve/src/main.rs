@@ -70,30 +70,6 @@ fn parse() -> Result<Args> {
             "--serve" => a.serve = true,
             "--host" => a.host = value()?,
             "--port" => a.port = value()?.parse().context("--port is a port number")?,
-            "--threads" => a.placement.threads = Some(count(&flag, &value()?)?),
-            "--numa" => a.placement.numa = true,
-            "--numa-fake" => a.placement.fake_domains = Some(count(&flag, &value()?)?),
-            "--numa-threads" => a.placement.threads_per_domain = Some(count(&flag, &value()?)?),
-            "--hyperthreads" => a.placement.hyperthreads = true,
-            "--expert-cache" => {
-                a.experts.cache_experts = Some(
-                    value()?
-                        .parse()
-                        .context("--expert-cache is experts per layer")?,
-                )
-            }
-            "--expert-cache-gb" => {
-                let gb: f64 = value()?
-                    .parse()
-                    .context("--expert-cache-gb is a size in GB")?;
-                if !(gb >= 0.0 && gb.is_finite()) {
-                    bail!("--expert-cache-gb must be a size in GB, not {gb}");
-                }
-                a.experts.cache_bytes = Some((gb * 1e9) as u64);
-            }
-            "--preload-experts" => a.experts.preload = true,
-            "--mlock" => a.experts.mlock = true,
-            "--no-usage-cache" => a.experts.usage_cache = false,
             "--max-batch" => a.max_batch = count(&flag, &value()?)?,
             "--ctx" => a.ctx = count(&flag, &value()?)?,
             "--queue" => a.queue = count(&flag, &value()?)?,
@@ -111,7 +87,18 @@ fn parse() -> Result<Args> {
                 );
                 std::process::exit(0);
             }
-            other => bail!("unknown flag {other:?} (see --help)"),
+            other => {
+                let known = a
+                    .experts
+                    .apply_flag(other, || it.next())
+                    .map_err(anyhow::Error::msg)?
+                    || a.placement
+                        .apply_flag(other, || it.next())
+                        .map_err(anyhow::Error::msg)?;
+                if !known {
+                    bail!("unknown flag {other:?} (see --help)");
+                }
+            }
         }
     }
     if !a.serve && a.prompt.is_none() {
@@ -141,14 +128,7 @@ fn default_model() -> Result<PathBuf> {
         let partial = base
             .join("k3")
             .join(format!("tiny.partial-{}", std::process::id()));
-        let options = k3_model::synth::SynthOptions {
-            preset: k3_model::synth::Preset::Tiny,
-            seed: 0,
-            layers: None,
-            experts: None,
-            router_skew: 0.0,
-            softplus_gate: false,
-        };
+        let options = k3_model::synth::SynthOptions::new(k3_model::synth::Preset::Tiny);
         k3_model::synth::generate(&partial, &options).context("generating the tiny checkpoint")?;
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::rename(&partial, &dir).context("placing the tiny checkpoint")?;
@@ -160,27 +140,12 @@ fn default_model() -> Result<PathBuf> {
     Ok(dir)
 }
 
-struct StderrLog;
-
-impl log::Log for StderrLog {
-    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
-        metadata.level() <= log::Level::Info
-    }
-    fn log(&self, record: &log::Record<'_>) {
-        if self.enabled(record.metadata()) {
-            eprintln!(
-                "{}: {}",
-                record.level().as_str().to_lowercase(),
-                record.args()
-            );
-        }
-    }
-    fn flush(&self) {}
-}
-
 fn main() -> Result<()> {
-    static LOG: StderrLog = StderrLog;
-    let _ = log::set_logger(&LOG).map(|()| log::set_max_level(log::LevelFilter::Info));
+    // The libraries' log lines (an mlock failure, buffered expert reads, ...) on stderr.
+    env_logger::Builder::new()
+        .filter_level(log::LevelFilter::Info)
+        .format_timestamp(None)
+        .init();
     let args = parse()?;
     let model_dir = match &args.model {
         Some(dir) => dir.clone(),

@@ -86,6 +86,20 @@ pub struct SynthOptions {
     pub softplus_gate: bool,
 }
 
+impl SynthOptions {
+    /// `preset` as it comes: seed 0, its layer and expert counts, a flat router, K3's gate.
+    pub fn new(preset: Preset) -> Self {
+        Self {
+            preset,
+            seed: 0,
+            layers: None,
+            experts: None,
+            router_skew: 0.0,
+            softplus_gate: false,
+        }
+    }
+}
+
 /// The router's selection bias for `--router-skew`: expert `e` gets `-skew * ln(1 + e)`, a
 /// Zipf-like popularity (0: flat).
 pub fn selection_bias(skew: f32, experts: usize) -> Vec<f32> {

@@ -28,12 +28,8 @@ fn fake_domains_and_thread_counts_give_the_same_bits() {
     let dir = std::env::temp_dir().join(format!("k3-numa-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let options = SynthOptions {
-        preset: Preset::Tiny,
         seed: 5,
-        layers: None,
-        experts: None,
-        router_skew: 0.0,
-        softplus_gate: false,
+        ..SynthOptions::new(Preset::Tiny)
     };
     let config = generate(&dir, &options).unwrap().config;
     let ckpt = Checkpoint::open(&dir).unwrap();

@@ -25,12 +25,9 @@ fn tiny(tag: &str, router_skew: f32) -> (Scratch, K3Config) {
     let dir = std::env::temp_dir().join(format!("k3-streamed-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let options = SynthOptions {
-        preset: Preset::Tiny,
         seed: 3,
-        layers: None,
-        experts: None,
         router_skew,
-        softplus_gate: false,
+        ..SynthOptions::new(Preset::Tiny)
     };
     let report = generate(&dir, &options).unwrap();
     (Scratch(dir), report.config)

@@ -13,14 +13,7 @@ pub(crate) fn tiny() -> PathBuf {
     DIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("k3-serve-tiny-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let options = k3_model::synth::SynthOptions {
-            preset: k3_model::synth::Preset::Tiny,
-            seed: 0,
-            layers: None,
-            experts: None,
-            router_skew: 0.0,
-            softplus_gate: false,
-        };
+        let options = k3_model::synth::SynthOptions::new(k3_model::synth::Preset::Tiny);
         k3_model::synth::generate(&dir, &options).unwrap();
         dir
     })
