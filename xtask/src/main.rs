@@ -4,6 +4,7 @@
 //! task, write `fn run(args: &[String]) -> Result<()>` in a new module and list it there.
 
 mod bench_kernels;
+mod bench_peers;
 mod k3_plan;
 mod k3_synth;
 mod numa_model;
@@ -33,6 +34,13 @@ const TASKS: &[Task] = &[
         about: "quick roofline of the kernels on K3 shapes: weight GB/s and % of the read \
                 bandwidth measured in the same trials (criterion: cargo bench --bench kernels)",
         run: bench_kernels::run,
+    },
+    Task {
+        name: "bench-peers",
+        usage: "--model DIR [--threads 1,2] [--pairs N] [--tokens N] [--prompt N] [--venv DIR]",
+        about: "decode and prefill side by side with llama.cpp's Kimi-K3 on the same checkpoint \
+                (GGUF with a BF16 trunk and MXFP4 experts), alternating A B A B; ratios per pair",
+        run: bench_peers::run,
     },
     Task {
         name: "gen-k3-synth",

@@ -42,12 +42,12 @@ const SDIST: &str = "llama_cpp_python-0.3.36.tar.gz";
 const SDIST_SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e";
 const PYPI_SIMPLE: &str = "https://pypi.org/simple/llama-cpp-python/";
 /// Everything built or fetched lives here; nothing under it is committed.
-const WORK_DIR: &str = "target/llamacpp";
-const CONVERT_SCRIPT: &str = "xtask/oracle/llamacpp_convert.py";
+pub(crate) const WORK_DIR: &str = "target/llamacpp";
+pub(crate) const CONVERT_SCRIPT: &str = "xtask/oracle/llamacpp_convert.py";
 const HARNESS_SOURCE: &str = "xtask/oracle/llamacpp_logits.cpp";
 const DEFAULT_OUT: &str = "crates/k3-model/tests/data/llamacpp_tiny";
 /// The converter imports transformers (pulled in by compressed-tensors) and reads safetensors.
-const EXTRA_PINS: [&str; 1] = ["safetensors==0.8.0"];
+pub(crate) const EXTRA_PINS: [&str; 1] = ["safetensors==0.8.0"];
 const SYNTH_PRESET: &str = "tiny";
 const SYNTH_SEED: u64 = 1;
 /// 20 ids below the tiny vocabulary (1024), spread over it, with one repeat (so attention sees
@@ -295,7 +295,7 @@ fn parse_tokens(list: &str) -> Result<Vec<u32>> {
 
 /// The unpacked llama.cpp source directory, fetching and unpacking the sdist if needed. A
 /// tarball already on disk is trusted only if it matches the pinned sha256.
-fn fetch_sdist(work: &Path) -> Result<PathBuf> {
+pub(crate) fn fetch_sdist(work: &Path) -> Result<PathBuf> {
     let tarball = work.join(SDIST);
     let unpacked = work.join(SDIST.trim_end_matches(".tar.gz"));
     let source = unpacked.join("vendor").join("llama.cpp");

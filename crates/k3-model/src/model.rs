@@ -132,6 +132,16 @@ pub struct Model<'a> {
     expert_placement: ExpertPlacement,
 }
 
+/// Which tokens of a forward pass need logits (the lm_head is a large share of a step).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Logits {
+    All,
+    /// Each sequence's last token (prefill).
+    Last,
+    /// None (prefill chunks before the last).
+    None,
+}
+
 /// Where a routed expert's work runs when the pool has several domains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ExpertPlacement {
@@ -546,7 +556,7 @@ impl<'a> Model<'a> {
     /// Consumes `token` and returns the logits for the next position.
     pub fn decode_step(&self, session: &mut Session, token: usize) -> Result<Vec<f32>> {
         Ok(self
-            .forward(session, &[token])?
+            .forward(session, &[token], Logits::All)?
             .pop()
             .expect("one token in, one row out"))
     }
@@ -559,9 +569,20 @@ impl<'a> Model<'a> {
         tokens: &[usize],
         chunk: usize,
     ) -> Result<Vec<f32>> {
+        // Only the final token's logits are wanted: earlier chunks skip the lm_head, the last
+        // runs it for its last token alone (batch-invariant: the same bits as in a chunk).
+        let parts: Vec<&[usize]> = tokens.chunks(chunk.max(1)).collect();
         let mut last = Vec::new();
-        for part in tokens.chunks(chunk.max(1)) {
-            last = self.forward(session, part)?.pop().unwrap_or_default();
+        for (i, part) in parts.iter().enumerate() {
+            let wanted = if i + 1 == parts.len() {
+                Logits::Last
+            } else {
+                Logits::None
+            };
+            last = self
+                .forward(session, part, wanted)?
+                .pop()
+                .unwrap_or_default();
         }
         Ok(last)
     }
@@ -577,7 +598,7 @@ impl<'a> Model<'a> {
     ) -> Result<Vec<Vec<f32>>> {
         let mut logits = Vec::with_capacity(tokens.len());
         for part in tokens.chunks(chunk.max(1)) {
-            logits.extend(self.forward(session, part)?);
+            logits.extend(self.forward(session, part, Logits::All)?);
         }
         Ok(logits)
     }
@@ -589,11 +610,16 @@ impl<'a> Model<'a> {
     /// dispatch inside starts on that worker at once while the others join (from an outside
     /// thread, each dispatch would wake all workers and sleep): 6-8% faster on k3-0.40b with
     /// 2 threads, same bits (PERFORMANCE.md, phase 3).
-    fn forward(&self, session: &mut Session, tokens: &[usize]) -> Result<Vec<Vec<f32>>> {
+    fn forward(
+        &self,
+        session: &mut Session,
+        tokens: &[usize],
+        wanted: Logits,
+    ) -> Result<Vec<Vec<f32>>> {
         let mut groups = [(session, tokens)];
         Ok(self
             .pool
-            .install(|| self.forward_on_worker(&mut groups))?
+            .install(|| self.forward_on_worker(&mut groups, wanted))?
             .concat())
     }
 
@@ -611,7 +637,7 @@ impl<'a> Model<'a> {
             .collect();
         Ok(self
             .pool
-            .install(|| self.forward_on_worker(&mut groups))?
+            .install(|| self.forward_on_worker(&mut groups, Logits::All))?
             .into_iter()
             .map(|mut rows| rows.pop().expect("one token in, one row out"))
             .collect())
@@ -623,6 +649,7 @@ impl<'a> Model<'a> {
     fn forward_on_worker(
         &self,
         groups: &mut [(&mut Session, &[usize])],
+        wanted: Logits,
     ) -> Result<Vec<Vec<Vec<f32>>>> {
         let c = &self.config;
         let d = c.hidden_size;
@@ -719,18 +746,30 @@ impl<'a> Model<'a> {
                 .map(|(p, f)| p.iter().zip(&f).map(|(a, b)| a + b).collect())
                 .collect();
         }
-        let mut finals = Vec::with_capacity(tokens.len());
-        for (t, bank) in banks.iter().enumerate() {
+        // The tokens whose logits are wanted: all, each group's last, or none.
+        let rows: Vec<usize> = match wanted {
+            Logits::All => (0..tokens.len()).collect(),
+            Logits::Last => spans.iter().filter_map(|s| s.end.checked_sub(1)).collect(),
+            Logits::None => Vec::new(),
+        };
+        let mut finals = Vec::with_capacity(rows.len());
+        for &t in &rows {
             let mut out = vec![0.0; d];
-            mix(bank, &h[t], &self.output_res_score, eps, &mut out);
+            mix(&banks[t], &h[t], &self.output_res_score, eps, &mut out);
             finals.push(norm(&out, &self.final_norm));
         }
-        let mut logits = self.gemm(&self.lm_head, &finals)?.into_iter();
+        let mut logits = if finals.is_empty() {
+            Vec::new().into_iter()
+        } else {
+            self.gemm(&self.lm_head, &finals)?.into_iter()
+        };
         Ok(groups
             .iter_mut()
-            .map(|(session, t)| {
+            .zip(&spans)
+            .map(|((session, t), span)| {
                 session.position += t.len();
-                logits.by_ref().take(t.len()).collect()
+                let here = rows.iter().filter(|&&r| span.contains(&r)).count();
+                logits.by_ref().take(here).collect()
             })
             .collect())
     }

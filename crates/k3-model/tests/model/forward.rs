@@ -107,6 +107,14 @@ fn tiny_forward_is_finite_deterministic_and_tier_consistent() {
     assert_eq!(session.position(), 0);
     let last = model.prefill(&mut session, &TOKENS, 5).unwrap();
     assert_eq!(fingerprint(&last), fingerprint(&logits[TOKENS.len() - 1]));
+    // Prefill skips the lm_head for all but the last token; the state is what decode leaves.
+    for chunk in [7, 16] {
+        let mut prefilled = model.session();
+        let last = model.prefill(&mut prefilled, &TOKENS[..12], chunk).unwrap();
+        assert_eq!(fingerprint(&last), fingerprint(&logits[11]), "chunk {chunk}");
+        let next = model.decode_step(&mut prefilled, TOKENS[12]).unwrap();
+        assert_eq!(fingerprint(&next), fingerprint(&logits[12]), "chunk {chunk}");
+    }
     // The exact tier differs from the scalar oracle by summation order only.
     let scalar = Model::new(&ckpt, &config, Kernels::scalar()).unwrap();
     let reference = run(&scalar);
