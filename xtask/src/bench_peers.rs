@@ -70,7 +70,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             let peer_tg = llama(&llama_bench, &gguf, t, 0, tokens)?;
             let (our_tg, fraction) = our_decode(&ours, &model, t, tokens, 1)?;
             let peer_pp = llama(&llama_bench, &gguf, t, prompt, 0)?;
-            let (our_pp, _) = our_decode(&ours, &model, t, prompt, prompt)?;
+            let our_pp = our_prefill(&ours, &model, t, prompt)?;
             println!(
                 "threads {t} pair {pair}: decode ours {our_tg:.2} tok/s ({:.0}% of read) vs llama.cpp {peer_tg:.2} = {:.2}x; prefill ours {our_pp:.1} tok/s vs {peer_pp:.1} = {:.2}x",
                 100.0 * fraction,
@@ -176,6 +176,33 @@ fn llama(bench: &Path, gguf: &Path, threads: usize, prompt: usize, generate: usi
     json[0]["avg_ts"]
         .as_f64()
         .context("llama-bench printed no avg_ts")
+}
+
+/// Our prefill tokens/s for a `prompt`-token prompt in chunks of up to 16 (`--prefill`).
+fn our_prefill(bench: &Path, model: &Path, threads: usize, prompt: usize) -> Result<f64> {
+    let out = Command::new(bench)
+        .arg("--model")
+        .arg(model)
+        .args([
+            "--threads",
+            &threads.to_string(),
+            "--steps",
+            &prompt.to_string(),
+        ])
+        .args(["--prefill", &prompt.to_string()])
+        .args(["--prefill-chunk", &prompt.min(16).to_string()])
+        .output()
+        .context("running teacher_forced_decode_bench --prefill")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("prefill:"))
+        .with_context(|| format!("no prefill line in: {text}"))?;
+    let rest = &line[line.find("ms = ").context("no rate")? + 5..];
+    rest[..rest.find(" tokens/s").context("no rate")?]
+        .trim()
+        .parse()
+        .context("bad rate")
 }
 
 /// Our tokens/s (the median per-token time) and fraction of the read bandwidth for `steps`

@@ -66,6 +66,8 @@ struct Args {
     logits_out: Option<PathBuf>,
     resident_trunk: bool,
     experts: ExpertOptions,
+    /// `--prefill N`: time a prefill of the first N tokens instead of decoding.
+    prefill: Option<usize>,
     placement: numa_sched::PoolOptions,
     expert_placement: ExpertPlacement,
 }
@@ -82,6 +84,7 @@ fn parse() -> Result<Args> {
         logits_out: None,
         resident_trunk: false,
         experts: ExpertOptions::default(),
+        prefill: None,
         placement: numa_sched::PoolOptions::default(),
         expert_placement: ExpertPlacement::default(),
     };
@@ -108,6 +111,7 @@ fn parse() -> Result<Args> {
             "--kernel-tier" => args.tier = Some(value()?.parse()?),
             "--logits-out" => args.logits_out = Some(PathBuf::from(value()?)),
             "--resident-trunk" => args.resident_trunk = true,
+            "--prefill" => args.prefill = Some(value()?.parse().context("--prefill is a count")?),
             "--expert-placement" => {
                 args.expert_placement = match value()?.as_str() {
                     "split" => ExpertPlacement::Split,
@@ -117,7 +121,7 @@ fn parse() -> Result<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "usage: teacher_forced_decode_bench [--model DIR | --preset tiny|k3-0.40b|k3-wide] [--tokens IDS] [--steps N] [--threads N] [--prefill-chunk N] [--kernel-tier T] [--logits-out FILE] [--resident-trunk] [--expert-cache N | --expert-cache-gb G] [--preload-experts] [--mlock] [--no-usage-cache] [--usage-file F] [--expert-policy lru|usage] [--io-threads N] [--numa | --numa-fake N] [--numa-threads N] [--hyperthreads] [--expert-placement split|home]"
+                    "usage: teacher_forced_decode_bench [--model DIR | --preset tiny|k3-0.40b|k3-wide] [--tokens IDS] [--steps N] [--threads N] [--prefill-chunk N] [--kernel-tier T] [--logits-out FILE] [--resident-trunk] [--expert-cache N | --expert-cache-gb G] [--preload-experts] [--mlock] [--no-usage-cache] [--usage-file F] [--expert-policy lru|usage] [--io-threads N] [--prefill N] [--numa | --numa-fake N] [--numa-threads N] [--hyperthreads] [--expert-placement split|home]"
                 );
                 std::process::exit(0);
             }
@@ -160,6 +164,32 @@ fn parse() -> Result<Args> {
 
 /// Timed steps between two read-bandwidth probes.
 const PROBE_EVERY: usize = 4;
+
+/// `--prefill N`: a prompt of the first N tokens through `Model::prefill` in chunks of
+/// `--prefill-chunk` (logits for the last token only), five times on fresh sessions; prints
+/// the median time and tokens/s.
+fn time_prefill(model: &Model<'_>, tokens: &[usize], n: usize, chunk: usize) -> Result<()> {
+    if tokens.len() < n {
+        bail!("--prefill {n} needs at least {n} tokens (--steps or --tokens)");
+    }
+    let mut times = Vec::new();
+    let mut fp = 0;
+    for _ in 0..5 {
+        let mut session = model.session();
+        let start = Instant::now();
+        let last = model.prefill(&mut session, &tokens[..n], chunk)?;
+        times.push(start.elapsed().as_secs_f64());
+        fp = fingerprint(&last);
+    }
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    println!(
+        "prefill: {n} tokens in chunks of {chunk}: median {:.3} ms = {:.2} tokens/s; last logits fingerprint {fp:016x}",
+        median * 1e3,
+        n as f64 / median
+    );
+    Ok(())
+}
 
 /// A generated checkpoint's directory, removed on drop.
 struct Scratch(PathBuf);
@@ -288,6 +318,9 @@ fn main() -> Result<()> {
                 .collect()
         }
     };
+    if let Some(n) = args.prefill {
+        return time_prefill(&model, &tokens, n, args.prefill_chunk);
+    }
     let mut out = match &args.logits_out {
         Some(path) => Some(std::io::BufWriter::new(
             std::fs::File::create(path).with_context(|| path.display().to_string())?,

@@ -111,9 +111,17 @@ fn tiny_forward_is_finite_deterministic_and_tier_consistent() {
     for chunk in [7, 16] {
         let mut prefilled = model.session();
         let last = model.prefill(&mut prefilled, &TOKENS[..12], chunk).unwrap();
-        assert_eq!(fingerprint(&last), fingerprint(&logits[11]), "chunk {chunk}");
+        assert_eq!(
+            fingerprint(&last),
+            fingerprint(&logits[11]),
+            "chunk {chunk}"
+        );
         let next = model.decode_step(&mut prefilled, TOKENS[12]).unwrap();
-        assert_eq!(fingerprint(&next), fingerprint(&logits[12]), "chunk {chunk}");
+        assert_eq!(
+            fingerprint(&next),
+            fingerprint(&logits[12]),
+            "chunk {chunk}"
+        );
     }
     // The exact tier differs from the scalar oracle by summation order only.
     let scalar = Model::new(&ckpt, &config, Kernels::scalar()).unwrap();
