@@ -12,7 +12,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 
 use crate::oracle::{DEFAULT_VENV, PINNED, run_checked, venv_with};
-use crate::oracle_llamacpp::{CONVERT_SCRIPT, EXTRA_PINS, WORK_DIR, fetch_sdist};
+use crate::oracle_llamacpp::{CONVERT_SCRIPT, EXTRA_PINS, WORK_DIR, configure, fetch_sdist};
 use crate::{Options, from_root};
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
@@ -68,7 +68,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         let mut prefill = Vec::new();
         for pair in 0..pairs {
             let peer_tg = llama(&llama_bench, &gguf, t, 0, tokens)?;
-            let (our_tg, fraction) = our_decode(&ours, &model, t, tokens, 1)?;
+            let (our_tg, fraction) = our_decode(&ours, &model, t, tokens)?;
             let peer_pp = llama(&llama_bench, &gguf, t, prompt, 0)?;
             let our_pp = our_prefill(&ours, &model, t, prompt)?;
             println!(
@@ -96,27 +96,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
 /// `llama-bench` (once) in its own build directory, with the tools on.
 fn build_llama_bench(work: &Path, source: &Path) -> Result<PathBuf> {
     let build = work.join("build-peer");
-    if !build.join("CMakeCache.txt").exists() {
-        run_checked(
-            Command::new("cmake")
-                .arg("-S")
-                .arg(source)
-                .arg("-B")
-                .arg(&build)
-                .args([
-                    "-DGGML_NATIVE=ON",
-                    "-DLLAMA_CURL=OFF",
-                    "-DLLAMA_OPENSSL=OFF",
-                    "-DCMAKE_BUILD_TYPE=Release",
-                    "-DLLAMA_BUILD_COMMON=ON",
-                    "-DLLAMA_BUILD_TESTS=OFF",
-                    "-DLLAMA_BUILD_TOOLS=ON",
-                    "-DLLAMA_BUILD_EXAMPLES=OFF",
-                    "-DLLAMA_BUILD_SERVER=OFF",
-                    "-DLLAMA_BUILD_APP=OFF",
-                ]),
-        )?;
-    }
+    configure(source, &build, true)?;
     run_checked(Command::new("cmake").arg("--build").arg(&build).args([
         "-j2",
         "--target",
@@ -178,64 +158,55 @@ fn llama(bench: &Path, gguf: &Path, threads: usize, prompt: usize, generate: usi
         .context("llama-bench printed no avg_ts")
 }
 
-/// Our prefill tokens/s for a `prompt`-token prompt in chunks of up to 16 (`--prefill`).
-fn our_prefill(bench: &Path, model: &Path, threads: usize, prompt: usize) -> Result<f64> {
+/// Runs our decode bench with `args` and returns the line of its output starting with
+/// `marker` (or containing it).
+fn our_line(bench: &Path, model: &Path, args: &[String], marker: &str) -> Result<String> {
     let out = Command::new(bench)
         .arg("--model")
         .arg(model)
-        .args([
-            "--threads",
-            &threads.to_string(),
-            "--steps",
-            &prompt.to_string(),
-        ])
-        .args(["--prefill", &prompt.to_string()])
-        .args(["--prefill-chunk", &prompt.min(16).to_string()])
-        .output()
-        .context("running teacher_forced_decode_bench --prefill")?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("prefill:"))
-        .with_context(|| format!("no prefill line in: {text}"))?;
-    let rest = &line[line.find("ms = ").context("no rate")? + 5..];
-    rest[..rest.find(" tokens/s").context("no rate")?]
-        .trim()
-        .parse()
-        .context("bad rate")
-}
-
-/// Our tokens/s (the median per-token time) and fraction of the read bandwidth for `steps`
-/// teacher-forced tokens consumed in chunks of `chunk` (1: decode; the prompt length: prefill).
-fn our_decode(
-    bench: &Path,
-    model: &Path,
-    threads: usize,
-    steps: usize,
-    chunk: usize,
-) -> Result<(f64, f64)> {
-    let out = Command::new(bench)
-        .arg("--model")
-        .arg(model)
-        .args([
-            "--threads",
-            &threads.to_string(),
-            "--steps",
-            &steps.to_string(),
-        ])
-        .args(["--prefill-chunk", &chunk.to_string()])
+        .args(args)
         .output()
         .context("running teacher_forced_decode_bench")?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .find(|l| l.contains("steps: median"))
-        .with_context(|| format!("no summary line in: {text}"))?;
-    let field = |after: &str, before: &str| -> Option<f64> {
-        let rest = &line[line.find(after)? + after.len()..];
-        rest[..rest.find(before)?].trim().parse().ok()
-    };
-    let ms = field("median ", " ms/token").context("no median")?;
-    let percent = field("GB/s; ", "% of the read").context("no read fraction")?;
+    text.lines()
+        .find(|l| l.contains(marker))
+        .map(str::to_owned)
+        .with_context(|| format!("no {marker:?} line in: {text}"))
+}
+
+/// The number in `line` between `after` and the next `before`.
+fn between(line: &str, after: &str, before: &str) -> Option<f64> {
+    let rest = &line[line.find(after)? + after.len()..];
+    rest[..rest.find(before)?].trim().parse().ok()
+}
+
+/// Our prefill tokens/s for a `prompt`-token prompt in chunks of up to 16 (`--prefill`).
+fn our_prefill(bench: &Path, model: &Path, threads: usize, prompt: usize) -> Result<f64> {
+    let args = [
+        "--threads".to_string(),
+        threads.to_string(),
+        "--steps".into(),
+        prompt.to_string(),
+        "--prefill".into(),
+        prompt.to_string(),
+        "--prefill-chunk".into(),
+        prompt.min(16).to_string(),
+    ];
+    let line = our_line(bench, model, &args, "prefill:")?;
+    between(&line, "ms = ", " tokens/s").context("no prefill rate")
+}
+
+/// Our decode tokens/s (the median per-token time) and fraction of the read bandwidth for
+/// `steps` teacher-forced tokens.
+fn our_decode(bench: &Path, model: &Path, threads: usize, steps: usize) -> Result<(f64, f64)> {
+    let args = [
+        "--threads".to_string(),
+        threads.to_string(),
+        "--steps".into(),
+        steps.to_string(),
+    ];
+    let line = our_line(bench, model, &args, "steps: median")?;
+    let ms = between(&line, "median ", " ms/token").context("no median")?;
+    let percent = between(&line, "GB/s; ", "% of the read").context("no read fraction")?;
     Ok((1e3 / ms, percent / 100.0))
 }

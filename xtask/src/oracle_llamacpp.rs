@@ -371,9 +371,9 @@ fn pypi_file(filename: &str) -> Result<(String, String)> {
     Ok((url, sha))
 }
 
-/// Builds `libllama` (once; cmake skips what is up to date) and the harness against it;
-/// returns the harness path.
-fn build_llamacpp(work: &Path, source: &Path) -> Result<PathBuf> {
+/// Configures a CPU-only release build of llama.cpp in `build` (once; installs Debian's cmake
+/// if it is missing). `tools` adds `common` and the tools (llama-bench) to the library.
+pub(crate) fn configure(source: &Path, build: &Path, tools: bool) -> Result<()> {
     let has_cmake = Command::new("cmake")
         .arg("--version")
         .output()
@@ -382,28 +382,36 @@ fn build_llamacpp(work: &Path, source: &Path) -> Result<PathBuf> {
         println!("cmake is missing: installing Debian's with apt-get");
         run_checked(Command::new("apt-get").args(["install", "-y", "cmake"]))?;
     }
-    let build = work.join("build");
-    if !build.join("CMakeCache.txt").exists() {
-        run_checked(
-            Command::new("cmake")
-                .arg("-S")
-                .arg(source)
-                .arg("-B")
-                .arg(&build)
-                .args([
-                    "-DGGML_NATIVE=ON",
-                    "-DLLAMA_CURL=OFF",
-                    "-DLLAMA_OPENSSL=OFF",
-                    "-DCMAKE_BUILD_TYPE=Release",
-                    "-DLLAMA_BUILD_COMMON=OFF",
-                    "-DLLAMA_BUILD_TESTS=OFF",
-                    "-DLLAMA_BUILD_TOOLS=OFF",
-                    "-DLLAMA_BUILD_EXAMPLES=OFF",
-                    "-DLLAMA_BUILD_SERVER=OFF",
-                    "-DLLAMA_BUILD_APP=OFF",
-                ]),
-        )?;
+    if build.join("CMakeCache.txt").exists() {
+        return Ok(());
     }
+    let on = if tools { "ON" } else { "OFF" };
+    run_checked(
+        Command::new("cmake")
+            .arg("-S")
+            .arg(source)
+            .arg("-B")
+            .arg(build)
+            .args([
+                "-DGGML_NATIVE=ON",
+                "-DLLAMA_CURL=OFF",
+                "-DLLAMA_OPENSSL=OFF",
+                "-DCMAKE_BUILD_TYPE=Release",
+                &format!("-DLLAMA_BUILD_COMMON={on}"),
+                "-DLLAMA_BUILD_TESTS=OFF",
+                &format!("-DLLAMA_BUILD_TOOLS={on}"),
+                "-DLLAMA_BUILD_EXAMPLES=OFF",
+                "-DLLAMA_BUILD_SERVER=OFF",
+                "-DLLAMA_BUILD_APP=OFF",
+            ]),
+    )
+}
+
+/// Builds `libllama` (once; cmake skips what is up to date) and the harness against it;
+/// returns the harness path.
+fn build_llamacpp(work: &Path, source: &Path) -> Result<PathBuf> {
+    let build = work.join("build");
+    configure(source, &build, false)?;
     run_checked(
         Command::new("cmake")
             .arg("--build")
