@@ -180,7 +180,7 @@ fn between(line: &str, after: &str, before: &str) -> Option<f64> {
     rest[..rest.find(before)?].trim().parse().ok()
 }
 
-/// Our prefill tokens/s for a `prompt`-token prompt in chunks of up to 16 (`--prefill`).
+/// Our prefill tokens/s for a `prompt`-token prompt in chunks of up to 8 (`--prefill`).
 fn our_prefill(bench: &Path, model: &Path, threads: usize, prompt: usize) -> Result<f64> {
     let args = [
         "--threads".to_string(),
@@ -190,7 +190,7 @@ fn our_prefill(bench: &Path, model: &Path, threads: usize, prompt: usize) -> Res
         "--prefill".into(),
         prompt.to_string(),
         "--prefill-chunk".into(),
-        prompt.min(16).to_string(),
+        prompt.min(8).to_string(),
     ];
     let line = our_line(bench, model, &args, "prefill:")?;
     between(&line, "ms = ", " tokens/s").context("no prefill rate")

@@ -42,7 +42,7 @@ fn main() -> Result<()> {
         },
         max_batch: streams.max(1),
         queue: 64,
-        prefill_chunk: 16,
+        prefill_chunk: 8,
     })?;
     if !wait_ready(&engine, Duration::from_secs(600)) {
         bail!("the model did not load");

@@ -163,7 +163,7 @@ fn main() -> Result<()> {
         experts: args.experts.clone(),
         max_batch: args.max_batch,
         queue: args.queue,
-        prefill_chunk: 16,
+        prefill_chunk: 8,
     })?;
     let limits = Limits {
         model_name: model_dir
