@@ -152,12 +152,6 @@ pub struct ShardReader {
     buffered: File,
 }
 
-/// How a read went: the bytes and whether it bypassed the page cache.
-#[derive(Debug)]
-pub struct ReadOutcome {
-    pub direct: bool,
-}
-
 impl ShardReader {
     /// Opens `path`, with `O_DIRECT` when `direct` is asked for and the filesystem takes it.
     pub fn open(path: &Path, direct: bool) -> std::io::Result<Self> {
@@ -200,7 +194,7 @@ impl ShardReader {
         segments: &[Range<usize>],
         reuse: Option<AlignedBuf>,
         place: impl FnOnce(&mut [u8], &[usize]),
-    ) -> std::io::Result<(AlignedBuf, Vec<usize>, ReadOutcome)> {
+    ) -> std::io::Result<(AlignedBuf, Vec<usize>)> {
         let spans: Vec<(usize, usize)> = segments
             .iter()
             .map(|s| {
@@ -258,7 +252,7 @@ impl ShardReader {
             }
             at += len;
         }
-        Ok((buf, starts, ReadOutcome { direct }))
+        Ok((buf, starts))
     }
 }
 

@@ -293,6 +293,8 @@ struct Shared {
     shape: ExpertShape,
     /// Checkpoint layer index -> position in `order`/`uses`.
     layer_pos: BTreeMap<usize, usize>,
+    /// Position -> checkpoint layer index (the inverse of `layer_pos`).
+    layer_ids: Vec<usize>,
     experts_per_layer: Vec<usize>,
     table: HashMap<(usize, usize), Located>,
     readers: Vec<ShardReader>,
@@ -430,6 +432,7 @@ impl ExpertStore {
                 resident_bytes: 0,
                 tick: 0,
             }),
+            layer_ids: layer_pos.keys().copied().collect(),
             layer_pos,
             experts_per_layer: counts,
             table: located,
@@ -479,9 +482,7 @@ impl ExpertStore {
             jobs: Some(jobs),
             threads,
         };
-        if store.shared.readers.iter().any(|r| !r.is_direct()) {
-            store.say_buffered();
-        }
+        store.shared.say_if_buffered();
         Ok(store)
     }
 
@@ -768,22 +769,6 @@ impl ExpertStore {
             let _ = jobs.send(Job { key });
         }
     }
-
-    fn say_buffered(&self) {
-        if !self.shared.buffered_said.swap(true, Ordering::Relaxed) {
-            let paths: Vec<String> = self
-                .shared
-                .readers
-                .iter()
-                .filter(|r| !r.is_direct())
-                .map(|r| r.path.display().to_string())
-                .collect();
-            log::warn!(
-                "expert reads go through the page cache (O_DIRECT not available or not asked for) for {}; pages are dropped after each read",
-                paths.join(", ")
-            );
-        }
-    }
 }
 
 impl Drop for ExpertStore {
@@ -804,6 +789,26 @@ impl Cache {
 }
 
 impl Shared {
+    /// Says once that some expert reads go through the page cache: at open (O_DIRECT refused
+    /// or not asked for) or when a read first falls back (O_DIRECT refused at read time).
+    fn say_if_buffered(&self) {
+        if self.buffered_said.load(Ordering::Relaxed) {
+            return;
+        }
+        let buffered: Vec<String> = self
+            .readers
+            .iter()
+            .filter(|r| !r.is_direct())
+            .map(|r| r.path.display().to_string())
+            .collect();
+        if !buffered.is_empty() && !self.buffered_said.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "expert reads go through the page cache (O_DIRECT not available or not asked for) for {}; pages are dropped after each read",
+                buffered.join(", ")
+            );
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Cache> {
         // A panic elsewhere cannot leave the cache half-updated in a way that matters here:
         // every update is a few map operations; keep serving.
@@ -909,6 +914,9 @@ impl Shared {
             self.bind(key, located, buf, starts)
         });
         self.busy_change(false);
+        if !reader.is_direct() {
+            self.say_if_buffered();
+        }
         let result = read
             .map_err(|e| StoreError::Read {
                 path: reader.path.clone(),
@@ -916,7 +924,7 @@ impl Shared {
                 expert,
                 reason: e.to_string(),
             })
-            .and_then(|(buf, starts, _)| {
+            .and_then(|(buf, starts)| {
                 self.loads.fetch_add(1, Ordering::Relaxed);
                 self.bytes_read.fetch_add(located.bytes, Ordering::Relaxed);
                 self.build(key, located, buf, &starts)
@@ -1059,12 +1067,7 @@ impl Shared {
         let Some((_, _, expert)) = cache.order[pos].pop_first() else {
             return false;
         };
-        let layer = *self
-            .layer_pos
-            .iter()
-            .find(|&(_, &p)| p == pos)
-            .expect("positions come from layer_pos")
-            .0;
+        let layer = self.layer_ids[pos];
         if let Some(Slot::Resident { data, .. }) = cache.slots.remove(&(layer, expert)) {
             cache.resident -= 1;
             cache.resident_bytes -= data.bytes();

@@ -47,16 +47,11 @@ pub fn app(state: AppState) -> Router {
 /// A JSON body or the error explaining why not (413 too large, 400 malformed, 422 wrong shape).
 fn body<T>(parsed: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
     parsed.map(|Json(v)| v).map_err(|rejection| {
+        // axum's own statuses (400 syntax, 422 shape, 413 over the body limit), except that
+        // a missing content type is a plain 400 here rather than 415.
         let status = match &rejection {
-            JsonRejection::JsonSyntaxError(_) => StatusCode::BAD_REQUEST,
             JsonRejection::MissingJsonContentType(_) => StatusCode::BAD_REQUEST,
-            JsonRejection::BytesRejection(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            _ => StatusCode::UNPROCESSABLE_ENTITY,
-        };
-        let status = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            StatusCode::PAYLOAD_TOO_LARGE
-        } else {
-            status
+            other => other.status(),
         };
         ApiError::new(
             status,
