@@ -51,6 +51,7 @@ use k3_model::config::K3Config;
 use k3_model::experts::{ExpertOptions, stats_report};
 use k3_model::inventory::{BytePlan, TensorClass, text_tensors};
 use k3_model::model::{ExpertPlacement, Model, fingerprint};
+use k3_model::profile::{Bucket, Profile};
 use k3_model::synth::{Preset, SynthOptions, generate};
 use mxfp4_kernels::{Kernels, Tier};
 
@@ -70,6 +71,8 @@ struct Args {
     prefill: Option<usize>,
     placement: numa_sched::PoolOptions,
     expert_placement: ExpertPlacement,
+    /// `--profile`: print where the timed steps' wall time went, by bucket.
+    profile: bool,
 }
 
 fn parse() -> Result<Args> {
@@ -87,6 +90,7 @@ fn parse() -> Result<Args> {
         prefill: None,
         placement: numa_sched::PoolOptions::default(),
         expert_placement: ExpertPlacement::default(),
+        profile: false,
     };
     let mut preset = None;
     let mut it = std::env::args().skip(1);
@@ -111,6 +115,7 @@ fn parse() -> Result<Args> {
             "--kernel-tier" => args.tier = Some(value()?.parse()?),
             "--logits-out" => args.logits_out = Some(PathBuf::from(value()?)),
             "--resident-trunk" => args.resident_trunk = true,
+            "--profile" => args.profile = true,
             "--prefill" => args.prefill = Some(value()?.parse().context("--prefill is a count")?),
             "--expert-placement" => {
                 args.expert_placement = match value()?.as_str() {
@@ -121,7 +126,7 @@ fn parse() -> Result<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "usage: teacher_forced_decode_bench [--model DIR | --preset tiny|k3-0.40b|k3-wide] [--tokens IDS] [--steps N] [--threads N] [--prefill-chunk N] [--kernel-tier T] [--logits-out FILE] [--resident-trunk] [--expert-cache N | --expert-cache-gb G] [--preload-experts] [--mlock] [--no-usage-cache] [--usage-file F] [--expert-policy lru|usage] [--io-threads N] [--prefill N] [--numa | --numa-fake N] [--numa-threads N] [--hyperthreads] [--expert-placement split|home]"
+                    "usage: teacher_forced_decode_bench [--model DIR | --preset tiny|k3-0.40b|k3-wide] [--tokens IDS] [--steps N] [--threads N] [--prefill-chunk N] [--kernel-tier T] [--logits-out FILE] [--resident-trunk] [--expert-cache N | --expert-cache-gb G] [--preload-experts] [--mlock] [--no-usage-cache] [--usage-file F] [--expert-policy lru|usage] [--io-threads N] [--prefill N] [--numa | --numa-fake N] [--numa-threads N] [--hyperthreads] [--expert-placement split|home] [--profile]"
                 );
                 std::process::exit(0);
             }
@@ -301,6 +306,12 @@ fn main() -> Result<()> {
     }
     .with_pool(Arc::clone(&pool))
     .with_expert_placement(args.expert_placement);
+    let profile = Arc::new(Profile::new());
+    let model = if args.profile {
+        model.with_profile(Arc::clone(&profile))
+    } else {
+        model
+    };
     let plan = BytePlan::new(&config);
     let tokens: Vec<usize> = match args.tokens {
         Some(tokens) => tokens,
@@ -351,11 +362,19 @@ fn main() -> Result<()> {
     let mut pending = Vec::new();
     let mut combined = Vec::with_capacity(tokens.len() * 8);
     let mut step = 0;
+    let mut profiled = std::time::Duration::ZERO;
     for chunk in tokens.chunks(args.prefill_chunk) {
         let start = Instant::now();
         let before = store.as_ref().map(|s| s.stats());
         let rows = model.score(&mut session, chunk, chunk.len())?;
-        let per_token = start.elapsed().as_secs_f64() / chunk.len() as f64;
+        let elapsed = start.elapsed();
+        if step == 0 {
+            // The first chunk pays the page faults of a mapped trunk: not a steady step.
+            profile.reset();
+        } else {
+            profiled += elapsed;
+        }
+        let per_token = elapsed.as_secs_f64() / chunk.len() as f64;
         // With the store: this chunk's wait on loads and bytes read, per token.
         let loads = match (&store, before) {
             (Some(store), Some(before)) => {
@@ -402,6 +421,13 @@ fn main() -> Result<()> {
         values.sort_by(f64::total_cmp);
         values[values.len() / 2]
     };
+    // Mean over the steps after the first (which pays a mapped trunk's page faults), the way
+    // llama-bench reports tg after its warm-up run.
+    let mean_time = if times.len() > 1 {
+        times[1..].iter().sum::<f64>() / (times.len() - 1) as f64
+    } else {
+        times[0]
+    };
     let median_time = median(&mut times);
     let median_read = median(&mut reads);
     let median_ratio = median(&mut ratios);
@@ -416,13 +442,25 @@ fn main() -> Result<()> {
         reads[reads.len() - 1] / 1e9,
     );
     println!(
-        "{} steps: median {:.3} ms/token; {} weight bytes per token; {:.2} GB/s; {:.0}% of the read bandwidth (median of per-step ratios to the read measured next); combined fingerprint {combined_fp:016x}",
+        "{} steps: median {:.3} ms/token, mean after the first {:.3} ms/token; {} weight bytes per token; {:.2} GB/s; {:.0}% of the read bandwidth (median of per-step ratios to the read measured next); combined fingerprint {combined_fp:016x}",
         tokens.len(),
         median_time * 1e3,
+        mean_time * 1e3,
         plan.bytes_per_token,
         plan.bytes_per_token as f64 / median_time / 1e9,
         100.0 * median_ratio,
     );
+    if args.profile {
+        let first = tokens.len().min(args.prefill_chunk);
+        print_profile(
+            &profile,
+            profiled,
+            tokens.len() - first,
+            &plan,
+            &config,
+            median_read,
+        );
+    }
     if let Some(store) = &store {
         print!("{}", stats_report(store, &store.stats(), tokens.len()));
         if let Some(path) = args.experts.usage_path(&model_dir) {
@@ -434,6 +472,61 @@ fn main() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `--profile`'s table: each bucket's wall time per token over the timed steps after the
+/// first, its share of the step, the weights it reads per token, and that read rate against
+/// the median read probe of the run (a bucket's own roofline).
+fn print_profile(
+    profile: &Profile,
+    total: std::time::Duration,
+    steps: usize,
+    plan: &BytePlan,
+    config: &K3Config,
+    read: f64,
+) {
+    if steps == 0 {
+        println!("profile: needs more than one chunk of steps");
+        return;
+    }
+    let moe_layers = config
+        .layers
+        .iter()
+        .filter(|l| l.ffn == k3_model::FfnKind::Moe)
+        .count();
+    let routed = moe_layers * config.moe.router.top_k * plan.expert_bytes;
+    let per_token = |d: std::time::Duration| d.as_secs_f64() / steps as f64;
+    let step = per_token(total);
+    println!(
+        "profile over {steps} steps ({:.3} ms/token):\n| bucket | ms/token | share | weight MB/token | GB/s | % of read ({:.1} GB/s) |\n|---|---|---|---|---|---|",
+        step * 1e3,
+        read / 1e9
+    );
+    let mut accounted = 0.0;
+    for (bucket, time) in Bucket::ALL.iter().zip(profile.totals()) {
+        let t = per_token(time);
+        let bytes = bucket.bytes_per_token(plan, routed);
+        if t == 0.0 && bytes == 0 {
+            continue;
+        }
+        accounted += t;
+        let rate = if t > 0.0 { bytes as f64 / t } else { 0.0 };
+        println!(
+            "| {} | {:.3} | {:.1}% | {:.1} | {:.2} | {:.0}% |",
+            bucket.name(),
+            t * 1e3,
+            100.0 * t / step,
+            bytes as f64 / 1e6,
+            rate / 1e9,
+            100.0 * rate / read
+        );
+    }
+    let other = step - accounted;
+    println!(
+        "| other (embedding, norms, AttnRes mixes, expert sums) | {:.3} | {:.1}% | | | |",
+        other * 1e3,
+        100.0 * other / step
+    );
 }
 
 /// Fills the cache before decoding, with a progress bar (GB/s, ETA) and a final line.

@@ -4,7 +4,7 @@
 //! every tensor the config implies with its byte plan; [`checkpoint`], validation of a
 //! checkpoint against the config; [`synth`], synthetic checkpoints in the release's layout;
 //! [`ops`], the forward pass's primitives (norms, AttnRes mix, router, KDA gate/conv/step);
-//! [`model`], the forward pass and `Session`; [`experts`], the expert-store options the
+//! [`model`], the forward pass and `Session`; [`profile`], its wall time by bucket; [`experts`], the expert-store options the
 //! binaries share.
 
 pub mod chat;
@@ -14,6 +14,7 @@ pub mod experts;
 pub mod inventory;
 pub mod model;
 pub mod ops;
+pub mod profile;
 pub mod sampling;
 pub mod synth;
 pub mod tokenizer;

@@ -19,6 +19,7 @@ use crate::config::{AttentionKind, FfnKind, K3Config};
 use crate::ops::{
     attn_res_mix, conv_step, kda_log_decay, kda_step, l2_norm, rms_norm, route, sigmoid,
 };
+use crate::profile::{Bucket, Profile};
 
 /// Errors of model construction and evaluation.
 #[derive(Debug, thiserror::Error)]
@@ -130,6 +131,8 @@ pub struct Model<'a> {
     /// Where routed experts come from when they are not mapped.
     store: Option<Arc<ExpertStore>>,
     expert_placement: ExpertPlacement,
+    /// Wall time by bucket, when asked for ([`Model::with_profile`]).
+    profile: Option<Arc<Profile>>,
 }
 
 /// Which tokens of a forward pass need logits (the lm_head is a large share of a step).
@@ -409,6 +412,7 @@ impl<'a> Model<'a> {
             layers,
             store,
             expert_placement: ExpertPlacement::default(),
+            profile: None,
         })
     }
 
@@ -423,6 +427,21 @@ impl<'a> Model<'a> {
     pub fn with_expert_placement(mut self, placement: ExpertPlacement) -> Self {
         self.expert_placement = placement;
         self
+    }
+
+    /// Charges the wall time of every forward pass's phases to `profile`'s buckets (timing
+    /// only: the logits are the same bits).
+    pub fn with_profile(mut self, profile: Arc<Profile>) -> Self {
+        self.profile = Some(profile);
+        self
+    }
+
+    /// Runs `f`, charging its wall time to `bucket` when profiling.
+    fn timed<T>(&self, bucket: Bucket, f: impl FnOnce() -> T) -> T {
+        match &self.profile {
+            Some(p) => p.time(bucket, f),
+            None => f(),
+        }
     }
 
     /// Sets the work size (bytes of weights) below which a dispatch stays on the calling
@@ -709,7 +728,7 @@ impl<'a> Model<'a> {
                             (session.kda[i].as_mut().expect("KDA state"), span.clone())
                         })
                         .collect();
-                    self.kda(kda, states, &normed)?
+                    self.timed(Bucket::Kda, || self.kda(kda, states, &normed))?
                 }
                 Attention::Mla(mla) => {
                     let caches = groups
@@ -719,7 +738,7 @@ impl<'a> Model<'a> {
                             (session.mla[i].as_mut().expect("MLA cache"), span.clone())
                         })
                         .collect();
-                    self.mla(mla, caches, &normed)?
+                    self.timed(Bucket::Mla, || self.mla(mla, caches, &normed))?
                 }
             };
             let mut prefix = Vec::with_capacity(tokens.len());
@@ -737,7 +756,7 @@ impl<'a> Model<'a> {
                 prefix.push(p);
             }
             let f = match &layer.ffn {
-                Ffn::Dense(mlp) => self.mlp(mlp, &post)?,
+                Ffn::Dense(mlp) => self.timed(Bucket::DenseMlp, || self.mlp(mlp, &post))?,
                 Ffn::Moe(moe) => self.moe(moe, &post)?,
             };
             h = prefix
@@ -761,7 +780,8 @@ impl<'a> Model<'a> {
         let mut logits = if finals.is_empty() {
             Vec::new().into_iter()
         } else {
-            self.gemm(&self.lm_head, &finals)?.into_iter()
+            self.timed(Bucket::LmHead, || self.gemm(&self.lm_head, &finals))?
+                .into_iter()
         };
         Ok(groups
             .iter_mut()
@@ -1045,21 +1065,24 @@ impl<'a> Model<'a> {
     fn moe(&self, w: &Moe<'_>, xs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
         let r = &c.moe.router;
-        let routes: Vec<(Vec<usize>, Vec<f32>)> = self
-            .gemm(&w.router, xs)?
-            .iter()
-            .map(|logits| {
-                route(
-                    logits,
-                    &w.bias,
-                    r.top_k,
-                    r.renormalize,
-                    r.routed_scaling_factor,
-                )
-            })
-            .collect();
+        let routes: Vec<(Vec<usize>, Vec<f32>)> = self.timed(Bucket::Router, || {
+            Ok::<_, ModelError>(
+                self.gemm(&w.router, xs)?
+                    .iter()
+                    .map(|logits| {
+                        route(
+                            logits,
+                            &w.bias,
+                            r.top_k,
+                            r.renormalize,
+                            r.routed_scaling_factor,
+                        )
+                    })
+                    .collect(),
+            )
+        })?;
         let zs = match &w.latent {
-            Some((down, _, _)) => self.gemm(down, xs)?,
+            Some((down, _, _)) => self.timed(Bucket::Latent, || self.gemm(down, xs))?,
             None => xs.to_vec(),
         };
         let io = zs.first().map_or(0, Vec::len);
@@ -1076,7 +1099,9 @@ impl<'a> Model<'a> {
             None => {
                 let experts: Vec<(usize, [MxFp4Matrix<'_>; 3])> =
                     needed.iter().map(|&e| (e, w.experts[e])).collect();
-                self.run_experts(w.layer, &experts, &routes, &zs, &mut outputs)?;
+                self.timed(Bucket::RoutedExperts, || {
+                    self.run_experts(w.layer, &experts, &routes, &zs, &mut outputs)
+                })?;
                 None
             }
             Some(store) => {
@@ -1085,11 +1110,13 @@ impl<'a> Model<'a> {
                 // runs as it lands. Outputs go to fixed slots, so arrival order is invisible.
                 let mut request = store.request(w.layer, &needed);
                 let shared = match &w.shared {
-                    Some(mlp) if request.pending() > 0 => Some(self.mlp(mlp, xs)?),
+                    Some(mlp) if request.pending() > 0 => {
+                        Some(self.timed(Bucket::SharedExperts, || self.mlp(mlp, xs))?)
+                    }
                     _ => None,
                 };
                 loop {
-                    let batch = request.next_batch();
+                    let batch = self.timed(Bucket::LoadWait, || request.next_batch());
                     if batch.is_empty() {
                         break;
                     }
@@ -1099,7 +1126,9 @@ impl<'a> Model<'a> {
                         .collect::<Result<Vec<_>>>()?;
                     let experts: Vec<(usize, [MxFp4Matrix<'_>; 3])> =
                         guards.iter().map(|(e, g)| (*e, g.matrices())).collect();
-                    self.run_experts(w.layer, &experts, &routes, &zs, &mut outputs)?;
+                    self.timed(Bucket::RoutedExperts, || {
+                        self.run_experts(w.layer, &experts, &routes, &zs, &mut outputs)
+                    })?;
                 }
                 shared
             }
@@ -1116,20 +1145,20 @@ impl<'a> Model<'a> {
             routed.push(sum);
         }
         let mut routed = match &w.latent {
-            Some((_, norm, up)) => {
+            Some((_, norm, up)) => self.timed(Bucket::Latent, || {
                 if let Some(norm) = norm {
                     for y in &mut routed {
                         let raw = y.clone();
                         rms_norm(&raw, Some(norm), c.rms_norm_eps, y);
                     }
                 }
-                self.gemm(up, &routed)?
-            }
+                self.gemm(up, &routed)
+            })?,
             None => routed,
         };
         let shared = match (shared, &w.shared) {
             (Some(done), _) => Some(done),
-            (None, Some(mlp)) => Some(self.mlp(mlp, xs)?),
+            (None, Some(mlp)) => Some(self.timed(Bucket::SharedExperts, || self.mlp(mlp, xs))?),
             (None, None) => None,
         };
         if let Some(shared) = shared {

@@ -227,6 +227,26 @@ fn a_resident_trunk_gives_the_same_bits() {
     assert_eq!(resident, mapped);
 }
 
+#[test]
+fn profiling_changes_no_bit_and_charges_every_phase_the_model_has() {
+    use k3_model::profile::{Bucket, Profile};
+    let (scratch, config) = tiny_checkpoint("profile");
+    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let plain = fingerprints(&run(&Model::new(&ckpt, &config, Kernels::detect()).unwrap()));
+    let profile = std::sync::Arc::new(Profile::new());
+    let model = Model::new(&ckpt, &config, Kernels::detect())
+        .unwrap()
+        .with_profile(std::sync::Arc::clone(&profile));
+    assert_eq!(fingerprints(&run(&model)), plain);
+    // tiny has KDA and MLA layers, a dense layer, latent MoE with a shared expert; its
+    // experts are mapped, so nothing waits on loads.
+    let totals = profile.totals();
+    for bucket in Bucket::ALL {
+        let charged = !totals[bucket as usize].is_zero();
+        assert_eq!(charged, bucket != Bucket::LoadWait, "{}", bucket.name());
+    }
+}
+
 /// The approximate tiers' logit deviation from the exact tier on `tiny` (recorded in
 /// PERFORMANCE.md). The router is skewed (`--router-skew 8`) so that expert choices are not
 /// near-ties: with random weights and a flat router, any rounding flips some top-2 choice and
