@@ -1,10 +1,18 @@
-//! `cargo xtask bench-peers --model DIR [--threads 1,2] [--pairs N] [--tokens N] [--prompt N]`:
-//! decode and prefill side by side with llama.cpp's Kimi-K3 on the same checkpoint. The
-//! checkpoint is converted to GGUF with the trunk in BF16 and the experts repacked to ggml
-//! MXFP4 (the same bytes we read); then `llama-bench` and our `teacher_forced_decode_bench`
-//! alternate, A B A B, at each thread count, and the ratios of each pair are printed with
-//! their min / median / max, next to our fraction of the read bandwidth measured in the same
-//! run.
+//! `cargo xtask bench-peers --model DIR [--threads 1,2] [--pairs N] [--tokens N] [--prompt N]
+//! [--kernel-tier T]`: decode and prefill side by side with llama.cpp's Kimi-K3 on the same
+//! checkpoint. The checkpoint is converted to GGUF with the trunk in BF16 and the experts
+//! repacked to ggml MXFP4 (the same bytes we read); then `llama-bench` and our
+//! `teacher_forced_decode_bench` alternate, A B A B, at each thread count, and the ratios of
+//! each pair are printed with their min / median / max.
+//!
+//! Every figure gets its roofline: weight bytes per token x tokens/s / the read bandwidth
+//! measured next to it (our bench probes between its own steps; for llama.cpp this probes
+//! right after each run, with the same number of pinned threads). A prefill's weight bytes
+//! are the least any engine must read for the prompt: the trunk once and every distinct
+//! expert it can touch (`min(experts, prompt x top_k)` per MoE layer), so its roofline shows
+//! how far a compute-bound prefill sits from the bandwidth floor.
+//!
+//! `--kernels` instead compares the GEMV kernels with ggml's (see `peer_kernels`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,12 +22,30 @@ use anyhow::{Context, Result, bail};
 use crate::oracle::{DEFAULT_VENV, PINNED, run_checked, venv_with};
 use crate::oracle_llamacpp::{CONVERT_SCRIPT, EXTRA_PINS, WORK_DIR, configure, fetch_sdist};
 use crate::{Options, from_root};
+use k3_model::K3Config;
+use k3_model::inventory::BytePlan;
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
+    if args.iter().any(|a| a == "--kernels") {
+        let rest: Vec<String> = args.iter().filter(|a| *a != "--kernels").cloned().collect();
+        return crate::peer_kernels::run(&rest);
+    }
     let o = Options::parse(
         args,
-        &["model", "threads", "pairs", "tokens", "prompt", "venv"],
+        &[
+            "model",
+            "threads",
+            "pairs",
+            "tokens",
+            "prompt",
+            "venv",
+            "kernel-tier",
+        ],
     )?;
+    let tier: Vec<String> = match o.get("kernel-tier") {
+        Some(t) => vec!["--kernel-tier".into(), t.into()],
+        None => Vec::new(),
+    };
     let model = from_root(o.get("model").context("--model DIR is required")?);
     let threads: Vec<usize> = o
         .get("threads")
@@ -57,44 +83,99 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         "teacher_forced_decode_bench",
     ]))?;
     let ours = from_root("target/release/examples/teacher_forced_decode_bench");
+    let config = K3Config::from_json(
+        &std::fs::read_to_string(model.join("config.json")).context("reading config.json")?,
+    )?;
+    let plan = BytePlan::new(&config);
+    let per_token = plan.bytes_per_token as f64;
+    let per_prompt = prompt_bytes(&config, &plan, prompt) as f64 / prompt as f64;
     println!(
-        "model {} ({}), {} pairs, {tokens} generated tokens, {prompt}-token prompts",
+        "model {} ({}), {pairs} pairs, {tokens} generated tokens, {prompt}-token prompts; weights read: {:.3} GB per decoded token, at least {:.3} GB per prompt token",
         model.display(),
         gguf.display(),
-        pairs
+        per_token / 1e9,
+        per_prompt / 1e9,
     );
+    let buffer = benches::bandwidth_buffer(512 << 20);
     for &t in &threads {
-        let mut decode = Vec::new();
-        let mut prefill = Vec::new();
+        let pool = benches::Pool::new(t);
+        let probe = || {
+            let start = std::time::Instant::now();
+            std::hint::black_box(benches::read_all(&pool, &buffer));
+            buffer.len() as f64 / start.elapsed().as_secs_f64()
+        };
+        probe(); // faults the buffer in
+        let roof = |rate: f64, bytes: f64, read: f64| 100.0 * rate * bytes / read;
+        let mut rows: Vec<[f64; 4]> = Vec::new(); // decode, prefill ratios; our, peer decode roofs
         for pair in 0..pairs {
             let peer_tg = llama(&llama_bench, &gguf, t, 0, tokens)?;
-            let (our_tg, fraction) = our_decode(&ours, &model, t, tokens)?;
+            let peer_tg_read = probe();
+            let (our_tg, our_tg_read) = our_decode(&ours, &model, t, tokens, &tier)?;
             let peer_pp = llama(&llama_bench, &gguf, t, prompt, 0)?;
-            let our_pp = our_prefill(&ours, &model, t, prompt)?;
+            let peer_pp_read = probe();
+            let our_pp = our_prefill(&ours, &model, t, prompt, &tier)?;
+            let our_pp_read = probe();
             println!(
-                "threads {t} pair {pair}: decode ours {our_tg:.2} tok/s ({:.0}% of read) vs llama.cpp {peer_tg:.2} = {:.2}x; prefill ours {our_pp:.1} tok/s vs {peer_pp:.1} = {:.2}x",
-                100.0 * fraction,
+                "threads {t} pair {pair}: decode ours {our_tg:.2} tok/s ({:.0}% of {:.1} GB/s read) vs llama.cpp {peer_tg:.2} tok/s ({:.0}% of {:.1}) = {:.2}x; prefill ours {our_pp:.1} tok/s ({:.1}% of {:.1}) vs {peer_pp:.1} tok/s ({:.1}% of {:.1}) = {:.2}x",
+                roof(our_tg, per_token, our_tg_read),
+                our_tg_read / 1e9,
+                roof(peer_tg, per_token, peer_tg_read),
+                peer_tg_read / 1e9,
                 our_tg / peer_tg,
+                roof(our_pp, per_prompt, our_pp_read),
+                our_pp_read / 1e9,
+                roof(peer_pp, per_prompt, peer_pp_read),
+                peer_pp_read / 1e9,
                 our_pp / peer_pp
             );
-            decode.push(our_tg / peer_tg);
-            prefill.push(our_pp / peer_pp);
+            rows.push([
+                our_tg / peer_tg,
+                our_pp / peer_pp,
+                roof(our_tg, per_token, our_tg_read),
+                roof(peer_tg, per_token, peer_tg_read),
+            ]);
         }
-        for (what, mut ratios) in [("decode", decode), ("prefill", prefill)] {
-            ratios.sort_by(f64::total_cmp);
+        for (i, what) in [
+            "decode: ours / llama.cpp",
+            "prefill: ours / llama.cpp",
+            "decode: ours, % of read",
+            "decode: llama.cpp, % of read",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut v: Vec<f64> = rows.iter().map(|r| r[i]).collect();
+            v.sort_by(f64::total_cmp);
             println!(
-                "threads {t} {what}: ours / llama.cpp min {:.2} median {:.2} max {:.2}",
-                ratios[0],
-                ratios[ratios.len() / 2],
-                ratios[ratios.len() - 1]
+                "threads {t} {what}: min {:.2} median {:.2} max {:.2}",
+                v[0],
+                v[v.len() / 2],
+                v[v.len() - 1]
             );
         }
     }
     Ok(())
 }
 
+/// The least weight bytes a prefill of `prompt` tokens reads: every trunk tensor once (one
+/// embedding row per token, the lm_head once, for the last token) and every expert the prompt
+/// can touch, `min(experts, prompt x top_k)` per MoE layer.
+fn prompt_bytes(config: &K3Config, plan: &BytePlan, prompt: usize) -> usize {
+    let r = &config.moe.router;
+    let moe_layers = config
+        .layers
+        .iter()
+        .filter(|l| l.ffn == k3_model::FfnKind::Moe)
+        .count();
+    let routed_per_token = moe_layers * r.top_k * plan.expert_bytes;
+    let touched = config.moe.num_experts.min(prompt * r.top_k);
+    plan.bytes_per_token - routed_per_token
+        + (prompt - 1) * config.hidden_size * 2
+        + moe_layers * touched * plan.expert_bytes
+}
+
 /// `llama-bench` (once) in its own build directory, with the tools on.
-fn build_llama_bench(work: &Path, source: &Path) -> Result<PathBuf> {
+pub(crate) fn build_llama_bench(work: &Path, source: &Path) -> Result<PathBuf> {
     let build = work.join("build-peer");
     configure(source, &build, true)?;
     run_checked(Command::new("cmake").arg("--build").arg(&build).args([
@@ -158,19 +239,27 @@ fn llama(bench: &Path, gguf: &Path, threads: usize, prompt: usize, generate: usi
         .context("llama-bench printed no avg_ts")
 }
 
-/// Runs our decode bench with `args` and returns the line of its output starting with
-/// `marker` (or containing it).
-fn our_line(bench: &Path, model: &Path, args: &[String], marker: &str) -> Result<String> {
+/// Runs our decode bench with `args` and returns what it printed.
+fn our_output(bench: &Path, model: &Path, args: &[String]) -> Result<String> {
     let out = Command::new(bench)
         .arg("--model")
         .arg(model)
         .args(args)
         .output()
         .context("running teacher_forced_decode_bench")?;
-    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "teacher_forced_decode_bench failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The first line of `text` containing `marker`.
+fn line_with<'t>(text: &'t str, marker: &str) -> Result<&'t str> {
     text.lines()
         .find(|l| l.contains(marker))
-        .map(str::to_owned)
         .with_context(|| format!("no {marker:?} line in: {text}"))
 }
 
@@ -181,8 +270,14 @@ fn between(line: &str, after: &str, before: &str) -> Option<f64> {
 }
 
 /// Our prefill tokens/s for a `prompt`-token prompt in chunks of up to 8 (`--prefill`).
-fn our_prefill(bench: &Path, model: &Path, threads: usize, prompt: usize) -> Result<f64> {
-    let args = [
+fn our_prefill(
+    bench: &Path,
+    model: &Path,
+    threads: usize,
+    prompt: usize,
+    tier: &[String],
+) -> Result<f64> {
+    let mut args = vec![
         "--threads".to_string(),
         threads.to_string(),
         "--steps".into(),
@@ -192,21 +287,36 @@ fn our_prefill(bench: &Path, model: &Path, threads: usize, prompt: usize) -> Res
         "--prefill-chunk".into(),
         prompt.min(8).to_string(),
     ];
-    let line = our_line(bench, model, &args, "prefill:")?;
-    between(&line, "ms = ", " tokens/s").context("no prefill rate")
+    args.extend_from_slice(tier);
+    let out = our_output(bench, model, &args)?;
+    between(line_with(&out, "prefill:")?, "ms = ", " tokens/s").context("no prefill rate")
 }
 
-/// Our decode tokens/s (the median per-token time) and fraction of the read bandwidth for
-/// `steps` teacher-forced tokens.
-fn our_decode(bench: &Path, model: &Path, threads: usize, steps: usize) -> Result<(f64, f64)> {
-    let args = [
+/// Our decode tokens/s for `steps` teacher-forced tokens — from the mean step time, as
+/// llama-bench reports its `tg` (the steps right after our read probes included) — and the
+/// median read bandwidth our bench probed between its steps.
+fn our_decode(
+    bench: &Path,
+    model: &Path,
+    threads: usize,
+    steps: usize,
+    tier: &[String],
+) -> Result<(f64, f64)> {
+    let mut args = vec![
         "--threads".to_string(),
         threads.to_string(),
         "--steps".into(),
         steps.to_string(),
     ];
-    let line = our_line(bench, model, &args, "steps: median")?;
-    let ms = between(&line, "median ", " ms/token").context("no median")?;
-    let percent = between(&line, "GB/s; ", "% of the read").context("no read fraction")?;
-    Ok((1e3 / ms, percent / 100.0))
+    args.extend_from_slice(tier);
+    let out = our_output(bench, model, &args)?;
+    let ms = between(
+        line_with(&out, "steps: median")?,
+        "after the first ",
+        " ms/token",
+    )
+    .context("no mean")?;
+    let read = line_with(&out, "read bandwidth, measured")?;
+    let gbps = between(read, "median ", " GB/s").context("no read median")?;
+    Ok((1e3 / ms, gbps * 1e9))
 }

@@ -13,6 +13,7 @@ mod oracle_ct;
 mod oracle_fla;
 mod oracle_llamacpp;
 mod oracle_tiktoken;
+mod peer_kernels;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
