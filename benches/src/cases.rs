@@ -6,9 +6,9 @@ use std::sync::Mutex;
 use mxfp4_kernels::{Activations, ExpertScratch, Kernels, Tier};
 
 use crate::{
-    EXPERT_INTER, EXPERT_LATENT, Expert, ExpertViews, HIDDEN, HugeBuf, KDA_ROWS,
-    LM_HEAD_SLICE_ROWS, Pool, activations, bandwidth_buffer, bf16_bytes, bf16_view,
-    check_against_scalar, experts, read_all, split_rows,
+    EXPERT_INTER, EXPERT_LATENT, Expert, ExpertViews, HIDDEN, HIDDEN_040B, HugeBuf, KDA_ROWS,
+    LM_HEAD_040B_ROWS, LM_HEAD_SLICE_ROWS, Pool, activations, bandwidth_buffer, bf16_bytes,
+    bf16_view, check_against_scalar, experts, read_all, split_rows,
 };
 
 /// Experts in the out-of-cache ring: 40 x 17.5 MB = 702 MB, 22x the 32 MiB L3.
@@ -28,11 +28,15 @@ pub struct Workloads {
     pub views: Vec<ExpertViews<'static>>,
     pub kda: HugeBuf,
     pub head: HugeBuf,
+    /// The k3-0.40b lm_head (163840 x 1024): short 2 KB rows, the case where a GEMV's row
+    /// streams are too short for the prefetchers.
+    pub head_040b: HugeBuf,
     /// 1 GiB for the STREAM-like read probe.
     pub probe: HugeBuf,
     pub z: Vec<f32>,
     pub h: Vec<f32>,
     pub x: Vec<f32>,
+    pub x_040b: Vec<f32>,
     pub tokens16: Vec<f32>,
 }
 
@@ -44,10 +48,12 @@ impl Workloads {
             views: ring.iter().map(Expert::views).collect(),
             kda: bf16_bytes(KDA_ROWS, HIDDEN, 7),
             head: bf16_bytes(LM_HEAD_SLICE_ROWS, HIDDEN, 8),
+            head_040b: bf16_bytes(LM_HEAD_040B_ROWS, HIDDEN_040B, 9),
             probe: bandwidth_buffer(1 << 30),
             z: activations(EXPERT_LATENT, 3),
             h: activations(EXPERT_INTER, 4),
             x: activations(HIDDEN, 5),
+            x_040b: activations(HIDDEN_040B, 10),
             tokens16: activations(16 * EXPERT_LATENT, 6),
         }
     }
@@ -134,6 +140,7 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
     let za: &'a Activations = Box::leak(Box::new(prepare(&w.z, EXPERT_LATENT)));
     let ha: &'a Activations = Box::leak(Box::new(prepare(&w.h, EXPERT_INTER)));
     let xa: &'a Activations = Box::leak(Box::new(prepare(&w.x, HIDDEN)));
+    let xa_040b: &'a Activations = Box::leak(Box::new(prepare(&w.x_040b, HIDDEN_040B)));
     sanity(k, w, za, xa);
     let mut out = Vec::new();
 
@@ -219,11 +226,24 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
     out.push(case(Cache::OutOfCache, ffn(1)));
 
     // BF16 GEMV: KDA projection and lm_head slice (each alone is 5-7x the L3).
-    for (shape, bytes, rows) in [
-        ("kda_12288x7168", &w.kda, KDA_ROWS),
-        ("lm_head_16384x7168", &w.head, LM_HEAD_SLICE_ROWS),
+    for (shape, bytes, rows, cols, xa) in [
+        ("kda_12288x7168", &w.kda, KDA_ROWS, HIDDEN, xa),
+        (
+            "lm_head_16384x7168",
+            &w.head,
+            LM_HEAD_SLICE_ROWS,
+            HIDDEN,
+            xa,
+        ),
+        (
+            "lm_head_163840x1024",
+            &w.head_040b,
+            LM_HEAD_040B_ROWS,
+            HIDDEN_040B,
+            xa_040b,
+        ),
     ] {
-        let m = bf16_view(bytes, rows, HIDDEN);
+        let m = bf16_view(bytes, rows, cols);
         let outs: Vec<Mutex<Vec<f32>>> =
             (0..threads).map(|_| Mutex::new(vec![0.0; rows])).collect();
         out.push(Case {

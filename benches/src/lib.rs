@@ -20,6 +20,9 @@ pub const HIDDEN: usize = 7168;
 /// The lm_head is `[163840, 7168]` (2.35 GB); benches use a 16384-row slice (235 MB), which is
 /// already 7x the L3, so every pass streams from DRAM exactly as the full head would.
 pub const LM_HEAD_SLICE_ROWS: usize = 16384;
+/// k3-0.40b's hidden size and vocabulary: its lm_head is 163840 x 1024.
+pub const HIDDEN_040B: usize = 1024;
+pub const LM_HEAD_040B_ROWS: usize = 163_840;
 
 /// A zeroed, 2 MiB-aligned byte buffer. On Linux it is advised into transparent huge pages
 /// (`MADV_HUGEPAGE`; this machine's THP mode is `madvise`), as the expert store's owned expert

@@ -12,8 +12,8 @@ use core::arch::x86_64::*;
 use std::ops::Range;
 
 use super::{
-    PREFETCH_BF16, by_tokens, group_lanes, load_bytes32, load_bytes64, prefetch_ahead, run_rows,
-    scales16, store_sums, width,
+    SHORT_ROW_COLS, bf16_prefetch_offset, by_tokens, group_lanes, load_bytes32, load_bytes64,
+    prefetch_ahead, run_rows, scales16, store_sums, width,
 };
 use crate::activations::Activations;
 use crate::codes::E2M1_VALUES;
@@ -124,15 +124,23 @@ pub(crate) unsafe fn matmul_bf16(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
-    by_tokens!(
-        bf16_block,
-        16,
-        [7168, 12288, 6144, 3584, 1536, 512],
-        matrix,
-        act,
-        rows,
-        out
-    );
+    if act.tokens() == 1 && matrix.cols() <= SHORT_ROW_COLS {
+        // Short rows: 8 at once (see SHORT_ROW_COLS).
+        match matrix.cols() {
+            1024 => run_rows!(bf16_block, 8, 1, 1024, matrix, act, rows, out),
+            _ => run_rows!(bf16_block, 8, 1, 0, matrix, act, rows, out),
+        }
+    } else {
+        by_tokens!(
+            bf16_block,
+            16,
+            [7168, 12288, 6144, 3584, 1536, 512],
+            matrix,
+            act,
+            rows,
+            out
+        );
+    }
 }
 
 /// BF16 rows: 32 weights and 32 BF16 activations in column order, one `vdpbf16ps`.
@@ -161,10 +169,11 @@ fn bf16_block<const R: usize, const T: usize, const C: usize>(
             // SAFETY: 32 * block + 32 <= stride, inside `bf16_natural`.
             *xt = unsafe { _mm512_loadu_si512(x.add(t * stride + 32 * block).cast()) };
         }
+        let ahead = bf16_prefetch_offset(R, cols, block);
         for r in 0..R {
             let at = base.wrapping_add(r * cols + 32 * block);
-            // Prefetch hint only: it never faults, so an address past the row is harmless.
-            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_BF16).cast());
+            // Prefetch hint only: it never faults, so an address past the matrix is harmless.
+            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(ahead).cast());
             // SAFETY: `valid` values are left in row row0 + r from `at`.
             let w = unsafe { load_bytes64(at.cast(), 2 * valid) };
             for t in 0..T {

@@ -203,6 +203,27 @@ pub(crate) fn prefetch_ahead(start: *const u8, window: usize, step: usize, steps
 /// How far ahead the MXFP4 row-block prefetch runs (measured best of 5-28 KB, PERFORMANCE.md).
 const PREFETCH_AHEAD: usize = 16 << 10;
 
+/// BF16 GEMV rows of at most this many columns (4 KB) run 8 rows at once, not 16: a 16-row
+/// block of 2 KB rows is 16 short streams that start cold every 32 KB, and 4 rows are too
+/// few FMA chains. k3-0.40b's 163840x1024 lm_head at 1 thread: 74-76% of the read with 16,
+/// 85-86% with 8, 69-70% with 4 (PERFORMANCE.md, phase 7). Per-row arithmetic does not
+/// depend on the row block, so the bits do not either.
+pub(crate) const SHORT_ROW_COLS: usize = 2048;
+
+/// Where a BF16 row block's row `r` prefetches while at value block `block` (32 values), as an
+/// offset in values from that row's current position: `PREFETCH_BF16` ahead in the row, and
+/// near the row's end the same distance into row `r` of the *next* row block (the next row is
+/// already streaming in this one), so a short row's first lines are not all demand misses.
+#[inline(always)]
+pub(crate) fn bf16_prefetch_offset(rows: usize, cols: usize, block: usize) -> usize {
+    let ahead = 32 * block + PREFETCH_BF16;
+    if ahead < cols {
+        PREFETCH_BF16
+    } else {
+        rows * cols + ahead - cols - 32 * block
+    }
+}
+
 /// Per-row software prefetch distance in BF16 rows, in values (512 bytes: 8 lines ahead).
 /// BF16 rows are long (14 KB for K3's 7168 columns), so each row is its own stream; measured
 /// best of 128..2048 values and better than the row-block prefetch here (PERFORMANCE.md).

@@ -242,14 +242,17 @@ fn k3_shapes_within_bound() {
     check_bf16_matmul(3, 19, 7168, 1);
     check_bf16_matmul(4, 12, 7168, 2);
     check_bf16_matmul(5, 21, 512, 1);
+    check_bf16_matmul(6, 21, 1024, 1);
 }
 
-/// The GEMV copies compiled for K3's widths and the generic GEMM give the same bits.
+/// The GEMV copies compiled for K3's widths (and k3-0.40b's 1024) and the generic GEMM give
+/// the same bits.
 #[test]
 fn k3_widths_batch_invariant() {
     check_batch_invariance(6, 37, 3584 / 32, 3, 20);
     check_batch_invariance(7, 19, 3072 / 32, 2, 8);
-    for (seed, cols) in [(8u64, 7168usize), (9, 12288), (10, 512)] {
+    // 1024 and 1000 also run the short-row GEMV block (8 rows; 21 rows leave a tail).
+    for (seed, cols) in [(8u64, 7168usize), (9, 12288), (10, 512), (11, 1024), (12, 1000)] {
         let mut rng = Rng::new(seed);
         let rows = 21;
         let bytes = random_bf16(&mut rng, rows * cols);
