@@ -173,18 +173,51 @@ const PROBE_EVERY: usize = 4;
 /// `--prefill N`: a prompt of the first N tokens through `Model::prefill` in chunks of
 /// `--prefill-chunk` (logits for the last token only), five times on fresh sessions; prints
 /// the median time and tokens/s.
-fn time_prefill(model: &Model<'_>, tokens: &[usize], n: usize, chunk: usize) -> Result<()> {
+fn time_prefill(
+    model: &Model<'_>,
+    tokens: &[usize],
+    n: usize,
+    chunk: usize,
+    profile: Option<&Profile>,
+) -> Result<()> {
     if tokens.len() < n {
         bail!("--prefill {n} needs at least {n} tokens (--steps or --tokens)");
     }
     let mut times = Vec::new();
     let mut fp = 0;
-    for _ in 0..5 {
+    for run in 0..5 {
+        if run == 1 {
+            // The first run pays a mapped trunk's page faults.
+            profile.inspect(|p| p.reset());
+        }
         let mut session = model.session();
         let start = Instant::now();
         let last = model.prefill(&mut session, &tokens[..n], chunk)?;
         times.push(start.elapsed().as_secs_f64());
         fp = fingerprint(&last);
+    }
+    if let Some(p) = profile {
+        let total: f64 = times[1..].iter().sum();
+        let per_token = |d: std::time::Duration| d.as_secs_f64() / (4 * n) as f64;
+        println!(
+            "prefill profile over runs 2-5 ({:.3} ms per prompt token):\n| bucket | ms per prompt token | share |\n|---|---|---|",
+            total / (4 * n) as f64 * 1e3
+        );
+        let mut accounted = 0.0;
+        for (bucket, time) in Bucket::ALL.iter().zip(p.totals()) {
+            accounted += time.as_secs_f64();
+            println!(
+                "| {} | {:.4} | {:.1}% |",
+                bucket.name(),
+                per_token(time) * 1e3,
+                100.0 * time.as_secs_f64() / total
+            );
+        }
+        println!(
+            "| other | {:.4} | {:.1}% |",
+            (total - accounted) / (4 * n) as f64 * 1e3,
+            100.0 * (total - accounted) / total
+        );
     }
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
@@ -330,7 +363,13 @@ fn main() -> Result<()> {
         }
     };
     if let Some(n) = args.prefill {
-        return time_prefill(&model, &tokens, n, args.prefill_chunk);
+        return time_prefill(
+            &model,
+            &tokens,
+            n,
+            args.prefill_chunk,
+            args.profile.then_some(&*profile),
+        );
     }
     let mut out = match &args.logits_out {
         Some(path) => Some(std::io::BufWriter::new(
