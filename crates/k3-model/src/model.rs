@@ -17,7 +17,7 @@ use numa_sched::Pool;
 use crate::checkpoint::a_log;
 use crate::config::{AttentionKind, FfnKind, K3Config};
 use crate::ops::{
-    attn_res_mix, conv_step, kda_log_decay, kda_step, l2_norm, rms_norm, route, sigmoid,
+    attn_res_mix, conv_step, dot, kda_log_decay, kda_step, l2_norm, rms_norm, route, sigmoid,
 };
 use crate::profile::{Bucket, Profile};
 
@@ -974,12 +974,7 @@ impl<'a> Model<'a> {
                     .map(|p| {
                         let c = &cache.latent[p * rank..(p + 1) * rank];
                         let pe = &cache.k_pe[p * rope..(p + 1) * rope];
-                        let dot = q_abs.iter().zip(c).fold(0.0f32, |a, (x, y)| a + x * y)
-                            + qh[nope..]
-                                .iter()
-                                .zip(pe)
-                                .fold(0.0f32, |a, (x, y)| a + x * y);
-                        dot * scale
+                        (dot(&q_abs, c) + dot(&qh[nope..], pe)) * scale
                     })
                     .collect();
                 let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -998,10 +993,7 @@ impl<'a> Model<'a> {
                 // ctx_h = W_UV ctx_latent: [v_head_dim].
                 for (j, o) in out.iter_mut().enumerate() {
                     let wrow = &rows[(nope + j) * rank..(nope + j + 1) * rank];
-                    *o = wrow
-                        .iter()
-                        .zip(&ctx_latent)
-                        .fold(0.0f32, |a, (x, y)| a + x * y);
+                    *o = dot(wrow, &ctx_latent);
                 }
             };
             // Head groups as tasks over the read-only cache (heads are independent).

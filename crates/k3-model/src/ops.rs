@@ -26,6 +26,31 @@ pub fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32, out: &mut [f32]) {
 }
 
 /// `1/sqrt(mean(x²) + eps)`, the square sum in f64.
+/// `Σ a_i b_i` in 16 interleaved partial sums (element `i` into sum `i % 16`, in order), then
+/// a fixed pairwise tree: a canonical order the compiler can vectorise (a single running sum
+/// is one latency-bound chain). Tails past a multiple of 16 go to their lane like the rest.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 16];
+    let (a16, a_tail) = a.split_at(a.len() / 16 * 16);
+    let (b16, b_tail) = b.split_at(a16.len());
+    for (x, y) in a16.chunks_exact(16).zip(b16.chunks_exact(16)) {
+        for i in 0..16 {
+            lanes[i] += x[i] * y[i];
+        }
+    }
+    for (i, (x, y)) in a_tail.iter().zip(b_tail).enumerate() {
+        lanes[i] += x * y;
+    }
+    let mut width = 16;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            lanes[i] += lanes[i + width];
+        }
+    }
+    lanes[0]
+}
+
 pub fn inv_rms(x: &[f32], eps: f32) -> f32 {
     let sum: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
     (1.0 / (sum / x.len() as f64 + f64::from(eps)).sqrt()) as f32

@@ -24,6 +24,43 @@ fn close(a: f32, b: f64, rel: f64) -> bool {
 }
 
 #[test]
+fn dot_is_within_the_summation_bound_and_fixed_in_order() {
+    for n in [0usize, 1, 15, 16, 17, 128, 512, 1000] {
+        let a = randoms(n as u64 + 1, n);
+        let b = randoms(n as u64 + 99, n);
+        let exact: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
+        let magnitude: f64 = a
+            .iter()
+            .zip(&b)
+            .map(|(&x, &y)| (x as f64 * y as f64).abs())
+            .sum();
+        // Each product rounds once and each term passes through at most n/16 + 4 additions.
+        let bound = ((n / 16 + 5) as f64) * f32::EPSILON as f64 * magnitude;
+        let got = dot(&a, &b);
+        assert!(
+            (got as f64 - exact).abs() <= bound,
+            "n {n}: {got} vs {exact}"
+        );
+        // The order is lane-interleaved: the same bits as a sum written out that way.
+        let mut lanes = [0.0f32; 16];
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            lanes[i % 16] += x * y;
+        }
+        for width in [8, 4, 2, 1] {
+            for i in 0..width {
+                lanes[i] += lanes[i + width];
+            }
+        }
+        assert_eq!(got.to_bits(), lanes[0].to_bits(), "n {n}");
+    }
+    // Integer-valued data sums exactly.
+    let a: Vec<f32> = (0..100).map(|i| (i % 7) as f32 - 3.0).collect();
+    let b: Vec<f32> = (0..100).map(|i| (i % 5) as f32).collect();
+    let exact: i64 = (0..100).map(|i| ((i % 7) - 3) * (i % 5)).sum();
+    assert_eq!(dot(&a, &b), exact as f32);
+}
+
+#[test]
 fn rms_norm_matches_f64() {
     let x = randoms(1, 777);
     let w = randoms(2, 777);
