@@ -20,7 +20,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use benches::Pool;
 use benches::cases::{Cache, Case, Workloads, cases, read_case};
-use benches::{EXPERT_INTER, EXPERT_LATENT, HIDDEN, KDA_ROWS, LM_HEAD_SLICE_ROWS};
+use benches::{
+    EXPERT_INTER, EXPERT_LATENT, HIDDEN, HIDDEN_040B, KDA_ROWS, LM_HEAD_040B_ROWS,
+    LM_HEAD_SLICE_ROWS,
+};
 use mxfp4_kernels::{Kernels, Tier};
 
 use crate::bench_peers::build_llama_bench;
@@ -71,7 +74,7 @@ impl Layout {
     }
 }
 
-const PEERS: [Peer; 4] = [
+const PEERS: [Peer; 5] = [
     Peer {
         op: "mxfp4_gemv",
         shape: "gate_3072x3584",
@@ -105,6 +108,15 @@ const PEERS: [Peer; 4] = [
         ggml_type: "bf16",
         rows: LM_HEAD_SLICE_ROWS,
         cols: HIDDEN,
+        approx: Tier::Avx512Bf16,
+        repacks: false,
+    },
+    Peer {
+        op: "bf16_gemv",
+        shape: "lm_head_163840x1024",
+        ggml_type: "bf16",
+        rows: LM_HEAD_040B_ROWS,
+        cols: HIDDEN_040B,
         approx: Tier::Avx512Bf16,
         repacks: false,
     },
