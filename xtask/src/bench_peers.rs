@@ -350,7 +350,8 @@ fn between(line: &str, after: &str, before: &str) -> Option<f64> {
     rest[..rest.find(before)?].trim().parse().ok()
 }
 
-/// Our prefill tokens/s for a `prompt`-token prompt in chunks of up to 8 (`--prefill`).
+/// Our prefill tokens/s for a `prompt`-token prompt in chunks of up to 16 (`--prefill`), as
+/// k3-serve prefills.
 fn our_prefill(
     bench: &Path,
     model: &Path,
@@ -366,7 +367,7 @@ fn our_prefill(
         "--prefill".into(),
         prompt.to_string(),
         "--prefill-chunk".into(),
-        prompt.min(8).to_string(),
+        prompt.min(16).to_string(),
     ];
     args.extend_from_slice(tier);
     let out = our_output(bench, model, &args)?;

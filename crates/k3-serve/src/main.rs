@@ -163,7 +163,8 @@ fn main() -> Result<()> {
         experts: args.experts.clone(),
         max_batch: args.max_batch,
         queue: args.queue,
-        prefill_chunk: 8,
+        // 16 tokens a chunk: each weight is read once per 16 prompt tokens (PERFORMANCE.md, phase 7).
+        prefill_chunk: 16,
     })?;
     let limits = Limits {
         model_name: model_dir
