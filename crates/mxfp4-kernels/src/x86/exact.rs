@@ -127,7 +127,11 @@ pub(crate) unsafe fn matmul_bf16(
     if act.tokens() == 1 && matrix.cols() <= SHORT_ROW_COLS {
         // Short rows: 8 at once (see SHORT_ROW_COLS).
         match matrix.cols() {
+            256 => run_rows!(bf16_block, 8, 1, 256, matrix, act, rows, out),
+            512 => run_rows!(bf16_block, 8, 1, 512, matrix, act, rows, out),
             1024 => run_rows!(bf16_block, 8, 1, 1024, matrix, act, rows, out),
+            1536 => run_rows!(bf16_block, 8, 1, 1536, matrix, act, rows, out),
+            2048 => run_rows!(bf16_block, 8, 1, 2048, matrix, act, rows, out),
             _ => run_rows!(bf16_block, 8, 1, 0, matrix, act, rows, out),
         }
     } else {

@@ -251,13 +251,15 @@ fn k3_shapes_within_bound() {
 fn k3_widths_batch_invariant() {
     check_batch_invariance(6, 37, 3584 / 32, 3, 20);
     check_batch_invariance(7, 19, 3072 / 32, 2, 8);
-    // 1024 and 1000 also run the short-row GEMV block (8 rows; 21 rows leave a tail).
+    // 256-2048 (and 1000) also run the short-row GEMV block (8 rows; 21 rows leave a tail).
     for (seed, cols) in [
         (8u64, 7168usize),
         (9, 12288),
         (10, 512),
         (11, 1024),
         (12, 1000),
+        (13, 256),
+        (14, 2048),
     ] {
         let mut rng = Rng::new(seed);
         let rows = 21;
