@@ -12,7 +12,7 @@ use core::arch::x86_64::*;
 use std::ops::Range;
 
 use super::{
-    SHORT_ROW_COLS, bf16_prefetch_offset, by_tokens, group_lanes, load_bytes32, load_bytes64,
+    bf16_prefetch_offset, by_tokens, by_tokens_bf16, group_lanes, load_bytes32, load_bytes64,
     prefetch_ahead, run_rows, scales16, store_sums, width,
 };
 use crate::activations::Activations;
@@ -124,27 +124,7 @@ pub(crate) unsafe fn matmul_bf16(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
-    if act.tokens() == 1 && matrix.cols() <= SHORT_ROW_COLS {
-        // Short rows: 8 at once (see SHORT_ROW_COLS).
-        match matrix.cols() {
-            256 => run_rows!(bf16_block, 8, 1, 256, matrix, act, rows, out),
-            512 => run_rows!(bf16_block, 8, 1, 512, matrix, act, rows, out),
-            1024 => run_rows!(bf16_block, 8, 1, 1024, matrix, act, rows, out),
-            1536 => run_rows!(bf16_block, 8, 1, 1536, matrix, act, rows, out),
-            2048 => run_rows!(bf16_block, 8, 1, 2048, matrix, act, rows, out),
-            _ => run_rows!(bf16_block, 8, 1, 0, matrix, act, rows, out),
-        }
-    } else {
-        by_tokens!(
-            bf16_block,
-            16,
-            [7168, 12288, 6144, 3584, 1536, 512],
-            matrix,
-            act,
-            rows,
-            out
-        );
-    }
+    by_tokens_bf16!(bf16_block, matrix, act, rows, out);
 }
 
 /// BF16 rows: 32 weights and 32 BF16 activations in column order, one `vdpbf16ps`.

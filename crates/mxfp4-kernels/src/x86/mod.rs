@@ -64,7 +64,35 @@ macro_rules! by_tokens {
         }
     };
 }
-pub(crate) use {by_tokens, run_rows};
+/// A BF16 tier's GEMV/GEMM dispatch: one-token GEMVs on rows of at most `SHORT_ROW_COLS`
+/// columns stream 8 rows at once (copies compiled for k3-0.40b's and K3's short widths);
+/// everything else goes through `by_tokens!` with 16-row GEMVs and copies for K3's widths.
+/// Both BF16 tiers share it, so they pick the same row blocks for the same shapes.
+macro_rules! by_tokens_bf16 {
+    ($kernel:ident, $m:expr, $act:expr, $rows:expr, $out:expr) => {
+        if $act.tokens() == 1 && $m.cols() <= $crate::x86::SHORT_ROW_COLS {
+            match $m.cols() {
+                256 => run_rows!($kernel, 8, 1, 256, $m, $act, $rows, $out),
+                512 => run_rows!($kernel, 8, 1, 512, $m, $act, $rows, $out),
+                1024 => run_rows!($kernel, 8, 1, 1024, $m, $act, $rows, $out),
+                1536 => run_rows!($kernel, 8, 1, 1536, $m, $act, $rows, $out),
+                2048 => run_rows!($kernel, 8, 1, 2048, $m, $act, $rows, $out),
+                _ => run_rows!($kernel, 8, 1, 0, $m, $act, $rows, $out),
+            }
+        } else {
+            by_tokens!(
+                $kernel,
+                16,
+                [7168, 12288, 6144, 3584, 1536, 512],
+                $m,
+                $act,
+                $rows,
+                $out
+            );
+        }
+    };
+}
+pub(crate) use {by_tokens, by_tokens_bf16, run_rows};
 
 /// The matrix width a kernel copy runs with: the constant `C` it was compiled for, or the
 /// runtime `cols` for the generic copy (`C = 0`). `by_tokens!` picks `C == cols`.
