@@ -242,17 +242,10 @@ fn drop_page_cache(path: &Path) -> Result<()> {
 /// embedding row per token, the lm_head once, for the last token) and every expert the prompt
 /// can touch, `min(experts, prompt x top_k)` per MoE layer.
 fn prompt_bytes(config: &K3Config, plan: &BytePlan, prompt: usize) -> usize {
-    let r = &config.moe.router;
-    let moe_layers = config
-        .layers
-        .iter()
-        .filter(|l| l.ffn == k3_model::FfnKind::Moe)
-        .count();
-    let routed_per_token = moe_layers * r.top_k * plan.expert_bytes;
-    let touched = config.moe.num_experts.min(prompt * r.top_k);
-    plan.bytes_per_token - routed_per_token
+    let touched = config.moe.num_experts.min(prompt * config.moe.router.top_k);
+    plan.bytes_per_token - plan.routed_bytes_per_token
         + (prompt - 1) * config.hidden_size * 2
-        + moe_layers * touched * plan.expert_bytes
+        + plan.moe_layers * touched * plan.expert_bytes
 }
 
 /// `llama-bench` (once) in its own build directory, with the tools on.

@@ -197,27 +197,8 @@ fn time_prefill(
         fp = fingerprint(&last);
     }
     if let Some(p) = profile {
-        let total: f64 = times[1..].iter().sum();
-        let per_token = |d: std::time::Duration| d.as_secs_f64() / (4 * n) as f64;
-        println!(
-            "prefill profile over runs 2-5 ({:.3} ms per prompt token):\n| bucket | ms per prompt token | share |\n|---|---|---|",
-            total / (4 * n) as f64 * 1e3
-        );
-        let mut accounted = 0.0;
-        for (bucket, time) in Bucket::ALL.iter().zip(p.totals()) {
-            accounted += time.as_secs_f64();
-            println!(
-                "| {} | {:.4} | {:.1}% |",
-                bucket.name(),
-                per_token(time) * 1e3,
-                100.0 * time.as_secs_f64() / total
-            );
-        }
-        println!(
-            "| other | {:.4} | {:.1}% |",
-            (total - accounted) / (4 * n) as f64 * 1e3,
-            100.0 * (total - accounted) / total
-        );
+        let total = std::time::Duration::from_secs_f64(times[1..].iter().sum());
+        print_profile(p, total, 4 * n, "prefill profile over runs 2-5", None);
     }
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
@@ -495,9 +476,8 @@ fn main() -> Result<()> {
             &profile,
             profiled,
             tokens.len() - first,
-            &plan,
-            &config,
-            median_read,
+            "decode profile over the steps after the first chunk",
+            Some((&plan, median_read)),
         );
     }
     if let Some(store) = &store {
@@ -513,58 +493,66 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// `--profile`'s table: each bucket's wall time per token over the timed steps after the
-/// first, its share of the step, the weights it reads per token, and that read rate against
-/// the median read probe of the run (a bucket's own roofline).
+/// `--profile`'s table: each bucket's wall time per token over `tokens` timed tokens (`total`)
+/// and its share; with `roof` (the byte plan and the run's median read) also the weights the
+/// bucket reads per token and that rate against the read (a bucket's own roofline).
 fn print_profile(
     profile: &Profile,
     total: std::time::Duration,
-    steps: usize,
-    plan: &BytePlan,
-    config: &K3Config,
-    read: f64,
+    tokens: usize,
+    title: &str,
+    roof: Option<(&BytePlan, f64)>,
 ) {
-    if steps == 0 {
-        println!("profile: needs more than one chunk of steps");
+    if tokens == 0 {
+        println!("{title}: no timed tokens (needs more than one chunk)");
         return;
     }
-    let moe_layers = config
-        .layers
-        .iter()
-        .filter(|l| l.ffn == k3_model::FfnKind::Moe)
-        .count();
-    let routed = moe_layers * config.moe.router.top_k * plan.expert_bytes;
-    let per_token = |d: std::time::Duration| d.as_secs_f64() / steps as f64;
+    let per_token = |d: std::time::Duration| d.as_secs_f64() / tokens as f64;
     let step = per_token(total);
-    println!(
-        "profile over {steps} steps ({:.3} ms/token):\n| bucket | ms/token | share | weight MB/token | GB/s | % of read ({:.1} GB/s) |\n|---|---|---|---|---|---|",
-        step * 1e3,
-        read / 1e9
+    print!(
+        "{title} ({:.3} ms per token):\n| bucket | ms per token | share |",
+        step * 1e3
     );
+    match roof {
+        Some((_, read)) => println!(
+            " weight MB/token | GB/s | % of read ({:.1} GB/s) |\n|---|---|---|---|---|---|",
+            read / 1e9
+        ),
+        None => println!("\n|---|---|---|"),
+    }
     let mut accounted = 0.0;
     for (bucket, time) in Bucket::ALL.iter().zip(profile.totals()) {
         let t = per_token(time);
-        let bytes = bucket.bytes_per_token(plan, routed);
+        let bytes = roof.map_or(0, |(plan, _)| bucket.bytes_per_token(plan));
         if t == 0.0 && bytes == 0 {
             continue;
         }
         accounted += t;
-        let rate = if t > 0.0 { bytes as f64 / t } else { 0.0 };
-        println!(
-            "| {} | {:.3} | {:.1}% | {:.1} | {:.2} | {:.0}% |",
+        print!(
+            "| {} | {:.4} | {:.1}% |",
             bucket.name(),
             t * 1e3,
-            100.0 * t / step,
-            bytes as f64 / 1e6,
-            rate / 1e9,
-            100.0 * rate / read
+            100.0 * t / step
         );
+        match roof {
+            Some((_, read)) => {
+                let rate = if t > 0.0 { bytes as f64 / t } else { 0.0 };
+                println!(
+                    " {:.1} | {:.2} | {:.0}% |",
+                    bytes as f64 / 1e6,
+                    rate / 1e9,
+                    100.0 * rate / read
+                );
+            }
+            None => println!(),
+        }
     }
     let other = step - accounted;
     println!(
-        "| other (embedding, norms, AttnRes mixes, expert sums) | {:.3} | {:.1}% | | | |",
+        "| other (embedding, norms, AttnRes mixes, expert sums) | {:.4} | {:.1}% |{}",
         other * 1e3,
-        100.0 * other / step
+        100.0 * other / step,
+        if roof.is_some() { " | | |" } else { "" }
     );
 }
 

@@ -387,6 +387,10 @@ pub struct BytePlan {
     pub by_layer_kind: Vec<((AttentionKind, FfnKind), usize, usize)>,
     /// Bytes of one routed expert.
     pub expert_bytes: usize,
+    /// Layers with a (latent) MoE.
+    pub moe_layers: usize,
+    /// Routed-expert bytes one decoded token reads: `top_k` experts in every MoE layer.
+    pub routed_bytes_per_token: usize,
     pub text_tensors: usize,
     pub text_bytes: usize,
     /// Weight bytes one decoded token reads: every trunk tensor except the embedding table,
@@ -440,15 +444,18 @@ impl BytePlan {
             .iter()
             .filter(|l| l.ffn == FfnKind::Moe)
             .count();
+        let routed_bytes_per_token = moe_layers * config.moe.router.top_k * expert_bytes;
         let bytes_per_token = text_bytes
             - class_bytes(TensorClass::RoutedExperts)
             - class_bytes(TensorClass::Embedding)
             + config.hidden_size * DType::Bf16.bytes()
-            + moe_layers * config.moe.router.top_k * expert_bytes;
+            + routed_bytes_per_token;
         Self {
             by_class,
             by_layer_kind,
             expert_bytes,
+            moe_layers,
+            routed_bytes_per_token,
             text_tensors: tensors.len(),
             text_bytes,
             bytes_per_token,

@@ -60,7 +60,7 @@ impl Bucket {
     }
 
     /// The weights this bucket reads for one decoded token (0 for load waits).
-    pub fn bytes_per_token(self, plan: &BytePlan, routed_per_token: usize) -> usize {
+    pub fn bytes_per_token(self, plan: &BytePlan) -> usize {
         let class = |c: TensorClass| {
             plan.by_class
                 .iter()
@@ -74,7 +74,7 @@ impl Bucket {
             Bucket::Router => class(TensorClass::Router),
             Bucket::Latent => class(TensorClass::LatentProjections),
             Bucket::SharedExperts => class(TensorClass::SharedExperts),
-            Bucket::RoutedExperts => routed_per_token,
+            Bucket::RoutedExperts => plan.routed_bytes_per_token,
             Bucket::LoadWait => 0,
             Bucket::LmHead => class(TensorClass::LmHead),
         }
