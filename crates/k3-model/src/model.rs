@@ -546,7 +546,7 @@ impl<'a> Model<'a> {
         for block in xs.chunks(MAX_TOKENS) {
             // Up to 8 tokens per kernel call (the kernels' 9-16-token blocks are 1 row wide and
             // compute-bound); a block of more runs its halves one after the other on each
-            // stretch of ~256 KB of rows, so the second half reads the weights from cache.
+            // stretch of `STRETCH_BYTES` of rows, so the second half reads the weights from cache.
             let halves: Vec<(usize, mxfp4_kernels::Activations)> = block
                 .chunks(HALF_BLOCK)
                 .enumerate()
