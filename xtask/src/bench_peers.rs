@@ -228,14 +228,9 @@ fn shard_files(model: &Path) -> Result<Vec<PathBuf>> {
 
 /// Asks the kernel to drop `path`'s pages from the page cache (`POSIX_FADV_DONTNEED`).
 fn drop_page_cache(path: &Path) -> Result<()> {
-    use std::os::fd::AsRawFd;
     let file = std::fs::File::open(path).with_context(|| path.display().to_string())?;
-    // SAFETY: a valid open descriptor; offset 0 and length 0 mean the whole file.
-    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    if rc != 0 {
-        bail!("posix_fadvise on {}: error {rc}", path.display());
-    }
-    Ok(())
+    expert_store::io::drop_page_cache(&file, 0, 0)
+        .with_context(|| format!("posix_fadvise on {}", path.display()))
 }
 
 /// The least weight bytes a prefill of `prompt` tokens reads: every trunk tensor once (one

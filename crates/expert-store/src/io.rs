@@ -239,20 +239,31 @@ impl ShardReader {
                 ));
             }
             if !direct {
-                // The expert now lives in our buffer: drop the page-cache copy of what we read.
-                // SAFETY: plain syscall on an open descriptor; it only advises.
-                unsafe {
-                    libc::posix_fadvise(
-                        std::os::fd::AsRawFd::as_raw_fd(&self.buffered),
-                        start as libc::off_t,
-                        len as libc::off_t,
-                        libc::POSIX_FADV_DONTNEED,
-                    )
-                };
+                // The expert now lives in our buffer: drop the page-cache copy of what we read
+                // (advice only: a refusal changes nothing we rely on).
+                let _ = drop_page_cache(&self.buffered, start as u64, len as u64);
             }
             at += len;
         }
         Ok((buf, starts))
+    }
+}
+
+/// Advises the kernel to drop `len` bytes of `file` from `offset` out of the page cache
+/// (`POSIX_FADV_DONTNEED`; `len` 0 means to the end of the file).
+pub fn drop_page_cache(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
+    // SAFETY: plain syscall on an open descriptor; it only advises.
+    let rc = unsafe {
+        libc::posix_fadvise(
+            std::os::fd::AsRawFd::as_raw_fd(file),
+            offset as libc::off_t,
+            len as libc::off_t,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+    match rc {
+        0 => Ok(()),
+        errno => Err(std::io::Error::from_raw_os_error(errno)),
     }
 }
 
