@@ -282,6 +282,13 @@ pub fn read_all(pool: &Pool, buf: &[u8]) -> u64 {
     total.load(Ordering::Relaxed)
 }
 
+/// One timed [`read_all`] of `buf`: the read bandwidth in bytes per second.
+pub fn read_rate(pool: &Pool, buf: &[u8]) -> f64 {
+    let start = std::time::Instant::now();
+    std::hint::black_box(read_all(pool, buf));
+    buf.len() as f64 / start.elapsed().as_secs_f64()
+}
+
 /// Wrapping sum of the words, with AVX-512 loads where available (the widest loads this CPU
 /// issues, the same the kernels use), else portable code.
 pub fn sum_words(words: &[u64]) -> u64 {

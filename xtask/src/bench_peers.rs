@@ -125,13 +125,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         let pool = benches::Pool::new(t);
         // The median of three reads of the 512 MiB buffer.
         let probe = || {
-            let mut reads: Vec<f64> = (0..3)
-                .map(|_| {
-                    let start = std::time::Instant::now();
-                    std::hint::black_box(benches::read_all(&pool, &buffer));
-                    buffer.len() as f64 / start.elapsed().as_secs_f64()
-                })
-                .collect();
+            let mut reads: Vec<f64> = (0..3).map(|_| benches::read_rate(&pool, &buffer)).collect();
             reads.sort_by(f64::total_cmp);
             reads[1]
         };

@@ -366,11 +366,7 @@ fn main() -> Result<()> {
     // step pays for it, so probing after every step would understate the decode.
     let probe_pool = benches::Pool::new(pool.threads());
     let buffer = benches::bandwidth_buffer(512 << 20);
-    let probe = || {
-        let start = Instant::now();
-        std::hint::black_box(benches::read_all(&probe_pool, &buffer));
-        buffer.len() as f64 / start.elapsed().as_secs_f64()
-    };
+    let probe = || benches::read_rate(&probe_pool, &buffer);
     probe(); // warm: the first pass also faults the buffer's pages in
     if let Some(store) = &store {
         store.reset_stats(); // the preload's reads are not the decode's
