@@ -332,8 +332,8 @@ fn between(line: &str, after: &str, before: &str) -> Option<f64> {
     rest[..rest.find(before)?].trim().parse().ok()
 }
 
-/// Our prefill tokens/s for a `prompt`-token prompt in chunks of up to 16 (`--prefill`), as
-/// k3-serve prefills.
+/// Our prefill tokens/s for a `prompt`-token prompt in chunks of up to `PREFILL_CHUNK`
+/// (`--prefill`), as k3-serve prefills.
 fn our_prefill(
     bench: &Path,
     model: &Path,
@@ -349,7 +349,7 @@ fn our_prefill(
         "--prefill".into(),
         prompt.to_string(),
         "--prefill-chunk".into(),
-        prompt.min(16).to_string(),
+        prompt.min(k3_model::model::PREFILL_CHUNK).to_string(),
     ];
     args.extend_from_slice(tier);
     let out = our_output(bench, model, &args)?;

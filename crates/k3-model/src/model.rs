@@ -45,6 +45,12 @@ pub enum ModelError {
 
 type Result<T, E = ModelError> = std::result::Result<T, E>;
 
+/// The prefill chunk callers should use: the most tokens one kernel call takes, so a prompt of
+/// that many tokens reads each weight once and dispatches each layer's work once. Prefill of 64
+/// tokens on k3-0.40b at 2 threads: 1430 tokens/s in chunks of 16, 1550 in 32, 1610-1640 in
+/// 64 (PERFORMANCE.md, phase 7).
+pub const PREFILL_CHUNK: usize = MAX_TOKENS;
+
 /// Smallest matrix whose GEMV is split across the pool.
 const PARALLEL_MIN_BYTES: usize = 128 << 10;
 
@@ -544,39 +550,15 @@ impl<'a> Model<'a> {
             .collect();
         let mut out: Vec<Vec<Vec<f32>>> = ms.iter().map(|_| Vec::with_capacity(xs.len())).collect();
         for block in xs.chunks(MAX_TOKENS) {
-            // Up to 8 tokens per kernel call (the kernels' 9-16-token blocks are 1 row wide and
-            // compute-bound); a block of more runs its halves one after the other on each
-            // stretch of `STRETCH_BYTES` of rows, so the second half reads the weights from cache.
-            let halves: Vec<(usize, mxfp4_kernels::Activations)> = block
-                .chunks(HALF_BLOCK)
-                .enumerate()
-                .map(|(h, part)| {
-                    let flat: Vec<f32> = part.iter().flatten().copied().collect();
-                    Ok((h * HALF_BLOCK, self.kernels.prepare(&flat, cols)?))
-                })
-                .collect::<Result<_>>()?;
-            let stretch = (STRETCH_BYTES / (2 * cols)).div_ceil(16).max(1) * 16;
+            // The kernels run a block of more than 4 tokens in groups over cache-sized stretches
+            // of rows (`by_tokens!`), so a block reads each weight from memory once.
+            let flat: Vec<f32> = block.iter().flatten().copied().collect();
+            let act = self.kernels.prepare(&flat, cols)?;
             let task = |i: usize| -> std::result::Result<Vec<f32>, mxfp4_kernels::Error> {
                 let (k, range, _) = &tasks[i];
                 let mut y = vec![0.0; range.len() * block.len()];
-                if let [(_, act)] = &halves[..] {
-                    self.kernels
-                        .matmul_bf16(ms[*k], act, range.clone(), &mut y)?;
-                    return Ok(y);
-                }
-                let mut part = Vec::new();
-                for start in range.clone().step_by(stretch) {
-                    let sub = start..(start + stretch).min(range.end);
-                    for (t0, act) in &halves {
-                        part.resize(sub.len() * act.tokens(), 0.0);
-                        self.kernels
-                            .matmul_bf16(ms[*k], act, sub.clone(), &mut part)?;
-                        for (t, row) in part.chunks_exact(sub.len()).enumerate() {
-                            let at = (t0 + t) * range.len() + sub.start - range.start;
-                            y[at..at + sub.len()].copy_from_slice(row);
-                        }
-                    }
-                }
+                self.kernels
+                    .matmul_bf16(ms[*k], &act, range.clone(), &mut y)?;
                 Ok(y)
             };
             let parts = self.run_tasks(threads > 1, tasks.len(), |i| tasks[i].2, task)?;
@@ -1329,12 +1311,6 @@ impl<'a> Model<'a> {
         Ok(())
     }
 }
-
-/// Tokens per BF16 kernel call when a GEMM block has more (see `gemm_many`).
-const HALF_BLOCK: usize = 8;
-/// Weight bytes of a stretch of rows that the halves of a 16-token block share in cache (well
-/// inside the 1 MB L2; `tiny`'s lm_head takes two stretches, so the tests cover the loop).
-const STRETCH_BYTES: usize = 128 << 10;
 
 /// Row ranges for one matrix: about four tasks per worker, in blocks of 64 rows (a multiple
 /// of every kernel's row block, so no task runs a needless row tail).

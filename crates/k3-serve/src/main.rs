@@ -163,8 +163,7 @@ fn main() -> Result<()> {
         experts: args.experts.clone(),
         max_batch: args.max_batch,
         queue: args.queue,
-        // 16 tokens a chunk: each weight is read once per 16 prompt tokens (PERFORMANCE.md, phase 7).
-        prefill_chunk: 16,
+        prefill_chunk: k3_model::model::PREFILL_CHUNK,
     })?;
     let limits = Limits {
         model_name: model_dir

@@ -8,8 +8,10 @@ use crate::codes::f32_to_bf16;
 use crate::error::{Error, Result};
 use crate::tier::Tier;
 
-/// The most activation vectors one call takes (the small-batch GEMM width).
-pub const MAX_TOKENS: usize = 16;
+/// The most activation vectors one call takes. More than 4 run as groups of 2-4 over
+/// cache-sized stretches of rows, so a wider call costs no registers; it reads each weight from
+/// memory once and lets a prefill chunk dispatch each layer once.
+pub const MAX_TOKENS: usize = 64;
 
 /// Columns are padded with zeros to a multiple of this, so every layout below has whole blocks.
 pub(crate) const PAD: usize = 128;

@@ -58,19 +58,20 @@ pub(crate) unsafe fn matmul_mxfp4(
 fn mxfp4_block<const R: usize, const T: usize, const C: usize>(
     m: &MxFp4Matrix<'_>,
     act: &Activations,
+    tok0: usize,
     row0: usize,
     local0: usize,
     n: usize,
     out: &mut [f32],
 ) {
-    assert!(row0 + R <= m.rows() && act.bf16_mx.len() >= T * act.padded());
+    assert!(row0 + R <= m.rows() && act.bf16_mx.len() >= (tok0 + T) * act.padded());
     let cols = width::<C>(m.cols());
     let groups = cols / GROUP;
     let row_bytes = cols / 2;
     let stride = act.padded();
     let packed = m.packed()[row0 * row_bytes..].as_ptr();
     let scales = m.scales()[row0 * groups..(row0 + R) * groups].as_ptr();
-    let x = act.bf16_mx.as_ptr();
+    let x = act.bf16_mx[tok0 * stride..].as_ptr();
     // SAFETY: the table is 32 u16 = 64 bytes.
     let table = unsafe { _mm512_loadu_si512(E2M1_BF16_X2.as_ptr().cast()) };
     let mut acc = [[_mm512_setzero_ps(); T]; R];
@@ -112,7 +113,7 @@ fn mxfp4_block<const R: usize, const T: usize, const C: usize>(
             }
         }
     }
-    store_sums(&acc, local0, n, out);
+    store_sums(&acc, tok0, local0, n, out);
 }
 
 /// # Safety
@@ -134,16 +135,17 @@ pub(crate) unsafe fn matmul_bf16(
 fn bf16_block<const R: usize, const T: usize, const C: usize>(
     m: &Bf16Matrix<'_>,
     act: &Activations,
+    tok0: usize,
     row0: usize,
     local0: usize,
     n: usize,
     out: &mut [f32],
 ) {
-    assert!(row0 + R <= m.rows() && act.bf16_natural.len() >= T * act.padded());
+    assert!(row0 + R <= m.rows() && act.bf16_natural.len() >= (tok0 + T) * act.padded());
     let cols = width::<C>(m.cols());
     let stride = act.padded();
     let base = m.bytes()[row0 * cols * 2..].as_ptr().cast::<u16>();
-    let x = act.bf16_natural.as_ptr();
+    let x = act.bf16_natural[tok0 * stride..].as_ptr();
     let mut acc = [[_mm512_setzero_ps(); T]; R];
     let blocks = cols.div_ceil(32);
     for block in 0..blocks {
@@ -165,5 +167,5 @@ fn bf16_block<const R: usize, const T: usize, const C: usize>(
             }
         }
     }
-    store_sums(&acc, local0, n, out);
+    store_sums(&acc, tok0, local0, n, out);
 }

@@ -71,25 +71,26 @@ pub(crate) unsafe fn matmul_mxfp4(
 fn mxfp4_block<const R: usize, const T: usize, const C: usize>(
     m: &MxFp4Matrix<'_>,
     act: &Activations,
+    tok0: usize,
     row0: usize,
     local0: usize,
     n: usize,
     out: &mut [f32],
 ) {
-    assert!(row0 + R <= m.rows() && act.perm32.len() >= T * act.padded());
+    assert!(row0 + R <= m.rows() && act.perm32.len() >= (tok0 + T) * act.padded());
     let cols = width::<C>(m.cols());
     let groups = cols / GROUP;
     let row_bytes = cols / 2;
     let stride = act.padded();
     let packed = m.packed()[row0 * row_bytes..].as_ptr();
     let scales = m.scales()[row0 * groups..(row0 + R) * groups].as_ptr();
-    let x = act.perm32.as_ptr();
+    let x = act.perm32[tok0 * stride..].as_ptr();
     let mut acc = [[_mm512_setzero_ps(); T]; R];
     for g in 0..groups {
         let mut even = [_mm512_setzero_ps(); T];
         let mut odd = [_mm512_setzero_ps(); T];
         for t in 0..T {
-            // SAFETY: t < T tokens and 32g + 32 <= cols <= stride, so both loads are inside
+            // SAFETY: tok0 + t < tok0 + T tokens and 32g + 32 <= cols <= stride, so both loads are inside
             // `perm32` (length checked by the assert above).
             unsafe {
                 even[t] = _mm512_loadu_ps(x.add(t * stride + GROUP * g));
@@ -112,7 +113,7 @@ fn mxfp4_block<const R: usize, const T: usize, const C: usize>(
             }
         }
     }
-    store_sums(&acc, local0, n, out);
+    store_sums(&acc, tok0, local0, n, out);
 }
 
 /// # Safety
@@ -139,16 +140,17 @@ pub(crate) unsafe fn matmul_bf16(
 fn bf16_block<const R: usize, const T: usize, const C: usize>(
     m: &Bf16Matrix<'_>,
     act: &Activations,
+    tok0: usize,
     row0: usize,
     local0: usize,
     n: usize,
     out: &mut [f32],
 ) {
-    assert!(row0 + R <= m.rows() && act.perm32.len() >= T * act.padded());
+    assert!(row0 + R <= m.rows() && act.perm32.len() >= (tok0 + T) * act.padded());
     let cols = width::<C>(m.cols());
     let stride = act.padded();
     let base = m.bytes()[row0 * cols * 2..].as_ptr().cast::<u16>();
-    let x = act.perm32.as_ptr();
+    let x = act.perm32[tok0 * stride..].as_ptr();
     let high_half = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
     let mut acc = [[_mm512_setzero_ps(); T]; R];
     let blocks = cols.div_ceil(32);
@@ -194,7 +196,7 @@ fn bf16_block<const R: usize, const T: usize, const C: usize>(
             }
         }
     }
-    store_sums(&acc, local0, n, out);
+    store_sums(&acc, tok0, local0, n, out);
 }
 
 /// The 16 E2M1 values as one vector.

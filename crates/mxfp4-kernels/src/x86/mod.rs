@@ -13,18 +13,19 @@ pub(crate) mod bf16;
 pub(crate) mod exact;
 pub(crate) mod vnni;
 
-/// Runs `$kernel::<R, T, C>` over `$rows` in blocks of `R` rows (then single rows for the tail).
+/// Runs `$kernel::<R, T, C>` for tokens `$tok0..$tok0 + T` over `$rows` in blocks of `R` rows
+/// (then single rows for the tail). `$rows` may be a stretch of the caller's range, which
+/// starts at `$first` and has `$n` rows: outputs land at the caller's offsets.
 macro_rules! run_rows {
-    ($kernel:ident, $r:literal, $t:literal, $c:literal, $m:expr, $act:expr, $rows:expr, $out:expr) => {{
+    ($kernel:ident, $r:literal, $t:literal, $c:literal, $m:expr, $act:expr, $tok0:expr, $rows:expr, $first:expr, $n:expr, $out:expr) => {{
         let rows: core::ops::Range<usize> = $rows;
-        let n = rows.len();
         let mut row = rows.start;
         while rows.end - row >= $r {
-            $kernel::<$r, $t, $c>($m, $act, row, row - rows.start, n, $out);
+            $kernel::<$r, $t, $c>($m, $act, $tok0, row, row - $first, $n, $out);
             row += $r;
         }
         while row < rows.end {
-            $kernel::<1, $t, $c>($m, $act, row, row - rows.start, n, $out);
+            $kernel::<1, $t, $c>($m, $act, $tok0, row, row - $first, $n, $out);
             row += 1;
         }
     }};
@@ -38,31 +39,45 @@ macro_rules! run_rows {
 /// GEMVs on the listed column counts (K3's shapes) run a copy of the kernel compiled for that
 /// width (`C`), so row offsets are constants folded into addressing instead of registers
 /// spilled to the stack; any other width runs the generic copy (`C = 0`). Same arithmetic.
+///
+/// More than 4 tokens run as groups of 2-4 tokens, split as evenly as possible, one group after
+/// the other over each stretch of `STRETCH_BYTES` of rows: the first group streams the
+/// stretch from memory, the others read it from L2. A kernel with 8 or 16 tokens' accumulators
+/// and activations per row block spills registers: 1024x1024 BF16 from L3 at 1 thread, exact
+/// tier, ran at 195-214 GFLOP/s with 4 tokens x 4 rows, 164 with 8 x 2 and 66 with 16 x 1
+/// (PERFORMANCE.md, phase 7).
 macro_rules! by_tokens {
-    ($kernel:ident, $gemv_rows:literal, [$($cols:literal),*], $m:expr, $act:expr, $rows:expr, $out:expr) => {
+    ($kernel:ident, $gemv_rows:literal, [$($cols:literal),*], $m:expr, $act:expr, $rows:expr, $out:expr) => {{
+        let rows: core::ops::Range<usize> = $rows;
+        let (first, n) = (rows.start, rows.len());
         match $act.tokens() {
             1 => match $m.cols() {
-                $($cols => run_rows!($kernel, $gemv_rows, 1, $cols, $m, $act, $rows, $out),)*
-                _ => run_rows!($kernel, $gemv_rows, 1, 0, $m, $act, $rows, $out),
+                $($cols => run_rows!($kernel, $gemv_rows, 1, $cols, $m, $act, 0, rows, first, n, $out),)*
+                _ => run_rows!($kernel, $gemv_rows, 1, 0, $m, $act, 0, rows, first, n, $out),
             },
-            2 => run_rows!($kernel, 4, 2, 0, $m, $act, $rows, $out),
-            3 => run_rows!($kernel, 4, 3, 0, $m, $act, $rows, $out),
-            4 => run_rows!($kernel, 4, 4, 0, $m, $act, $rows, $out),
-            5 => run_rows!($kernel, 2, 5, 0, $m, $act, $rows, $out),
-            6 => run_rows!($kernel, 2, 6, 0, $m, $act, $rows, $out),
-            7 => run_rows!($kernel, 2, 7, 0, $m, $act, $rows, $out),
-            8 => run_rows!($kernel, 2, 8, 0, $m, $act, $rows, $out),
-            9 => run_rows!($kernel, 1, 9, 0, $m, $act, $rows, $out),
-            10 => run_rows!($kernel, 1, 10, 0, $m, $act, $rows, $out),
-            11 => run_rows!($kernel, 1, 11, 0, $m, $act, $rows, $out),
-            12 => run_rows!($kernel, 1, 12, 0, $m, $act, $rows, $out),
-            13 => run_rows!($kernel, 1, 13, 0, $m, $act, $rows, $out),
-            14 => run_rows!($kernel, 1, 14, 0, $m, $act, $rows, $out),
-            15 => run_rows!($kernel, 1, 15, 0, $m, $act, $rows, $out),
-            16 => run_rows!($kernel, 1, 16, 0, $m, $act, $rows, $out),
-            _ => unreachable!("Activations holds 1..=MAX_TOKENS tokens"),
+            2 => run_rows!($kernel, 4, 2, 0, $m, $act, 0, rows, first, n, $out),
+            3 => run_rows!($kernel, 4, 3, 0, $m, $act, 0, rows, first, n, $out),
+            4 => run_rows!($kernel, 4, 4, 0, $m, $act, 0, rows, first, n, $out),
+            tokens => {
+                let stretch = $crate::x86::stretch_rows($m.bytes_for_rows(1));
+                let groups = tokens.div_ceil(4);
+                let mut start = first;
+                while start < rows.end {
+                    let end = (start + stretch).min(rows.end);
+                    for group in 0..groups {
+                        let tok0 = group * tokens / groups;
+                        match (group + 1) * tokens / groups - tok0 {
+                            2 => run_rows!($kernel, 4, 2, 0, $m, $act, tok0, start..end, first, n, $out),
+                            3 => run_rows!($kernel, 4, 3, 0, $m, $act, tok0, start..end, first, n, $out),
+                            4 => run_rows!($kernel, 4, 4, 0, $m, $act, tok0, start..end, first, n, $out),
+                            _ => unreachable!("5..=MAX_TOKENS tokens split into groups of 2-4"),
+                        }
+                    }
+                    start = end;
+                }
+            }
         }
-    };
+    }};
 }
 /// A BF16 tier's GEMV/GEMM dispatch: one-token GEMVs on rows of at most `SHORT_ROW_COLS`
 /// columns stream 8 rows at once (copies compiled for k3-0.40b's and K3's short widths);
@@ -71,13 +86,15 @@ macro_rules! by_tokens {
 macro_rules! by_tokens_bf16 {
     ($kernel:ident, $m:expr, $act:expr, $rows:expr, $out:expr) => {
         if $act.tokens() == 1 && $m.cols() <= $crate::x86::SHORT_ROW_COLS {
+            let rows: core::ops::Range<usize> = $rows;
+            let (first, n) = (rows.start, rows.len());
             match $m.cols() {
-                256 => run_rows!($kernel, 8, 1, 256, $m, $act, $rows, $out),
-                512 => run_rows!($kernel, 8, 1, 512, $m, $act, $rows, $out),
-                1024 => run_rows!($kernel, 8, 1, 1024, $m, $act, $rows, $out),
-                1536 => run_rows!($kernel, 8, 1, 1536, $m, $act, $rows, $out),
-                2048 => run_rows!($kernel, 8, 1, 2048, $m, $act, $rows, $out),
-                _ => run_rows!($kernel, 8, 1, 0, $m, $act, $rows, $out),
+                256 => run_rows!($kernel, 8, 1, 256, $m, $act, 0, rows, first, n, $out),
+                512 => run_rows!($kernel, 8, 1, 512, $m, $act, 0, rows, first, n, $out),
+                1024 => run_rows!($kernel, 8, 1, 1024, $m, $act, 0, rows, first, n, $out),
+                1536 => run_rows!($kernel, 8, 1, 1536, $m, $act, 0, rows, first, n, $out),
+                2048 => run_rows!($kernel, 8, 1, 2048, $m, $act, 0, rows, first, n, $out),
+                _ => run_rows!($kernel, 8, 1, 0, $m, $act, 0, rows, first, n, $out),
             }
         } else {
             by_tokens!(
@@ -104,6 +121,16 @@ pub(crate) fn width<const C: usize>(cols: usize) -> usize {
         assert_eq!(C, cols, "kernel copy for {C} columns called on {cols}");
         C
     }
+}
+
+/// Weight bytes of a stretch of rows that a GEMM's token groups share in cache (`by_tokens!`):
+/// well inside the 1 MB L2 of a Zen 4 core.
+pub(crate) const STRETCH_BYTES: usize = 128 << 10;
+
+/// Rows per stretch for rows of `row_bytes`: about `STRETCH_BYTES`, a multiple of 16 rows (so
+/// every kernel's row block divides it and only a range's last stretch has a row tail).
+pub(crate) fn stretch_rows(row_bytes: usize) -> usize {
+    (STRETCH_BYTES / row_bytes.max(1)).div_ceil(16).max(1) * 16
 }
 
 /// `N` lane patterns for `vpermps` over a vector of 16 group scales: pattern `p` gives lane
@@ -163,18 +190,19 @@ pub(crate) unsafe fn scales16(ptr: *const u8, n: usize) -> __m512 {
     ))
 }
 
-/// Writes the `R x T` accumulators: `out[t * n + local0 + r]`.
+/// Writes the `R x T` accumulators of tokens `tok0..tok0 + T`: `out[(tok0 + t) * n + local0 + r]`.
 #[target_feature(enable = "avx512f")]
 #[inline]
 pub(crate) fn store_sums<const R: usize, const T: usize>(
     acc: &[[__m512; T]; R],
+    tok0: usize,
     local0: usize,
     n: usize,
     out: &mut [f32],
 ) {
     for (r, row_acc) in acc.iter().enumerate() {
         for (t, &a) in row_acc.iter().enumerate() {
-            out[t * n + local0 + r] = hsum(a);
+            out[(tok0 + t) * n + local0 + r] = hsum(a);
         }
     }
 }

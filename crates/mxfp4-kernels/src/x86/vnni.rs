@@ -49,6 +49,7 @@ pub(crate) unsafe fn matmul_mxfp4(
 fn mxfp4_block<const R: usize, const T: usize, const C: usize>(
     m: &MxFp4Matrix<'_>,
     act: &Activations,
+    tok0: usize,
     row0: usize,
     local0: usize,
     n: usize,
@@ -58,18 +59,18 @@ fn mxfp4_block<const R: usize, const T: usize, const C: usize>(
     let blocks_per_token = stride / 128;
     assert!(
         row0 + R <= m.rows()
-            && act.q8.len() >= T * stride
-            && act.q8_correction.len() >= T * blocks_per_token * 16
-            && act.q8_step.len() >= T * blocks_per_token * 16
+            && act.q8.len() >= (tok0 + T) * stride
+            && act.q8_correction.len() >= (tok0 + T) * blocks_per_token * 16
+            && act.q8_step.len() >= (tok0 + T) * blocks_per_token * 16
     );
     let cols = width::<C>(m.cols());
     let groups = cols / GROUP;
     let row_bytes = cols / 2;
     let packed = m.packed()[row0 * row_bytes..].as_ptr();
     let scales = m.scales()[row0 * groups..(row0 + R) * groups].as_ptr();
-    let q8 = act.q8.as_ptr();
-    let correction = act.q8_correction.as_ptr();
-    let step = act.q8_step.as_ptr();
+    let q8 = act.q8[tok0 * stride..].as_ptr();
+    let correction = act.q8_correction[tok0 * blocks_per_token * 16..].as_ptr();
+    let step = act.q8_step[tok0 * blocks_per_token * 16..].as_ptr();
     // SAFETY: the table is 64 bytes.
     let table = unsafe { _mm512_loadu_si512(CODES_U8_X4.as_ptr().cast()) };
     let mut acc = [[_mm512_setzero_ps(); T]; R];
@@ -118,5 +119,5 @@ fn mxfp4_block<const R: usize, const T: usize, const C: usize>(
             }
         }
     }
-    store_sums(&acc, local0, n, out);
+    store_sums(&acc, tok0, local0, n, out);
 }

@@ -3,7 +3,7 @@
 
 use mxfp4_kernels::codes::{E2M1_VALUES, E8M0_TO_F32, e8m0_to_f32};
 use mxfp4_kernels::ggml::{BlockMxfp4, from_ggml, to_ggml};
-use mxfp4_kernels::{Bf16Matrix, Error, Kernels, MxFp4Matrix, Tier};
+use mxfp4_kernels::{Bf16Matrix, Error, Kernels, MAX_TOKENS, MxFp4Matrix, Tier};
 
 use crate::common::*;
 
@@ -180,7 +180,7 @@ fn kernels_reject_bad_calls_without_panicking() {
             Err(Error::ActivationLength { .. })
         ));
         assert!(matches!(
-            k.prepare(&vec![1.0; 17 * 32], 32),
+            k.prepare(&vec![1.0; (MAX_TOKENS + 1) * 32], 32),
             Err(Error::ActivationLength { .. })
         ));
         k.matmul_mxfp4(&m, &act, 0..4, &mut out).unwrap();

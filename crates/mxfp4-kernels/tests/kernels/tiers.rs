@@ -80,6 +80,34 @@ fn check_batch_invariance(seed: u64, rows: usize, groups: usize, tokens: usize, 
         k.matmul_mxfp4(&m.view(), &act, 0..rows, &mut batch)
             .unwrap();
         k.matmul_bf16(&b, &act, 0..rows, &mut batch_bf16).unwrap();
+        // The same batch in two row ranges (outputs token-major within each range).
+        let mut parts = [0usize..split, split..rows].map(|range| {
+            let mut y = vec![0.0; range.len() * tokens];
+            let mut y_bf16 = vec![0.0; range.len() * tokens];
+            k.matmul_mxfp4(&m.view(), &act, range.clone(), &mut y)
+                .unwrap();
+            k.matmul_bf16(&b, &act, range.clone(), &mut y_bf16).unwrap();
+            (range, y, y_bf16)
+        });
+        for (range, y, y_bf16) in &mut parts {
+            for t in 0..tokens {
+                for (i, r) in range.clone().enumerate() {
+                    let at = t * range.len() + i;
+                    assert_eq!(
+                        y[at].to_bits(),
+                        batch[t * rows + r].to_bits(),
+                        "{}: mxfp4 split",
+                        k.tier()
+                    );
+                    assert_eq!(
+                        y_bf16[at].to_bits(),
+                        batch_bf16[t * rows + r].to_bits(),
+                        "{}: bf16 split",
+                        k.tier()
+                    );
+                }
+            }
+        }
         for t in 0..tokens {
             let single = k.prepare(&x[t * cols..(t + 1) * cols], cols).unwrap();
             let mut one = vec![0.0; rows];
@@ -243,6 +271,21 @@ fn k3_shapes_within_bound() {
     check_bf16_matmul(4, 12, 7168, 2);
     check_bf16_matmul(5, 21, 512, 1);
     check_bf16_matmul(6, 21, 1024, 1);
+}
+
+/// GEMMs of more than 4 tokens run token groups over stretches of rows (16 rows of 7168-wide
+/// BF16, 48 of MXFP4): ranges that start mid-stretch and end in a row tail still give the
+/// GEMV's bits at the caller's offsets.
+#[test]
+fn token_groups_over_stretches_batch_invariant() {
+    for (seed, tokens, split) in [
+        (20u64, 5usize, 30usize),
+        (21, 9, 11),
+        (22, 13, 47),
+        (23, 16, 1),
+    ] {
+        check_batch_invariance(seed, 100, 7168 / 32, tokens, split);
+    }
 }
 
 /// The GEMV copies compiled for K3's widths (and k3-0.40b's 1024) and the generic GEMM give
