@@ -2,9 +2,12 @@
 //! (K3_SPEC §5, §6, §8.2): RMSNorm, the KDA L2 norm, the AttnRes depth mix, the sigmoid router,
 //! both KDA decay-gate forms, the causal depthwise conv step and the KDA delta-rule step.
 //!
-//! Canonical order: every reduction runs sequentially in index order (sums of squares in f64,
-//! as colibri does, so the norm does not depend on the vector's length), so the results are
-//! the same whatever the thread count or batch, and prefill equals token-by-token decode.
+//! Canonical order: every reduction over a vector runs in a fixed order: interleaved partial
+//! sums (16 for f32, 8 for f64: element `i` into sum `i % lanes`, in order), then a fixed
+//! pairwise tree. The compiler vectorises that order; a single running sum would be one
+//! latency-bound chain. Sums of squares are in f64, as colibri does, so the norm does not
+//! depend on the vector's length. The results are the same whatever the thread count or batch,
+//! and prefill equals token-by-token decode.
 
 use crate::config::KdaGate;
 
@@ -25,21 +28,25 @@ pub fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32, out: &mut [f32]) {
     }
 }
 
-/// `1/sqrt(mean(x²) + eps)`, the square sum in f64.
-/// `Σ a_i b_i` in 16 interleaved partial sums (element `i` into sum `i % 16`, in order), then
-/// a fixed pairwise tree: a canonical order the compiler can vectorise (a single running sum
-/// is one latency-bound chain). Tails past a multiple of 16 go to their lane like the rest.
+/// `Σ a_i b_i` in the canonical f32 order (module docs).
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    lane_sum(a, b, |x, y| x * y)
+}
+
+/// `Σ term(a_i, b_i)` in 16 interleaved f32 partial sums and a fixed tree (module docs). Tails
+/// past a multiple of 16 go to their lane like the rest.
+#[inline(always)]
+fn lane_sum(a: &[f32], b: &[f32], term: impl Fn(f32, f32) -> f32) -> f32 {
     let mut lanes = [0.0f32; 16];
     let (a16, a_tail) = a.split_at(a.len() / 16 * 16);
     let (b16, b_tail) = b.split_at(a16.len());
     for (x, y) in a16.chunks_exact(16).zip(b16.chunks_exact(16)) {
         for i in 0..16 {
-            lanes[i] += x[i] * y[i];
+            lanes[i] += term(x[i], y[i]);
         }
     }
-    for (i, (x, y)) in a_tail.iter().zip(b_tail).enumerate() {
-        lanes[i] += x * y;
+    for (i, (&x, &y)) in a_tail.iter().zip(b_tail).enumerate() {
+        lanes[i] += term(x, y);
     }
     let mut width = 16;
     while width > 1 {
@@ -51,16 +58,37 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     lanes[0]
 }
 
+/// `Σ x_i²` in f64 (each square exact), in 8 interleaved partial sums and a fixed tree.
+fn sum_squares(x: &[f32]) -> f64 {
+    let mut lanes = [0.0f64; 8];
+    let (x8, tail) = x.split_at(x.len() / 8 * 8);
+    for chunk in x8.chunks_exact(8) {
+        for i in 0..8 {
+            lanes[i] += f64::from(chunk[i]) * f64::from(chunk[i]);
+        }
+    }
+    for (i, &v) in tail.iter().enumerate() {
+        lanes[i] += f64::from(v) * f64::from(v);
+    }
+    let mut width = 8;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            lanes[i] += lanes[i + width];
+        }
+    }
+    lanes[0]
+}
+
+/// `1/sqrt(mean(x²) + eps)`, the square sum in f64.
 pub fn inv_rms(x: &[f32], eps: f32) -> f32 {
-    let sum: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
-    (1.0 / (sum / x.len() as f64 + f64::from(eps)).sqrt()) as f32
+    (1.0 / (sum_squares(x) / x.len() as f64 + f64::from(eps)).sqrt()) as f32
 }
 
 /// KDA's L2 norm of one head, in place: `x · 1/sqrt(Σx² + 1e-6)` (fla's eps inside the sqrt;
 /// K3_SPEC §5 follows fla over llama.cpp's 1e-5).
 pub fn l2_norm(x: &mut [f32]) {
-    let sum: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
-    let inv = (1.0 / (sum + 1e-6).sqrt()) as f32;
+    let inv = (1.0 / (sum_squares(x) + 1e-6).sqrt()) as f32;
     x.iter_mut().for_each(|v| *v *= inv);
 }
 
@@ -77,10 +105,7 @@ pub fn attn_res_mix(candidates: &[&[f32]], score: &[f32], eps: f32, out: &mut [f
         .iter()
         .map(|v| {
             let inv = inv_rms(v, eps);
-            v.iter()
-                .zip(score)
-                .map(|(&a, &s)| (a * inv) * s)
-                .fold(0.0f32, |acc, t| acc + t)
+            lane_sum(v, score, |a, s| (a * inv) * s)
         })
         .collect();
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
