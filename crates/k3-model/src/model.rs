@@ -17,7 +17,8 @@ use numa_sched::Pool;
 use crate::checkpoint::a_log;
 use crate::config::{AttentionKind, FfnKind, K3Config};
 use crate::ops::{
-    attn_res_mix, conv_step, dot, kda_log_decay, kda_step, l2_norm, rms_norm, route, sigmoid,
+    attn_res_mix, conv_step, dot, kda_decays_in_place, kda_step, l2_norm, rms_norm, route, sigmoid,
+    sigmoid_in_place, silu_in_place,
 };
 use crate::profile::{Bucket, Profile};
 
@@ -866,22 +867,26 @@ impl<'a> Model<'a> {
                             out,
                         );
                     }
+                    // The group's SiLUs, decays and output gates, 16 channels at a time.
+                    for x in &mut qkv {
+                        silu_in_place(&self.kernels, x);
+                    }
+                    let mut alpha: Vec<f32> = channels
+                        .clone()
+                        .map(|ch| f[t][ch] + w.dt_bias[ch])
+                        .collect();
+                    let heads_a_log = &w.a_log[first..first + count];
+                    kda_decays_in_place(&self.kernels, c.kda.gate, heads_a_log, dim, &mut alpha);
+                    let mut gate = gates[t][channels.clone()].to_vec();
+                    sigmoid_in_place(&self.kernels, &mut gate);
                     let [q, k, v] = &mut qkv;
                     let mut y = vec![0.0; count * dim];
                     for local in 0..count {
                         let head = first + local;
                         let range = local * dim..(local + 1) * dim;
-                        let global = head * dim..(head + 1) * dim;
                         l2_norm(&mut q[range.clone()]);
                         q[range.clone()].iter_mut().for_each(|a| *a *= scale);
                         l2_norm(&mut k[range.clone()]);
-                        let alpha: Vec<f32> = global
-                            .clone()
-                            .map(|ch| {
-                                kda_log_decay(c.kda.gate, w.a_log[head], f[t][ch] + w.dt_bias[ch])
-                                    .exp()
-                            })
-                            .collect();
                         let head_state = &mut state[local * dim * dim..(local + 1) * dim * dim];
                         let beta = sigmoid(beta_logits[t][head]);
                         kda_step(
@@ -889,14 +894,14 @@ impl<'a> Model<'a> {
                             &q[range.clone()],
                             &k[range.clone()],
                             &v[range.clone()],
-                            &alpha,
+                            &alpha[range.clone()],
                             beta,
                             &mut o,
                         );
-                        let out = &mut y[range];
+                        let out = &mut y[range.clone()];
                         rms_norm(&o, Some(&w.o_norm), c.rms_norm_eps, out);
-                        for (a, &g) in out.iter_mut().zip(&gates[t][global]) {
-                            *a *= sigmoid(g);
+                        for (a, &g) in out.iter_mut().zip(&gate[range]) {
+                            *a *= g;
                         }
                     }
                     ys.push(y);
@@ -1040,10 +1045,11 @@ impl<'a> Model<'a> {
             }
             ctxs.extend(span_ctxs);
         }
-        if let Some(gates) = &gates {
-            for (ctx, gate) in ctxs.iter_mut().zip(gates) {
-                for (a, &g) in ctx.iter_mut().zip(gate) {
-                    *a *= sigmoid(g);
+        if let Some(gates) = gates {
+            for (ctx, mut gate) in ctxs.iter_mut().zip(gates) {
+                sigmoid_in_place(&self.kernels, &mut gate);
+                for (a, &g) in ctx.iter_mut().zip(&gate) {
+                    *a *= g;
                 }
             }
         }

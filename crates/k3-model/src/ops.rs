@@ -9,6 +9,9 @@
 //! depend on the vector's length. The results are the same whatever the thread count or batch,
 //! and prefill equals token-by-token decode.
 
+use mxfp4_kernels::Kernels;
+use mxfp4_kernels::vmath::exp;
+
 use crate::config::KdaGate;
 
 /// `w ⊙ x · 1/sqrt(mean(x²) + eps)`; `weight` of `None` is the unweighted form AttnRes uses.
@@ -146,12 +149,19 @@ pub fn route(
     (order, weights)
 }
 
-/// `1 / (1 + e^-x)`.
+/// `1 / (1 + e^-x)`, on the engine's own exp (`mxfp4_kernels::vmath`), so
+/// [`sigmoid_in_place`] gives the same bits 16 at a time.
 pub fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    mxfp4_kernels::vmath::sigmoid(x)
 }
 
-/// torch's softplus: `ln(1 + e^x)`, and `x` itself above 20.
+/// `x[i] = sigmoid(x[i])`, vectorised where the kernels' tier is; the bits of [`sigmoid`].
+pub fn sigmoid_in_place(kernels: &Kernels, x: &mut [f32]) {
+    kernels.sigmoid_in_place(x);
+}
+
+/// torch's softplus: `ln(1 + e^x)`, and `x` itself above 20 (libm's exp and log1p: there is
+/// no vector log1p of ours to match).
 pub fn softplus(x: f32) -> f32 {
     if x > 20.0 { x } else { x.exp().ln_1p() }
 }
@@ -161,18 +171,56 @@ pub fn silu(x: f32) -> f32 {
     x * sigmoid(x)
 }
 
+/// `x[i] = silu(x[i])`, vectorised where the kernels' tier is; the bits of [`silu`].
+pub fn silu_in_place(kernels: &Kernels, x: &mut [f32]) {
+    let mut gate = x.to_vec();
+    kernels.sigmoid_in_place(&mut gate);
+    x.iter_mut().zip(&gate).for_each(|(v, &s)| *v *= s);
+}
+
 /// The KDA log-decay of one channel from `z = f + dt_bias` and its head's `A_log`
 /// (K3_SPEC §6.3): K3's bounded form `lb · sigmoid(exp(A_log) · z)`, or Kimi-Linear's
 /// `-exp(A_log) · softplus(z)`. The decay itself is `exp(g)`.
 pub fn kda_log_decay(gate: KdaGate, a_log: f32, z: f32) -> f32 {
     match gate {
-        KdaGate::LowerBound(lb) => lb * sigmoid(a_log.exp() * z),
-        KdaGate::Softplus => -a_log.exp() * softplus(z),
+        KdaGate::LowerBound(lb) => lb * sigmoid(exp(a_log) * z),
+        KdaGate::Softplus => -exp(a_log) * softplus(z),
     }
 }
 
-/// One step of the causal depthwise conv with SiLU for `channels` channels: `window` holds the
-/// previous `taps - 1` inputs per channel, oldest first (`[channel][tap]`), `weights` is the
+/// The decays `exp(kda_log_decay(gate, a_log[c / dim], z[c]))` of a run of whole heads'
+/// channels (`dim` per head, `a_log` per head), in place over `z`, with the bits of the scalar
+/// functions; K3's bounded form runs vectorised where the kernels' tier is.
+pub fn kda_decays_in_place(
+    kernels: &Kernels,
+    gate: KdaGate,
+    a_log: &[f32],
+    dim: usize,
+    z: &mut [f32],
+) {
+    match gate {
+        KdaGate::LowerBound(lb) => {
+            for (head, &a) in z.chunks_mut(dim).zip(a_log) {
+                let rate = exp(a);
+                head.iter_mut().for_each(|v| *v *= rate);
+            }
+            kernels.sigmoid_in_place(z);
+            z.iter_mut().for_each(|v| *v *= lb);
+            kernels.exp_in_place(z);
+        }
+        KdaGate::Softplus => {
+            for (head, &a) in z.chunks_mut(dim).zip(a_log) {
+                let rate = -exp(a);
+                head.iter_mut().for_each(|v| *v = rate * softplus(*v));
+            }
+            kernels.exp_in_place(z);
+        }
+    }
+}
+
+/// One step of the causal depthwise conv for `channels` channels, before its SiLU (the caller
+/// applies [`silu_in_place`] to a whole head group at once): `window` holds the previous
+/// `taps - 1` inputs per channel, oldest first (`[channel][tap]`), `weights` is the
 /// checkpoint's `[channels, 1, taps]`; the last tap multiplies the current input. The window
 /// advances by one.
 pub fn conv_step(input: &[f32], weights: &[f32], taps: usize, window: &mut [f32], out: &mut [f32]) {
@@ -185,7 +233,7 @@ pub fn conv_step(input: &[f32], weights: &[f32], taps: usize, window: &mut [f32]
             acc += w[j] * p;
         }
         acc += w[history] * x;
-        *o = silu(acc);
+        *o = acc;
         past.copy_within(1.., 0);
         if let Some(last) = past.last_mut() {
             *last = x;

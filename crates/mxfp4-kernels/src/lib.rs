@@ -27,6 +27,7 @@ mod scalar;
 pub mod situ;
 mod tier;
 mod view;
+pub mod vmath;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

@@ -1,14 +1,9 @@
-//! SiTU-GLU, `β1·tanh(g/β1)·sigmoid(g) · β2·tanh(u/β2)`, with our own exp and tanh so the
-//! scalar and AVX-512 forms run the very same IEEE operations and agree bit for bit.
-//!
-//! `exp`: clamp to [-87, 88] (2^n stays a normal number; e^-87 ≈ 1.6e-38, e^88 ≈ 1.7e38),
-//! n = round(a·log2 e), Cody–Waite reduction with a split ln 2, degree-7 Taylor polynomial
-//! (|r| <= ln2/2, truncation error < 6e-9 relative), times 2^n. `tanh`: odd Taylor series to
-//! x^17 for |a| < 0.55 (no cancellation near 0), else `1 - 2/(e^{2|a|} + 1)` with the sign of
-//! `a`. Measured against f64 in the tests: a few ulp.
+//! SiTU-GLU, `β1·tanh(g/β1)·sigmoid(g) · β2·tanh(u/β2)`, on `vmath`'s exp, tanh and sigmoid,
+//! so the scalar and AVX-512 forms run the very same IEEE operations and agree bit for bit.
 
 use crate::error::{Error, Result};
 use crate::tier::{Kernels, Tier};
+use crate::vmath::{sigmoid, tanh};
 
 /// SiTU betas. `linear_beta: None` passes the up projection through unchanged (as HF does when
 /// `activation_situ_linear_beta` is null).
@@ -17,36 +12,6 @@ pub struct Situ {
     pub beta: f32,
     pub linear_beta: Option<f32>,
 }
-
-const LOG2E: f32 = std::f32::consts::LOG2_E;
-const LN2_HI: f32 = 0.693_359_4; // 0x3f318000: few mantissa bits, so n * LN2_HI is exact
-const LN2_LO: f32 = -2.121_944_4e-4;
-const EXP_LO: f32 = -87.0;
-const EXP_HI: f32 = 88.0;
-/// 1/k! for k = 7 down to 0 (Horner order).
-const EXP_POLY: [f32; 8] = [
-    1.0 / 5040.0,
-    1.0 / 720.0,
-    1.0 / 120.0,
-    1.0 / 24.0,
-    1.0 / 6.0,
-    0.5,
-    1.0,
-    1.0,
-];
-/// Below this |a|, tanh uses its odd series.
-const TANH_SERIES_LIMIT: f32 = 0.55;
-/// tanh(a) = a + a·s·P(s), s = a²: P's coefficients from the x^17 term down to the x^3 term.
-const TANH_POLY: [f32; 8] = [
-    (6404582.0f64 / 10854718875.0) as f32,
-    (-929569.0f64 / 638512875.0) as f32,
-    (21844.0f64 / 6081075.0) as f32,
-    (-1382.0f64 / 155925.0) as f32,
-    (62.0f64 / 2835.0) as f32,
-    (-17.0f64 / 315.0) as f32,
-    (2.0f64 / 15.0) as f32,
-    (-1.0f64 / 3.0) as f32,
-];
 
 impl Situ {
     /// K3's betas (config `activation_situ_beta` 4.0, `activation_situ_linear_beta` 25.0).
@@ -98,56 +63,14 @@ impl Situ {
     }
 }
 
-/// Clamp with NaN passing through, written to match `vminps`/`vmaxps` operand order.
-#[inline]
-fn clamp_exp_arg(a: f32) -> f32 {
-    let m = if EXP_HI < a { EXP_HI } else { a };
-    if EXP_LO > m { EXP_LO } else { m }
-}
-
-/// e^a, see the module docs.
-#[inline]
-pub fn exp(a: f32) -> f32 {
-    let a = clamp_exp_arg(a);
-    let n = (a * LOG2E).round_ties_even();
-    let r = n.mul_add(-LN2_HI, a);
-    let r = n.mul_add(-LN2_LO, r);
-    let mut p = EXP_POLY[0];
-    for &c in &EXP_POLY[1..] {
-        p = p.mul_add(r, c);
-    }
-    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
-}
-
-/// tanh(a), see the module docs.
-#[inline]
-pub fn tanh(a: f32) -> f32 {
-    if a.abs() < TANH_SERIES_LIMIT {
-        let s = a * a;
-        let mut p = TANH_POLY[0];
-        for &c in &TANH_POLY[1..] {
-            p = p.mul_add(s, c);
-        }
-        (a * s).mul_add(p, a)
-    } else {
-        let e = exp(2.0 * a.abs());
-        (1.0 - 2.0 / (e + 1.0)).copysign(a)
-    }
-}
-
-/// 1 / (1 + e^-a).
-#[inline]
-pub fn sigmoid(a: f32) -> f32 {
-    1.0 / (1.0 + exp(-a))
-}
-
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    //! The same operations as the scalar functions above, 16 lanes at a time.
+    //! `Situ::eval`'s operations, 16 lanes at a time.
 
     use core::arch::x86_64::*;
 
-    use super::*;
+    use super::Situ;
+    use crate::vmath::simd::{sigmoid, tanh};
 
     /// Processes whole vectors of 16 and returns how many elements it did.
     ///
@@ -180,64 +103,5 @@ mod simd {
             unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(i), _mm512_mul_ps(activated, linear)) };
         }
         whole
-    }
-
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    fn exp(a: __m512) -> __m512 {
-        let a = _mm512_max_ps(
-            _mm512_set1_ps(EXP_LO),
-            _mm512_min_ps(_mm512_set1_ps(EXP_HI), a),
-        );
-        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm512_mul_ps(a, _mm512_set1_ps(LOG2E)),
-        );
-        let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_HI), a);
-        let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-LN2_LO), r);
-        let mut p = _mm512_set1_ps(EXP_POLY[0]);
-        for &c in &EXP_POLY[1..] {
-            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-        }
-        let bits = _mm512_slli_epi32::<23>(_mm512_add_epi32(
-            _mm512_cvtps_epi32(n),
-            _mm512_set1_epi32(127),
-        ));
-        _mm512_mul_ps(p, _mm512_castsi512_ps(bits))
-    }
-
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    fn tanh(a: __m512) -> __m512 {
-        let sign = _mm512_set1_epi32(i32::MIN);
-        let abs = _mm512_castsi512_ps(_mm512_andnot_si512(sign, _mm512_castps_si512(a)));
-        let s = _mm512_mul_ps(a, a);
-        let mut p = _mm512_set1_ps(TANH_POLY[0]);
-        for &c in &TANH_POLY[1..] {
-            p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(c));
-        }
-        let series = _mm512_fmadd_ps(_mm512_mul_ps(a, s), p, a);
-        let one = _mm512_set1_ps(1.0);
-        let e = exp(_mm512_mul_ps(_mm512_set1_ps(2.0), abs));
-        let t = _mm512_sub_ps(
-            one,
-            _mm512_div_ps(_mm512_set1_ps(2.0), _mm512_add_ps(e, one)),
-        );
-        // copysign: clear t's sign bit, take a's (vpternlog: (t & !sign) | (a & sign)).
-        let signed =
-            _mm512_ternarylogic_epi32::<0xD8>(_mm512_castps_si512(t), _mm512_castps_si512(a), sign);
-        let small = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(abs, _mm512_set1_ps(TANH_SERIES_LIMIT));
-        _mm512_mask_blend_ps(small, _mm512_castsi512_ps(signed), series)
-    }
-
-    #[target_feature(enable = "avx512f")]
-    #[inline]
-    fn sigmoid(a: __m512) -> __m512 {
-        // Flip the sign bit, as scalar `-a` does (0 - a would turn -0 into +0).
-        let neg = _mm512_castsi512_ps(_mm512_xor_si512(
-            _mm512_castps_si512(a),
-            _mm512_set1_epi32(i32::MIN),
-        ));
-        let one = _mm512_set1_ps(1.0);
-        _mm512_div_ps(one, _mm512_add_ps(one, exp(neg)))
     }
 }

@@ -362,7 +362,9 @@ mod tests {
         }
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = || {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let mantissa = ((state >> 40) as f32) / (1u64 << 24) as f32 - 0.5;
             mantissa * 2f32.powi(((state >> 20) % 40) as i32 - 20)
         };

@@ -404,7 +404,7 @@ fn situ_bit_identical_across_tiers_and_accurate() {
 
 #[test]
 fn elementary_functions_accurate() {
-    use mxfp4_kernels::situ::{exp, sigmoid, tanh};
+    use mxfp4_kernels::vmath::{exp, sigmoid, tanh};
     let mut max_rel = [0.0f64; 3];
     for i in -200_000..=200_000 {
         let a = i as f32 * 4.3e-4; // [-86, 86]
@@ -426,6 +426,45 @@ fn elementary_functions_accurate() {
     assert_eq!(tanh(-0.0), 0.0);
     assert_eq!(tanh(50.0), 1.0);
     assert_eq!(tanh(-50.0), -1.0);
+}
+
+/// The slice forms of exp and sigmoid give the scalar functions' bits in every tier, tails
+/// (lengths that are not a multiple of 16) and edge values included.
+#[test]
+fn exp_and_sigmoid_slices_match_scalar_bitwise() {
+    use mxfp4_kernels::vmath::{exp, sigmoid};
+    let mut values: Vec<f32> = (-4000..4000).map(|i| i as f32 * 0.0237).collect();
+    values.extend([
+        0.0,
+        -0.0,
+        1e-30,
+        -1e-30,
+        88.5,
+        -88.5,
+        200.0,
+        -200.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MAX,
+        f32::MIN,
+    ]);
+    for k in tiers() {
+        for len in [values.len(), values.len() - 5, 7] {
+            let mut e = values[..len].to_vec();
+            k.exp_in_place(&mut e);
+            let mut s = values[..len].to_vec();
+            k.sigmoid_in_place(&mut s);
+            for (i, &x) in values[..len].iter().enumerate() {
+                assert_eq!(e[i].to_bits(), exp(x).to_bits(), "{}: exp({x})", k.tier());
+                assert_eq!(
+                    s[i].to_bits(),
+                    sigmoid(x).to_bits(),
+                    "{}: sigmoid({x})",
+                    k.tier()
+                );
+            }
+        }
+    }
 }
 
 #[test]
