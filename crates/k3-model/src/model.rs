@@ -844,69 +844,83 @@ impl<'a> Model<'a> {
                 .map(|(((a, b), c), d)| std::sync::Mutex::new([a, b, c, d]))
                 .collect();
             let group = |g: usize| -> Vec<Vec<f32>> {
-                let mut guard = owned[g].lock().expect("each group is locked by one task");
-                let [wq, wk, wv, state] = &mut *guard;
-                let first = g * per;
-                let count = state.len() / (dim * dim);
-                let channels = first * dim..(first + count) * dim;
-                let mut o = vec![0.0; dim];
-                let mut ys = Vec::with_capacity(span.len());
-                for t in span.clone() {
-                    // The conv windows and the recurrent state advance token by token.
-                    let mut qkv: [Vec<f32>; 3] = std::array::from_fn(|_| vec![0.0; count * dim]);
-                    let windows: [&mut [f32]; 3] = [&mut **wq, &mut **wk, &mut **wv];
-                    for (((out, proj), weights), window) in
-                        qkv.iter_mut().zip(&projections).zip(&w.conv).zip(windows)
-                    {
-                        let taps_range = channels.start * taps..channels.end * taps;
-                        conv_step(
-                            &proj[t][channels.clone()],
-                            &weights[taps_range],
-                            taps,
-                            window,
-                            out,
-                        );
-                    }
-                    // The group's SiLUs, decays and output gates, 16 channels at a time.
-                    for x in &mut qkv {
-                        silu_in_place(&self.kernels, x);
-                    }
-                    let mut alpha: Vec<f32> = channels
-                        .clone()
-                        .map(|ch| f[t][ch] + w.dt_bias[ch])
-                        .collect();
-                    let heads_a_log = &w.a_log[first..first + count];
-                    kda_decays_in_place(&self.kernels, c.kda.gate, heads_a_log, dim, &mut alpha);
-                    let mut gate = gates[t][channels.clone()].to_vec();
-                    sigmoid_in_place(&self.kernels, &mut gate);
-                    let [q, k, v] = &mut qkv;
-                    let mut y = vec![0.0; count * dim];
-                    for local in 0..count {
-                        let head = first + local;
-                        let range = local * dim..(local + 1) * dim;
-                        l2_norm(&mut q[range.clone()]);
-                        q[range.clone()].iter_mut().for_each(|a| *a *= scale);
-                        l2_norm(&mut k[range.clone()]);
-                        let head_state = &mut state[local * dim * dim..(local + 1) * dim * dim];
-                        let beta = sigmoid(beta_logits[t][head]);
-                        kda_step(
-                            head_state,
-                            &q[range.clone()],
-                            &k[range.clone()],
-                            &v[range.clone()],
-                            &alpha[range.clone()],
-                            beta,
-                            &mut o,
-                        );
-                        let out = &mut y[range.clone()];
-                        rms_norm(&o, Some(&w.o_norm), c.rms_norm_eps, out);
-                        for (a, &g) in out.iter_mut().zip(&gate[range]) {
-                            *a *= g;
+                wide(
+                    &self.kernels,
+                    #[inline(always)]
+                    || {
+                        let mut guard = owned[g].lock().expect("each group is locked by one task");
+                        let [wq, wk, wv, state] = &mut *guard;
+                        let first = g * per;
+                        let count = state.len() / (dim * dim);
+                        let channels = first * dim..(first + count) * dim;
+                        let mut o = vec![0.0; dim];
+                        let mut ys = Vec::with_capacity(span.len());
+                        for t in span.clone() {
+                            // The conv windows and the recurrent state advance token by token.
+                            let mut qkv: [Vec<f32>; 3] =
+                                std::array::from_fn(|_| vec![0.0; count * dim]);
+                            let windows: [&mut [f32]; 3] = [&mut **wq, &mut **wk, &mut **wv];
+                            for (((out, proj), weights), window) in
+                                qkv.iter_mut().zip(&projections).zip(&w.conv).zip(windows)
+                            {
+                                let taps_range = channels.start * taps..channels.end * taps;
+                                conv_step(
+                                    &proj[t][channels.clone()],
+                                    &weights[taps_range],
+                                    taps,
+                                    window,
+                                    out,
+                                );
+                            }
+                            // The group's SiLUs, decays and output gates, 16 channels at a time.
+                            for x in &mut qkv {
+                                silu_in_place(&self.kernels, x);
+                            }
+                            let mut alpha: Vec<f32> = channels
+                                .clone()
+                                .map(|ch| f[t][ch] + w.dt_bias[ch])
+                                .collect();
+                            let heads_a_log = &w.a_log[first..first + count];
+                            kda_decays_in_place(
+                                &self.kernels,
+                                c.kda.gate,
+                                heads_a_log,
+                                dim,
+                                &mut alpha,
+                            );
+                            let mut gate = gates[t][channels.clone()].to_vec();
+                            sigmoid_in_place(&self.kernels, &mut gate);
+                            let [q, k, v] = &mut qkv;
+                            let mut y = vec![0.0; count * dim];
+                            for local in 0..count {
+                                let head = first + local;
+                                let range = local * dim..(local + 1) * dim;
+                                l2_norm(&mut q[range.clone()]);
+                                q[range.clone()].iter_mut().for_each(|a| *a *= scale);
+                                l2_norm(&mut k[range.clone()]);
+                                let head_state =
+                                    &mut state[local * dim * dim..(local + 1) * dim * dim];
+                                let beta = sigmoid(beta_logits[t][head]);
+                                kda_step(
+                                    head_state,
+                                    &q[range.clone()],
+                                    &k[range.clone()],
+                                    &v[range.clone()],
+                                    &alpha[range.clone()],
+                                    beta,
+                                    &mut o,
+                                );
+                                let out = &mut y[range.clone()];
+                                rms_norm(&o, Some(&w.o_norm), c.rms_norm_eps, out);
+                                for (a, &g) in out.iter_mut().zip(&gate[range]) {
+                                    *a *= g;
+                                }
+                            }
+                            ys.push(y);
                         }
-                    }
-                    ys.push(y);
-                }
-                ys
+                        ys
+                    },
+                )
             };
             let parts = self.run_tasks(
                 owned.len() > 1,
@@ -1019,16 +1033,22 @@ impl<'a> Model<'a> {
             };
             let per = heads.div_ceil(groups);
             let group = |g: usize| -> Vec<Vec<f32>> {
-                let heads_here = g * per..((g + 1) * per).min(heads);
-                span.clone()
-                    .map(|t| {
-                        let mut ctx = vec![0.0; heads_here.len() * vd];
-                        for (local, head) in heads_here.clone().enumerate() {
-                            head_context(t, head, &mut ctx[local * vd..(local + 1) * vd]);
-                        }
-                        ctx
-                    })
-                    .collect()
+                wide(
+                    &self.kernels,
+                    #[inline(always)]
+                    || {
+                        let heads_here = g * per..((g + 1) * per).min(heads);
+                        span.clone()
+                            .map(|t| {
+                                let mut ctx = vec![0.0; heads_here.len() * vd];
+                                for (local, head) in heads_here.clone().enumerate() {
+                                    head_context(t, head, &mut ctx[local * vd..(local + 1) * vd]);
+                                }
+                                ctx
+                            })
+                            .collect()
+                    },
+                )
             };
             let count = heads.div_ceil(per);
             let parts = self.run_tasks(
@@ -1335,6 +1355,28 @@ fn mix(bank: &[Vec<f32>], current: &[f32], score: &[f32], eps: f32, out: &mut [f
     let mut candidates: Vec<&[f32]> = bank.iter().map(Vec::as_slice).collect();
     candidates.push(current);
     attn_res_mix(&candidates, score, eps, out);
+}
+
+/// Runs `f` inside a function compiled with AVX-512 enabled when the kernels' tier proves the
+/// CPU has it, so the per-head loops it inlines (`ops`: the KDA step, norms, dot products) use
+/// 512-bit vectors instead of the baseline's SSE2. Same bits: the same IEEE operations in the
+/// same order, only wider registers (Rust never contracts or reassociates float arithmetic).
+#[inline(always)]
+fn wide<T>(kernels: &Kernels, f: impl FnOnce() -> T) -> T {
+    #[cfg(target_arch = "x86_64")]
+    if kernels.tier() != mxfp4_kernels::Tier::Scalar {
+        // SAFETY: a non-scalar `Kernels` exists only where avx512f/bw/vl were detected.
+        return unsafe { avx512(f) };
+    }
+    f()
+}
+
+/// # Safety
+/// The CPU must have avx512f, avx512bw and avx512vl.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn avx512<T>(f: impl FnOnce() -> T) -> T {
+    f()
 }
 
 /// FNV-1a 64 of the little-endian bytes of `logits`: the fingerprint the determinism tests and

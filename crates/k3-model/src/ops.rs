@@ -15,6 +15,7 @@ use mxfp4_kernels::vmath::exp;
 use crate::config::KdaGate;
 
 /// `w ⊙ x · 1/sqrt(mean(x²) + eps)`; `weight` of `None` is the unweighted form AttnRes uses.
+#[inline(always)]
 pub fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32, out: &mut [f32]) {
     let inv = inv_rms(x, eps);
     match weight {
@@ -32,6 +33,7 @@ pub fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32, out: &mut [f32]) {
 }
 
 /// `Σ a_i b_i` in the canonical f32 order (module docs).
+#[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     lane_sum(a, b, |x, y| x * y)
 }
@@ -62,6 +64,7 @@ fn lane_sum(a: &[f32], b: &[f32], term: impl Fn(f32, f32) -> f32) -> f32 {
 }
 
 /// `Σ x_i²` in f64 (each square exact), in 8 interleaved partial sums and a fixed tree.
+#[inline(always)]
 fn sum_squares(x: &[f32]) -> f64 {
     let mut lanes = [0.0f64; 8];
     let (x8, tail) = x.split_at(x.len() / 8 * 8);
@@ -84,12 +87,14 @@ fn sum_squares(x: &[f32]) -> f64 {
 }
 
 /// `1/sqrt(mean(x²) + eps)`, the square sum in f64.
+#[inline(always)]
 pub fn inv_rms(x: &[f32], eps: f32) -> f32 {
     (1.0 / (sum_squares(x) / x.len() as f64 + f64::from(eps)).sqrt()) as f32
 }
 
 /// KDA's L2 norm of one head, in place: `x · 1/sqrt(Σx² + 1e-6)` (fla's eps inside the sqrt;
 /// K3_SPEC §5 follows fla over llama.cpp's 1e-5).
+#[inline(always)]
 pub fn l2_norm(x: &mut [f32]) {
     let inv = (1.0 / (sum_squares(x) + 1e-6).sqrt()) as f32;
     x.iter_mut().for_each(|v| *v *= inv);
@@ -99,6 +104,7 @@ pub fn l2_norm(x: &mut [f32]) {
 /// last): scores `<rms_norm(V_i) (no weight), score>` with `score = norm.w ⊙ proj.w`, softmax
 /// over candidates, and the weighted sum of the **raw** candidates. With one candidate the
 /// result is that candidate exactly.
+#[inline]
 pub fn attn_res_mix(candidates: &[&[f32]], score: &[f32], eps: f32, out: &mut [f32]) {
     if let [only] = candidates {
         out.copy_from_slice(only);
@@ -156,6 +162,7 @@ pub fn sigmoid(x: f32) -> f32 {
 }
 
 /// `x[i] = sigmoid(x[i])`, vectorised where the kernels' tier is; the bits of [`sigmoid`].
+#[inline]
 pub fn sigmoid_in_place(kernels: &Kernels, x: &mut [f32]) {
     kernels.sigmoid_in_place(x);
 }
@@ -172,6 +179,7 @@ pub fn silu(x: f32) -> f32 {
 }
 
 /// `x[i] = silu(x[i])`, vectorised where the kernels' tier is; the bits of [`silu`].
+#[inline]
 pub fn silu_in_place(kernels: &Kernels, x: &mut [f32]) {
     let mut gate = x.to_vec();
     kernels.sigmoid_in_place(&mut gate);
@@ -191,6 +199,7 @@ pub fn kda_log_decay(gate: KdaGate, a_log: f32, z: f32) -> f32 {
 /// The decays `exp(kda_log_decay(gate, a_log[c / dim], z[c]))` of a run of whole heads'
 /// channels (`dim` per head, `a_log` per head), in place over `z`, with the bits of the scalar
 /// functions; K3's bounded form runs vectorised where the kernels' tier is.
+#[inline]
 pub fn kda_decays_in_place(
     kernels: &Kernels,
     gate: KdaGate,
@@ -223,6 +232,7 @@ pub fn kda_decays_in_place(
 /// `taps - 1` inputs per channel, oldest first (`[channel][tap]`), `weights` is the
 /// checkpoint's `[channels, 1, taps]`; the last tap multiplies the current input. The window
 /// advances by one.
+#[inline(always)]
 pub fn conv_step(input: &[f32], weights: &[f32], taps: usize, window: &mut [f32], out: &mut [f32]) {
     let history = taps - 1;
     for (c, (&x, o)) in input.iter().zip(out.iter_mut()).enumerate() {
@@ -244,6 +254,7 @@ pub fn conv_step(input: &[f32], weights: &[f32], taps: usize, window: &mut [f32]
 /// One KDA delta-rule step for one head (K3_SPEC §6.5), in the order decay → read → write →
 /// output from the updated state. `state` is `[K][V]` row-major; `q` already carries the
 /// `K^-0.5` scale; `alpha` is the per-key decay `exp(g)`; `beta` the head's write strength.
+#[inline(always)]
 pub fn kda_step(
     state: &mut [f32],
     q: &[f32],
