@@ -1077,8 +1077,10 @@ impl<'a> Model<'a> {
     }
 
     fn mlp(&self, w: &Mlp<'_>, xs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>> {
-        let gates = self.gemm(&w.gate, xs)?;
-        let ups = self.gemm(&w.up, xs)?;
+        let [gates, ups]: [Vec<Vec<f32>>; 2] = self
+            .gemm_many(&[&w.gate, &w.up], xs)?
+            .try_into()
+            .expect("two matrices in, two results out");
         let mut hidden = Vec::with_capacity(xs.len());
         for (gate, up) in gates.iter().zip(&ups) {
             let mut h = vec![0.0; gate.len()];
@@ -1091,26 +1093,34 @@ impl<'a> Model<'a> {
     fn moe(&self, w: &Moe<'_>, xs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
         let r = &c.moe.router;
-        let routes: Vec<(Vec<usize>, Vec<f32>)> = self.timed(Bucket::Router, || {
-            Ok::<_, ModelError>(
-                self.gemm(&w.router, xs)?
-                    .iter()
-                    .map(|logits| {
-                        route(
-                            logits,
-                            &w.bias,
-                            r.top_k,
-                            r.renormalize,
-                            r.routed_scaling_factor,
-                        )
-                    })
-                    .collect(),
-            )
-        })?;
-        let zs = match &w.latent {
-            Some((down, _, _)) => self.timed(Bucket::Latent, || self.gemm(down, xs))?,
-            None => xs.to_vec(),
+        // The router and the latent down-projection read the same inputs: one dispatch.
+        let (logits, zs) = match &w.latent {
+            Some((down, _, _)) => {
+                let [logits, zs]: [Vec<Vec<f32>>; 2] = self
+                    .timed(Bucket::Latent, || self.gemm_many(&[&w.router, down], xs))?
+                    .try_into()
+                    .expect("two matrices in, two results out");
+                (logits, zs)
+            }
+            None => (
+                self.timed(Bucket::Router, || self.gemm(&w.router, xs))?,
+                xs.to_vec(),
+            ),
         };
+        let routes: Vec<(Vec<usize>, Vec<f32>)> = self.timed(Bucket::Router, || {
+            logits
+                .iter()
+                .map(|logits| {
+                    route(
+                        logits,
+                        &w.bias,
+                        r.top_k,
+                        r.renormalize,
+                        r.routed_scaling_factor,
+                    )
+                })
+                .collect()
+        });
         let io = zs.first().map_or(0, Vec::len);
         // Each expert runs once for all the chunk's tokens that chose it (batch-invariant, so
         // every token's output equals its one-token run); outputs[t][k] is token t's k-th pick.

@@ -18,9 +18,10 @@ pub enum Bucket {
     Mla,
     /// The dense MLP of the first layers.
     DenseMlp,
-    /// Router GEMV and top-k selection.
+    /// Top-k selection, and the router GEMV where the layer has no latent projection (with
+    /// one, the GEMV shares the latent down-projection's dispatch and is timed there).
     Router,
-    /// Latent down/up projections and the latent norm.
+    /// Latent down/up projections (the down one with the router GEMV) and the latent norm.
     Latent,
     /// The shared experts.
     SharedExperts,
@@ -71,8 +72,13 @@ impl Bucket {
             Bucket::Kda => class(TensorClass::KdaAttention),
             Bucket::Mla => class(TensorClass::MlaAttention),
             Bucket::DenseMlp => class(TensorClass::DenseMlp),
+            // With a latent projection the router GEMV runs (and is timed) with it.
+            Bucket::Router if class(TensorClass::LatentProjections) > 0 => 0,
             Bucket::Router => class(TensorClass::Router),
-            Bucket::Latent => class(TensorClass::LatentProjections),
+            Bucket::Latent => match class(TensorClass::LatentProjections) {
+                0 => 0,
+                latent => latent + class(TensorClass::Router),
+            },
             Bucket::SharedExperts => class(TensorClass::SharedExperts),
             Bucket::RoutedExperts => plan.routed_bytes_per_token,
             Bucket::LoadWait => 0,
