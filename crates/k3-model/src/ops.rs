@@ -167,10 +167,10 @@ pub fn sigmoid_in_place(kernels: &Kernels, x: &mut [f32]) {
     kernels.sigmoid_in_place(x);
 }
 
-/// torch's softplus: `ln(1 + e^x)`, and `x` itself above 20 (libm's exp and log1p: there is
-/// no vector log1p of ours to match).
+/// torch's softplus: `ln(1 + e^x)`, and `x` itself above 20 (`mxfp4_kernels::vmath`'s, so
+/// the KDA gate's slice form gives the same bits).
 pub fn softplus(x: f32) -> f32 {
-    if x > 20.0 { x } else { x.exp().ln_1p() }
+    mxfp4_kernels::vmath::softplus(x)
 }
 
 /// `x · sigmoid(x)`.
@@ -198,7 +198,7 @@ pub fn kda_log_decay(gate: KdaGate, a_log: f32, z: f32) -> f32 {
 
 /// The decays `exp(kda_log_decay(gate, a_log[c / dim], z[c]))` of a run of whole heads'
 /// channels (`dim` per head, `a_log` per head), in place over `z`, with the bits of the scalar
-/// functions; K3's bounded form runs vectorised where the kernels' tier is.
+/// functions, vectorised where the kernels' tier is.
 #[inline]
 pub fn kda_decays_in_place(
     kernels: &Kernels,
@@ -218,9 +218,10 @@ pub fn kda_decays_in_place(
             kernels.exp_in_place(z);
         }
         KdaGate::Softplus => {
+            kernels.softplus_in_place(z);
             for (head, &a) in z.chunks_mut(dim).zip(a_log) {
                 let rate = -exp(a);
-                head.iter_mut().for_each(|v| *v = rate * softplus(*v));
+                head.iter_mut().for_each(|v| *v *= rate);
             }
             kernels.exp_in_place(z);
         }

@@ -84,6 +84,43 @@ pub fn sigmoid(a: f32) -> f32 {
     1.0 / (1.0 + exp(-a))
 }
 
+/// Above this, softplus is its argument (torch's threshold).
+const SOFTPLUS_LINEAR: f32 = 20.0;
+/// ln m = 2s + 2s·z·P(z) with s = (m-1)/(m+1), z = s²: P's coefficients 1/11 .. 1/3.
+const LOG_POLY: [f32; 5] = [1.0 / 11.0, 1.0 / 9.0, 1.0 / 7.0, 1.0 / 5.0, 1.0 / 3.0];
+
+/// torch's softplus, `ln(1 + e^a)` and `a` itself above 20, on [`exp`] and our own log1p:
+/// `u = 1 + e^a` split as `2^k · m` with m in (√½, √2], `ln m` by its atanh series to s^11
+/// (|s| <= 0.172: truncation below 1e-10 relative), `k·ln 2` with the split ln 2, and the
+/// rounding of `1 + e^a` added back as `(e^a - (u - 1)) / u`, so tiny `e^a` give `e^a`.
+#[inline]
+pub fn softplus(a: f32) -> f32 {
+    if a > SOFTPLUS_LINEAR {
+        return a;
+    }
+    let y = exp(a);
+    let u = 1.0 + y;
+    let bits = u.to_bits();
+    let mut k = (bits >> 23) as i32 - 127;
+    let mut m = f32::from_bits((bits & 0x007f_ffff) | 0x3f80_0000);
+    if m > std::f32::consts::SQRT_2 {
+        m *= 0.5;
+        k += 1;
+    }
+    let f = m - 1.0;
+    let s = f / (2.0 + f);
+    let z = s * s;
+    let mut p = LOG_POLY[0];
+    for &c in &LOG_POLY[1..] {
+        p = p.mul_add(z, c);
+    }
+    let t = 2.0 * s;
+    let ln_m = (t * z).mul_add(p, t);
+    let k = k as f32;
+    let low = k.mul_add(LN2_LO, ln_m) + (y - (u - 1.0)) / u;
+    k.mul_add(LN2_HI, low)
+}
+
 impl Kernels {
     /// `x[i] = e^x[i]` with [`exp`]; every tier gives the scalar function's bits.
     pub fn exp_in_place(&self, x: &mut [f32]) {
@@ -109,6 +146,19 @@ impl Kernels {
             _ => 0,
         };
         x[done..].iter_mut().for_each(|v| *v = sigmoid(*v));
+    }
+
+    /// `x[i] = softplus(x[i])` with [`softplus`]; every tier gives the scalar function's bits.
+    pub fn softplus_in_place(&self, x: &mut [f32]) {
+        let done = match self.tier() {
+            Tier::Scalar => 0,
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as in `exp_in_place`.
+            _ => unsafe { simd::softplus_in_place(x) },
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => 0,
+        };
+        x[done..].iter_mut().for_each(|v| *v = softplus(*v));
     }
 }
 
@@ -149,6 +199,13 @@ pub(crate) mod simd {
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn sigmoid_in_place(x: &mut [f32]) -> usize {
         map_in_place!(x, sigmoid)
+    }
+
+    /// # Safety
+    /// The CPU must have avx512f.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn softplus_in_place(x: &mut [f32]) -> usize {
+        map_in_place!(x, softplus)
     }
 
     #[target_feature(enable = "avx512f")]
@@ -208,5 +265,37 @@ pub(crate) mod simd {
         ));
         let one = _mm512_set1_ps(1.0);
         _mm512_div_ps(one, _mm512_add_ps(one, exp(neg)))
+    }
+
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(crate) fn softplus(a: __m512) -> __m512 {
+        let y = exp(a);
+        let one = _mm512_set1_ps(1.0);
+        let u = _mm512_add_ps(one, y);
+        let bits = _mm512_castps_si512(u);
+        let k = _mm512_sub_epi32(_mm512_srli_epi32::<23>(bits), _mm512_set1_epi32(127));
+        let m = _mm512_castsi512_ps(_mm512_or_si512(
+            _mm512_and_si512(bits, _mm512_set1_epi32(0x007f_ffff)),
+            _mm512_set1_epi32(0x3f80_0000),
+        ));
+        let big = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(m, _mm512_set1_ps(std::f32::consts::SQRT_2));
+        let m = _mm512_mask_mul_ps(m, big, m, _mm512_set1_ps(0.5));
+        let k = _mm512_mask_add_epi32(k, big, k, _mm512_set1_epi32(1));
+        let f = _mm512_sub_ps(m, one);
+        let s = _mm512_div_ps(f, _mm512_add_ps(_mm512_set1_ps(2.0), f));
+        let z = _mm512_mul_ps(s, s);
+        let mut p = _mm512_set1_ps(LOG_POLY[0]);
+        for &c in &LOG_POLY[1..] {
+            p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(c));
+        }
+        let t = _mm512_add_ps(s, s);
+        let ln_m = _mm512_fmadd_ps(_mm512_mul_ps(t, z), p, t);
+        let k = _mm512_cvtepi32_ps(k);
+        let rounding = _mm512_div_ps(_mm512_sub_ps(y, _mm512_sub_ps(u, one)), u);
+        let low = _mm512_add_ps(_mm512_fmadd_ps(k, _mm512_set1_ps(LN2_LO), ln_m), rounding);
+        let log1p = _mm512_fmadd_ps(k, _mm512_set1_ps(LN2_HI), low);
+        let linear = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(a, _mm512_set1_ps(SOFTPLUS_LINEAR));
+        _mm512_mask_blend_ps(linear, log1p, a)
     }
 }

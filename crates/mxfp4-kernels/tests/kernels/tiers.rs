@@ -404,7 +404,7 @@ fn situ_bit_identical_across_tiers_and_accurate() {
 
 #[test]
 fn elementary_functions_accurate() {
-    use mxfp4_kernels::vmath::{exp, sigmoid, tanh};
+    use mxfp4_kernels::vmath::{exp, sigmoid, softplus, tanh};
     let mut max_rel = [0.0f64; 3];
     for i in -200_000..=200_000 {
         let a = i as f32 * 4.3e-4; // [-86, 86]
@@ -422,17 +422,35 @@ fn elementary_functions_accurate() {
         max_rel.iter().all(|&e| e < 5e-7),
         "max relative errors exp/tanh/sigmoid: {max_rel:?}"
     );
+    // softplus against ln(1 + e^a) in f64, relative, over the range KDA's gate sees and past
+    // both ends (e^a underflowing, and the linear branch above 20).
+    let mut softplus_rel = 0.0f64;
+    for i in -60_000..=60_000 {
+        let a = i as f32 * 1.5e-3; // [-90, 90]
+        let want = if a > 20.0 {
+            f64::from(a)
+        } else {
+            f64::from(a).exp().ln_1p()
+        };
+        if want > 1e-37 {
+            softplus_rel = softplus_rel.max((f64::from(softplus(a)) - want).abs() / want);
+        }
+    }
+    assert!(
+        softplus_rel < 5e-7,
+        "softplus max relative error {softplus_rel:e}"
+    );
     assert_eq!(tanh(0.0), 0.0);
     assert_eq!(tanh(-0.0), 0.0);
     assert_eq!(tanh(50.0), 1.0);
     assert_eq!(tanh(-50.0), -1.0);
 }
 
-/// The slice forms of exp and sigmoid give the scalar functions' bits in every tier, tails
-/// (lengths that are not a multiple of 16) and edge values included.
+/// The slice forms of exp, sigmoid and softplus give the scalar functions' bits in every
+/// tier, tails (lengths that are not a multiple of 16) and edge values included.
 #[test]
 fn exp_and_sigmoid_slices_match_scalar_bitwise() {
-    use mxfp4_kernels::vmath::{exp, sigmoid};
+    use mxfp4_kernels::vmath::{exp, sigmoid, softplus};
     let mut values: Vec<f32> = (-4000..4000).map(|i| i as f32 * 0.0237).collect();
     values.extend([
         0.0,
@@ -454,8 +472,12 @@ fn exp_and_sigmoid_slices_match_scalar_bitwise() {
             k.exp_in_place(&mut e);
             let mut s = values[..len].to_vec();
             k.sigmoid_in_place(&mut s);
+            let mut p = values[..len].to_vec();
+            k.softplus_in_place(&mut p);
             for (i, &x) in values[..len].iter().enumerate() {
                 assert_eq!(e[i].to_bits(), exp(x).to_bits(), "{}: exp({x})", k.tier());
+                let (got, want) = (p[i].to_bits(), softplus(x).to_bits());
+                assert_eq!(got, want, "{}: softplus({x})", k.tier());
                 assert_eq!(
                     s[i].to_bits(),
                     sigmoid(x).to_bits(),
