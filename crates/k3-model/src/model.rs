@@ -713,20 +713,27 @@ impl<'a> Model<'a> {
             let restart = c.layers[i].attn_res_snapshot;
             let mut raw = Vec::with_capacity(tokens.len());
             let mut normed = Vec::with_capacity(tokens.len());
-            for (t, bank) in banks.iter_mut().enumerate() {
-                // (a) attention-side mix over [bank..., h] (skipped while the bank is empty);
-                // (b) at a block boundary, bank the RAW layer input and restart the stream.
-                let input = std::mem::take(&mut h[t]);
-                let mut mixed = input.clone();
-                if !bank.is_empty() {
-                    mix(bank, &input, &layer.attn_res_score, eps, &mut mixed);
-                }
-                if restart {
-                    bank.push(input.clone());
-                }
-                normed.push(norm(&mixed, &layer.input_norm));
-                raw.push(input);
-            }
+            wide(
+                &self.kernels,
+                #[inline(always)]
+                || {
+                    for (t, bank) in banks.iter_mut().enumerate() {
+                        // (a) attention-side mix over [bank..., h] (skipped while the bank is
+                        // empty); (b) at a block boundary, bank the RAW layer input and
+                        // restart the stream.
+                        let input = std::mem::take(&mut h[t]);
+                        let mut mixed = input.clone();
+                        if !bank.is_empty() {
+                            mix(bank, &input, &layer.attn_res_score, eps, &mut mixed);
+                        }
+                        if restart {
+                            bank.push(input.clone());
+                        }
+                        normed.push(norm(&mixed, &layer.input_norm));
+                        raw.push(input);
+                    }
+                },
+            );
             // Projections once for all tokens; attention on each sequence's own state.
             let attn = match &layer.attention {
                 Attention::Kda(kda) => {
@@ -752,18 +759,24 @@ impl<'a> Model<'a> {
             };
             let mut prefix = Vec::with_capacity(tokens.len());
             let mut post = Vec::with_capacity(tokens.len());
-            for (t, a) in attn.into_iter().enumerate() {
-                let p: Vec<f32> = if restart {
-                    a
-                } else {
-                    raw[t].iter().zip(&a).map(|(x, y)| x + y).collect()
-                };
-                // (c) mlp-side mix over [bank..., prefix] (never empty here).
-                let mut m = vec![0.0; d];
-                mix(&banks[t], &p, &layer.mlp_res_score, eps, &mut m);
-                post.push(norm(&m, &layer.post_norm));
-                prefix.push(p);
-            }
+            wide(
+                &self.kernels,
+                #[inline(always)]
+                || {
+                    for (t, a) in attn.into_iter().enumerate() {
+                        let p: Vec<f32> = if restart {
+                            a
+                        } else {
+                            raw[t].iter().zip(&a).map(|(x, y)| x + y).collect()
+                        };
+                        // (c) mlp-side mix over [bank..., prefix] (never empty here).
+                        let mut m = vec![0.0; d];
+                        mix(&banks[t], &p, &layer.mlp_res_score, eps, &mut m);
+                        post.push(norm(&m, &layer.post_norm));
+                        prefix.push(p);
+                    }
+                },
+            );
             let f = match &layer.ffn {
                 Ffn::Dense(mlp) => self.timed(Bucket::DenseMlp, || self.mlp(mlp, &post))?,
                 Ffn::Moe(moe) => self.moe(moe, &post)?,
@@ -1361,6 +1374,7 @@ fn row_tasks(rows: usize, threads: usize) -> Vec<std::ops::Range<usize>> {
 }
 
 /// The AttnRes mix of `[bank..., current]`.
+#[inline(always)]
 fn mix(bank: &[Vec<f32>], current: &[f32], score: &[f32], eps: f32, out: &mut [f32]) {
     let mut candidates: Vec<&[f32]> = bank.iter().map(Vec::as_slice).collect();
     candidates.push(current);

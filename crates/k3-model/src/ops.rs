@@ -104,7 +104,7 @@ pub fn l2_norm(x: &mut [f32]) {
 /// last): scores `<rms_norm(V_i) (no weight), score>` with `score = norm.w ⊙ proj.w`, softmax
 /// over candidates, and the weighted sum of the **raw** candidates. With one candidate the
 /// result is that candidate exactly.
-#[inline]
+#[inline(always)]
 pub fn attn_res_mix(candidates: &[&[f32]], score: &[f32], eps: f32, out: &mut [f32]) {
     if let [only] = candidates {
         out.copy_from_slice(only);
