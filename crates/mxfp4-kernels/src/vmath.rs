@@ -121,45 +121,42 @@ pub fn softplus(a: f32) -> f32 {
     k.mul_add(LN2_HI, low)
 }
 
+/// A `Kernels` method applying the scalar function `$scalar` to a slice in place: whole
+/// vectors of 16 through `simd::$name` where the tier has AVX-512, the rest (and the scalar
+/// tier) one by one, so every tier gives the scalar function's bits.
+macro_rules! in_place {
+    ($(#[$doc:meta])* $name:ident, $scalar:ident) => {
+        $(#[$doc])*
+        pub fn $name(&self, x: &mut [f32]) {
+            let done = match self.tier() {
+                Tier::Scalar => 0,
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: a non-scalar `Kernels` exists only where avx512f/bw/vl were detected.
+                _ => unsafe { simd::$name(x) },
+                #[cfg(not(target_arch = "x86_64"))]
+                _ => 0,
+            };
+            x[done..].iter_mut().for_each(|v| *v = $scalar(*v));
+        }
+    };
+}
+
 impl Kernels {
-    /// `x[i] = e^x[i]` with [`exp`]; every tier gives the scalar function's bits.
-    pub fn exp_in_place(&self, x: &mut [f32]) {
-        let done = match self.tier() {
-            Tier::Scalar => 0,
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: a non-scalar `Kernels` exists only where avx512f/bw/vl were detected.
-            _ => unsafe { simd::exp_in_place(x) },
-            #[cfg(not(target_arch = "x86_64"))]
-            _ => 0,
-        };
-        x[done..].iter_mut().for_each(|v| *v = exp(*v));
-    }
-
-    /// `x[i] = 1 / (1 + e^-x[i])` with [`sigmoid`]; every tier gives the scalar function's bits.
-    pub fn sigmoid_in_place(&self, x: &mut [f32]) {
-        let done = match self.tier() {
-            Tier::Scalar => 0,
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as in `exp_in_place`.
-            _ => unsafe { simd::sigmoid_in_place(x) },
-            #[cfg(not(target_arch = "x86_64"))]
-            _ => 0,
-        };
-        x[done..].iter_mut().for_each(|v| *v = sigmoid(*v));
-    }
-
-    /// `x[i] = softplus(x[i])` with [`softplus`]; every tier gives the scalar function's bits.
-    pub fn softplus_in_place(&self, x: &mut [f32]) {
-        let done = match self.tier() {
-            Tier::Scalar => 0,
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as in `exp_in_place`.
-            _ => unsafe { simd::softplus_in_place(x) },
-            #[cfg(not(target_arch = "x86_64"))]
-            _ => 0,
-        };
-        x[done..].iter_mut().for_each(|v| *v = softplus(*v));
-    }
+    in_place!(
+        /// `x[i] = e^x[i]` with [`exp`]; every tier gives the scalar function's bits.
+        exp_in_place,
+        exp
+    );
+    in_place!(
+        /// `x[i] = 1 / (1 + e^-x[i])` with [`sigmoid`]; every tier gives the scalar bits.
+        sigmoid_in_place,
+        sigmoid
+    );
+    in_place!(
+        /// `x[i] = softplus(x[i])` with [`softplus`]; every tier gives the scalar bits.
+        softplus_in_place,
+        softplus
+    );
 }
 
 #[cfg(target_arch = "x86_64")]
