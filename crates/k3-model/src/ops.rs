@@ -53,14 +53,7 @@ fn lane_sum(a: &[f32], b: &[f32], term: impl Fn(f32, f32) -> f32) -> f32 {
     for (i, (&x, &y)) in a_tail.iter().zip(b_tail).enumerate() {
         lanes[i] += term(x, y);
     }
-    let mut width = 16;
-    while width > 1 {
-        width /= 2;
-        for i in 0..width {
-            lanes[i] += lanes[i + width];
-        }
-    }
-    lanes[0]
+    tree_sum(lanes)
 }
 
 /// `Σ x_i²` in f64 (each square exact), in 8 interleaved partial sums and a fixed tree.
@@ -76,11 +69,19 @@ fn sum_squares(x: &[f32]) -> f64 {
     for (i, &v) in tail.iter().enumerate() {
         lanes[i] += f64::from(v) * f64::from(v);
     }
-    let mut width = 8;
+    tree_sum(lanes)
+}
+
+/// The fixed pairwise tree over `N` partial sums (module docs): lane `i` takes lane
+/// `i + N/2`, then `i + N/4`, ..., down to lane 0.
+#[inline(always)]
+fn tree_sum<T: Copy + std::ops::AddAssign, const N: usize>(mut lanes: [T; N]) -> T {
+    let mut width = N;
     while width > 1 {
         width /= 2;
         for i in 0..width {
-            lanes[i] += lanes[i + width];
+            let upper = lanes[i + width];
+            lanes[i] += upper;
         }
     }
     lanes[0]
