@@ -18,7 +18,7 @@ use crate::checkpoint::a_log;
 use crate::config::{AttentionKind, FfnKind, K3Config};
 use crate::ops::{
     attn_res_mix, conv_step, dot, kda_decays_in_place, kda_step, l2_norm, rms_norm, route, sigmoid,
-    sigmoid_in_place, silu_in_place,
+    silu_in_place,
 };
 use crate::profile::{Bucket, Profile};
 
@@ -902,7 +902,7 @@ impl<'a> Model<'a> {
                                 &mut alpha,
                             );
                             let mut gate = gates[t][channels.clone()].to_vec();
-                            sigmoid_in_place(&self.kernels, &mut gate);
+                            self.kernels.sigmoid_in_place(&mut gate);
                             let [q, k, v] = &mut qkv;
                             let mut y = vec![0.0; count * dim];
                             for local in 0..count {
@@ -1080,7 +1080,7 @@ impl<'a> Model<'a> {
         }
         if let Some(gates) = gates {
             for (ctx, mut gate) in ctxs.iter_mut().zip(gates) {
-                sigmoid_in_place(&self.kernels, &mut gate);
+                self.kernels.sigmoid_in_place(&mut gate);
                 for (a, &g) in ctx.iter_mut().zip(&gate) {
                     *a *= g;
                 }

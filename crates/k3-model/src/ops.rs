@@ -157,15 +157,9 @@ pub fn route(
 }
 
 /// `1 / (1 + e^-x)`, on the engine's own exp (`mxfp4_kernels::vmath`), so
-/// [`sigmoid_in_place`] gives the same bits 16 at a time.
+/// `Kernels::sigmoid_in_place` gives the same bits 16 at a time.
 pub fn sigmoid(x: f32) -> f32 {
     mxfp4_kernels::vmath::sigmoid(x)
-}
-
-/// `x[i] = sigmoid(x[i])`, vectorised where the kernels' tier is; the bits of [`sigmoid`].
-#[inline]
-pub fn sigmoid_in_place(kernels: &Kernels, x: &mut [f32]) {
-    kernels.sigmoid_in_place(x);
 }
 
 /// torch's softplus: `ln(1 + e^x)`, and `x` itself above 20 (`mxfp4_kernels::vmath`'s, so

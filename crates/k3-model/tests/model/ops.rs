@@ -200,7 +200,7 @@ fn slice_forms_match_scalar_bitwise() {
             }
         }
         let (mut s, mut u) = (z.clone(), z.clone());
-        sigmoid_in_place(&kernels, &mut s);
+        kernels.sigmoid_in_place(&mut s);
         silu_in_place(&kernels, &mut u);
         for (i, &x) in z.iter().enumerate() {
             assert_eq!(s[i].to_bits(), sigmoid(x).to_bits(), "sigmoid({x})");
