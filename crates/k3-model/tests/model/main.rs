@@ -6,6 +6,7 @@ mod ct_fixture;
 mod fla_kda;
 mod forward;
 mod frozen;
+mod fuzz;
 mod inventory;
 mod llamacpp;
 mod numa;
