@@ -19,3 +19,8 @@ pub use store::{
 pub use usage::UsageHistory;
 
 pub use checkpoint::{Checkpoint, CheckpointError, Dtype, ExpertLocation, TensorRef};
+
+// The README's example is compiled and run as a doctest, so it cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctest;

@@ -20,3 +20,8 @@ pub mod synth;
 pub mod tokenizer;
 
 pub use config::{AttentionKind, ConfigError, FfnKind, K3Config, KdaGate};
+
+// The README's example is compiled and run as a doctest, so it cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctest;

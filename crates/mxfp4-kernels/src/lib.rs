@@ -37,3 +37,8 @@ pub use expert::ExpertScratch;
 pub use situ::Situ;
 pub use tier::{Kernels, Tier};
 pub use view::{Bf16Matrix, GROUP, GROUP_BYTES, MxFp4Matrix};
+
+// The README's example is compiled and run as a doctest, so it cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctest;

@@ -715,3 +715,8 @@ mod tests {
         assert_eq!(*live.count.lock().unwrap(), 0);
     }
 }
+
+// The README's example is compiled and run as a doctest, so it cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctest;
