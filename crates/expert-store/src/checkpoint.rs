@@ -136,6 +136,8 @@ pub struct Checkpoint {
     resident: Option<Resident>,
     /// `TEXT_PREFIX` if the checkpoint's text tensors carry it, else empty.
     prefix: &'static str,
+    /// Index files absent because they hold only vision tensors.
+    skipped: Vec<String>,
 }
 
 impl Checkpoint {
@@ -158,12 +160,27 @@ impl Checkpoint {
         let mut shards = Vec::with_capacity(files.len());
         let mut tensors: HashMap<String, Entry> = HashMap::new();
         let mut data_bytes = 0usize;
+        let mut skipped = Vec::new();
         for file in &files {
             let path = dir.join(file);
-            let handle = File::open(&path).map_err(|source| CheckpointError::Io {
-                path: path.clone(),
-                source,
-            })?;
+            let handle = match File::open(&path) {
+                Ok(handle) => handle,
+                // A text-only download may leave out the shards that hold nothing but the
+                // vision tower and projector: their tensors are never read.
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::NotFound
+                        && weight_map.as_ref().is_some_and(|m| vision_only(m, file)) =>
+                {
+                    skipped.push(file.clone());
+                    continue;
+                }
+                Err(source) => {
+                    return Err(CheckpointError::Io {
+                        path: path.clone(),
+                        source,
+                    });
+                }
+            };
             // SAFETY: the mapping is read-only and lives as long as `self`. The contract we
             // rely on — nobody truncates or rewrites a checkpoint while it is being served —
             // is the same every mmap-based loader makes; a truncation would fault, not lie.
@@ -201,10 +218,13 @@ impl Checkpoint {
         }
         if let Some(weight_map) = &weight_map {
             for (tensor, file) in weight_map {
-                let listed = files
+                if skipped.contains(file) {
+                    continue;
+                }
+                let listed = shards
                     .iter()
-                    .position(|f| f == file)
-                    .expect("index files come from the weight map");
+                    .position(|s: &Shard| s.path == dir.join(file))
+                    .expect("every index file not skipped was mapped");
                 match tensors.get(tensor) {
                     Some(entry) if entry.shard == listed => {}
                     _ => {
@@ -216,7 +236,10 @@ impl Checkpoint {
                 }
             }
         }
+        // The total counts the absent vision shards too, so it is checked only when every
+        // shard is here.
         if let Some(total) = total_size
+            && skipped.is_empty()
             && total != data_bytes
         {
             return Err(CheckpointError::Index {
@@ -231,13 +254,27 @@ impl Checkpoint {
         } else {
             ""
         };
+        if !skipped.is_empty() {
+            log::info!(
+                "{}: {} shard(s) holding only vision tensors are absent and not needed: {}",
+                dir.display(),
+                skipped.len(),
+                skipped.join(", ")
+            );
+        }
         Ok(Self {
             dir: dir.to_owned(),
             shards,
             tensors,
             resident: None,
             prefix,
+            skipped,
         })
+    }
+
+    /// Shards the index names that are absent because they hold only vision tensors.
+    pub fn skipped_shards(&self) -> &[String] {
+        &self.skipped
     }
 
     /// Copies every tensor whose stored name passes `keep` into one anonymous buffer advised
@@ -490,6 +527,20 @@ fn view_error(t: &TensorRef<'_>, source: mxfp4_kernels::Error) -> CheckpointErro
         tensor: t.name.to_owned(),
         source,
     }
+}
+
+/// Prefixes of the vision tower's and projector's tensors in the release (K3_SPEC §3.2).
+const VISION_PREFIXES: [&str; 2] = ["vision_tower.", "mm_projector."];
+
+/// Whether every tensor the index places in `file` belongs to the vision tower or projector.
+fn vision_only(weight_map: &BTreeMap<String, String>, file: &str) -> bool {
+    let mut names = weight_map.iter().filter(|(_, f)| *f == file).peekable();
+    names.peek().is_some()
+        && names.all(|(tensor, _)| {
+            VISION_PREFIXES
+                .iter()
+                .any(|p| tensor.starts_with(p))
+        })
 }
 
 /// A parsed index: the shard files in first-mention order, the weight map (tensor -> file),

@@ -444,3 +444,35 @@ proptest! {
         }
     }
 }
+
+/// A text-only download leaves out the shards holding only vision tensors: the checkpoint
+/// opens without them (and says which), while an absent shard holding any text tensor is
+/// still an error naming it.
+#[test]
+fn absent_vision_only_shards_are_skipped_and_absent_text_shards_are_errors() {
+    let scratch = Scratch::new("vision");
+    let dir = &scratch.0;
+    let mut map = write_checkpoint(dir, "language_model.");
+    let vision = "model-00003-of-000003.safetensors";
+    for name in ["vision_tower.blocks.0.attn.qkv.weight", "mm_projector.proj.weight"] {
+        map.insert(name.to_owned(), vision.to_owned());
+    }
+    // No total_size: the absent shard's bytes could not be checked anyway.
+    let index = serde_json::json!({ "weight_map": map });
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let ckpt = Checkpoint::open(dir).unwrap();
+    assert_eq!(ckpt.skipped_shards(), [vision]);
+    assert!(ckpt.tensor("model.norm.weight").is_some());
+
+    // The same absent file, now also said to hold a text tensor: refused, naming the file.
+    map.insert("language_model.model.layers.2.mlp.gate.weight".into(), vision.into());
+    let index = serde_json::json!({ "weight_map": map });
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    match Checkpoint::open(dir) {
+        Err(CheckpointError::Io { path, source }) => {
+            assert!(path.ends_with(vision), "{}", path.display());
+            assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+        }
+        other => panic!("expected an error naming {vision}, got {other:?}"),
+    }
+}
