@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use expert_store::Checkpoint;
-use k3_model::checkpoint::{validate, validate_expert_scales};
+use k3_model::checkpoint::{format_census, validate, validate_expert_scales};
 use k3_model::config::K3Config;
 use k3_model::synth::{
     FloatFormat, Preset, SynthFormats, SynthOptions, generate_with, selection_bias,
@@ -140,6 +140,10 @@ pub(crate) fn check(args: &[String]) -> Result<()> {
         validated.truncated_a_log.len(),
         start.elapsed().as_secs_f64()
     );
+    println!("formats (bytes by class and stored format):");
+    for ((class, format), bytes) in format_census(&ckpt, &config)? {
+        println!("  {:<24} {format:<6} {bytes:>16}", class.name());
+    }
     Ok(())
 }
 

@@ -159,12 +159,12 @@ fn f32_trunk_of_bf16_values_gives_the_bf16_bits() {
 /// its widened values (same kernel order), and stays near the BF16 checkpoint.
 ///
 /// The bound: every BF16 value of magnitude at least 2^-17 is exact in F16 (8 significant bits
-/// fit in F16's 11 down to the subnormal quantum 2^-24), so the F16 copy changes only weights
+/// fit in F16's 11 down to the subnormal quantum 2^-24), so the F16 copy moves only the weights
 /// below 2^-17 (a few per thousand of these `U(±sqrt(3/fan_in))` weights), each by at most
-/// 2^-25. Through a projection of fan-in n with O(1) inputs that moves an output by at most
-/// about n x 2^-25 x (share of such weights) — under 1e-7 here — far below the logits' O(1)
-/// scale; 1e-4 x max|logit| allows for growth through the nine layers and still fails on any
-/// wrong weight (a single wrong BF16 weight moves logits by ~1e-2).
+/// 2^-25: a perturbation of relative size ~1e-6 of the weights, which nine layers carry to the
+/// logits. Measured on the scalar tier: max gap 2.2e-5 at max |logit| 3.6 (6e-6 relative). The
+/// bound, 1e-4 x max|logit|, leaves a 16x margin and is still four orders below the logits'
+/// spread, so a misdecoded F16 weight (an exponent or half swapped) cannot pass it.
 #[test]
 fn f16_trunk_equals_its_f32_twin_and_stays_near_bf16() {
     let (bf16, config) = tiny("f16-ref", &SynthFormats::default());
@@ -201,6 +201,10 @@ fn f16_trunk_equals_its_f32_twin_and_stays_near_bf16() {
             .zip(reference.iter().flatten())
             .map(|(a, b)| (a - b).abs())
             .fold(0.0f32, f32::max);
+        eprintln!(
+            "{}: f16 vs bf16 trunk: max gap {gap:e}, max |logit| {scale}",
+            kernels.tier()
+        );
         assert!(
             gap <= 1e-4 * scale,
             "{}: f16 trunk logits differ from bf16 by {gap:e} (max |logit| {scale})",
@@ -365,5 +369,46 @@ fn unsupported_formats_are_refused_by_name() {
     assert!(
         err.contains("model.norm.weight") && err.contains("F32, BF16 or F16") && err.contains("U8"),
         "{err}"
+    );
+}
+
+/// The census `k3-check` prints: bytes by class and stored format, summing to the checkpoint's
+/// tensor bytes, with each class in the format it was written in.
+#[test]
+fn format_census_counts_every_byte_by_class_and_format() {
+    use k3_model::checkpoint::format_census;
+    use k3_model::inventory::TensorClass;
+    let (dir, config) = tiny(
+        "census",
+        &SynthFormats {
+            trunk: FloatFormat::F32,
+            vectors: Some(FloatFormat::F16),
+            mxfp4_linears: vec!["shared_experts".into()],
+            ..SynthFormats::default()
+        },
+    );
+    let ckpt = Checkpoint::open(&dir.0).unwrap();
+    let census = format_census(&ckpt, &config).unwrap();
+    assert_eq!(census.values().sum::<usize>(), ckpt.data_bytes());
+    for (class, format) in [
+        (TensorClass::KdaAttention, "f32"),
+        (TensorClass::LmHead, "f32"),
+        (TensorClass::LayerNorms, "f16"),
+        (TensorClass::SharedExperts, "mxfp4"),
+        (TensorClass::RoutedExperts, "mxfp4"),
+    ] {
+        assert!(
+            census.get(&(class, format)).is_some_and(|&b| b > 0),
+            "{class:?} {format}: {census:?}"
+        );
+    }
+    assert!(
+        !census
+            .keys()
+            .any(|(class, format)| *class == TensorClass::SharedExperts && *format != "mxfp4")
+    );
+    assert!(
+        !census.keys().any(|(_, format)| *format == "bf16"),
+        "{census:?}"
     );
 }
