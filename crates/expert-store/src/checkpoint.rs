@@ -414,8 +414,14 @@ impl Checkpoint {
             Some(base) if self.tensor(&format!("{base}.weight_packed")).is_some() => {
                 Ok(LinearStorage::MxFp4(base.to_owned()))
             }
-            _ => Err(CheckpointError::Missing {
-                tensor: format!("{}{name} ({LINEAR_FORMATS})", self.prefix),
+            Some(base) => Err(CheckpointError::Missing {
+                tensor: format!(
+                    "{p}{name} (or MXFP4 {p}{base}.weight_packed + weight_scale)",
+                    p = self.prefix
+                ),
+            }),
+            None => Err(CheckpointError::Missing {
+                tensor: format!("{}{name}", self.prefix),
             }),
         }
     }
