@@ -11,6 +11,9 @@ use crate::view::{Bf16Matrix, F16Matrix, F32Matrix, MxFp4Matrix, WeightMatrix};
 
 /// A family of kernels. Exact tiers decode weights exactly to f32 and use f32 arithmetic; they
 /// differ from `Scalar` only by summation order. Approximate tiers round the activations.
+/// F16 and F32 matrices run f32 FMAs in every SIMD tier: on f32 activations in `Avx512`, on
+/// the BF16-rounded activations in the approximate tiers (`vdpbf16ps` and int8 cannot hold
+/// their weights exactly).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Tier {
     /// Plain Rust, sequential sums: the oracle every other tier is tested against.
