@@ -6,6 +6,10 @@
 //! Canonical choices (they define the engine's bits): MLA in the absorbed form with the cache
 //! of the normed latent and the raw `k_pe`; routed experts summed in the router's order;
 //! every reduction in index order (see [`crate::ops`]).
+//!
+//! Every linear weight is a [`WeightMatrix`] in the format the checkpoint stores it (BF16, F16,
+//! F32 or MXFP4, [`Checkpoint::linear`]); the kernels dispatch on it once per call. An F32
+//! weight holding BF16 values gives the BF16 weight's bits in the exact tiers.
 
 use std::sync::Arc;
 
