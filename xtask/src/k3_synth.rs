@@ -1,4 +1,6 @@
-//! `cargo xtask gen-k3-synth`: writes a synthetic K3 checkpoint in the release's layout, and
+//! `cargo xtask gen-k3-synth`: writes a synthetic K3 checkpoint in the release's layout (or
+//! with its trunk, vectors or chosen linears in other formats: `--trunk-dtype`,
+//! `--vector-dtype`, `--mxfp4-linears`), and
 //! `cargo xtask k3-check`: opens a checkpoint directory and validates it against its config.
 
 use std::path::PathBuf;
@@ -6,9 +8,11 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use expert_store::Checkpoint;
-use k3_model::checkpoint::{validate, validate_expert_scales};
+use k3_model::checkpoint::{format_census, validate, validate_expert_scales};
 use k3_model::config::K3Config;
-use k3_model::synth::{Preset, SynthOptions, generate, selection_bias};
+use k3_model::synth::{
+    FloatFormat, Preset, SynthFormats, SynthOptions, generate_with, selection_bias,
+};
 
 use crate::{Options, from_root};
 
@@ -23,6 +27,11 @@ pub(crate) fn generate_checkpoint(args: &[String]) -> Result<()> {
             "experts",
             "router-skew",
             "softplus-gate!",
+            "trunk-dtype",
+            "trunk-f16-values!",
+            "vector-dtype",
+            "mxfp4-linears",
+            "mxfp4-as-bf16!",
         ],
     )?;
     let preset: Preset = o
@@ -52,8 +61,29 @@ pub(crate) fn generate_checkpoint(args: &[String]) -> Result<()> {
             .unwrap_or(0.0),
         softplus_gate: o.flag("softplus-gate"),
     };
+    let format = |name: &str| -> Result<Option<FloatFormat>> {
+        o.get(name)
+            .map(|v| v.parse().map_err(anyhow::Error::msg))
+            .transpose()
+            .with_context(|| format!("--{name}"))
+    };
+    let formats = SynthFormats {
+        trunk: format("trunk-dtype")?.unwrap_or_default(),
+        trunk_f16_values: o.flag("trunk-f16-values"),
+        vectors: format("vector-dtype")?,
+        mxfp4_linears: o
+            .get("mxfp4-linears")
+            .map(|v| {
+                v.split(',')
+                    .filter(|p| !p.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default(),
+        mxfp4_as_bf16: o.flag("mxfp4-as-bf16"),
+    };
     let start = Instant::now();
-    let report = generate(&out, &options)?;
+    let report = generate_with(&out, &options, &formats)?;
     let seconds = start.elapsed().as_secs_f64();
     let layers = report.config.num_layers();
     println!(
@@ -110,6 +140,10 @@ pub(crate) fn check(args: &[String]) -> Result<()> {
         validated.truncated_a_log.len(),
         start.elapsed().as_secs_f64()
     );
+    println!("formats (bytes by class and stored format):");
+    for ((class, format), bytes) in format_census(&ckpt, &config)? {
+        println!("  {:<24} {format:<6} {bytes:>16}", class.name());
+    }
     Ok(())
 }
 

@@ -45,7 +45,7 @@ const TASKS: &[Task] = &[
     },
     Task {
         name: "gen-k3-synth",
-        usage: "--preset tiny|k3-0.40b|k3-wide --out DIR [--seed N] [--layers N] [--experts N] [--router-skew S] [--softplus-gate]",
+        usage: "--preset tiny|k3-0.40b|k3-wide --out DIR [--seed N] [--layers N] [--experts N] [--router-skew S] [--softplus-gate] [--trunk-dtype bf16|f16|f32] [--trunk-f16-values] [--vector-dtype bf16|f16|f32] [--mxfp4-linears NAME,..|all] [--mxfp4-as-bf16]",
         about: "write a synthetic K3 checkpoint in the release's layout (config, shards, index)",
         run: k3_synth::generate_checkpoint,
     },

@@ -1,7 +1,9 @@
 //! A checkpoint directory: `model.safetensors`, or shards listed by
 //! `model.safetensors.index.json`. Each file is mapped once and its header parsed once; tensors
 //! are looked up by name (the release's `language_model.` prefix is probed) and handed out as
-//! borrowed bytes or as the kernels' validated views.
+//! borrowed bytes or as the kernels' validated views. Formats are read from the headers, not
+//! implied by names: a linear weight may be BF16, F16, F32 or MXFP4 ([`Checkpoint::linear`]),
+//! a float vector F32, BF16 or F16 ([`Checkpoint::f32_values`]).
 //!
 //! Hard failures with clear words: a truncated shard, overlapping or out-of-order data ranges
 //! (the `safetensors` crate checks that a header's ranges tile the file exactly), a tensor the
@@ -13,7 +15,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
-use mxfp4_kernels::{Bf16Matrix, MxFp4Matrix};
+use mxfp4_kernels::codes::f16_to_f32;
+use mxfp4_kernels::{Bf16Matrix, F16Matrix, F32Matrix, MxFp4Matrix, WeightMatrix};
 pub use safetensors::Dtype;
 use safetensors::SafeTensors;
 
@@ -115,6 +118,21 @@ pub const EXPERT_TENSORS: [&str; 6] = [
     "w2.weight_packed",
     "w2.weight_scale",
 ];
+
+/// The formats a linear weight may be stored in, as error messages name them.
+pub const LINEAR_FORMATS: &str = "BF16, F16 or F32 (or MXFP4 weight_packed + weight_scale)";
+
+/// The formats a float vector (norm, bias, conv taps, `A_log`) may be stored in.
+pub const VECTOR_FORMATS: &str = "F32, BF16 or F16";
+
+/// How a linear weight is stored ([`Checkpoint::linear_format`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinearStorage {
+    /// `name` itself, of this dtype (BF16, F16 or F32).
+    Float(Dtype),
+    /// `{base}.weight_packed` + `{base}.weight_scale`, MXFP4.
+    MxFp4(String),
+}
 
 /// Tensors copied out of the file mappings into anonymous memory advised for huge pages.
 #[derive(Debug)]
@@ -387,15 +405,77 @@ impl Checkpoint {
         Bf16Matrix::new(t.bytes, rows, cols).map_err(|source| view_error(&t, source))
     }
 
+    /// An F16 matrix `[rows, cols]`.
+    pub fn f16_matrix(&self, name: &str, rows: usize, cols: usize) -> Result<F16Matrix<'_>> {
+        let t = self.require(name)?;
+        expect(&t, Dtype::F16, &[rows, cols])?;
+        F16Matrix::new(t.bytes, rows, cols).map_err(|source| view_error(&t, source))
+    }
+
+    /// An F32 matrix `[rows, cols]`.
+    pub fn f32_matrix(&self, name: &str, rows: usize, cols: usize) -> Result<F32Matrix<'_>> {
+        let t = self.require(name)?;
+        expect(&t, Dtype::F32, &[rows, cols])?;
+        F32Matrix::new(t.bytes, rows, cols).map_err(|source| view_error(&t, source))
+    }
+
+    /// A linear layer's weight `[rows, cols]` in whatever format the checkpoint stores it:
+    /// `name` (`....weight`) as BF16, F16 or F32, or, where `name` is absent, MXFP4 as
+    /// `{base}.weight_packed` + `{base}.weight_scale` (compressed-tensors, as the routed
+    /// experts; `base` is `name` without `.weight`). Errors name the tensor, the formats
+    /// accepted and what was found.
+    pub fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<WeightMatrix<'_>> {
+        match self.linear_format(name)? {
+            LinearStorage::Float(Dtype::BF16) => self.bf16_matrix(name, rows, cols).map(Into::into),
+            LinearStorage::Float(Dtype::F16) => self.f16_matrix(name, rows, cols).map(Into::into),
+            LinearStorage::Float(_) => self.f32_matrix(name, rows, cols).map(Into::into),
+            LinearStorage::MxFp4(base) => self.mxfp4_matrix(&base, rows, cols).map(Into::into),
+        }
+    }
+
+    /// How the linear weight `name` is stored (see [`Checkpoint::linear`]), checking the dtype
+    /// but not the shape.
+    pub fn linear_format(&self, name: &str) -> Result<LinearStorage> {
+        if let Some(t) = self.tensor(name) {
+            return match t.dtype {
+                Dtype::BF16 | Dtype::F16 | Dtype::F32 => Ok(LinearStorage::Float(t.dtype)),
+                found => Err(CheckpointError::Mismatch {
+                    path: t.path.to_owned(),
+                    tensor: t.name.to_owned(),
+                    expected: format!("{LINEAR_FORMATS} {:?}", t.shape),
+                    found: format!("{found:?} {:?}", t.shape),
+                }),
+            };
+        }
+        match name.strip_suffix(".weight") {
+            Some(base) if self.tensor(&format!("{base}.weight_packed")).is_some() => {
+                Ok(LinearStorage::MxFp4(base.to_owned()))
+            }
+            Some(base) => Err(CheckpointError::Missing {
+                tensor: format!(
+                    "{p}{name} (or MXFP4 {p}{base}.weight_packed + weight_scale)",
+                    p = self.prefix
+                ),
+            }),
+            None => Err(CheckpointError::Missing {
+                tensor: format!("{}{name}", self.prefix),
+            }),
+        }
+    }
+
     /// A floating-point tensor of `shape` as f32, copied out (the mapping gives no alignment
     /// guarantee). The dtype is the header's: F32 as is, BF16 and F16 widened (exactly).
     pub fn f32_values(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let t = self.require(name)?;
-        let dtype = match t.dtype {
-            Dtype::F32 | Dtype::BF16 | Dtype::F16 => t.dtype,
-            _ => Dtype::F32,
-        };
-        expect(&t, dtype, shape)?;
+        let dtype = t.dtype;
+        if !matches!(dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) || t.shape != shape {
+            return Err(CheckpointError::Mismatch {
+                path: t.path.to_owned(),
+                tensor: t.name.to_owned(),
+                expected: format!("{VECTOR_FORMATS} {shape:?}"),
+                found: format!("{dtype:?} {:?}", t.shape),
+            });
+        }
         let halves = || {
             t.bytes
                 .chunks_exact(2)
@@ -478,24 +558,6 @@ impl Checkpoint {
         }
         Ok(table)
     }
-}
-
-/// IEEE half to single precision (exact: every f16 is an f32).
-fn f16_to_f32(h: u16) -> f32 {
-    let sign = u32::from(h >> 15) << 31;
-    let exponent = u32::from((h >> 10) & 0x1F);
-    let mantissa = u32::from(h & 0x3FF);
-    let bits = match (exponent, mantissa) {
-        (0, 0) => sign,
-        // Subnormal: mantissa * 2^-24, exact in f32.
-        (0, m) => {
-            let magnitude = (m as f32) * 2f32.powi(-24);
-            return if sign != 0 { -magnitude } else { magnitude };
-        }
-        (0x1F, m) => sign | 0x7F80_0000 | (m << 13),
-        (e, m) => sign | ((e + 112) << 23) | (m << 13),
-    };
-    f32::from_bits(bits)
 }
 
 /// Parses `model.layers.{l}.block_sparse_moe.experts.{e}.w{1,2,3}.weight_{packed,scale}` into

@@ -44,12 +44,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use expert_store::checkpoint::TEXT_PREFIX;
 use expert_store::{Checkpoint, ExpertStore};
-use k3_model::checkpoint::validate;
+use k3_model::checkpoint::{trunk_tensor_names, validate};
 use k3_model::config::K3Config;
 use k3_model::experts::{ExpertOptions, stats_report};
-use k3_model::inventory::{BytePlan, TensorClass, text_tensors};
+use k3_model::inventory::BytePlan;
 use k3_model::model::{ExpertPlacement, Model, fingerprint};
 use k3_model::profile::{Bucket, Profile};
 use k3_model::synth::{Preset, SynthOptions, generate};
@@ -268,16 +267,13 @@ fn main() -> Result<()> {
     let mut ckpt = Checkpoint::open(&model_dir)?;
     validate(&ckpt, &config)?;
     if args.resident_trunk {
-        let trunk: std::collections::HashSet<String> = text_tensors(&config)
-            .into_iter()
-            .filter(|t| t.class != TensorClass::RoutedExperts)
-            .map(|t| t.name)
-            .collect();
+        // Stored names, whatever the format (an MXFP4 linear is two tensors).
+        let trunk = trunk_tensor_names(&ckpt, &config);
         let start = Instant::now();
         // Each domain's rows of every matrix on its node (real NUMA only), as it reads them.
         let nodes: Vec<Option<usize>> = pool.topology().domains.iter().map(|d| d.node).collect();
         let bytes = ckpt.make_resident_placed(
-            |stored| trunk.contains(stored.strip_prefix(TEXT_PREFIX).unwrap_or(stored)),
+            |stored| trunk.contains(stored),
             |_, shape, bytes| {
                 if let [rows, _] = shape {
                     numa_sched::memory::bind_row_split(bytes, *rows, &nodes);

@@ -1,17 +1,20 @@
 //! Validating a checkpoint against the config: every tensor the config implies (the
-//! [`inventory`](crate::inventory)) is present with its shape and dtype, `A_log` is per head
-//! (a longer zero-padded tensor is accepted and truncated), extra tensors (the vision tower and
-//! projector) are ignored.
+//! [`inventory`](crate::inventory)) is present with its shape in a format its role allows
+//! (linear weights BF16, F16, F32 or MXFP4; float vectors F32, BF16 or F16; routed experts
+//! MXFP4), `A_log` is per head (a longer zero-padded tensor is accepted and truncated), extra
+//! tensors (the vision tower and projector) are ignored.
 //!
 //! Routed-expert scale bytes are checked for 0xFF (NaN) whenever an expert's view is built
 //! ([`expert_store::Checkpoint::mxfp4_matrix`]), and for the whole checkpoint by
 //! [`validate_expert_scales`] — a separate step, since scanning every scale of the release
 //! reads 82 GB, which a streaming engine must not do at load.
 
-use expert_store::checkpoint::{Checkpoint, CheckpointError, Dtype};
+use std::collections::{BTreeMap, HashSet};
+
+use expert_store::checkpoint::{Checkpoint, CheckpointError, Dtype, LinearStorage};
 
 use crate::config::K3Config;
-use crate::inventory::{DType, text_tensors};
+use crate::inventory::{Role, TensorClass, text_tensors};
 
 /// A checkpoint that matches its config.
 #[derive(Debug)]
@@ -29,6 +32,13 @@ pub fn validate<'a>(
 ) -> Result<Validated<'a>, CheckpointError> {
     let mut truncated_a_log = Vec::new();
     for spec in text_tensors(config) {
+        if spec.role() == Role::Linear
+            && let LinearStorage::MxFp4(base) = checkpoint.linear_format(&spec.name)?
+        {
+            // The view checks both tensors' dtype and shape and every scale byte, as a load does.
+            checkpoint.mxfp4_matrix(&base, spec.shape[0], spec.shape[1])?;
+            continue;
+        }
         let t = checkpoint.require(&spec.name)?;
         let mismatch = |expected: String, found: String| CheckpointError::Mismatch {
             path: t.path.to_owned(),
@@ -36,13 +46,15 @@ pub fn validate<'a>(
             expected,
             found,
         };
-        let want = match spec.dtype {
-            DType::Bf16 => Dtype::BF16,
-            DType::F32 => Dtype::F32,
-            DType::U8 => Dtype::U8,
+        let accepted = match spec.role() {
+            Role::Linear | Role::Vector => matches!(t.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16),
+            Role::ExpertPart => t.dtype == Dtype::U8,
         };
-        if t.dtype != want {
-            return Err(mismatch(format!("{want:?}"), format!("{:?}", t.dtype)));
+        if !accepted {
+            return Err(mismatch(
+                spec.role().formats().to_owned(),
+                format!("{:?}", t.dtype),
+            ));
         }
         if spec.name.ends_with("self_attn.A_log") {
             let heads = config.kda.num_heads;
@@ -61,9 +73,9 @@ pub fn validate<'a>(
                     format!("[{len}]"),
                 ));
             }
-            let tail_nonzero = t.bytes[4 * heads..]
-                .chunks_exact(4)
-                .any(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) != 0.0);
+            let tail_nonzero = checkpoint.f32_values(&spec.name, &[len])?[heads..]
+                .iter()
+                .any(|&v| v != 0.0);
             if tail_nonzero {
                 return Err(mismatch(
                     format!("A_log[{heads}..{len}] all zero (one value per head, zero padding)"),
@@ -131,4 +143,66 @@ pub fn a_log(
     let mut values = checkpoint.f32_values(&name, &[stored])?;
     values.truncate(config.kda.num_heads);
     Ok(values)
+}
+
+/// The stored names (with the checkpoint's prefix) of every trunk tensor — all text tensors
+/// but the routed experts — in the format this checkpoint holds them: an MXFP4 linear weight
+/// contributes its `weight_packed` and `weight_scale`. The set to keep when copying the trunk
+/// into resident memory ([`Checkpoint::make_resident`]). Tensors the checkpoint lacks are left
+/// out ([`validate`] reports them).
+pub fn trunk_tensor_names(checkpoint: &Checkpoint, config: &K3Config) -> HashSet<String> {
+    let stored = |name: &str| checkpoint.tensor(name).map(|t| t.name.to_owned());
+    let mut names = HashSet::new();
+    for spec in text_tensors(config) {
+        if spec.class == TensorClass::RoutedExperts {
+            continue;
+        }
+        if spec.role() == Role::Linear
+            && let Ok(LinearStorage::MxFp4(base)) = checkpoint.linear_format(&spec.name)
+        {
+            names.extend(stored(&format!("{base}.weight_packed")));
+            names.extend(stored(&format!("{base}.weight_scale")));
+            continue;
+        }
+        names.extend(stored(&spec.name));
+    }
+    names
+}
+
+/// Bytes of a checkpoint's text tensors by class and stored format (`"bf16"`, `"f16"`,
+/// `"f32"`, `"mxfp4"`): what `k3-check` prints. An MXFP4 tensor counts its codes and scales.
+/// Run [`validate`] first: tensors it would refuse are errors here too.
+pub fn format_census(
+    checkpoint: &Checkpoint,
+    config: &K3Config,
+) -> Result<BTreeMap<(TensorClass, &'static str), usize>, CheckpointError> {
+    let mut census = BTreeMap::new();
+    let name_of = |dtype: Dtype| match dtype {
+        Dtype::BF16 => "bf16",
+        Dtype::F16 => "f16",
+        Dtype::F32 => "f32",
+        _ => "mxfp4",
+    };
+    let bytes = |name: &str| -> Result<usize, CheckpointError> {
+        Ok(checkpoint.require(name)?.bytes.len())
+    };
+    for spec in text_tensors(config) {
+        let (format, n) = match spec.role() {
+            Role::Linear => match checkpoint.linear_format(&spec.name)? {
+                LinearStorage::Float(dtype) => (name_of(dtype), bytes(&spec.name)?),
+                LinearStorage::MxFp4(base) => (
+                    "mxfp4",
+                    bytes(&format!("{base}.weight_packed"))?
+                        + bytes(&format!("{base}.weight_scale"))?,
+                ),
+            },
+            Role::Vector => {
+                let t = checkpoint.require(&spec.name)?;
+                (name_of(t.dtype), t.bytes.len())
+            }
+            Role::ExpertPart => ("mxfp4", bytes(&spec.name)?),
+        };
+        *census.entry((spec.class, format)).or_insert(0) += n;
+    }
+    Ok(census)
 }

@@ -1,5 +1,7 @@
 //! Every text tensor a K3 checkpoint holds, derived from the config: name, stored shape
-//! (`[out, in]`), dtype and class (K3_SPEC §3.3, generalised to the config's dimensions).
+//! (`[out, in]`), the release's dtype, class (K3_SPEC §3.3, generalised to the config's
+//! dimensions) and role, which says what other formats a checkpoint may use for it
+//! ([`TensorSpec::role`]: DESIGN.md contract 3, formats accepted by tensor, not by name).
 //!
 //! Names are relative to the text model (`model.layers.3.self_attn.q_proj.weight`,
 //! `lm_head.weight`); the release prefixes them with `language_model.`. The loader validates a
@@ -8,7 +10,31 @@
 
 use crate::config::{AttentionKind, FfnKind, K3Config};
 
-/// Stored element type.
+/// What a tensor is, as far as its format goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// A linear layer's weight `[out, in]`: BF16, F16, F32, or MXFP4 stored as
+    /// `{base}.weight_packed` + `{base}.weight_scale` in place of `{base}.weight`.
+    Linear,
+    /// A float vector (norm weight, bias, conv taps, `A_log`, AttnRes projection): F32, BF16
+    /// or F16, widened exactly to f32 at load.
+    Vector,
+    /// One of a routed expert's MXFP4 tensors (U8).
+    ExpertPart,
+}
+
+impl Role {
+    /// The stored formats a checkpoint may use, as errors name them.
+    pub fn formats(self) -> &'static str {
+        match self {
+            Role::Linear => expert_store::checkpoint::LINEAR_FORMATS,
+            Role::Vector => expert_store::checkpoint::VECTOR_FORMATS,
+            Role::ExpertPart => "U8",
+        }
+    }
+}
+
+/// Stored element type (the release's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
     Bf16,
@@ -99,6 +125,17 @@ pub struct TensorSpec {
 }
 
 impl TensorSpec {
+    /// The tensor's role: routed-expert parts by dtype, linear weights are the 2-D tensors
+    /// (except the AttnRes projections, `[1, d]` vectors), everything else is a vector.
+    pub fn role(&self) -> Role {
+        match self.dtype {
+            DType::U8 => Role::ExpertPart,
+            _ if self.shape.len() == 2 && !self.name.contains("res_proj") => Role::Linear,
+            _ => Role::Vector,
+        }
+    }
+
+    /// Bytes in the release's dtype.
     pub fn bytes(&self) -> usize {
         self.shape.iter().product::<usize>() * self.dtype.bytes()
     }

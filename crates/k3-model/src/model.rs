@@ -6,12 +6,16 @@
 //! Canonical choices (they define the engine's bits): MLA in the absorbed form with the cache
 //! of the normed latent and the raw `k_pe`; routed experts summed in the router's order;
 //! every reduction in index order (see [`crate::ops`]).
+//!
+//! Every linear weight is a [`WeightMatrix`] in the format the checkpoint stores it (BF16, F16,
+//! F32 or MXFP4, [`Checkpoint::linear`]); the kernels dispatch on it once per call. An F32
+//! weight holding BF16 values gives the BF16 weight's bits in the exact tiers.
 
 use std::sync::Arc;
 
 use expert_store::checkpoint::CheckpointError;
 use expert_store::{Checkpoint, ExpertShape, ExpertStore, StoreError};
-use mxfp4_kernels::{Bf16Matrix, ExpertScratch, Kernels, MAX_TOKENS, MxFp4Matrix, Situ};
+use mxfp4_kernels::{ExpertScratch, Kernels, MAX_TOKENS, MxFp4Matrix, Situ, WeightMatrix};
 use numa_sched::Pool;
 
 use crate::checkpoint::a_log;
@@ -59,42 +63,42 @@ const PARALLEL_MIN_BYTES: usize = 128 << 10;
 const MLA_NORM_EPS: f32 = 1e-6;
 
 struct Kda<'a> {
-    q: Bf16Matrix<'a>,
-    k: Bf16Matrix<'a>,
-    v: Bf16Matrix<'a>,
-    g: Bf16Matrix<'a>,
-    o: Bf16Matrix<'a>,
+    q: WeightMatrix<'a>,
+    k: WeightMatrix<'a>,
+    v: WeightMatrix<'a>,
+    g: WeightMatrix<'a>,
+    o: WeightMatrix<'a>,
     conv: [Vec<f32>; 3],
-    f_a: Bf16Matrix<'a>,
-    f_b: Bf16Matrix<'a>,
-    b: Bf16Matrix<'a>,
+    f_a: WeightMatrix<'a>,
+    f_b: WeightMatrix<'a>,
+    b: WeightMatrix<'a>,
     a_log: Vec<f32>,
     dt_bias: Vec<f32>,
     o_norm: Vec<f32>,
 }
 
 struct Mla<'a> {
-    q_a: Bf16Matrix<'a>,
+    q_a: WeightMatrix<'a>,
     q_a_norm: Vec<f32>,
-    q_b: Bf16Matrix<'a>,
-    kv_a: Bf16Matrix<'a>,
+    q_b: WeightMatrix<'a>,
+    kv_a: WeightMatrix<'a>,
     kv_a_norm: Vec<f32>,
     /// `kv_b_proj` widened to f32, `[heads * (nope + v), kv_lora_rank]` (read transposed).
     kv_b: Vec<f32>,
-    g: Option<Bf16Matrix<'a>>,
-    o: Bf16Matrix<'a>,
+    g: Option<WeightMatrix<'a>>,
+    o: WeightMatrix<'a>,
 }
 
 struct Mlp<'a> {
-    gate: Bf16Matrix<'a>,
-    up: Bf16Matrix<'a>,
-    down: Bf16Matrix<'a>,
+    gate: WeightMatrix<'a>,
+    up: WeightMatrix<'a>,
+    down: WeightMatrix<'a>,
 }
 
 struct Moe<'a> {
-    router: Bf16Matrix<'a>,
+    router: WeightMatrix<'a>,
     bias: Vec<f32>,
-    latent: Option<(Bf16Matrix<'a>, Option<Vec<f32>>, Bf16Matrix<'a>)>,
+    latent: Option<(WeightMatrix<'a>, Option<Vec<f32>>, WeightMatrix<'a>)>,
     shared: Option<Mlp<'a>>,
     /// The checkpoint's layer index (the expert store's key).
     layer: usize,
@@ -102,11 +106,14 @@ struct Moe<'a> {
     experts: Vec<[MxFp4Matrix<'a>; 3]>,
 }
 
+// Built once per layer at load and matched per layer per step: boxing a variant buys nothing.
+#[allow(clippy::large_enum_variant)]
 enum Attention<'a> {
     Kda(Kda<'a>),
     Mla(Mla<'a>),
 }
 
+#[allow(clippy::large_enum_variant)] // as `Attention`
 enum Ffn<'a> {
     Dense(Mlp<'a>),
     Moe(Moe<'a>),
@@ -130,8 +137,8 @@ pub struct Model<'a> {
     /// Work (bytes of weights) below which a dispatch runs on the calling thread.
     parallel_min_bytes: usize,
     situ: Situ,
-    embed: Bf16Matrix<'a>,
-    lm_head: Bf16Matrix<'a>,
+    embed: WeightMatrix<'a>,
+    lm_head: WeightMatrix<'a>,
     final_norm: Vec<f32>,
     output_res_score: Vec<f32>,
     layers: Vec<Layer<'a>>,
@@ -259,7 +266,7 @@ impl<'a> Model<'a> {
         let d = c.hidden_size;
         let vec = |name: &str, n: usize| ckpt.f32_values(name, &[n]);
         let row = |name: &str, n: usize| ckpt.f32_values(name, &[1, n]);
-        let bf = |name: &str, rows: usize, cols: usize| ckpt.bf16_matrix(name, rows, cols);
+        let linear = |name: &str, rows: usize, cols: usize| ckpt.linear(name, rows, cols);
         let fold = |norm: Vec<f32>, proj: Vec<f32>| {
             norm.iter()
                 .zip(&proj)
@@ -278,15 +285,15 @@ impl<'a> Model<'a> {
                         ckpt.f32_values(&format!("{p}self_attn.{name}.weight"), &[w, 1, taps])
                     };
                     Attention::Kda(Kda {
-                        q: bf(&format!("{p}self_attn.q_proj.weight"), w, d)?,
-                        k: bf(&format!("{p}self_attn.k_proj.weight"), w, d)?,
-                        v: bf(&format!("{p}self_attn.v_proj.weight"), w, d)?,
-                        g: bf(&format!("{p}self_attn.g_proj.weight"), w, d)?,
-                        o: bf(&format!("{p}self_attn.o_proj.weight"), d, w)?,
+                        q: linear(&format!("{p}self_attn.q_proj.weight"), w, d)?,
+                        k: linear(&format!("{p}self_attn.k_proj.weight"), w, d)?,
+                        v: linear(&format!("{p}self_attn.v_proj.weight"), w, d)?,
+                        g: linear(&format!("{p}self_attn.g_proj.weight"), w, d)?,
+                        o: linear(&format!("{p}self_attn.o_proj.weight"), d, w)?,
                         conv: [conv("q_conv1d")?, conv("k_conv1d")?, conv("v_conv1d")?],
-                        f_a: bf(&format!("{p}self_attn.f_a_proj.weight"), k, d)?,
-                        f_b: bf(&format!("{p}self_attn.f_b_proj.weight"), w, k)?,
-                        b: bf(&format!("{p}self_attn.b_proj.weight"), h, d)?,
+                        f_a: linear(&format!("{p}self_attn.f_a_proj.weight"), k, d)?,
+                        f_b: linear(&format!("{p}self_attn.f_b_proj.weight"), w, k)?,
+                        b: linear(&format!("{p}self_attn.b_proj.weight"), h, d)?,
                         a_log: a_log(ckpt, c, i)?,
                         dt_bias: vec(&format!("{p}self_attn.dt_bias"), w)?,
                         o_norm: vec(&format!("{p}self_attn.o_norm.weight"), k)?,
@@ -296,26 +303,26 @@ impl<'a> Model<'a> {
                     let m = &c.mla;
                     let qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
                     let kv_rows = m.num_heads * (m.qk_nope_head_dim + m.v_head_dim);
-                    let kv_b_view = bf(
+                    let kv_b_view = linear(
                         &format!("{p}self_attn.kv_b_proj.weight"),
                         kv_rows,
                         m.kv_lora_rank,
                     )?;
                     let mut kv_b = vec![0.0; kv_rows * m.kv_lora_rank];
-                    kernels.dequant_bf16(&kv_b_view, 0..kv_rows, &mut kv_b)?;
+                    kernels.dequant(&kv_b_view, 0..kv_rows, &mut kv_b)?;
                     let v_width = m.num_heads * m.v_head_dim;
                     Attention::Mla(Mla {
-                        q_a: bf(&format!("{p}self_attn.q_a_proj.weight"), m.q_lora_rank, d)?,
+                        q_a: linear(&format!("{p}self_attn.q_a_proj.weight"), m.q_lora_rank, d)?,
                         q_a_norm: vec(
                             &format!("{p}self_attn.q_a_layernorm.weight"),
                             m.q_lora_rank,
                         )?,
-                        q_b: bf(
+                        q_b: linear(
                             &format!("{p}self_attn.q_b_proj.weight"),
                             m.num_heads * qk,
                             m.q_lora_rank,
                         )?,
-                        kv_a: bf(
+                        kv_a: linear(
                             &format!("{p}self_attn.kv_a_proj_with_mqa.weight"),
                             m.kv_lora_rank + m.qk_rope_head_dim,
                             d,
@@ -326,19 +333,19 @@ impl<'a> Model<'a> {
                         )?,
                         kv_b,
                         g: if m.output_gate {
-                            Some(bf(&format!("{p}self_attn.g_proj.weight"), v_width, d)?)
+                            Some(linear(&format!("{p}self_attn.g_proj.weight"), v_width, d)?)
                         } else {
                             None
                         },
-                        o: bf(&format!("{p}self_attn.o_proj.weight"), d, v_width)?,
+                        o: linear(&format!("{p}self_attn.o_proj.weight"), d, v_width)?,
                     })
                 }
             };
             let mlp = |prefix: &str, width: usize| -> Result<Mlp<'a>> {
                 Ok(Mlp {
-                    gate: bf(&format!("{prefix}gate_proj.weight"), width, d)?,
-                    up: bf(&format!("{prefix}up_proj.weight"), width, d)?,
-                    down: bf(&format!("{prefix}down_proj.weight"), d, width)?,
+                    gate: linear(&format!("{prefix}gate_proj.weight"), width, d)?,
+                    up: linear(&format!("{prefix}up_proj.weight"), width, d)?,
+                    down: linear(&format!("{prefix}down_proj.weight"), d, width)?,
                 })
             };
             let ffn = match spec.ffn {
@@ -351,13 +358,13 @@ impl<'a> Model<'a> {
                     let latent = match moe.latent {
                         None => None,
                         Some(l) => Some((
-                            bf(&format!("{q}routed_expert_down_proj.weight"), l.hidden, d)?,
+                            linear(&format!("{q}routed_expert_down_proj.weight"), l.hidden, d)?,
                             if l.use_norm {
                                 Some(vec(&format!("{q}routed_expert_norm.weight"), l.hidden)?)
                             } else {
                                 None
                             },
-                            bf(&format!("{q}routed_expert_up_proj.weight"), d, l.hidden)?,
+                            linear(&format!("{q}routed_expert_up_proj.weight"), d, l.hidden)?,
                         )),
                     };
                     let shared = match moe.shared_intermediate() {
@@ -376,7 +383,7 @@ impl<'a> Model<'a> {
                         })
                         .collect::<Result<Vec<_>>>()?;
                     Ffn::Moe(Moe {
-                        router: bf(&format!("{q}gate.weight"), moe.num_experts, d)?,
+                        router: linear(&format!("{q}gate.weight"), moe.num_experts, d)?,
                         bias: vec(&format!("{q}gate.e_score_correction_bias"), moe.num_experts)?,
                         latent,
                         shared,
@@ -409,8 +416,8 @@ impl<'a> Model<'a> {
                 beta: c.situ.beta,
                 linear_beta: c.situ.linear_beta,
             },
-            embed: bf("model.embed_tokens.weight", c.vocab_size, d)?,
-            lm_head: bf("lm_head.weight", c.vocab_size, d)?,
+            embed: linear("model.embed_tokens.weight", c.vocab_size, d)?,
+            lm_head: linear("lm_head.weight", c.vocab_size, d)?,
             final_norm: vec("model.norm.weight", d)?,
             output_res_score: fold(
                 vec("model.output_attn_res_norm.weight", d)?,
@@ -485,7 +492,7 @@ impl<'a> Model<'a> {
 
     /// `m · x_t` for every token of `xs`, through the batch-invariant GEMM in blocks of
     /// `MAX_TOKENS`: each row is bit-identical to a one-token GEMV.
-    fn gemm(&self, m: &Bf16Matrix<'_>, xs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>> {
+    fn gemm(&self, m: &WeightMatrix<'_>, xs: &[Vec<f32>]) -> Result<Vec<Vec<f32>>> {
         Ok(self
             .gemm_many(&[m], xs)?
             .pop()
@@ -526,7 +533,7 @@ impl<'a> Model<'a> {
     /// row is computed by one task with the same arithmetic as a whole-matrix call, so the
     /// thread count cannot change a bit. Work under `PARALLEL_MIN_BYTES` runs on the calling
     /// thread: waking the pool costs more than it takes.
-    fn gemm_many(&self, ms: &[&Bf16Matrix<'_>], xs: &[Vec<f32>]) -> Result<Vec<Vec<Vec<f32>>>> {
+    fn gemm_many(&self, ms: &[&WeightMatrix<'_>], xs: &[Vec<f32>]) -> Result<Vec<Vec<Vec<f32>>>> {
         let cols = ms[0].cols();
         let total: usize = ms.iter().map(|m| m.weight_bytes()).sum();
         let threads = if total < self.parallel_min_bytes {
@@ -558,8 +565,7 @@ impl<'a> Model<'a> {
             let task = |i: usize| -> std::result::Result<Vec<f32>, mxfp4_kernels::Error> {
                 let (k, range, _) = &tasks[i];
                 let mut y = vec![0.0; range.len() * block.len()];
-                self.kernels
-                    .matmul_bf16(ms[*k], &act, range.clone(), &mut y)?;
+                self.kernels.matmul(ms[*k], &act, range.clone(), &mut y)?;
                 Ok(y)
             };
             let parts = self.run_tasks(threads > 1, tasks.len(), |i| tasks[i].2, task)?;
@@ -700,7 +706,7 @@ impl<'a> Model<'a> {
             }
             let mut row = vec![0.0; d];
             self.kernels
-                .dequant_bf16(&self.embed, token..token + 1, &mut row)?;
+                .dequant(&self.embed, token..token + 1, &mut row)?;
             h.push(row);
         }
         let mut banks: Vec<Vec<Vec<f32>>> = vec![Vec::new(); tokens.len()];

@@ -96,3 +96,54 @@ fn nearest_e2m1(x: f32) -> u8 {
     };
     best as u8 | sign
 }
+
+/// Widens an IEEE binary16 (F16) bit pattern to f32 (exact: every F16 value, subnormals
+/// included, is an f32; NaN payloads are kept in the high mantissa bits).
+#[inline]
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h >> 15) << 31;
+    let exponent = u32::from((h >> 10) & 0x1F);
+    let mantissa = u32::from(h & 0x3FF);
+    let bits = match (exponent, mantissa) {
+        (0, 0) => sign,
+        // Subnormal: mantissa x 2^-24, exact in f32.
+        (0, m) => {
+            let magnitude = (m as f32) * (1.0 / (1u32 << 24) as f32);
+            return if sign != 0 { -magnitude } else { magnitude };
+        }
+        (0x1F, m) => sign | 0x7F80_0000 | (m << 13),
+        (e, m) => sign | ((e + 112) << 23) | (m << 13),
+    };
+    f32::from_bits(bits)
+}
+
+/// Rounds an f32 to IEEE binary16 (round to nearest, ties to even; overflow to infinity,
+/// NaN stays a quiet NaN).
+pub fn f32_to_f16(x: f32) -> u16 {
+    let bits = x.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let abs = bits & 0x7FFF_FFFF;
+    if abs > 0x7F80_0000 {
+        return sign | 0x7E00;
+    }
+    // 65520 and up (half-way past the largest F16, 65504, with an odd mantissa) round to inf.
+    if abs >= 0x477F_F000 {
+        return sign | 0x7C00;
+    }
+    if abs >= 0x3880_0000 {
+        // Normal (2^-14 and up): 23 mantissa bits to 10, ties to even; a carry moves into the
+        // exponent, which is the right result.
+        let exponent = (abs >> 23) + 15 - 127;
+        let mantissa = abs & 0x7F_FFFF;
+        let kept = mantissa >> 13;
+        let rest = mantissa & 0x1FFF;
+        let mut h = (exponent << 10) | kept;
+        if rest > 0x1000 || (rest == 0x1000 && kept & 1 == 1) {
+            h += 1;
+        }
+        return sign | h as u16;
+    }
+    // Subnormal or zero: a multiple of 2^-24 (f64 holds the product exactly).
+    let units = (f64::from(f32::from_bits(abs)) * f64::from(1u32 << 24)).round_ties_even();
+    sign | units as u16
+}

@@ -1,4 +1,4 @@
-//! Exact MXFP4 and BF16 weight kernels for K3 decode: dequant, GEMV, batch-invariant small GEMM
+//! Exact MXFP4, BF16, F16 and F32 weight kernels for K3 decode: dequant, GEMV, batch-invariant small GEMM
 //! and the fused routed-expert FFN, with a scalar oracle tier and AVX-512 tiers chosen at runtime.
 //!
 //! This crate does no I/O and spawns no threads: a kernel computes the row range it is given,
@@ -36,7 +36,9 @@ pub use error::{Error, Result};
 pub use expert::ExpertScratch;
 pub use situ::Situ;
 pub use tier::{Kernels, Tier};
-pub use view::{Bf16Matrix, GROUP, GROUP_BYTES, MxFp4Matrix};
+pub use view::{
+    Bf16Matrix, F16Matrix, F32Matrix, GROUP, GROUP_BYTES, MxFp4Matrix, WeightFormat, WeightMatrix,
+};
 
 // The README's example is compiled and run as a doctest, so it cannot drift from the API.
 #[cfg(doctest)]

@@ -4,8 +4,8 @@
 use std::ops::Range;
 
 use crate::activations::Activations;
-use crate::codes::{E2M1_VALUES, E8M0_TO_F32, bf16_to_f32};
-use crate::view::{Bf16Matrix, GROUP, MxFp4Matrix};
+use crate::codes::{E2M1_VALUES, E8M0_TO_F32, bf16_to_f32, f16_to_f32};
+use crate::view::{Bf16Matrix, F16Matrix, F32Matrix, GROUP, MxFp4Matrix};
 
 pub(crate) fn dequant_mxfp4(matrix: &MxFp4Matrix<'_>, rows: Range<usize>, out: &mut [f32]) {
     let cols = matrix.cols();
@@ -31,6 +31,30 @@ pub(crate) fn dequant_bf16(matrix: &Bf16Matrix<'_>, rows: Range<usize>, out: &mu
     }
 }
 
+pub(crate) fn dequant_f16(matrix: &F16Matrix<'_>, rows: Range<usize>, out: &mut [f32]) {
+    let cols = matrix.cols();
+    for (row, out_row) in rows.zip(out.chunks_exact_mut(cols)) {
+        for (w, pair) in out_row
+            .iter_mut()
+            .zip(matrix.row_bytes(row).chunks_exact(2))
+        {
+            *w = f16_to_f32(u16::from_le_bytes([pair[0], pair[1]]));
+        }
+    }
+}
+
+pub(crate) fn dequant_f32(matrix: &F32Matrix<'_>, rows: Range<usize>, out: &mut [f32]) {
+    let cols = matrix.cols();
+    for (row, out_row) in rows.zip(out.chunks_exact_mut(cols)) {
+        for (w, quad) in out_row
+            .iter_mut()
+            .zip(matrix.row_bytes(row).chunks_exact(4))
+        {
+            *w = f32::from_le_bytes([quad[0], quad[1], quad[2], quad[3]]);
+        }
+    }
+}
+
 pub(crate) fn matmul_mxfp4(
     matrix: &MxFp4Matrix<'_>,
     act: &Activations,
@@ -50,6 +74,28 @@ pub(crate) fn matmul_bf16(
 ) {
     matmul_rows(matrix.cols(), act, rows, out, |row, w| {
         dequant_bf16(matrix, row..row + 1, w)
+    });
+}
+
+pub(crate) fn matmul_f16(
+    matrix: &F16Matrix<'_>,
+    act: &Activations,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    matmul_rows(matrix.cols(), act, rows, out, |row, w| {
+        dequant_f16(matrix, row..row + 1, w)
+    });
+}
+
+pub(crate) fn matmul_f32(
+    matrix: &F32Matrix<'_>,
+    act: &Activations,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    matmul_rows(matrix.cols(), act, rows, out, |row, w| {
+        dequant_f32(matrix, row..row + 1, w)
     });
 }
 

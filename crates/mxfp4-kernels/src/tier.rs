@@ -7,10 +7,13 @@ use std::str::FromStr;
 use crate::activations::Activations;
 use crate::error::{Error, Result};
 use crate::scalar;
-use crate::view::{Bf16Matrix, MxFp4Matrix};
+use crate::view::{Bf16Matrix, F16Matrix, F32Matrix, MxFp4Matrix, WeightMatrix};
 
 /// A family of kernels. Exact tiers decode weights exactly to f32 and use f32 arithmetic; they
 /// differ from `Scalar` only by summation order. Approximate tiers round the activations.
+/// F16 and F32 matrices run f32 FMAs in every SIMD tier: on f32 activations in `Avx512`, on
+/// the BF16-rounded activations in the approximate tiers (`vdpbf16ps` and int8 cannot hold
+/// their weights exactly).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Tier {
     /// Plain Rust, sequential sums: the oracle every other tier is tested against.
@@ -173,6 +176,48 @@ impl Kernels {
         Ok(())
     }
 
+    /// Widens `rows` of an F16 matrix to f32 (exact in every tier).
+    pub fn dequant_f16(
+        &self,
+        matrix: &F16Matrix<'_>,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        check_rows(&rows, matrix.rows())?;
+        check_out(rows.len() * matrix.cols(), out.len())?;
+        scalar::dequant_f16(matrix, rows, out);
+        Ok(())
+    }
+
+    /// Copies `rows` of an F32 matrix out as f32.
+    pub fn dequant_f32(
+        &self,
+        matrix: &F32Matrix<'_>,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        check_rows(&rows, matrix.rows())?;
+        check_out(rows.len() * matrix.cols(), out.len())?;
+        scalar::dequant_f32(matrix, rows, out);
+        Ok(())
+    }
+
+    /// Decodes `rows` of a matrix of any format to f32 (`rows.len() * cols`, row-major),
+    /// bit-identical in every tier.
+    pub fn dequant(
+        &self,
+        matrix: &WeightMatrix<'_>,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        match matrix {
+            WeightMatrix::Bf16(m) => self.dequant_bf16(m, rows, out),
+            WeightMatrix::F16(m) => self.dequant_f16(m, rows, out),
+            WeightMatrix::F32(m) => self.dequant_f32(m, rows, out),
+            WeightMatrix::MxFp4(m) => self.dequant_mxfp4(m, rows, out),
+        }
+    }
+
     /// Prepares `tokens = x.len() / cols` activation vectors (1..=16, token-major) for this
     /// tier. Prepare once, then run any number of row ranges against it.
     pub fn prepare(&self, x: &[f32], cols: usize) -> Result<Activations> {
@@ -230,6 +275,77 @@ impl Kernels {
             _ => unreachable!("non-scalar tiers cannot be constructed off x86_64"),
         }
         Ok(())
+    }
+
+    /// As [`Kernels::matmul_mxfp4`], for an F16 matrix. Exact tiers: F16 widened exactly
+    /// (`vcvtph2ps`), the BF16 kernel's summation order. Approximate tiers: activations rounded
+    /// to BF16 as for BF16 matrices, weights exact, f32 FMA.
+    pub fn matmul_f16(
+        &self,
+        matrix: &F16Matrix<'_>,
+        act: &Activations,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.check_matmul(matrix.rows(), matrix.cols(), act, &rows, out)?;
+        match self.tier {
+            Tier::Scalar => scalar::matmul_f16(matrix, act, rows, out),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves avx512f/bw/vl; shapes checked above.
+            Tier::Avx512 => unsafe { crate::x86::float::matmul_f16_exact(matrix, act, rows, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves avx512f/bw/vl (all these kernels need); shapes checked.
+            Tier::Avx512Bf16 | Tier::Avx512Vnni => unsafe {
+                crate::x86::float::matmul_f16_bf16_act(matrix, act, rows, out)
+            },
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => unreachable!("non-scalar tiers cannot be constructed off x86_64"),
+        }
+        Ok(())
+    }
+
+    /// As [`Kernels::matmul_mxfp4`], for an F32 matrix. In the exact tiers a matrix of BF16
+    /// values widened to F32 gives the same bits as the BF16 matrix (same products, same
+    /// order). Approximate tiers: activations rounded to BF16, weights exact, f32 FMA.
+    pub fn matmul_f32(
+        &self,
+        matrix: &F32Matrix<'_>,
+        act: &Activations,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.check_matmul(matrix.rows(), matrix.cols(), act, &rows, out)?;
+        match self.tier {
+            Tier::Scalar => scalar::matmul_f32(matrix, act, rows, out),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves avx512f/bw/vl; shapes checked above.
+            Tier::Avx512 => unsafe { crate::x86::float::matmul_f32_exact(matrix, act, rows, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves avx512f/bw/vl (all these kernels need); shapes checked.
+            Tier::Avx512Bf16 | Tier::Avx512Vnni => unsafe {
+                crate::x86::float::matmul_f32_bf16_act(matrix, act, rows, out)
+            },
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => unreachable!("non-scalar tiers cannot be constructed off x86_64"),
+        }
+        Ok(())
+    }
+
+    /// `matrix · x_t` for a matrix of any format: one dispatch on the format per call, then
+    /// that format's kernel (see [`Kernels::matmul_mxfp4`]).
+    pub fn matmul(
+        &self,
+        matrix: &WeightMatrix<'_>,
+        act: &Activations,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        match matrix {
+            WeightMatrix::Bf16(m) => self.matmul_bf16(m, act, rows, out),
+            WeightMatrix::F16(m) => self.matmul_f16(m, act, rows, out),
+            WeightMatrix::F32(m) => self.matmul_f32(m, act, rows, out),
+            WeightMatrix::MxFp4(m) => self.matmul_mxfp4(m, act, rows, out),
+        }
     }
 
     fn check_matmul(

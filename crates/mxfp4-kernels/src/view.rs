@@ -1,5 +1,6 @@
-//! Validated, borrowed views over weight bytes: `MxFp4Matrix` (compressed-tensors layout) and
-//! `Bf16Matrix` (little-endian BF16). Kernels take only these, so they never see a bad shape.
+//! Validated, borrowed views over weight bytes: `MxFp4Matrix` (compressed-tensors layout),
+//! `Bf16Matrix`, `F16Matrix` and `F32Matrix` (little-endian, row-major), and `WeightMatrix`,
+//! any one of them. Kernels take only these, so they never see a bad shape.
 
 use crate::codes::E8M0_NAN;
 use crate::error::{Error, Result};
@@ -173,5 +174,203 @@ impl<'a> Bf16Matrix<'a> {
     /// Bytes of the whole matrix.
     pub fn weight_bytes(&self) -> usize {
         self.bytes.len()
+    }
+}
+
+/// Defines a `[rows, cols]` row-major matrix of little-endian floats of `$bytes` bytes each,
+/// borrowed as bytes (no alignment needed: the kernels load unaligned).
+macro_rules! float_matrix {
+    ($(#[$doc:meta])* $name:ident, $bytes:literal, $what:literal, $buffer:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy)]
+        pub struct $name<'a> {
+            bytes: &'a [u8],
+            rows: usize,
+            cols: usize,
+        }
+
+        impl<'a> $name<'a> {
+            /// Bytes per element.
+            pub const ELEMENT_BYTES: usize = $bytes;
+
+            #[doc = concat!("Checks the shape and the byte length (`rows * cols * ", $bytes, "`) and wraps the bytes.")]
+            pub fn new(bytes: &'a [u8], rows: usize, cols: usize) -> Result<Self> {
+                Self::with_name($what, bytes, rows, cols)
+            }
+
+            #[doc = concat!("As [`", stringify!($name), "::new`], naming the tensor in errors.")]
+            pub fn with_name(
+                what: &'static str,
+                bytes: &'a [u8],
+                rows: usize,
+                cols: usize,
+            ) -> Result<Self> {
+                let Some(expected) = rows.checked_mul(cols).and_then(|n| n.checked_mul($bytes))
+                else {
+                    return Err(Error::BadShape { what, rows, cols });
+                };
+                if rows == 0 || cols == 0 {
+                    return Err(Error::BadShape { what, rows, cols });
+                }
+                if bytes.len() != expected {
+                    return Err(Error::BufferLength {
+                        what,
+                        buffer: $buffer,
+                        rows,
+                        cols,
+                        expected,
+                        found: bytes.len(),
+                    });
+                }
+                Ok(Self { bytes, rows, cols })
+            }
+
+            pub fn rows(&self) -> usize {
+                self.rows
+            }
+            pub fn cols(&self) -> usize {
+                self.cols
+            }
+            /// The whole buffer.
+            pub fn bytes(&self) -> &'a [u8] {
+                self.bytes
+            }
+            #[doc = concat!("Bytes of one row (`", $bytes, " * cols`).")]
+            pub fn row_bytes(&self, row: usize) -> &'a [u8] {
+                let n = self.cols * $bytes;
+                &self.bytes[row * n..(row + 1) * n]
+            }
+            /// Bytes of weights that one pass over `rows` reads.
+            pub fn bytes_for_rows(&self, rows: usize) -> usize {
+                rows * self.cols * $bytes
+            }
+            /// Bytes of the whole matrix.
+            pub fn weight_bytes(&self) -> usize {
+                self.bytes.len()
+            }
+        }
+    };
+}
+
+float_matrix!(
+    /// A `[rows, cols]` row-major matrix of little-endian IEEE binary16 (F16) values, borrowed
+    /// as bytes. Every F16 value, subnormals included, is exact in f32.
+    F16Matrix,
+    2,
+    "f16 matrix",
+    "f16 data"
+);
+
+float_matrix!(
+    /// A `[rows, cols]` row-major matrix of little-endian f32 values, borrowed as bytes.
+    F32Matrix,
+    4,
+    "f32 matrix",
+    "f32 data"
+);
+
+/// How a matrix's weights are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WeightFormat {
+    Bf16,
+    F16,
+    F32,
+    MxFp4,
+}
+
+impl WeightFormat {
+    pub const ALL: [WeightFormat; 4] = [
+        WeightFormat::Bf16,
+        WeightFormat::F16,
+        WeightFormat::F32,
+        WeightFormat::MxFp4,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightFormat::Bf16 => "bf16",
+            WeightFormat::F16 => "f16",
+            WeightFormat::F32 => "f32",
+            WeightFormat::MxFp4 => "mxfp4",
+        }
+    }
+}
+
+impl std::fmt::Display for WeightFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A linear layer's weights in any format the kernels decode exactly: what a model holds for
+/// every projection, so the format is chosen per tensor by the checkpoint, not per role by the
+/// code. [`crate::Kernels::matmul`] and [`crate::Kernels::dequant`] dispatch on it once per
+/// call, outside the kernels' loops.
+#[derive(Debug, Clone, Copy)]
+pub enum WeightMatrix<'a> {
+    Bf16(Bf16Matrix<'a>),
+    F16(F16Matrix<'a>),
+    F32(F32Matrix<'a>),
+    MxFp4(MxFp4Matrix<'a>),
+}
+
+impl WeightMatrix<'_> {
+    pub fn format(&self) -> WeightFormat {
+        match self {
+            WeightMatrix::Bf16(_) => WeightFormat::Bf16,
+            WeightMatrix::F16(_) => WeightFormat::F16,
+            WeightMatrix::F32(_) => WeightFormat::F32,
+            WeightMatrix::MxFp4(_) => WeightFormat::MxFp4,
+        }
+    }
+    pub fn rows(&self) -> usize {
+        match self {
+            WeightMatrix::Bf16(m) => m.rows(),
+            WeightMatrix::F16(m) => m.rows(),
+            WeightMatrix::F32(m) => m.rows(),
+            WeightMatrix::MxFp4(m) => m.rows(),
+        }
+    }
+    pub fn cols(&self) -> usize {
+        match self {
+            WeightMatrix::Bf16(m) => m.cols(),
+            WeightMatrix::F16(m) => m.cols(),
+            WeightMatrix::F32(m) => m.cols(),
+            WeightMatrix::MxFp4(m) => m.cols(),
+        }
+    }
+    /// Bytes of weights that one pass over `rows` reads.
+    pub fn bytes_for_rows(&self, rows: usize) -> usize {
+        match self {
+            WeightMatrix::Bf16(m) => m.bytes_for_rows(rows),
+            WeightMatrix::F16(m) => m.bytes_for_rows(rows),
+            WeightMatrix::F32(m) => m.bytes_for_rows(rows),
+            WeightMatrix::MxFp4(m) => m.bytes_for_rows(rows),
+        }
+    }
+    /// Bytes of the whole matrix.
+    pub fn weight_bytes(&self) -> usize {
+        self.bytes_for_rows(self.rows())
+    }
+}
+
+impl<'a> From<Bf16Matrix<'a>> for WeightMatrix<'a> {
+    fn from(m: Bf16Matrix<'a>) -> Self {
+        WeightMatrix::Bf16(m)
+    }
+}
+impl<'a> From<F16Matrix<'a>> for WeightMatrix<'a> {
+    fn from(m: F16Matrix<'a>) -> Self {
+        WeightMatrix::F16(m)
+    }
+}
+impl<'a> From<F32Matrix<'a>> for WeightMatrix<'a> {
+    fn from(m: F32Matrix<'a>) -> Self {
+        WeightMatrix::F32(m)
+    }
+}
+impl<'a> From<MxFp4Matrix<'a>> for WeightMatrix<'a> {
+    fn from(m: MxFp4Matrix<'a>) -> Self {
+        WeightMatrix::MxFp4(m)
     }
 }

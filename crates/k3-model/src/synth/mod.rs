@@ -4,6 +4,9 @@
 //! text shard) with `model.safetensors.index.json`, tensors in lexicographic order, BF16
 //! trunk, F32 vectors, `A_log` zero-padded to a power of two, experts quantised to
 //! compressed-tensors MXFP4 from random weights, and tokenizer files ([`tokenizer`]).
+//! [`generate_with`] stores the same checkpoint in other formats ([`SynthFormats`]): the trunk
+//! in F32 (the BF16 values widened, exactly) or F16, the float vectors in BF16 or F16, chosen
+//! trunk linears as MXFP4 (or their BF16 twin holding the exact dequantised values).
 //!
 //! Weights are uniform in `±sqrt(3 / fan_in)` (variance `1 / fan_in`), so every projection keeps
 //! its input's scale; norms are 1, so RMSNorm outputs stay O(1) through any number of layers.
@@ -15,11 +18,15 @@ use std::path::Path;
 
 use expert_store::checkpoint::{CheckpointError, Dtype};
 use expert_store::writer::{TensorOut, write_safetensors};
-use mxfp4_kernels::codes::{f32_to_bf16, quantize_group};
+use std::collections::HashMap;
+
+use mxfp4_kernels::codes::{
+    E2M1_VALUES, E8M0_TO_F32, bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, quantize_group,
+};
 use serde_json::{Value, json};
 
 use crate::config::{ConfigError, K3Config};
-use crate::inventory::{DType, TensorSpec, text_tensors};
+use crate::inventory::{DType, Role, TensorSpec, text_tensors};
 
 /// The release config, the template every preset edits.
 pub const RELEASE_CONFIG: &str = include_str!("../../configs/Kimi-K3.config.json");
@@ -97,6 +104,102 @@ impl SynthOptions {
             router_skew: 0.0,
             softplus_gate: false,
         }
+    }
+}
+
+/// A float storage format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FloatFormat {
+    #[default]
+    Bf16,
+    F16,
+    F32,
+}
+
+impl FloatFormat {
+    pub const ALL: [FloatFormat; 3] = [FloatFormat::Bf16, FloatFormat::F16, FloatFormat::F32];
+
+    /// The name the `--*-dtype` flags take.
+    pub fn name(self) -> &'static str {
+        match self {
+            FloatFormat::Bf16 => "bf16",
+            FloatFormat::F16 => "f16",
+            FloatFormat::F32 => "f32",
+        }
+    }
+
+    fn dtype(self) -> Dtype {
+        match self {
+            FloatFormat::Bf16 => Dtype::BF16,
+            FloatFormat::F16 => Dtype::F16,
+            FloatFormat::F32 => Dtype::F32,
+        }
+    }
+
+    /// Appends `values` in this format: BF16 and F16 round to nearest even (exact for values
+    /// the format holds), F32 as is.
+    fn encode(self, values: &[f32], buf: &mut Vec<u8>) {
+        match self {
+            FloatFormat::Bf16 => {
+                buf.extend(values.iter().flat_map(|&v| f32_to_bf16(v).to_le_bytes()))
+            }
+            FloatFormat::F16 => {
+                buf.extend(values.iter().flat_map(|&v| f32_to_f16(v).to_le_bytes()))
+            }
+            FloatFormat::F32 => buf.extend(values.iter().flat_map(|v| v.to_le_bytes())),
+        }
+    }
+}
+
+impl std::fmt::Display for FloatFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for FloatFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        FloatFormat::ALL
+            .into_iter()
+            .find(|f| f.name() == s)
+            .ok_or_else(|| format!("unknown float format {s:?} (bf16, f16, f32)"))
+    }
+}
+
+/// Storage formats of a synthetic checkpoint's non-expert tensors (routed experts are always
+/// MXFP4). The default is the release's layout, byte for byte what [`generate`] writes.
+///
+/// Values do not depend on the formats: the trunk's are drawn as BF16 values and stored
+/// exactly (BF16, F32) or rounded (F16), so an F32 copy decodes to the BF16 checkpoint's bits.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SynthFormats {
+    /// Format of every linear weight outside the routed experts (embedding and lm_head too).
+    pub trunk: FloatFormat,
+    /// Round the trunk's values to F16 before storing them: with `trunk: F32`, the F32 twin of
+    /// the `trunk: F16` checkpoint (its F16 values widened). Not with `trunk: Bf16`.
+    pub trunk_f16_values: bool,
+    /// Format of every float vector (norms, AttnRes vectors, conv taps, `A_log`, `dt_bias`,
+    /// router bias). `None`: the release's (norms BF16, the others F32). With a format, every
+    /// vector's values are first made exact in BF16 and F16 (rounded to BF16, magnitudes below
+    /// 2^-14 flushed to zero), so the three choices hold the same values.
+    pub vectors: Option<FloatFormat>,
+    /// Trunk linear weights to store as MXFP4 (`weight_packed` + `weight_scale`): those whose
+    /// name contains one of these strings (`"all"`: every one). Their inputs must be a
+    /// multiple of 32 wide.
+    pub mxfp4_linears: Vec<String>,
+    /// Store the `mxfp4_linears` as BF16 holding their exact dequantised values instead (E2M1
+    /// x 2^k is exact in BF16): the BF16 twin of the MXFP4 checkpoint.
+    pub mxfp4_as_bf16: bool,
+}
+
+impl SynthFormats {
+    fn is_mxfp4(&self, spec: &TensorSpec) -> bool {
+        spec.role() == Role::Linear
+            && self
+                .mxfp4_linears
+                .iter()
+                .any(|p| p == "all" || spec.name.contains(p.as_str()))
     }
 }
 
@@ -237,8 +340,35 @@ pub enum SynthError {
     Invalid(String),
 }
 
-/// Writes a complete checkpoint for `options` into `dir` (created if needed).
+/// Writes a complete checkpoint for `options` into `dir` (created if needed), in the release's
+/// formats.
 pub fn generate(dir: &Path, options: &SynthOptions) -> Result<SynthReport, SynthError> {
+    generate_with(dir, options, &SynthFormats::default())
+}
+
+/// How one written tensor is filled from its spec.
+#[derive(Debug, Clone, Copy)]
+enum Part {
+    /// The spec's tensor, in this format.
+    Whole(FloatFormat),
+    /// An MXFP4 linear's `weight_packed` or (false) `weight_scale`.
+    MxFp4(bool),
+    /// A routed expert's tensor (U8).
+    Expert,
+}
+
+/// [`generate`], storing the non-expert tensors in `formats`.
+pub fn generate_with(
+    dir: &Path,
+    options: &SynthOptions,
+    formats: &SynthFormats,
+) -> Result<SynthReport, SynthError> {
+    if formats.trunk_f16_values && formats.trunk == FloatFormat::Bf16 {
+        return Err(SynthError::Invalid(
+            "trunk values rounded to F16 cannot be stored as BF16 exactly: use trunk f16 or f32"
+                .into(),
+        ));
+    }
     let mut root = preset_config(options.preset, options.layers, options.experts);
     if options.softplus_gate
         && let Some(linear) = root["text_config"]["linear_attn_config"].as_object_mut()
@@ -276,34 +406,106 @@ pub fn generate(dir: &Path, options: &SynthOptions) -> Result<SynthReport, Synth
     }
     let mut weight_map = serde_json::Map::new();
     let (mut bytes, mut tensors) = (0, 0);
+    let prefix = expert_store::checkpoint::TEXT_PREFIX;
     for (k, specs) in by_shard.into_iter().enumerate() {
         let file = shard_name(k + 1);
-        let outs: Vec<TensorOut> = specs
-            .iter()
-            .map(|s| TensorOut {
-                name: format!("{}{}", expert_store::checkpoint::TEXT_PREFIX, s.name),
-                dtype: match s.dtype {
-                    DType::Bf16 => Dtype::BF16,
-                    DType::F32 => Dtype::F32,
-                    DType::U8 => Dtype::U8,
-                },
-                shape: s.shape.clone(),
-            })
-            .collect();
+        // Each written tensor: its header entry, its spec and how to fill it.
+        let mut parts: HashMap<String, (usize, Part)> = HashMap::new();
+        let mut outs: Vec<TensorOut> = Vec::new();
+        for (i, spec) in specs.iter().enumerate() {
+            let mut push = |name: String, dtype, shape, part| {
+                parts.insert(name.clone(), (i, part));
+                outs.push(TensorOut { name, dtype, shape });
+            };
+            let release = match spec.dtype {
+                DType::Bf16 => FloatFormat::Bf16,
+                DType::F32 => FloatFormat::F32,
+                DType::U8 => {
+                    push(
+                        format!("{prefix}{}", spec.name),
+                        Dtype::U8,
+                        spec.shape.clone(),
+                        Part::Expert,
+                    );
+                    continue;
+                }
+            };
+            let format = match spec.role() {
+                Role::Vector => formats.vectors.unwrap_or(release),
+                _ if formats.is_mxfp4(spec) && formats.mxfp4_as_bf16 => FloatFormat::Bf16,
+                _ if formats.is_mxfp4(spec) => {
+                    let (rows, cols) = (spec.shape[0], spec.shape[1]);
+                    if !cols.is_multiple_of(32) {
+                        return Err(SynthError::Invalid(format!(
+                            "{}: {cols} columns is not a multiple of the MXFP4 group 32",
+                            spec.name
+                        )));
+                    }
+                    let base = spec.name.strip_suffix(".weight").unwrap_or(&spec.name);
+                    push(
+                        format!("{prefix}{base}.weight_packed"),
+                        Dtype::U8,
+                        vec![rows, cols / 2],
+                        Part::MxFp4(true),
+                    );
+                    push(
+                        format!("{prefix}{base}.weight_scale"),
+                        Dtype::U8,
+                        vec![rows, cols / 32],
+                        Part::MxFp4(false),
+                    );
+                    continue;
+                }
+                _ => formats.trunk,
+            };
+            push(
+                format!("{prefix}{}", spec.name),
+                format.dtype(),
+                spec.shape.clone(),
+                Part::Whole(format),
+            );
+        }
         for out in &outs {
             weight_map.insert(out.name.clone(), Value::String(file.clone()));
         }
         tensors += outs.len();
         bytes += write_safetensors(&dir.join(&file), outs, |t, buf| {
-            let name = t
-                .name
-                .strip_prefix(expert_store::checkpoint::TEXT_PREFIX)
-                .unwrap_or(&t.name);
-            let spec = specs
-                .iter()
-                .find(|s| s.name == name)
-                .expect("every written tensor has a spec");
-            fill(&config, options, spec, buf);
+            let (i, part) = parts[&t.name];
+            let spec = &specs[i];
+            match part {
+                Part::Expert => expert_fill(options.seed, spec, buf),
+                Part::Whole(format) => {
+                    let mut values = float_values(&config, options, spec);
+                    match spec.role() {
+                        Role::Vector if formats.vectors.is_some() => {
+                            values
+                                .iter_mut()
+                                .for_each(|v| *v = exact_in_bf16_and_f16(*v));
+                        }
+                        Role::Linear if formats.is_mxfp4(spec) => {
+                            values = mxfp4_round_trip(&values, spec.shape[1]);
+                        }
+                        Role::Linear if formats.trunk_f16_values => {
+                            values
+                                .iter_mut()
+                                .for_each(|v| *v = f16_to_f32(f32_to_f16(*v)));
+                        }
+                        _ => {}
+                    }
+                    format.encode(&values, buf);
+                }
+                Part::MxFp4(packed) => {
+                    let values = float_values(&config, options, spec);
+                    for group in values.chunks_exact(32) {
+                        let (codes, scale) = quantize_group(group.try_into().expect("32 values"));
+                        if packed {
+                            buf.extend_from_slice(&codes);
+                        } else {
+                            buf.push(scale);
+                        }
+                    }
+                }
+            }
         })?;
     }
     // Tokenizer files: a BPE learned from built-in text, K3's specials at the top.
@@ -332,24 +534,51 @@ pub fn generate(dir: &Path, options: &SynthOptions) -> Result<SynthReport, Synth
     })
 }
 
-/// Appends the bytes of one tensor.
-fn fill(config: &K3Config, options: &SynthOptions, spec: &TensorSpec, buf: &mut Vec<u8>) {
+/// Appends the bytes of one routed-expert tensor.
+fn expert_fill(seed: u64, spec: &TensorSpec, buf: &mut Vec<u8>) {
+    let last = spec.name.rsplit('.').next().unwrap_or("");
+    if last == "weight_packed" {
+        // Quantise whole rows: regenerate the matching random weights, group by group.
+        // The scale tensor of the same matrix draws the same values (same seed base).
+        let (rows, cols) = (spec.shape[0], spec.shape[1] * 2);
+        expert_codes(seed, &spec.name, rows, cols, buf, true);
+    } else {
+        let (rows, cols) = (spec.shape[0], spec.shape[1] * 32);
+        let packed_name = spec.name.replace("weight_scale", "weight_packed");
+        expert_codes(seed, &packed_name, rows, cols, buf, false);
+    }
+}
+
+/// A value made exact in both BF16 and F16: rounded to BF16 (8 significant bits, which F16's
+/// 11 hold from 2^-14 up), magnitudes below F16's normal range flushed to zero.
+fn exact_in_bf16_and_f16(v: f32) -> f32 {
+    let b = bf16_to_f32(f32_to_bf16(v));
+    if b.abs() < 2f32.powi(-14) { 0.0 } else { b }
+}
+
+/// Rows of `cols` values quantised to MXFP4 per 32-group and decoded again (exact values).
+fn mxfp4_round_trip(values: &[f32], cols: usize) -> Vec<f32> {
+    debug_assert!(cols.is_multiple_of(32));
+    let mut out = Vec::with_capacity(values.len());
+    for group in values.chunks_exact(32) {
+        let (codes, scale) = quantize_group(group.try_into().expect("32 values"));
+        for c in 0..32 {
+            let code = (codes[c / 2] >> (4 * (c % 2))) & 0xF;
+            out.push(E2M1_VALUES[code as usize] * E8M0_TO_F32[scale as usize]);
+        }
+    }
+    out
+}
+
+/// The values of one float tensor (the release's BF16 ones are BF16-exact), drawn from the seed
+/// and the tensor's name alone.
+fn float_values(config: &K3Config, options: &SynthOptions, spec: &TensorSpec) -> Vec<f32> {
     let mut rng = Rng::new(options.seed ^ fnv1a(spec.name.as_bytes()));
     let n: usize = spec.shape.iter().product();
     let leaf = spec.name.rsplit('.').nth(1).unwrap_or("");
     let last = spec.name.rsplit('.').next().unwrap_or("");
     match spec.dtype {
-        DType::U8 if last == "weight_packed" => {
-            // Quantise whole rows: regenerate the matching random weights, group by group.
-            // The scale tensor of the same matrix draws the same values (same seed base).
-            let (rows, cols) = (spec.shape[0], spec.shape[1] * 2);
-            expert_codes(options.seed, &spec.name, rows, cols, buf, true);
-        }
-        DType::U8 => {
-            let (rows, cols) = (spec.shape[0], spec.shape[1] * 32);
-            let packed_name = spec.name.replace("weight_scale", "weight_packed");
-            expert_codes(options.seed, &packed_name, rows, cols, buf, false);
-        }
+        DType::U8 => unreachable!("expert tensors are filled by expert_fill"),
         DType::F32 => {
             let values: Vec<f32> = match last {
                 "A_log" => {
@@ -374,18 +603,18 @@ fn fill(config: &K3Config, options: &SynthOptions, spec: &TensorSpec, buf: &mut 
                     (0..n).map(|_| rng.uniform(0.5, 1.5) / width).collect()
                 }
             };
-            buf.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+            values
         }
         DType::Bf16 => {
             let is_norm = leaf.ends_with("norm") || leaf.ends_with("layernorm");
             if is_norm {
-                buf.extend((0..n).flat_map(|_| f32_to_bf16(1.0).to_le_bytes()));
+                vec![1.0; n]
             } else {
                 let fan_in = *spec.shape.last().unwrap_or(&1) as f32;
                 let bound = (3.0 / fan_in).sqrt();
-                buf.extend(
-                    (0..n).flat_map(|_| f32_to_bf16(rng.uniform(-bound, bound)).to_le_bytes()),
-                );
+                (0..n)
+                    .map(|_| bf16_to_f32(f32_to_bf16(rng.uniform(-bound, bound))))
+                    .collect()
             }
         }
     }

@@ -4,6 +4,7 @@ mod chat;
 mod config;
 mod ct_fixture;
 mod fla_kda;
+mod formats;
 mod forward;
 mod frozen;
 mod fuzz;

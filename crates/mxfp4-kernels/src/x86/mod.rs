@@ -11,6 +11,7 @@ use core::arch::x86_64::*;
 
 pub(crate) mod bf16;
 pub(crate) mod exact;
+pub(crate) mod float;
 pub(crate) mod vnni;
 
 /// Runs `$kernel::<R, T, C>` for tokens `$tok0..$tok0 + T` over `$rows` in blocks of `R` rows

@@ -2,5 +2,6 @@
 
 mod common;
 mod edges;
+mod floats;
 mod oracle;
 mod tiers;

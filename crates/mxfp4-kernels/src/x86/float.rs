@@ -1,0 +1,225 @@
+//! F16 and F32 matrices in the AVX-512 tiers. One kernel shape serves both formats and both
+//! activation layouts, and it is the exact BF16 kernel's: per block of 32 columns the weights
+//! are split into even and odd columns (F32 by `vpermt2ps`, F16 by `vpmovdw` then the exact
+//! `vcvtph2ps`), and each (row, token) accumulator takes `fma(even, x_even)` then
+//! `fma(odd, x_odd)`, reduced by `store_sums`. So a matrix of BF16 values widened to F32 gives
+//! the BF16 kernel's bits, and batch invariance holds for the same reason as there.
+//!
+//! Exact tier: activations are `perm32` (f32). Approximate tiers: activations are the BF16
+//! rounding the tier uses for BF16 matrices (`bf16_natural`, widened exactly by the same shift
+//! and mask as BF16 weights), weights stay exact and products are f32 FMAs: `vdpbf16ps` cannot
+//! take F16 or F32 weights without rounding them.
+
+use core::arch::x86_64::*;
+use std::ops::Range;
+
+use super::{
+    bf16_prefetch_offset, by_tokens, by_tokens_bf16, load_bytes64, run_rows, store_sums, width,
+};
+use crate::activations::Activations;
+use crate::view::{F16Matrix, F32Matrix};
+
+/// # Safety
+/// The CPU must have avx512f, avx512bw and avx512vl; `rows` must lie inside `matrix`, `act`
+/// was prepared for the `avx512` tier with `matrix.cols()` columns and `out` holds
+/// `rows.len() * act.tokens()` f32 (checked by `Kernels`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn matmul_f32_exact(
+    matrix: &F32Matrix<'_>,
+    act: &Activations,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    by_tokens_bf16!(f32_exact_block, matrix, act, rows, out);
+}
+
+/// # Safety
+/// As [`matmul_f32_exact`], with `act` prepared for an approximate tier (`bf16_natural`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn matmul_f32_bf16_act(
+    matrix: &F32Matrix<'_>,
+    act: &Activations,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    by_tokens_bf16!(f32_bf16_act_block, matrix, act, rows, out);
+}
+
+/// # Safety
+/// As [`matmul_f32_exact`], for an F16 matrix.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn matmul_f16_exact(
+    matrix: &F16Matrix<'_>,
+    act: &Activations,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    by_tokens_bf16!(f16_exact_block, matrix, act, rows, out);
+}
+
+/// # Safety
+/// As [`matmul_f32_bf16_act`], for an F16 matrix.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn matmul_f16_bf16_act(
+    matrix: &F16Matrix<'_>,
+    act: &Activations,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    by_tokens_bf16!(f16_bf16_act_block, matrix, act, rows, out);
+}
+
+/// The four (format, activation layout) row kernels `by_tokens!` instantiates.
+macro_rules! block_fn {
+    ($name:ident, $matrix:ident, $elem:literal, $bf16_act:literal) => {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+        #[inline]
+        fn $name<const R: usize, const T: usize, const C: usize>(
+            m: &$matrix<'_>,
+            act: &Activations,
+            tok0: usize,
+            row0: usize,
+            local0: usize,
+            n: usize,
+            out: &mut [f32],
+        ) {
+            float_block::<R, T, C, $elem, $bf16_act>(
+                (m.bytes(), m.rows(), m.cols()),
+                act,
+                (tok0, row0, local0, n),
+                out,
+            );
+        }
+    };
+}
+block_fn!(f32_exact_block, F32Matrix, 4, false);
+block_fn!(f32_bf16_act_block, F32Matrix, 4, true);
+block_fn!(f16_exact_block, F16Matrix, 2, false);
+block_fn!(f16_bf16_act_block, F16Matrix, 2, true);
+
+/// Rows `row0..row0+R` for tokens `tok0..tok0+T` of a matrix of `ELEM`-byte floats (4: F32,
+/// 2: F16); activations f32 (`perm32`) or BF16 (`bf16_natural`, `BF16_ACT`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
+fn float_block<
+    const R: usize,
+    const T: usize,
+    const C: usize,
+    const ELEM: usize,
+    const BF16_ACT: bool,
+>(
+    (bytes, rows, cols): (&[u8], usize, usize),
+    act: &Activations,
+    (tok0, row0, local0, n): (usize, usize, usize, usize),
+    out: &mut [f32],
+) {
+    let stride = act.padded();
+    let x_len = if BF16_ACT {
+        act.bf16_natural.len()
+    } else {
+        act.perm32.len()
+    };
+    assert!(row0 + R <= rows && x_len >= (tok0 + T) * stride);
+    let cols = width::<C>(cols);
+    assert!(bytes.len() >= (row0 + R) * cols * ELEM);
+    let base = bytes[row0 * cols * ELEM..].as_ptr();
+    let high_half = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
+    let even_idx = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let odd_idx = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    let blocks = cols.div_ceil(32);
+    for block in 0..blocks {
+        let valid = (cols - 32 * block).min(32);
+        let mut even = [_mm512_setzero_ps(); T];
+        let mut odd = [_mm512_setzero_ps(); T];
+        for t in 0..T {
+            let at = (tok0 + t) * stride + 32 * block;
+            if BF16_ACT {
+                // SAFETY: 32 * block + 32 <= stride (cols padded to 128): 32 u16 inside
+                // `bf16_natural` (length asserted above).
+                let v = unsafe { _mm512_loadu_si512(act.bf16_natural.as_ptr().add(at).cast()) };
+                even[t] = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v));
+                odd[t] = _mm512_castsi512_ps(_mm512_and_si512(v, high_half));
+            } else {
+                // SAFETY: as above, 32 f32 inside `perm32`.
+                unsafe {
+                    even[t] = _mm512_loadu_ps(act.perm32.as_ptr().add(at));
+                    odd[t] = _mm512_loadu_ps(act.perm32.as_ptr().add(at + 16));
+                }
+            }
+        }
+        let ahead = bf16_prefetch_offset(R, cols, block) * ELEM;
+        for r in 0..R {
+            let at = base.wrapping_add((r * cols + 32 * block) * ELEM);
+            // Prefetch hint only: it never faults, so an address past the matrix is harmless.
+            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(ahead).cast());
+            // SAFETY: `valid` values of row row0 + r are left from `at` (asserted above).
+            let (w_even, w_odd) = unsafe {
+                if ELEM == 4 {
+                    load_f32_split(at, valid, even_idx, odd_idx)
+                } else {
+                    load_f16_split(at, valid)
+                }
+            };
+            for t in 0..T {
+                acc[r][t] = _mm512_fmadd_ps(w_even, even[t], acc[r][t]);
+                acc[r][t] = _mm512_fmadd_ps(w_odd, odd[t], acc[r][t]);
+            }
+        }
+    }
+    store_sums(&acc, tok0, local0, n, out);
+}
+
+/// Up to 32 f32 from `at` (the rest zero), split into even and odd columns.
+///
+/// # Safety
+/// `min(valid, 32)` f32 from `at` must be readable.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn load_f32_split(
+    at: *const u8,
+    valid: usize,
+    even_idx: __m512i,
+    odd_idx: __m512i,
+) -> (__m512, __m512) {
+    let (low, high) = if valid >= 32 {
+        // SAFETY: 32 readable f32, by the caller.
+        unsafe {
+            (
+                _mm512_loadu_ps(at.cast()),
+                _mm512_loadu_ps(at.add(64).cast()),
+            )
+        }
+    } else {
+        let mask = |k: usize| ((1u32 << k) - 1) as u16;
+        // SAFETY: the masks limit the loads to the `valid` readable values; masked-off lanes
+        // are not accessed (no fault), so the second address may lie past them.
+        unsafe {
+            (
+                _mm512_maskz_loadu_ps(mask(valid.min(16)), at.cast()),
+                _mm512_maskz_loadu_ps(mask(valid.saturating_sub(16)), at.wrapping_add(64).cast()),
+            )
+        }
+    };
+    (
+        _mm512_permutex2var_ps(low, even_idx, high),
+        _mm512_permutex2var_ps(low, odd_idx, high),
+    )
+}
+
+/// Up to 32 F16 from `at` (the rest zero), widened exactly and split into even and odd columns:
+/// dword lane j holds columns 2j (low half) and 2j+1 (high half).
+///
+/// # Safety
+/// `min(valid, 32)` F16 from `at` must be readable.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn load_f16_split(at: *const u8, valid: usize) -> (__m512, __m512) {
+    // SAFETY: `2 * valid` readable bytes, by the caller (whole 64-byte loads when valid = 32).
+    let v = unsafe { load_bytes64(at, 2 * valid) };
+    (
+        _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)),
+        _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(v))),
+    )
+}
