@@ -18,4 +18,4 @@ pub use store::{
 };
 pub use usage::UsageHistory;
 
-pub use checkpoint::{Checkpoint, CheckpointError, Dtype, ExpertLocation, TensorRef};
+pub use checkpoint::{Checkpoint, CheckpointError, Dtype, ExpertLocation, ExpertPiece, TensorRef};
