@@ -95,17 +95,45 @@ pub struct TensorRef<'a> {
 }
 
 /// Where a routed expert's six tensors (`w1`/`w2`/`w3` × `weight_packed`/`weight_scale`) lie.
+/// They may be split over several shards (a re-sharded checkpoint): [`Self::pieces`] are the
+/// runs of tensors stored back to back in one file, one read each.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExpertLocation {
+    /// The file of the first piece (in file order: shard order, then offset).
     pub path: PathBuf,
-    /// First byte of the lowest of the six tensors, in the file.
+    /// First byte of the lowest of the tensors in `path`.
     pub offset: usize,
-    /// From `offset` to the end of the highest of the six.
+    /// From `offset` to the end of the highest of the tensors in `path`.
     pub len: usize,
-    /// The six tensors are back to back (one read fetches exactly them).
+    /// The six tensors are back to back in one file (one read fetches exactly them).
     pub contiguous: bool,
-    /// Each tensor's absolute byte range, in [`EXPERT_TENSORS`] order.
+    /// Each tensor's absolute byte range in its file ([`Self::tensor_path`]), in
+    /// [`EXPERT_TENSORS`] order.
     pub tensors: [std::ops::Range<usize>; 6],
+    /// The runs of tensors back to back in one file, in file order; every tensor lies in one.
+    pub pieces: Vec<ExpertPiece>,
+    /// Each tensor's piece (an index into `pieces`), in [`EXPERT_TENSORS`] order.
+    pub tensor_piece: [usize; 6],
+}
+
+/// A run of an expert's tensors stored back to back in one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpertPiece {
+    pub path: PathBuf,
+    /// Absolute byte range in the file.
+    pub range: std::ops::Range<usize>,
+}
+
+impl ExpertLocation {
+    /// The file holding tensor `i` (in [`EXPERT_TENSORS`] order).
+    pub fn tensor_path(&self, i: usize) -> &Path {
+        &self.pieces[self.tensor_piece[i]].path
+    }
+
+    /// Whether the six tensors lie in more than one file.
+    pub fn spans_shards(&self) -> bool {
+        self.pieces.iter().any(|p| p.path != self.path)
+    }
 }
 
 /// The six tensors of a routed expert, in the order [`ExpertLocation::tensors`] keeps them:
@@ -360,6 +388,11 @@ impl Checkpoint {
         self.tensors.is_empty()
     }
 
+    /// Every tensor's stored name (with the prefix, if the checkpoint has one), in no order.
+    pub fn tensor_names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
     /// Total bytes of tensor data.
     pub fn data_bytes(&self) -> usize {
         self.tensors.values().map(|e| e.end - e.start).sum()
@@ -507,7 +540,8 @@ impl Checkpoint {
 
     /// Every routed expert's location, keyed `(layer, expert)`, built from the headers by name
     /// (`model.layers.{l}.block_sparse_moe.experts.{e}.{w1,w2,w3}.{weight_packed,weight_scale}`).
-    /// Experts are not stored in id order; this is the only way to find them.
+    /// Experts are not stored in id order; this is the only way to find them. An expert's six
+    /// tensors may lie in several files (a re-sharded checkpoint); see [`ExpertLocation`].
     pub fn expert_table(&self) -> Result<BTreeMap<(usize, usize), ExpertLocation>> {
         let mut parts: BTreeMap<(usize, usize), Vec<(usize, &Entry)>> = BTreeMap::new();
         for (name, entry) in &self.tensors {
@@ -519,8 +553,7 @@ impl Checkpoint {
         let mut table = BTreeMap::new();
         for ((layer, expert), mut entries) in parts {
             entries.sort_by_key(|&(part, _)| part);
-            let first = entries[0].1;
-            let path = &self.shards[first.shard].path;
+            let path = &self.shards[entries[0].1.shard].path;
             let name = format!(
                 "{}model.layers.{layer}.block_sparse_moe.experts.{expert}",
                 self.prefix
@@ -534,25 +567,41 @@ impl Checkpoint {
                 });
             }
             let entries: Vec<&Entry> = entries.into_iter().map(|(_, e)| e).collect();
-            if entries.iter().any(|e| e.shard != first.shard) {
-                return Err(CheckpointError::Mismatch {
-                    path: path.clone(),
-                    tensor: name,
-                    expected: "all six tensors in one file".into(),
-                    found: "tensors spread over several shards".into(),
-                });
+            // File order; a piece grows while the next tensor starts where it ends.
+            let mut order: Vec<usize> = (0..6).collect();
+            order.sort_by_key(|&i| (entries[i].shard, entries[i].start));
+            let mut runs: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+            let mut tensor_piece = [0usize; 6];
+            for i in order {
+                let e = entries[i];
+                match runs.last_mut() {
+                    Some((shard, range)) if *shard == e.shard && range.end == e.start => {
+                        range.end = e.end;
+                    }
+                    _ => runs.push((e.shard, e.start..e.end)),
+                }
+                tensor_piece[i] = runs.len() - 1;
             }
-            let offset = entries.iter().map(|e| e.start).min().unwrap_or(0);
-            let end = entries.iter().map(|e| e.end).max().unwrap_or(0);
-            let stored: usize = entries.iter().map(|e| e.end - e.start).sum();
+            let (first_shard, _) = runs[0];
+            let in_first = entries.iter().filter(|e| e.shard == first_shard);
+            let offset = in_first.clone().map(|e| e.start).min().unwrap_or(0);
+            let end = in_first.map(|e| e.end).max().unwrap_or(0);
             table.insert(
                 (layer, expert),
                 ExpertLocation {
-                    path: path.clone(),
+                    path: self.shards[first_shard].path.clone(),
                     offset,
                     len: end - offset,
-                    contiguous: stored == end - offset,
+                    contiguous: runs.len() == 1,
                     tensors: std::array::from_fn(|i| entries[i].start..entries[i].end),
+                    pieces: runs
+                        .into_iter()
+                        .map(|(shard, range)| ExpertPiece {
+                            path: self.shards[shard].path.clone(),
+                            range,
+                        })
+                        .collect(),
+                    tensor_piece,
                 },
             );
         }

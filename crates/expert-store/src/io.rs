@@ -178,75 +178,96 @@ impl ShardReader {
         self.direct.load(Ordering::Relaxed)
     }
 
-    /// Reads the file ranges `segments` into one new buffer, each segment starting at an
-    /// `IO_ALIGN` boundary of it; returns the buffer and where each segment's first byte
-    /// landed. One `pread` per segment (more only if the kernel returns less than asked).
-    ///
-    /// `place(buffer, starts)` runs on the new buffer before any read touches it, with where
-    /// each segment's first byte will land: the caller binds pages to NUMA nodes there, so
-    /// the read's page faults allocate them on the right node.
-    ///
-    /// `reuse` is a buffer of an expert no longer needed: taken when large enough, so the
-    /// read lands in pages already faulted in (a fresh buffer costs a page fault and a zeroed
-    /// page per 4 KiB during the read).
-    pub fn read_segments(
-        &self,
-        segments: &[Range<usize>],
-        reuse: Option<AlignedBuf>,
-        place: impl FnOnce(&mut [u8], &[usize]),
-    ) -> std::io::Result<(AlignedBuf, Vec<usize>)> {
-        let spans: Vec<(usize, usize)> = segments
-            .iter()
-            .map(|s| {
-                let start = s.start / IO_ALIGN * IO_ALIGN;
-                (start, s.end.next_multiple_of(IO_ALIGN) - start)
-            })
-            .collect();
-        let total: usize = spans.iter().map(|&(_, len)| len).sum();
-        let mut buf = match reuse {
-            Some(buf) if buf.len() >= total => buf,
-            _ => AlignedBuf::zeroed(total),
-        };
-        let mut starts = Vec::with_capacity(segments.len());
-        let mut at = 0;
-        for (segment, &(start, len)) in segments.iter().zip(&spans) {
-            starts.push(at + (segment.start - start));
-            at += len;
-        }
-        place(&mut buf, &starts);
-        let mut at = 0;
-        let mut direct = self.is_direct();
-        for (segment, &(start, len)) in segments.iter().zip(&spans) {
-            let needed = segment.end - start;
-            let dst = &mut buf[at..at + len];
-            let got = match direct.then(|| read_full(&self.file, dst, start)) {
-                Some(Err(e)) if e.raw_os_error() == Some(libc::EINVAL) => {
+    /// Reads one range of this file from `offset` into `dst` (whole `IO_ALIGN` blocks), with
+    /// `O_DIRECT` while the file takes it; returns the bytes read.
+    fn read_span(&self, dst: &mut [u8], start: usize) -> std::io::Result<usize> {
+        let got = if self.is_direct() {
+            match read_full(&self.file, dst, start) {
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                     // The filesystem opened the file with O_DIRECT but refuses the read:
                     // buffered from now on (the caller says so once).
                     self.direct.store(false, Ordering::Relaxed);
-                    direct = false;
                     read_full(&self.buffered, dst, start)?
                 }
-                Some(result) => result?,
-                None => read_full(&self.buffered, dst, start)?,
-            };
-            if got < needed {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    format!(
-                        "short read: {got} of {needed} bytes at offset {start} (the file ends early)"
-                    ),
-                ));
+                result => result?,
             }
-            if !direct {
-                // The expert now lives in our buffer: drop the page-cache copy of what we read
-                // (advice only: a refusal changes nothing we rely on).
-                let _ = drop_page_cache(&self.buffered, start as u64, len as u64);
-            }
-            at += len;
+        } else {
+            read_full(&self.buffered, dst, start)?
+        };
+        if !self.is_direct() {
+            // The expert now lives in our buffer: drop the page-cache copy of what we read
+            // (advice only: a refusal changes nothing we rely on).
+            let _ = drop_page_cache(&self.buffered, start as u64, dst.len() as u64);
         }
-        Ok((buf, starts))
+        Ok(got)
     }
+}
+
+/// A failed [`read_pieces`]: the file and what went wrong.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {source}", path.display())]
+pub struct PieceError {
+    pub path: PathBuf,
+    pub source: std::io::Error,
+}
+
+/// Reads `pieces` (each a file and a byte range of it; an expert's tensors may lie in several
+/// shards) into one new buffer, each piece starting at an `IO_ALIGN` boundary of it, in the
+/// order given (the caller passes file order); returns the buffer and where each piece's first
+/// byte landed. One `pread` per piece (more only if the kernel returns less than asked).
+///
+/// `place(buffer, starts)` runs on the new buffer before any read touches it, with where
+/// each piece's first byte will land: the caller binds pages to NUMA nodes there, so the
+/// read's page faults allocate them on the right node.
+///
+/// `reuse` is a buffer of an expert no longer needed: taken when large enough, so the read
+/// lands in pages already faulted in (a fresh buffer costs a page fault and a zeroed page per
+/// 4 KiB during the read).
+pub fn read_pieces(
+    pieces: &[(&ShardReader, Range<usize>)],
+    reuse: Option<AlignedBuf>,
+    place: impl FnOnce(&mut [u8], &[usize]),
+) -> Result<(AlignedBuf, Vec<usize>), PieceError> {
+    let spans: Vec<(usize, usize)> = pieces.iter().map(|(_, r)| aligned_span(r)).collect();
+    let total: usize = spans.iter().map(|&(_, len)| len).sum();
+    let mut buf = match reuse {
+        Some(buf) if buf.len() >= total => buf,
+        _ => AlignedBuf::zeroed(total),
+    };
+    let mut starts = Vec::with_capacity(pieces.len());
+    let mut at = 0;
+    for ((_, piece), &(start, len)) in pieces.iter().zip(&spans) {
+        starts.push(at + (piece.start - start));
+        at += len;
+    }
+    place(&mut buf, &starts);
+    let mut at = 0;
+    for ((reader, piece), &(start, len)) in pieces.iter().zip(&spans) {
+        let fail = |source| PieceError {
+            path: reader.path.clone(),
+            source,
+        };
+        let needed = piece.end - start;
+        let got = reader
+            .read_span(&mut buf[at..at + len], start)
+            .map_err(fail)?;
+        if got < needed {
+            return Err(fail(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!(
+                    "short read: {got} of {needed} bytes at offset {start} (the file ends early)"
+                ),
+            )));
+        }
+        at += len;
+    }
+    Ok((buf, starts))
+}
+
+/// The `IO_ALIGN`-aligned span `(start, len)` that covers `range`.
+pub fn aligned_span(range: &Range<usize>) -> (usize, usize) {
+    let start = range.start / IO_ALIGN * IO_ALIGN;
+    (start, range.end.next_multiple_of(IO_ALIGN) - start)
 }
 
 /// Advises the kernel to drop `len` bytes of `file` from `offset` out of the page cache
@@ -283,11 +304,147 @@ fn read_full(file: &File, dst: &mut [u8], offset: usize) -> std::io::Result<usiz
 
 /// The memory the kernel says is available now (`MemAvailable` in `/proc/meminfo`), for the
 /// caller that wants a cache capacity checked against it; `None` where it cannot be read.
+/// Containers: see [`memory_budget`], which also honours the process's cgroup limit.
 pub fn memory_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    parse_mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
+}
+
+/// How much memory this process may still allocate, and what says so.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryBudget {
+    pub bytes: u64,
+    /// Where the number came from (`MemAvailable in /proc/meminfo`, or the cgroup's files
+    /// with its limit and usage), for messages.
+    pub source: String,
+}
+
+/// The memory this process may still allocate: the smallest of `MemAvailable` and, for its
+/// memory cgroup (v1 or v2) and every parent, the limit minus the usage. `None` where neither
+/// can be read.
+pub fn memory_budget() -> Option<MemoryBudget> {
+    let read = |path: &Path| std::fs::read_to_string(path).ok();
+    let available = read(Path::new("/proc/meminfo"))
+        .and_then(|t| parse_mem_available(&t))
+        .map(|bytes| MemoryBudget {
+            bytes,
+            source: "MemAvailable in /proc/meminfo".into(),
+        });
+    let cgroup = match (
+        read(Path::new("/proc/self/cgroup")),
+        read(Path::new("/proc/self/mountinfo")),
+    ) {
+        (Some(cgroups), mountinfo) => {
+            cgroup_headroom(&cgroups, mountinfo.as_deref().unwrap_or(""), read)
+        }
+        (None, _) => None,
+    };
+    [available, cgroup]
+        .into_iter()
+        .flatten()
+        .min_by_key(|b| b.bytes)
+}
+
+/// `MemAvailable` of a `/proc/meminfo` text, in bytes.
+pub fn parse_mem_available(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+/// Limits at or above this are "no limit" (cgroup v1 writes `PAGE_COUNTER_MAX` pages,
+/// 9223372036854771712 bytes, for an unlimited group).
+const UNLIMITED: u64 = 1 << 62;
+
+/// The least headroom (limit minus usage) of the memory cgroups this process is in and their
+/// parents, from the text of `/proc/self/cgroup` and `/proc/self/mountinfo`; `read` returns a
+/// cgroup file's contents (`None`: absent). cgroup v2: `0::/path`, `memory.max` (`max`: no
+/// limit) minus `memory.current`; v1: the line whose controllers include `memory`,
+/// `memory.limit_in_bytes` minus `memory.usage_in_bytes`. Each hierarchy's files are found
+/// under its mount point in `mountinfo` (default `/sys/fs/cgroup` for v2,
+/// `/sys/fs/cgroup/memory` for v1). A child may be unlimited while a parent is limited, so
+/// every level up to the mount's root is read. `None`: no limit anywhere.
+pub fn cgroup_headroom(
+    cgroups: &str,
+    mountinfo: &str,
+    read: impl Fn(&Path) -> Option<String>,
+) -> Option<MemoryBudget> {
+    let mut best: Option<MemoryBudget> = None;
+    for line in cgroups.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let (version, files) = if id == "0" && controllers.is_empty() {
+            (2, ["memory.max", "memory.current"])
+        } else if controllers.split(',').any(|c| c == "memory") {
+            (1, ["memory.limit_in_bytes", "memory.usage_in_bytes"])
+        } else {
+            continue;
+        };
+        let (mount, root) = cgroup_mount(mountinfo, version).unwrap_or_else(|| {
+            let default = if version == 2 {
+                "/sys/fs/cgroup"
+            } else {
+                "/sys/fs/cgroup/memory"
+            };
+            (PathBuf::from(default), "/".to_owned())
+        });
+        // The path is relative to the hierarchy's root; the mount may show a subtree of it.
+        let relative = path
+            .strip_prefix(root.trim_end_matches('/'))
+            .unwrap_or(path)
+            .trim_start_matches('/');
+        let mut dir = mount.join(relative);
+        loop {
+            let number = |file: &str| -> Option<u64> {
+                let text = read(&dir.join(file))?;
+                match text.trim() {
+                    "max" => Some(u64::MAX),
+                    n => n.parse().ok(),
+                }
+            };
+            if let (Some(limit), Some(usage)) = (number(files[0]), number(files[1]))
+                && limit < UNLIMITED
+            {
+                let headroom = limit.saturating_sub(usage);
+                if best.as_ref().is_none_or(|b| headroom < b.bytes) {
+                    best = Some(MemoryBudget {
+                        bytes: headroom,
+                        source: format!(
+                            "cgroup v{version} {}: {} {limit} bytes, {} {usage} bytes",
+                            dir.display(),
+                            files[0],
+                            files[1]
+                        ),
+                    });
+                }
+            }
+            if dir == mount || !dir.pop() || !dir.starts_with(&mount) {
+                break;
+            }
+        }
+    }
+    best
+}
+
+/// The mount point and mounted root of the cgroup hierarchy of `version` (1: the one with the
+/// `memory` controller), from `/proc/self/mountinfo`.
+fn cgroup_mount(mountinfo: &str, version: u8) -> Option<(PathBuf, String)> {
+    mountinfo.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        let left: Vec<&str> = left.split(' ').collect();
+        let right: Vec<&str> = right.split(' ').collect();
+        let (root, mount) = (*left.get(3)?, *left.get(4)?);
+        let fstype = *right.first()?;
+        let options = right.get(2).copied().unwrap_or("");
+        let fits = match version {
+            2 => fstype == "cgroup2",
+            _ => fstype == "cgroup" && options.split(',').any(|o| o == "memory"),
+        };
+        fits.then(|| (PathBuf::from(mount), root.to_owned()))
+    })
 }
 
 /// `RLIMIT_MEMLOCK` (soft limit, bytes), to name it when `mlock` fails.

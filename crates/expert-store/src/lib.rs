@@ -18,7 +18,7 @@ pub use store::{
 };
 pub use usage::UsageHistory;
 
-pub use checkpoint::{Checkpoint, CheckpointError, Dtype, ExpertLocation, TensorRef};
+pub use checkpoint::{Checkpoint, CheckpointError, Dtype, ExpertLocation, ExpertPiece, TensorRef};
 
 // The README's example is compiled and run as a doctest, so it cannot drift from the API.
 #[cfg(doctest)]

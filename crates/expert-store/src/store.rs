@@ -14,8 +14,9 @@
 //!
 //! Loads. A request names all of a layer's selected experts at once; hits come back at once,
 //! misses are sent to the I/O threads in file-offset order and come back as they land. Each
-//! miss is one `pread` when the expert's six tensors are contiguous (the release's layout),
-//! with `O_DIRECT` where the filesystem allows it. A failed read fails the requests that
+//! miss is one `pread` per run of its tensors stored back to back in one file: one when the
+//! six tensors are contiguous (the release's layout), several when a re-sharded checkpoint
+//! splits them over shards; with `O_DIRECT` where the filesystem allows it. A failed read fails the requests that
 //! wanted that expert, naming the file and the expert; nothing else is affected.
 //!
 //! Determinism. The store decides only when bytes arrive, never what they are: the forward
@@ -32,7 +33,7 @@ use crossbeam_channel::{Receiver, Sender};
 use mxfp4_kernels::MxFp4Matrix;
 
 use crate::checkpoint::{Checkpoint, ExpertLocation};
-use crate::io::{AlignedBuf, ShardReader, memlock_limit};
+use crate::io::{AlignedBuf, ShardReader, memlock_limit, read_pieces};
 use crate::usage::UsageHistory;
 
 /// The shapes of a routed expert: gate and up are `[intermediate, io]`, down `[io, intermediate]`.
@@ -148,6 +149,24 @@ impl Drop for ExpertData {
     }
 }
 
+/// Buffers of dropped experts the store keeps for the next loads, per I/O thread: enough that
+/// every load in flight finds one in steady state.
+const FREE_BUFFERS_PER_THREAD: usize = 2;
+
+/// Expert-sized buffers the store may hold beyond its capacity: the free list and one read in
+/// flight per I/O thread (the memory budget counts them).
+pub fn io_buffers(io_threads: usize) -> usize {
+    (FREE_BUFFERS_PER_THREAD + 1) * io_threads
+}
+
+/// Bytes of the buffer one expert at `loc` is read into (each piece rounded out to 4 KiB).
+pub fn buffer_bytes(loc: &ExpertLocation) -> u64 {
+    loc.pieces
+        .iter()
+        .map(|piece| crate::io::aligned_span(&piece.range).1 as u64)
+        .sum()
+}
+
 /// Buffers of dropped experts, kept for the next loads (at most `max`).
 #[derive(Debug)]
 struct FreeBuffers {
@@ -249,14 +268,27 @@ impl PreloadReport {
 /// A table entry: where the expert is and how to read it.
 #[derive(Debug)]
 struct Located {
-    shard: usize,
-    /// The file ranges read: one when the six tensors are contiguous, else one per tensor.
-    segments: Vec<Range<usize>>,
+    /// The file ranges read, in file order, as (reader, range): one per run of tensors stored
+    /// back to back in one file (one in the release's layout).
+    segments: Vec<(usize, Range<usize>)>,
     /// Each tensor's position as (segment, offset from the segment's start, length).
     tensors: [(usize, usize, usize); 6],
-    offset: usize,
     /// Buffer bytes a resident copy takes (segments rounded out to 4 KiB).
     bytes: u64,
+}
+
+impl Located {
+    /// Where the first read goes: the key that sorts loads into file order.
+    fn file_order(&self) -> (usize, usize) {
+        self.segments
+            .first()
+            .map_or((0, 0), |(reader, range)| (*reader, range.start))
+    }
+
+    /// The file of the first segment, naming the expert in errors.
+    fn first_reader(&self) -> usize {
+        self.file_order().0
+    }
 }
 
 /// What the cache knows of one expert.
@@ -366,14 +398,18 @@ impl ExpertStore {
         let mut located = HashMap::new();
         let mut experts_per_layer: BTreeMap<usize, usize> = BTreeMap::new();
         for ((layer, expert), loc) in &table {
-            let shard = match paths.iter().position(|p| *p == loc.path) {
-                Some(i) => i,
-                None => {
-                    paths.push(loc.path.clone());
-                    paths.len() - 1
-                }
-            };
-            located.insert((*layer, *expert), locate(shard, loc));
+            let readers: Vec<usize> = loc
+                .pieces
+                .iter()
+                .map(|piece| match paths.iter().position(|p| *p == piece.path) {
+                    Some(i) => i,
+                    None => {
+                        paths.push(piece.path.clone());
+                        paths.len() - 1
+                    }
+                })
+                .collect();
+            located.insert((*layer, *expert), locate(&readers, loc));
             let n = experts_per_layer.entry(*layer).or_default();
             *n = (*n).max(expert + 1);
         }
@@ -455,10 +491,9 @@ impl ExpertStore {
                 total: Duration::ZERO,
             }),
             placement: std::sync::OnceLock::new(),
-            // Two per I/O thread: enough that every load in flight finds one in steady state.
             free: Arc::new(FreeBuffers {
                 list: Mutex::new(Vec::new()),
-                max: 2 * config.io_threads,
+                max: FREE_BUFFERS_PER_THREAD * config.io_threads,
             }),
         });
         let (jobs, queue) = crossbeam_channel::unbounded::<Job>();
@@ -759,7 +794,7 @@ impl ExpertStore {
 
     fn send_in_file_order(&self, mut keys: Vec<(usize, usize)>) {
         let table = &self.shared.table;
-        keys.sort_by_key(|k| (table[k].shard, table[k].offset));
+        keys.sort_by_key(|k| table[k].file_order());
         let jobs = self
             .jobs
             .as_ref()
@@ -908,21 +943,25 @@ impl Shared {
     fn load(&self, key: (usize, usize)) {
         let (layer, expert) = key;
         let located = &self.table[&key];
-        let reader = &self.readers[located.shard];
+        let pieces: Vec<(&ShardReader, Range<usize>)> = located
+            .segments
+            .iter()
+            .map(|(reader, range)| (&self.readers[*reader], range.clone()))
+            .collect();
         self.busy_change(true);
-        let read = reader.read_segments(&located.segments, self.free.take(), |buf, starts| {
+        let read = read_pieces(&pieces, self.free.take(), |buf, starts| {
             self.bind(key, located, buf, starts)
         });
         self.busy_change(false);
-        if !reader.is_direct() {
+        if pieces.iter().any(|(reader, _)| !reader.is_direct()) {
             self.say_if_buffered();
         }
         let result = read
             .map_err(|e| StoreError::Read {
-                path: reader.path.clone(),
+                path: e.path,
                 layer,
                 expert,
-                reason: e.to_string(),
+                reason: e.source.to_string(),
             })
             .and_then(|(buf, starts)| {
                 self.loads.fetch_add(1, Ordering::Relaxed);
@@ -970,7 +1009,7 @@ impl Shared {
         let view = |what: &'static str, base: usize, rows: usize, cols: usize| {
             MxFp4Matrix::with_name(what, part(base), part(base + 1), rows, cols).map_err(|e| {
                 StoreError::Read {
-                    path: self.readers[located.shard].path.clone(),
+                    path: self.readers[located.first_reader()].path.clone(),
                     layer,
                     expert,
                     reason: e.to_string(),
@@ -1093,32 +1132,23 @@ impl Shared {
     }
 }
 
-/// Where an expert's tensors are and how to read them.
-fn locate(shard: usize, loc: &ExpertLocation) -> Located {
-    let align = |r: &Range<usize>| {
-        (r.end.next_multiple_of(crate::io::IO_ALIGN)
-            - r.start / crate::io::IO_ALIGN * crate::io::IO_ALIGN) as u64
-    };
-    if loc.contiguous {
-        let whole = loc.offset..loc.offset + loc.len;
-        Located {
-            shard,
-            bytes: align(&whole),
-            tensors: std::array::from_fn(|i| {
-                let t = &loc.tensors[i];
-                (0, t.start - loc.offset, t.len())
-            }),
-            segments: vec![whole],
-            offset: loc.offset,
-        }
-    } else {
-        Located {
-            shard,
-            bytes: loc.tensors.iter().map(align).sum(),
-            tensors: std::array::from_fn(|i| (i, 0, loc.tensors[i].len())),
-            segments: loc.tensors.to_vec(),
-            offset: loc.offset,
-        }
+/// Where an expert's tensors are and how to read them: one segment per piece, `readers[i]`
+/// being the reader of piece `i`'s file.
+fn locate(readers: &[usize], loc: &ExpertLocation) -> Located {
+    let segments: Vec<(usize, Range<usize>)> = loc
+        .pieces
+        .iter()
+        .zip(readers)
+        .map(|(piece, &reader)| (reader, piece.range.clone()))
+        .collect();
+    Located {
+        bytes: buffer_bytes(loc),
+        tensors: std::array::from_fn(|i| {
+            let piece = loc.tensor_piece[i];
+            let t = &loc.tensors[i];
+            (piece, t.start - loc.pieces[piece].range.start, t.len())
+        }),
+        segments,
     }
 }
 

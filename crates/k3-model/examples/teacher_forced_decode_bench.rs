@@ -266,6 +266,15 @@ fn main() -> Result<()> {
     let config = K3Config::from_json(&config_text)?;
     let mut ckpt = Checkpoint::open(&model_dir)?;
     validate(&ckpt, &config)?;
+    // Everything this run allocates against the memory it may use, before allocating it.
+    let run = k3_model::budget::RunShape {
+        resident_trunk: args.resident_trunk,
+        max_batch: 1,
+        ctx: args.tokens.as_ref().map_or(args.steps, Vec::len),
+    };
+    let plan = k3_model::budget::MemoryPlan::new(&ckpt, &config, &args.experts, run)?
+        .check(expert_store::io::memory_budget())?;
+    eprintln!("memory plan: {}", plan.describe());
     if args.resident_trunk {
         // Stored names, whatever the format (an MXFP4 linear is two tensors).
         let trunk = trunk_tensor_names(&ckpt, &config);

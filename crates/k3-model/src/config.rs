@@ -36,6 +36,17 @@ pub enum ConfigError {
 
 type Result<T, E = ConfigError> = std::result::Result<T, E>;
 
+/// The largest width, count or length a config may give (K3's largest is the 1,048,576-token
+/// `max_position_embeddings`): a bigger value is a damaged file, and refusing it here keeps
+/// every tensor size the loader computes far from overflow (two such factors fit in 2^48).
+pub const MAX_DIM: usize = 1 << 24;
+
+/// The largest `vocab_size` (token ids are `u32`; K3 has 163,840).
+pub const MAX_VOCAB: usize = 1 << 24;
+
+/// The most elements a tensor or state derived from three config factors may have.
+const MAX_ELEMENTS: u128 = 1 << 40;
+
 /// The token mixer of one layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionKind {
@@ -164,6 +175,10 @@ pub struct QuantizationConfig {
 pub struct K3Config {
     pub hidden_size: usize,
     pub vocab_size: usize,
+    /// The longest sequence the model was trained for (`max_position_embeddings`): the
+    /// server's context may not exceed it, and the memory plan sizes the KV cache from the
+    /// context.
+    pub max_position_embeddings: usize,
     pub rms_norm_eps: f32,
     /// One entry per decoder layer, 0-based.
     pub layers: Vec<LayerSpec>,
@@ -236,6 +251,12 @@ impl K3Config {
             return Err(invalid(
                 "rms_norm_eps",
                 format!("{rms_norm_eps} is not a positive number"),
+            ));
+        }
+        if rms_norm_eps >= 1.0 {
+            return Err(invalid(
+                "rms_norm_eps",
+                format!("{rms_norm_eps} is not below 1 (an epsilon, 1e-5 in K3)"),
             ));
         }
 
@@ -367,7 +388,7 @@ impl K3Config {
             router: RouterConfig {
                 top_k,
                 renormalize: f.boolean("moe_renormalize")?,
-                routed_scaling_factor: f.float("routed_scaling_factor")?,
+                routed_scaling_factor: f.finite_positive("routed_scaling_factor")?,
                 num_expert_group,
                 topk_group,
             },
@@ -388,9 +409,29 @@ impl K3Config {
             }
         }
 
+        // Token ids are u32 and the sampler indexes the vocabulary with them.
+        let vocab_size = f.positive("vocab_size")?;
+        if vocab_size > MAX_VOCAB {
+            return Err(invalid(
+                "vocab_size",
+                format!("{vocab_size} exceeds {MAX_VOCAB} (token ids are 32-bit)"),
+            ));
+        }
+        // The KDA state of one head is head_dim^2 floats, of a layer num_heads times that.
+        let kda_state = kda.num_heads as u128 * kda.head_dim as u128 * kda.head_dim as u128;
+        if kda_state > MAX_ELEMENTS {
+            return Err(invalid(
+                "linear_attn_config.head_dim",
+                format!(
+                    "{} heads of {}x{} state ({kda_state} floats per layer) exceed {MAX_ELEMENTS}",
+                    kda.num_heads, kda.head_dim, kda.head_dim
+                ),
+            ));
+        }
         Ok(Self {
             hidden_size: f.positive("hidden_size")?,
-            vocab_size: f.positive("vocab_size")?,
+            vocab_size,
+            max_position_embeddings: f.positive("max_position_embeddings")?,
             rms_norm_eps,
             layers,
             kda,
@@ -464,11 +505,19 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// A non-negative integer at most [`MAX_DIM`].
     fn as_count(&self, key: &str, value: &Value) -> Result<usize> {
-        value
+        let n = value
             .as_u64()
             .and_then(|n| usize::try_from(n).ok())
-            .ok_or_else(|| self.wrong(key, "a non-negative integer", value))
+            .ok_or_else(|| self.wrong(key, "a non-negative integer", value))?;
+        if n > MAX_DIM {
+            return Err(invalid(
+                &self.path(key),
+                format!("{n} exceeds the limit {MAX_DIM}"),
+            ));
+        }
+        Ok(n)
     }
 
     /// A non-negative integer.
@@ -500,6 +549,19 @@ impl<'a> Fields<'a> {
 
     fn float(&self, key: &str) -> Result<f32> {
         self.as_float(key, self.value(key)?)
+    }
+
+    /// A finite number above 0.
+    fn finite_positive(&self, key: &str) -> Result<f32> {
+        let v = self.float(key)?;
+        if v > 0.0 && v.is_finite() {
+            Ok(v)
+        } else {
+            Err(invalid(
+                &self.path(key),
+                format!("{v} is not a positive number"),
+            ))
+        }
     }
 
     /// A number that may be absent (or null): absence has a meaning for this field.

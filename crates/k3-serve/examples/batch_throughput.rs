@@ -41,6 +41,7 @@ fn main() -> Result<()> {
             ..ExpertOptions::default()
         },
         max_batch: streams.max(1),
+        ctx: 4096,
         queue: 64,
         prefill_chunk: 8,
     })?;

@@ -31,6 +31,8 @@ pub struct EngineConfig {
     pub experts: ExpertOptions,
     /// Sequences advanced together at most.
     pub max_batch: usize,
+    /// Tokens a sequence may hold (prompt and completion): sizes the KV cache in the plan.
+    pub ctx: usize,
     /// Jobs waiting for a slot at most (more are refused: 429).
     pub queue: usize,
     pub prefill_chunk: usize,
@@ -159,6 +161,14 @@ fn run(
 ) -> Result<()> {
     let ckpt = Checkpoint::open(&config.model_dir)?;
     k3_model::checkpoint::validate(&ckpt, model_config)?;
+    let run = k3_model::budget::RunShape {
+        resident_trunk: false,
+        max_batch: config.max_batch,
+        ctx: config.ctx,
+    };
+    let plan = k3_model::budget::MemoryPlan::new(&ckpt, model_config, &config.experts, run)?
+        .check(expert_store::io::memory_budget())?;
+    log::info!("memory plan: {}", plan.describe());
     let pool = Arc::new(config.placement.build()?);
     log::info!("{}", pool.topology().describe());
     let store = config

@@ -162,6 +162,7 @@ fn main() -> Result<()> {
         placement: args.placement,
         experts: args.experts.clone(),
         max_batch: args.max_batch,
+        ctx: args.ctx,
         queue: args.queue,
         prefill_chunk: k3_model::model::PREFILL_CHUNK,
     })?;

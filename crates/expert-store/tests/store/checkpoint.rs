@@ -9,10 +9,10 @@ use expert_store::writer::{TensorOut, write_safetensors};
 use proptest::prelude::{ProptestConfig, any, proptest};
 
 /// A scratch directory under the target dir, removed on drop.
-struct Scratch(PathBuf);
+pub(crate) struct Scratch(pub(crate) PathBuf);
 
 impl Scratch {
-    fn new(tag: &str) -> Self {
+    pub(crate) fn new(tag: &str) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "k3-store-{tag}-{}-{:?}",
             std::process::id(),
@@ -30,7 +30,7 @@ impl Drop for Scratch {
     }
 }
 
-const EXPERTS: usize = 12;
+pub(crate) const EXPERTS: usize = 12;
 
 fn tensor(name: &str, dtype: Dtype, shape: &[usize]) -> TensorOut {
     TensorOut {
@@ -58,7 +58,7 @@ fn fill(t: &TensorOut, buf: &mut Vec<u8>) {
 
 /// Shard 1: a BF16 matrix, an F32 vector; shard 2: 12 experts of layer 1 (3x [64, 64] MXFP4),
 /// written in lexicographic order (0, 1, 10, 11, 2, ...), like the release.
-fn write_checkpoint(dir: &Path, prefix: &str) -> BTreeMap<String, String> {
+pub(crate) fn write_checkpoint(dir: &Path, prefix: &str) -> BTreeMap<String, String> {
     let p = |n: &str| format!("{prefix}{n}");
     let shard1 = vec![
         tensor(&p("model.norm.weight"), Dtype::BF16, &[64]),

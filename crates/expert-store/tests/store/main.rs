@@ -1,4 +1,6 @@
 //! Integration tests of expert-store: reading sharded checkpoints, views, the expert table,
 //! and clean errors (never panics) on corrupted files.
 
+mod budget;
 mod checkpoint;
+mod reshard;

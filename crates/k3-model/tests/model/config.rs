@@ -14,6 +14,7 @@ fn real_config_is_the_documented_k3() {
         (c.hidden_size, c.vocab_size, c.num_layers()),
         (7168, 163840, 93)
     );
+    assert_eq!(c.max_position_embeddings, 1 << 20);
     let mla = c.layers_of(AttentionKind::Mla);
     let expected: Vec<usize> = (0..23).map(|i| 4 * i + 3).chain([92]).collect();
     assert_eq!(
@@ -146,6 +147,7 @@ fn every_required_field_is_named_when_missing() {
     let required = [
         "hidden_size",
         "vocab_size",
+        "max_position_embeddings",
         "num_hidden_layers",
         "rms_norm_eps",
         "hidden_act",
@@ -282,6 +284,34 @@ fn bad_layer_lists_and_values_are_rejected_with_reasons() {
             "non-negative integer",
         ),
         (edited("rms_norm_eps", serde_json::json!(0.0)), "positive"),
+        (
+            edited("rms_norm_eps", serde_json::json!(1e30)),
+            "not below 1",
+        ),
+        (
+            edited("max_position_embeddings", serde_json::json!(0)),
+            "max_position_embeddings is invalid: must be at least 1",
+        ),
+        (
+            edited("max_position_embeddings", serde_json::json!(1u64 << 40)),
+            "exceeds the limit 16777216",
+        ),
+        (
+            edited("vocab_size", serde_json::json!(u64::MAX)),
+            "vocab_size is invalid",
+        ),
+        (
+            edited("linear_attn_config.head_dim", serde_json::json!(1 << 20)),
+            "exceed",
+        ),
+        (
+            edited("routed_scaling_factor", serde_json::json!(0.0)),
+            "routed_scaling_factor is invalid: 0 is not a positive number",
+        ),
+        (
+            edited("first_k_dense_replace", serde_json::json!(1u64 << 30)),
+            "first_k_dense_replace is invalid: 1073741824 exceeds",
+        ),
         (
             edited("num_experts_per_token", serde_json::json!(897)),
             "exceeds",

@@ -1,5 +1,6 @@
 //! Integration tests of k3-model.
 
+mod budget;
 mod chat;
 mod config;
 mod ct_fixture;

@@ -279,3 +279,60 @@ fn a_cache_larger_than_memory_is_refused_with_the_numbers() {
     let store = Arc::new(ExpertStore::open(&ckpt, wrong, StoreConfig::default()).unwrap());
     assert!(Model::with_expert_store(&ckpt, &cfg, Kernels::detect(), store).is_err());
 }
+
+#[test]
+fn a_resharded_checkpoint_with_experts_across_shards_gives_the_same_bits() {
+    let (scratch, cfg) = tiny("reshard-src", 0.0);
+    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let kernels = Kernels::detect();
+    let original = fingerprints(&Model::new(&ckpt, &cfg, kernels).unwrap());
+    let expert_bytes = k3_model::inventory::expert_bytes(&cfg);
+    // Shards of about a third of an expert, tensors shuffled: experts straddle files, and
+    // within a file their tensors lie apart.
+    let copy = Scratch(scratch.0.with_extension("resharded"));
+    let report = expert_store::writer::reshard(
+        &scratch.0,
+        &copy.0,
+        expert_store::writer::ReshardLayout {
+            max_shard_bytes: expert_bytes / 3,
+            shuffle_seed: Some(11),
+        },
+    )
+    .unwrap();
+    let resharded = Checkpoint::open(&copy.0).unwrap();
+    let table = resharded.expert_table().unwrap();
+    let spanning = table.values().filter(|l| l.spans_shards()).count();
+    assert!(
+        spanning * 2 > table.len(),
+        "{spanning} of {} experts span shards ({} shards)",
+        table.len(),
+        report.shards
+    );
+    k3_model::checkpoint::validate(&resharded, &cfg).unwrap();
+    let mapped = fingerprints(&Model::new(&resharded, &cfg, kernels).unwrap());
+    assert_eq!(mapped, original, "mapped, re-sharded");
+    for (capacity, preload) in [
+        (Capacity::PerLayer(0), false),
+        (Capacity::PerLayer(cfg.moe.num_experts), true),
+    ] {
+        let store = Arc::new(
+            ExpertStore::open(
+                &resharded,
+                expert_shape(&cfg),
+                config(capacity, Policy::Lru),
+            )
+            .unwrap(),
+        );
+        if preload {
+            store.preload(|_| {}).unwrap();
+        }
+        let model =
+            Model::with_expert_store(&resharded, &cfg, kernels, Arc::clone(&store)).unwrap();
+        assert_eq!(
+            fingerprints(&model),
+            original,
+            "streamed, re-sharded, {capacity:?}"
+        );
+        assert!(store.stats().loads > 0);
+    }
+}

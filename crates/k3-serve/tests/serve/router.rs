@@ -38,6 +38,7 @@ fn state_on(
         },
         experts,
         max_batch,
+        ctx: context,
         queue,
         prefill_chunk: 8,
     })
