@@ -378,7 +378,7 @@ impl CompletionRequest {
 }
 
 /// One OpenAI message into ours: `role`, `content` (a string or text parts), `name`,
-/// `reasoning_content`, `tool_calls` (id, function name and arguments: a JSON-string that
+/// `reasoning_content` (or `reasoning`), `tool_calls` (id, function name and arguments: a JSON-string that
 /// holds an object is read as that object, as llama.cpp does before rendering; another string
 /// stays a string), for tool results `tool_call_id`, and for system messages `tools`.
 fn parse_message(i: usize, m: &Value) -> Result<Message, ApiError> {
@@ -446,7 +446,12 @@ fn parse_message(i: usize, m: &Value) -> Result<Message, ApiError> {
             role.into()
         },
         content,
-        reasoning: m["reasoning_content"].as_str().map(str::to_owned),
+        // The template takes `reasoning_content or reasoning`.
+        reasoning: m["reasoning_content"]
+            .as_str()
+            .filter(|r| !r.is_empty())
+            .or_else(|| m["reasoning"].as_str())
+            .map(str::to_owned),
         tool_calls,
         name: m["name"].as_str().map(str::to_owned),
         tool_call_id: m["tool_call_id"].as_str().map(str::to_owned),

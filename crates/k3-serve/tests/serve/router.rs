@@ -517,3 +517,20 @@ async fn chat_format_fields_are_answered_through_the_router() {
     assert_eq!(error_of(st, &text).0, 400, "{text}");
     assert_eq!(error_of(st, &text).1, "thinking_effort", "{text}");
 }
+
+#[test]
+fn past_reasoning_is_read_from_reasoning_content_or_reasoning() {
+    use k3_model::chat::ThinkingEffort::Max;
+    for key in ["reasoning_content", "reasoning"] {
+        let messages = json!([
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello.", key: "Greet back."},
+            {"role": "user", "content": "Bye"},
+        ]);
+        let prompt = rendered_prompt(chat_json(json!({"messages": messages})), Max).unwrap();
+        assert!(
+            prompt.contains("<|open|>think<|sep|>Greet back.<|close|>think<|sep|>"),
+            "{key}: {prompt}"
+        );
+    }
+}
