@@ -9,6 +9,7 @@ mod k3_plan;
 mod k3_synth;
 mod numa_model;
 mod oracle;
+mod oracle_chat;
 mod oracle_ct;
 mod oracle_fla;
 mod oracle_llamacpp;
@@ -104,6 +105,14 @@ const TASKS: &[Task] = &[
         about: "regenerate the frozen llama.cpp Kimi-K3 logits of the dense twin of a synthetic \
             checkpoint (default: tiny, seed 1), built from the llama-cpp-python sdist",
         run: oracle_llamacpp::run,
+    },
+    Task {
+        name: "oracle-chat",
+        usage: "[--venv DIR] [--out DIR]",
+        about: "regenerate the frozen Kimi-K3 chat-template renderings (llama.cpp's template from \
+            the llama-cpp-python sdist, rendered by jinja2) of the conversations in \
+            crates/k3-model/tests/data/chat (k3-model tests)",
+        run: oracle_chat::run,
     },
     Task {
         name: "oracle-fla-kda",

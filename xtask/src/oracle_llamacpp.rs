@@ -37,9 +37,10 @@ use crate::{Options, command_line, from_root};
 
 const PACKAGE: &str = "llama-cpp-python";
 const VERSION: &str = "0.3.36";
-const SDIST: &str = "llama_cpp_python-0.3.36.tar.gz";
+pub(crate) const SDIST: &str = "llama_cpp_python-0.3.36.tar.gz";
 /// The sdist's sha256 as PyPI listed it when this was written; PyPI's answer must still agree.
-const SDIST_SHA256: &str = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e";
+pub(crate) const SDIST_SHA256: &str =
+    "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e";
 const PYPI_SIMPLE: &str = "https://pypi.org/simple/llama-cpp-python/";
 /// Everything built or fetched lives here; nothing under it is committed.
 pub(crate) const WORK_DIR: &str = "target/llamacpp";

@@ -4,13 +4,23 @@
 //! and tool calls as they stream, without ever emitting part of a marker.
 //!
 //! An element is `<|open|>` NAME (` key` `="` VALUE `"`)* `<|sep|>` BODY `<|close|>` NAME
-//! `<|sep|>`; attribute values are XML-escaped. A message ends with `<|end_of_msg|>`.
-//! [UNCERTAIN] The spec gives the user turn, the generation prompt, escaping, and the shapes of
-//! past assistant turns, tool calls, tool results and tool declarations from fixtures we do not
-//! have; where it is silent (a past assistant turn without reasoning has no `think` element;
-//! argument values are the JSON value's text, strings unquoted) the choice is marked below.
+//! `<|sep|>`; attribute values escape `&` and `"`. A message ends with `<|end_of_msg|>`.
+//! The text follows llama.cpp's Kimi-K3 chat template (`models/templates/Kimi-K3.jinja` in the
+//! llama-cpp-python 0.3.36 sdist, which says it matches the release's encoder) byte for byte;
+//! `cargo xtask oracle-chat` freezes its renderings and `tests/model/chat.rs` compares. The
+//! reference's own behaviour is the spec here, including its choices: tool results are matched
+//! to calls by id (and then rendered in call order) or else by position, calls and results are
+//! numbered from 1 within each assistant turn, and body text is never escaped.
+
+mod parser;
+mod pyjson;
+
+use std::fmt;
+use std::str::FromStr;
 
 use serde_json::Value;
+
+pub use parser::{Delta, OutputParser};
 
 use crate::tokenizer::Tokenizer;
 
@@ -25,23 +35,209 @@ pub struct Segment {
 /// A chat message.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Message {
-    /// `system`, `user`, `assistant` or `tool`.
+    /// `system`, `user`, `assistant` or `tool`; other roles are not rendered (as in the
+    /// reference).
     pub role: String,
     pub content: String,
-    /// A past assistant turn's reasoning (`think`).
+    /// A past assistant turn's reasoning (`think`), rendered when thinking is on.
     pub reasoning: Option<String>,
     /// A past assistant turn's tool calls.
     pub tool_calls: Vec<ToolCall>,
-    /// For `tool` messages: the tool that produced this result, and the call's index.
-    pub tool_name: Option<String>,
-    pub tool_index: Option<usize>,
+    /// A `name` attribute on user, system and assistant messages (when not empty); for a tool
+    /// result, the tool's name.
+    pub name: Option<String>,
+    /// For a tool result: the id of the call it answers.
+    pub tool_call_id: Option<String>,
+    /// For a system message: tools added mid-conversation (a JSON array of tool schemas),
+    /// rendered as a "New Tools Available" declaration instead of the message.
+    pub tools: Option<Value>,
 }
 
-/// A tool call: the tool's name and its arguments (a JSON object).
+/// A tool call: its id (to match results), the tool's name and its arguments: a JSON object
+/// (one `argument` element per key) or a string (a `json` block holding it as it is; a blank
+/// string or null renders nothing).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolCall {
+    pub id: Option<String>,
     pub name: String,
     pub arguments: Value,
+}
+
+impl ToolCall {
+    /// The arguments as OpenAI's JSON-string `arguments`: a string as it is, anything else as
+    /// its JSON text.
+    pub fn arguments_json(&self) -> String {
+        match &self.arguments {
+            Value::String(text) => text.clone(),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// How much to think (the template's `thinking_effort`; the reference also names `medium`
+/// in its wording but refuses it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ThinkingEffort {
+    Low,
+    High,
+    #[default]
+    Max,
+}
+
+impl ThinkingEffort {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Low => "low",
+            Self::High => "high",
+            Self::Max => "max",
+        }
+    }
+}
+
+impl FromStr for ThinkingEffort {
+    type Err = ChatError;
+
+    fn from_str(text: &str) -> Result<Self, ChatError> {
+        match text {
+            "low" => Ok(Self::Low),
+            "high" => Ok(Self::High),
+            "max" => Ok(Self::Max),
+            _ => Err(ChatError::ThinkingEffort(text.to_owned())),
+        }
+    }
+}
+
+impl fmt::Display for ThinkingEffort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// OpenAI's `tool_choice`. `required` and `none` add a system message after the conversation;
+/// `auto` and a named function add nothing (the reference template renders nothing for them).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ToolChoice {
+    #[default]
+    Auto,
+    None,
+    Required,
+    Function(String),
+}
+
+impl ToolChoice {
+    /// `"auto"`, `"none"`, `"required"` or `{"type": "function", "function": {"name": N}}`.
+    pub fn from_json(value: &Value) -> Result<Self, ChatError> {
+        match value {
+            Value::String(s) if s == "auto" => Ok(Self::Auto),
+            Value::String(s) if s == "none" => Ok(Self::None),
+            Value::String(s) if s == "required" => Ok(Self::Required),
+            Value::Object(map) if map.get("type").and_then(Value::as_str) == Some("function") => {
+                match map
+                    .get("function")
+                    .and_then(|f| f.get("name"))
+                    .and_then(Value::as_str)
+                {
+                    Some(name) => Ok(Self::Function(name.to_owned())),
+                    None => Err(ChatError::ToolChoice(value.to_string())),
+                }
+            }
+            _ => Err(ChatError::ToolChoice(value.to_string())),
+        }
+    }
+}
+
+/// OpenAI's `response_format`. `json_object` and `json_schema` add a system message after the
+/// conversation (the schema written as the template's `json_sorted`); `text` adds nothing.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum ResponseFormat {
+    #[default]
+    Text,
+    JsonObject,
+    /// The schema (JSON null when the request carries none).
+    JsonSchema(Value),
+}
+
+impl ResponseFormat {
+    /// `{"type": "text" | "json_object" | "json_schema", "json_schema": W}`; the schema is
+    /// taken from `W` as the template does: `W.schema` if present, else `W.json_schema`, else
+    /// `W` itself.
+    pub fn from_json(value: &Value) -> Result<Self, ChatError> {
+        let bad = || ChatError::ResponseFormat(value.to_string());
+        let kind = value.get("type").and_then(Value::as_str).ok_or_else(bad)?;
+        match kind {
+            "text" => Ok(Self::Text),
+            "json_object" => Ok(Self::JsonObject),
+            "json_schema" => {
+                let schema = match value.get("json_schema") {
+                    None | Some(Value::Null) => Value::Null,
+                    Some(Value::Object(wrapper)) if wrapper.contains_key("schema") => {
+                        wrapper["schema"].clone()
+                    }
+                    Some(Value::Object(wrapper)) if wrapper.contains_key("json_schema") => {
+                        wrapper["json_schema"].clone()
+                    }
+                    Some(wrapper) => wrapper.clone(),
+                };
+                Ok(Self::JsonSchema(schema))
+            }
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// How to render a conversation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatOptions {
+    /// Thinking on (the default): a `thinking-effort` system message first, past reasoning
+    /// kept, and the generation prompt opens `think`; off: no reasoning anywhere and the
+    /// generation prompt opens `response`.
+    pub thinking: bool,
+    pub thinking_effort: ThinkingEffort,
+    pub tool_choice: ToolChoice,
+    pub response_format: ResponseFormat,
+}
+
+impl Default for ChatOptions {
+    fn default() -> Self {
+        Self {
+            thinking: true,
+            thinking_effort: ThinkingEffort::Max,
+            tool_choice: ToolChoice::Auto,
+            response_format: ResponseFormat::Text,
+        }
+    }
+}
+
+/// A conversation the reference template refuses to render.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChatError {
+    #[error("unsupported thinking_effort {0:?}; supported values are low, high and max")]
+    ThinkingEffort(String),
+    #[error(
+        "unsupported tool_choice {0}; expected \"auto\", \"none\", \"required\" or \
+         {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"
+    )]
+    ToolChoice(String),
+    #[error(
+        "unsupported response_format {0}; expected {{\"type\": \"text\" | \"json_object\" | \
+         \"json_schema\"}}"
+    )]
+    ResponseFormat(String),
+    #[error(
+        "tool call {index} of message {message} has arguments {found}; expected a JSON object \
+         or a string"
+    )]
+    Arguments {
+        message: usize,
+        index: usize,
+        found: String,
+    },
+    #[error(
+        "tool result in message {message} has no tool name: give it a name, or a tool_call_id \
+         of a call in the preceding assistant message, or answer at most as many calls as it \
+         made"
+    )]
+    ToolName { message: usize },
 }
 
 const OPEN: &str = "<|open|>";
@@ -49,6 +245,13 @@ const CLOSE: &str = "<|close|>";
 const SEP: &str = "<|sep|>";
 /// The end-of-turn token (K3_SPEC §9.3), the default stop token.
 pub const END_OF_MSG: &str = "<|end_of_msg|>";
+
+const TOOLS_HEADER: &str = "# Tools\nHere are the available tools, described in JSONSchema.\n\n";
+const NEW_TOOLS_HEADER: &str = "## New Tools Available\nThe system dynamically extends the \
+    toolset via lazy-loading.\nYou have access to all existing and extended tools.\nHere are \
+    the specs for the extended tools.\n\n";
+const JSON_RAW: &str = "Your response must be raw JSON data without markdown code blocks \
+    (```json) or any additional formatting.";
 
 /// Builds the segment list.
 #[derive(Debug, Default)]
@@ -96,99 +299,274 @@ impl Writer {
         self.text(body);
         self.close(name);
     }
+
+    /// A whole message with `body` (the template's `internal_system_message` and plain
+    /// messages).
+    fn message(&mut self, attributes: &[(&str, &str)], body: &str) {
+        self.element("message", attributes, body);
+        self.special(END_OF_MSG);
+    }
+
+    fn system(&mut self, kind: &str, body: &str) {
+        self.message(&[("role", "system"), ("type", kind)], py_trim(body));
+    }
+
+    fn tool_declaration(&mut self, tools: &Value, dynamic: bool) {
+        self.message(
+            &[("role", "system"), ("type", "tool-declare")],
+            &tool_declaration_body(tools, dynamic),
+        );
+    }
 }
 
-/// XML attribute escaping (`&`, `"`, `<`, `>`).
+/// Attribute escaping, as the template's `escape_attr`: `&` and `"` only.
 pub fn escape(value: &str) -> String {
-    value
-        .replace('&', "&amp;")
-        .replace('"', "&quot;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
-fn unescape(value: &str) -> String {
-    value
-        .replace("&quot;", "\"")
-        .replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&amp;", "&")
+    value.replace('&', "&amp;").replace('"', "&quot;")
 }
 
 /// The body of the tool-declaration message for `tools` (a JSON array of tool schemas).
 pub fn tool_declaration(tools: &Value) -> String {
-    format!(
-        "# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n{}\n```",
-        serde_json::to_string(tools).unwrap_or_default()
-    )
+    tool_declaration_body(tools, false)
+}
+
+fn tool_declaration_body(tools: &Value, dynamic: bool) -> String {
+    let header = if dynamic {
+        NEW_TOOLS_HEADER
+    } else {
+        TOOLS_HEADER
+    };
+    format!("{header}```json\n{}\n```", pyjson::sorted(tools))
+}
+
+/// Jinja's truthiness for a JSON value (`{% if tools %}`).
+fn truthy(value: &Value) -> bool {
+    match value {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64() != Some(0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+    }
+}
+
+/// Python's `str.strip()` (the template's `trim`): also strips U+001C..U+001F, which Rust's
+/// `trim` keeps.
+fn py_trim(text: &str) -> &str {
+    text.trim_matches(|c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c))
 }
 
 /// The prompt for `messages` (after a tool-declaration message when `tools` is given), ending
 /// with the generation prompt: an open assistant message and an open `think` element
-/// (`thinking`), or an open `response`.
-pub fn render(messages: &[Message], tools: Option<&Value>, thinking: bool) -> Vec<Segment> {
+/// (thinking on), or an open `response`.
+pub fn render(
+    messages: &[Message],
+    tools: Option<&Value>,
+    options: &ChatOptions,
+) -> Result<Vec<Segment>, ChatError> {
     let mut w = Writer::default();
-    if let Some(tools) = tools {
-        w.element(
-            "message",
-            &[("role", "system"), ("type", "tool-declare")],
-            &tool_declaration(tools),
-        );
-        w.special(END_OF_MSG);
+    if let Some(tools) = tools.filter(|t| truthy(t)) {
+        w.tool_declaration(tools, false);
     }
-    for m in messages {
-        let index = m.tool_index.map(|i| i.to_string());
-        let mut attributes = vec![("role", m.role.as_str())];
-        if let Some(tool) = &m.tool_name {
-            attributes.push(("tool", tool));
-        }
-        if let Some(index) = &index {
-            attributes.push(("index", index));
-        }
-        w.open("message", &attributes);
-        if m.role == "assistant" {
-            // [UNCERTAIN] No `think` element when the turn kept no reasoning.
-            if let Some(reasoning) = &m.reasoning {
-                w.element("think", &[], reasoning);
+    if options.thinking {
+        let effort = options.thinking_effort;
+        w.system(
+            "thinking-effort",
+            &format!(
+                "`thinking_effort` guides on how much to think in your thinking channel (not \
+                 including the response channel), supported values include `low`, `medium`, \
+                 `high`, and `max`.\nNow the system is invoked with `thinking_effort={effort}`."
+            ),
+        );
+    }
+    // The latest assistant message's calls and how many results have answered them.
+    let mut calls: &[ToolCall] = &[];
+    let mut tool_index = 0usize;
+    for (i, m) in messages.iter().enumerate() {
+        match m.role.as_str() {
+            "system" if m.tools.as_ref().is_some_and(truthy) => {
+                if let Some(tools) = &m.tools {
+                    w.tool_declaration(tools, true);
+                }
             }
-            w.element("response", &[], &m.content);
-            if !m.tool_calls.is_empty() {
-                w.open("tools", &[]);
-                for (i, call) in m.tool_calls.iter().enumerate() {
-                    let index = i.to_string();
-                    w.open("call", &[("tool", &call.name), ("index", &index)]);
-                    if let Some(arguments) = call.arguments.as_object() {
-                        for (key, value) in arguments {
-                            let (kind, text) = argument_text(value);
-                            w.element("argument", &[("key", key), ("type", kind)], &text);
+            "user" | "system" => w.message(&named(&m.role, m), &m.content),
+            "assistant" => {
+                calls = &m.tool_calls;
+                tool_index = 0;
+                w.open("message", &named("assistant", m));
+                write_assistant(&mut w, i, m, options.thinking)?;
+                w.close("message");
+                w.special(END_OF_MSG);
+            }
+            "tool" if i == 0 || messages[i - 1].role != "tool" => {
+                let run_len = messages[i..]
+                    .iter()
+                    .take_while(|r| r.role == "tool")
+                    .count();
+                let run = &messages[i..i + run_len];
+                let matches = |r: &Message, call: &ToolCall| {
+                    r.tool_call_id.is_some() && call.id.is_some() && r.tool_call_id == call.id
+                };
+                let all_matched = run.iter().all(|r| calls.iter().any(|c| matches(r, c)));
+                if all_matched {
+                    // In the order of the calls, each id once, every result answering it.
+                    let mut emitted: Vec<&str> = Vec::new();
+                    for call in calls {
+                        let Some(id) = call.id.as_deref() else {
+                            continue;
+                        };
+                        if emitted.contains(&id) {
+                            continue;
+                        }
+                        emitted.push(id);
+                        for r in run.iter().filter(|r| matches(r, call)) {
+                            tool_index += 1;
+                            write_tool_result(&mut w, &call.name, tool_index, &r.content);
                         }
                     }
-                    w.close("call");
+                } else {
+                    for (offset, r) in run.iter().enumerate() {
+                        tool_index += 1;
+                        let name = match (&r.name, calls.get(tool_index - 1)) {
+                            (Some(name), _) => name.as_str(),
+                            (None, Some(call)) => call.name.as_str(),
+                            (None, None) => {
+                                return Err(ChatError::ToolName {
+                                    message: i + offset,
+                                });
+                            }
+                        };
+                        write_tool_result(&mut w, name, tool_index, &r.content);
+                    }
                 }
-                w.close("tools");
             }
-        } else {
-            w.text(&m.content);
+            _ => {}
         }
-        w.close("message");
-        w.special(END_OF_MSG);
+    }
+    match options.tool_choice {
+        ToolChoice::Required => w.system(
+            "tool-choice",
+            "The system is invoked with `tool_choice=required`.\nYou MUST call tools in the \
+             next message.",
+        ),
+        ToolChoice::None => w.system(
+            "tool-choice",
+            "The system is invoked with `tool_choice=none`.\nYou MUST NOT call any tools in \
+             the next message.",
+        ),
+        ToolChoice::Auto | ToolChoice::Function(_) => {}
+    }
+    match &options.response_format {
+        ResponseFormat::Text => {}
+        ResponseFormat::JsonObject => w.system(
+            "response-format",
+            &format!("The system is invoked with `response_format=json_object`.\n{JSON_RAW}"),
+        ),
+        ResponseFormat::JsonSchema(schema) => w.system(
+            "response-format",
+            &format!(
+                "The system is invoked with `response_format=json_schema`.\n{JSON_RAW}\nThe JSON \
+                 data must match the following schema:\n```json\n{}\n```",
+                pyjson::sorted(schema)
+            ),
+        ),
     }
     w.open("message", &[("role", "assistant")]);
-    w.open(if thinking { "think" } else { "response" }, &[]);
-    w.segments
+    w.open(
+        if options.thinking {
+            "think"
+        } else {
+            "response"
+        },
+        &[],
+    );
+    Ok(w.segments)
 }
 
-/// An argument's `type` attribute and body. [UNCERTAIN] Strings go in as they are, other JSON
-/// values as their JSON text.
-fn argument_text(value: &Value) -> (&'static str, String) {
-    match value {
-        Value::String(s) => ("string", s.clone()),
-        Value::Number(n) => ("number", n.to_string()),
-        Value::Bool(b) => ("boolean", b.to_string()),
-        Value::Null => ("null", "null".into()),
-        Value::Array(_) => ("array", value.to_string()),
-        Value::Object(_) => ("object", value.to_string()),
+/// `role`, and `name` when the message has a non-empty one.
+fn named<'a>(role: &'a str, m: &'a Message) -> Vec<(&'a str, &'a str)> {
+    let mut attributes = vec![("role", role)];
+    if let Some(name) = m.name.as_deref().filter(|n| !n.is_empty()) {
+        attributes.push(("name", name));
     }
+    attributes
+}
+
+fn write_tool_result(w: &mut Writer, tool: &str, index: usize, content: &str) {
+    let index = index.to_string();
+    w.message(
+        &[("role", "tool"), ("tool", tool), ("index", &index)],
+        content,
+    );
+}
+
+/// The body of an assistant message as it appears in a prompt: `think` (thinking on), then
+/// `response`, then `tools` when it made calls. Generated output is this text after the
+/// generation prompt's opener, followed by the message's close.
+pub fn render_assistant(message: &Message, thinking: bool) -> Result<Vec<Segment>, ChatError> {
+    let mut w = Writer::default();
+    write_assistant(&mut w, 0, message, thinking)?;
+    Ok(w.segments)
+}
+
+fn write_assistant(
+    w: &mut Writer,
+    message_index: usize,
+    m: &Message,
+    thinking: bool,
+) -> Result<(), ChatError> {
+    if thinking {
+        w.open("think", &[]);
+        if let Some(reasoning) = m.reasoning.as_deref().filter(|r| !py_trim(r).is_empty()) {
+            w.text(reasoning);
+        }
+        w.close("think");
+    }
+    w.element("response", &[], &m.content);
+    if m.tool_calls.is_empty() {
+        return Ok(());
+    }
+    w.open("tools", &[]);
+    for (i, call) in m.tool_calls.iter().enumerate() {
+        let index = (i + 1).to_string();
+        w.open("call", &[("tool", &call.name), ("index", &index)]);
+        match &call.arguments {
+            Value::Object(arguments) => {
+                for (key, value) in arguments {
+                    let (kind, text) = argument_text(value);
+                    w.element("argument", &[("key", key), ("type", kind)], &text);
+                }
+            }
+            Value::String(text) if !py_trim(text).is_empty() => {
+                w.element("json", &[("type", "object")], text);
+            }
+            Value::String(_) | Value::Null => {}
+            other => {
+                return Err(ChatError::Arguments {
+                    message: message_index,
+                    index: i,
+                    found: other.to_string(),
+                });
+            }
+        }
+        w.close("call");
+    }
+    w.close("tools");
+    Ok(())
+}
+
+/// An argument's `type` attribute and body: a string as it is, anything else as Python's
+/// `json.dumps` writes it.
+fn argument_text(value: &Value) -> (&'static str, String) {
+    let kind = match value {
+        Value::String(s) => return ("string", s.clone()),
+        Value::Number(_) => "number",
+        Value::Bool(_) => "boolean",
+        Value::Null => "null",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    };
+    (kind, pyjson::dumps(value))
 }
 
 /// The token ids of `segments`, each encoded on its own.
@@ -197,174 +575,4 @@ pub fn encode(tokenizer: &Tokenizer, segments: &[Segment]) -> Vec<u32> {
         .iter()
         .flat_map(|s| tokenizer.encode(&s.text, s.special))
         .collect()
-}
-
-/// What a piece of generated output is.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Delta {
-    Reasoning(String),
-    Content(String),
-    ToolCall(ToolCall),
-}
-
-/// Where the parser is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Place {
-    Think,
-    Response,
-    Tools,
-    Argument,
-    Elsewhere,
-}
-
-/// Splits generated tokens into reasoning, content and tool calls. Text between a marker
-/// (`<|open|>`/`<|close|>`) and its `<|sep|>` is buffered until the `<|sep|>` arrives, so no
-/// part of a marker reaches the output. Bytes are held until they form whole UTF-8 characters.
-#[derive(Debug)]
-pub struct OutputParser {
-    open: u32,
-    close: u32,
-    sep: u32,
-    place: Place,
-    /// Between a marker and its `<|sep|>`: (was it an open, the text so far).
-    tag: Option<(bool, Vec<u8>)>,
-    pending: Vec<u8>,
-    call: Option<ToolCall>,
-    argument: Option<(String, String, String)>,
-}
-
-impl OutputParser {
-    /// A parser for output that starts inside `think` (thinking on) or `response`.
-    pub fn new(tokenizer: &Tokenizer, thinking: bool) -> Option<Self> {
-        Some(Self {
-            open: tokenizer.special(OPEN)?,
-            close: tokenizer.special(CLOSE)?,
-            sep: tokenizer.special(SEP)?,
-            place: if thinking {
-                Place::Think
-            } else {
-                Place::Response
-            },
-            tag: None,
-            pending: Vec::new(),
-            call: None,
-            argument: None,
-        })
-    }
-
-    /// Feeds one generated token (its id and decoded bytes); returns what it completes.
-    pub fn push(&mut self, id: u32, bytes: &[u8]) -> Vec<Delta> {
-        let mut out = Vec::new();
-        if id == self.open || id == self.close {
-            self.flush(&mut out, true);
-            self.tag = Some((id == self.open, Vec::new()));
-        } else if id == self.sep {
-            if let Some((opening, text)) = self.tag.take() {
-                self.enter(opening, &String::from_utf8_lossy(&text), &mut out);
-            }
-        } else if let Some((_, text)) = &mut self.tag {
-            text.extend_from_slice(bytes);
-        } else {
-            self.pending.extend_from_slice(bytes);
-            self.flush(&mut out, false);
-        }
-        out
-    }
-
-    /// Emits whatever text is held (at the end of generation).
-    pub fn finish(&mut self) -> Vec<Delta> {
-        let mut out = Vec::new();
-        self.flush(&mut out, true);
-        out
-    }
-
-    fn flush(&mut self, out: &mut Vec<Delta>, all: bool) {
-        let valid = match std::str::from_utf8(&self.pending) {
-            Ok(_) => self.pending.len(),
-            Err(e) if !all && e.error_len().is_none() => e.valid_up_to(),
-            Err(_) => self.pending.len(),
-        };
-        if valid == 0 {
-            return;
-        }
-        let text = String::from_utf8_lossy(&self.pending[..valid]).into_owned();
-        self.pending.drain(..valid);
-        match self.place {
-            Place::Think => out.push(Delta::Reasoning(text)),
-            Place::Response => out.push(Delta::Content(text)),
-            Place::Argument => {
-                if let Some((_, _, value)) = &mut self.argument {
-                    value.push_str(&text);
-                }
-            }
-            Place::Tools | Place::Elsewhere => {}
-        }
-    }
-
-    fn enter(&mut self, opening: bool, tag: &str, out: &mut Vec<Delta>) {
-        let (name, attributes) = parse_tag(tag);
-        match (opening, name.as_str()) {
-            (true, "think") => self.place = Place::Think,
-            (true, "response") => self.place = Place::Response,
-            (true, "tools") => self.place = Place::Tools,
-            (true, "call") => {
-                self.call = Some(ToolCall {
-                    name: attribute(&attributes, "tool"),
-                    arguments: Value::Object(Default::default()),
-                })
-            }
-            (true, "argument") => {
-                self.argument = Some((
-                    attribute(&attributes, "key"),
-                    attribute(&attributes, "type"),
-                    String::new(),
-                ));
-                self.place = Place::Argument;
-            }
-            (false, "argument") => {
-                if let (Some((key, kind, text)), Some(call)) =
-                    (self.argument.take(), &mut self.call)
-                {
-                    let value = if kind == "string" {
-                        Value::String(text)
-                    } else {
-                        serde_json::from_str(&text).unwrap_or(Value::String(text))
-                    };
-                    if let Some(map) = call.arguments.as_object_mut() {
-                        map.insert(key, value);
-                    }
-                }
-                self.place = Place::Tools;
-            }
-            (false, "call") => {
-                if let Some(call) = self.call.take() {
-                    out.push(Delta::ToolCall(call));
-                }
-            }
-            _ => self.place = Place::Elsewhere,
-        }
-    }
-}
-
-/// `name key="v" key2="w"` into the name and the unescaped attributes.
-fn parse_tag(tag: &str) -> (String, Vec<(String, String)>) {
-    let tag = tag.trim();
-    let (name, mut rest) = tag.split_once(' ').unwrap_or((tag, ""));
-    let mut attributes = Vec::new();
-    while let Some((key, after)) = rest.split_once("=\"") {
-        let Some((value, tail)) = after.split_once('"') else {
-            break;
-        };
-        attributes.push((key.trim().to_owned(), unescape(value)));
-        rest = tail;
-    }
-    (name.to_owned(), attributes)
-}
-
-fn attribute(attributes: &[(String, String)], key: &str) -> String {
-    attributes
-        .iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.clone())
-        .unwrap_or_default()
 }

@@ -4,7 +4,10 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use k3_model::chat::{Message, ToolCall};
+use k3_model::chat::{
+    ChatError, ChatOptions, Message, ResponseFormat, Segment, ThinkingEffort, ToolCall, ToolChoice,
+    render,
+};
 use k3_model::sampling::SamplingParams;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -92,8 +95,15 @@ pub struct CommonFields {
 pub struct ChatRequest {
     pub messages: Vec<Value>,
     pub tools: Option<Value>,
-    /// `{"thinking": false}` turns thinking off (default on).
+    /// `{"thinking": false}` turns thinking off (default on); `{"thinking_effort": E}` as the
+    /// top-level field.
     pub chat_template_kwargs: Option<Value>,
+    /// `low`, `high` or `max` (default: the server's `--thinking-effort`).
+    pub thinking_effort: Option<Value>,
+    /// `auto`, `none`, `required`; rendered as the chat template does.
+    pub tool_choice: Option<Value>,
+    /// `text`, `json_object` or `json_schema`; rendered as the chat template does.
+    pub response_format: Option<Value>,
     #[serde(flatten)]
     pub common: CommonFields,
 }
@@ -120,12 +130,12 @@ pub struct ValidRequest {
     pub logprobs: bool,
 }
 
-/// The prompt: chat messages (rendered with XTML) or plain text.
+/// The prompt: chat messages rendered with XTML (rendered while validating, so a conversation
+/// the template refuses is a 400), or plain text.
 #[derive(Debug, Clone)]
 pub enum Prompt {
     Chat {
-        messages: Vec<Message>,
-        tools: Option<Value>,
+        segments: Vec<Segment>,
         thinking: bool,
     },
     Text(String),
@@ -138,6 +148,8 @@ pub struct Limits {
     pub max_tokens_default: usize,
     /// The context: prompt plus generated tokens.
     pub context: usize,
+    /// The chat requests' `thinking_effort` when they give none.
+    pub thinking_effort: ThinkingEffort,
 }
 
 /// The checked common fields, waiting for their prompt.
@@ -283,9 +295,8 @@ impl ChatRequest {
             .enumerate()
             .map(|(i, m)| parse_message(i, m))
             .collect::<Result<Vec<_>, _>>()?;
-        let thinking = self
-            .chat_template_kwargs
-            .as_ref()
+        let kwargs = self.chat_template_kwargs.as_ref();
+        let thinking = kwargs
             .and_then(|k| k.get("thinking"))
             .and_then(Value::as_bool)
             .unwrap_or(true);
@@ -294,11 +305,64 @@ impl ChatRequest {
         {
             return Err(ApiError::invalid("tools", "tools must be a list"));
         }
-        Ok(checked.with(Prompt::Chat {
-            messages,
-            tools: self.tools,
+        let effort = match self
+            .thinking_effort
+            .as_ref()
+            .or_else(|| kwargs.and_then(|k| k.get("thinking_effort")))
+        {
+            None | Some(Value::Null) => limits.thinking_effort,
+            Some(Value::String(s)) => s
+                .parse()
+                .map_err(|e: ChatError| ApiError::invalid("thinking_effort", e.to_string()))?,
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "thinking_effort",
+                    format!("thinking_effort must be low, high or max, got {other}"),
+                ));
+            }
+        };
+        let tool_choice = match &self.tool_choice {
+            None | Some(Value::Null) => ToolChoice::Auto,
+            Some(v) => ToolChoice::from_json(v)
+                .map_err(|e| ApiError::invalid("tool_choice", e.to_string()))?,
+        };
+        let has_tools = self
+            .tools
+            .as_ref()
+            .is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()));
+        match &tool_choice {
+            // Neither the chat template nor our decoder can make the model call one given
+            // function (llama.cpp does it with a grammar): refused rather than ignored.
+            ToolChoice::Function(name) => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!(
+                        "tool_choice naming a function ({name:?}) is not supported; use \"required\" or \"auto\""
+                    ),
+                ));
+            }
+            ToolChoice::Required if !has_tools => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    "tool_choice \"required\" needs a non-empty tools list",
+                ));
+            }
+            _ => {}
+        }
+        let response_format = match &self.response_format {
+            None | Some(Value::Null) => ResponseFormat::Text,
+            Some(v) => ResponseFormat::from_json(v)
+                .map_err(|e| ApiError::invalid("response_format", e.to_string()))?,
+        };
+        let options = ChatOptions {
             thinking,
-        }))
+            thinking_effort: effort,
+            tool_choice,
+            response_format,
+        };
+        let segments = render(&messages, self.tools.as_ref(), &options)
+            .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+        Ok(checked.with(Prompt::Chat { segments, thinking }))
     }
 }
 
@@ -313,9 +377,10 @@ impl CompletionRequest {
     }
 }
 
-/// One OpenAI message into ours: `role`, `content` (a string or text parts),
-/// `reasoning_content`, `tool_calls` (function name and JSON-string arguments), and for tool
-/// results `name` and the call index from `tool_call_id` when it is a number.
+/// One OpenAI message into ours: `role`, `content` (a string or text parts), `name`,
+/// `reasoning_content` (or `reasoning`), `tool_calls` (id, function name and arguments: a JSON-string that
+/// holds an object is read as that object, as llama.cpp does before rendering; another string
+/// stays a string), for tool results `tool_call_id`, and for system messages `tools`.
 fn parse_message(i: usize, m: &Value) -> Result<Message, ApiError> {
     let param = format!("messages[{i}]");
     let role = m["role"]
@@ -356,15 +421,20 @@ fn parse_message(i: usize, m: &Value) -> Result<Message, ApiError> {
                 let f = &c["function"];
                 let name = f["name"].as_str().unwrap_or_default().to_owned();
                 let arguments = match &f["arguments"] {
-                    Value::String(s) => serde_json::from_str(s).map_err(|e| {
-                        ApiError::invalid(
+                    Value::String(s) => match serde_json::from_str::<Value>(s) {
+                        Ok(object @ Value::Object(_)) => object,
+                        _ => Value::String(s.clone()),
+                    },
+                    other @ (Value::Object(_) | Value::Null) => other.clone(),
+                    other => {
+                        return Err(ApiError::invalid(
                             &param,
-                            format!("{param}: tool call arguments are not JSON: {e}"),
-                        )
-                    })?,
-                    other => other.clone(),
+                            format!("{param}: tool call arguments must be an object or a string, got {other}"),
+                        ));
+                    }
                 };
-                Ok(ToolCall { name, arguments })
+                let id = c["id"].as_str().map(str::to_owned);
+                Ok(ToolCall { id, name, arguments })
             })
             .collect::<Result<Vec<_>, ApiError>>()?,
         _ => Vec::new(),
@@ -376,12 +446,26 @@ fn parse_message(i: usize, m: &Value) -> Result<Message, ApiError> {
             role.into()
         },
         content,
-        reasoning: m["reasoning_content"].as_str().map(str::to_owned),
-        tool_calls,
-        tool_name: m["name"].as_str().map(str::to_owned),
-        tool_index: m["tool_call_id"]
+        // The template takes `reasoning_content or reasoning`.
+        reasoning: m["reasoning_content"]
             .as_str()
-            .and_then(|id| id.rsplit(['_', '-']).next())
-            .and_then(|n| n.parse().ok()),
+            .filter(|r| !r.is_empty())
+            .or_else(|| m["reasoning"].as_str())
+            .map(str::to_owned),
+        tool_calls,
+        name: m["name"].as_str().map(str::to_owned),
+        tool_call_id: m["tool_call_id"].as_str().map(str::to_owned),
+        tools: match &m["tools"] {
+            Value::Null => None,
+            tools @ Value::Array(_) if role == "system" || role == "developer" => {
+                Some(tools.clone())
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    &param,
+                    format!("{param}: tools are a list, on a system message"),
+                ));
+            }
+        },
     })
 }

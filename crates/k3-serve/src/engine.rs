@@ -448,14 +448,7 @@ impl Sequence {
 /// The tokens of a validated request's prompt.
 pub fn prompt_ids(tokenizer: &Tokenizer, prompt: &Prompt) -> Vec<u32> {
     match prompt {
-        Prompt::Chat {
-            messages,
-            tools,
-            thinking,
-        } => k3_model::chat::encode(
-            tokenizer,
-            &k3_model::chat::render(messages, tools.as_ref(), *thinking),
-        ),
+        Prompt::Chat { segments, .. } => k3_model::chat::encode(tokenizer, segments),
         Prompt::Text(text) => tokenizer.encode(text, false),
     }
 }

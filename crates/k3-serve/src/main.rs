@@ -5,7 +5,7 @@
 //!          [--numa-fake N] [--numa-threads N] [--expert-cache N] [--expert-cache-gb G]
 //!          [--preload-experts] [--mlock] [--no-usage-cache] [--max-batch N] [--ctx N]
 //!          [--queue N] [--kernel-tier T] [--prompt TEXT] [--max-tokens N] [--temperature T]
-//!          [--seed S] [--no-think]
+//!          [--seed S] [--no-think] [--thinking-effort low|high|max]
 //! ```
 //! Without `--model` it generates the `tiny` synthetic checkpoint once into a cache directory
 //! (`$XDG_CACHE_HOME/k3/tiny`, else `~/.cache/k3/tiny`) and uses it.
@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use k3_model::chat::Message;
+use k3_model::chat::{ChatOptions, Message, ThinkingEffort, render};
 use k3_model::experts::ExpertOptions;
 use k3_model::sampling::SamplingParams;
 use k3_serve::api::{Limits, Prompt, ValidRequest};
@@ -39,6 +39,8 @@ struct Args {
     temperature: f32,
     seed: u64,
     thinking: bool,
+    /// The chat template's `thinking_effort` for requests that give none.
+    thinking_effort: ThinkingEffort,
 }
 
 fn parse() -> Result<Args> {
@@ -61,6 +63,7 @@ fn parse() -> Result<Args> {
         temperature: 0.0,
         seed: 0,
         thinking: true,
+        thinking_effort: ThinkingEffort::Max,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -81,9 +84,12 @@ fn parse() -> Result<Args> {
             }
             "--seed" => a.seed = value()?.parse().context("--seed is a number")?,
             "--no-think" => a.thinking = false,
+            "--thinking-effort" => {
+                a.thinking_effort = value()?.parse().context("--thinking-effort")?
+            }
             "-h" | "--help" => {
                 println!(
-                    "usage: k3-serve [--model DIR] [--serve] [--host H] [--port P] [--threads N] [--numa] [--numa-fake N] [--numa-threads N] [--expert-cache N] [--expert-cache-gb G] [--preload-experts] [--mlock] [--no-usage-cache] [--max-batch N] [--ctx N] [--queue N] [--kernel-tier T] [--prompt TEXT] [--max-tokens N] [--temperature T] [--seed S] [--no-think]"
+                    "usage: k3-serve [--model DIR] [--serve] [--host H] [--port P] [--threads N] [--numa] [--numa-fake N] [--numa-threads N] [--expert-cache N] [--expert-cache-gb G] [--preload-experts] [--mlock] [--no-usage-cache] [--max-batch N] [--ctx N] [--queue N] [--kernel-tier T] [--prompt TEXT] [--max-tokens N] [--temperature T] [--seed S] [--no-think] [--thinking-effort low|high|max]"
                 );
                 std::process::exit(0);
             }
@@ -172,6 +178,7 @@ fn main() -> Result<()> {
             .map_or("k3".into(), |n| n.to_string_lossy().into_owned()),
         max_tokens_default: 256,
         context: args.ctx,
+        thinking_effort: args.thinking_effort,
     };
     if args.serve {
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -217,12 +224,19 @@ fn main() -> Result<()> {
     }
     let request = ValidRequest {
         prompt: Prompt::Chat {
-            messages: vec![Message {
-                role: "user".into(),
-                content: args.prompt.clone().unwrap_or_default(),
-                ..Message::default()
-            }],
-            tools: None,
+            segments: render(
+                &[Message {
+                    role: "user".into(),
+                    content: args.prompt.clone().unwrap_or_default(),
+                    ..Message::default()
+                }],
+                None,
+                &ChatOptions {
+                    thinking: args.thinking,
+                    thinking_effort: args.thinking_effort,
+                    ..ChatOptions::default()
+                },
+            )?,
             thinking: args.thinking,
         },
         sampling: SamplingParams {

@@ -155,7 +155,7 @@ fn tool_calls_json(calls: &[k3_model::chat::ToolCall], first_index: usize) -> Va
             .enumerate()
             .map(|(i, c)| {
                 json!({"index": first_index + i, "id": format!("call_{}", first_index + i), "type": "function",
-                       "function": {"name": c.name, "arguments": c.arguments.to_string()}})
+                       "function": {"name": c.name, "arguments": c.arguments_json()}})
             })
             .collect(),
     )

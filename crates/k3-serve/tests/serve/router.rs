@@ -50,6 +50,7 @@ fn state_on(
             model_name: "tiny".into(),
             max_tokens_default: 16,
             context,
+            thinking_effort: k3_model::chat::ThinkingEffort::Max,
         }),
     }
 }
@@ -323,4 +324,214 @@ async fn an_unloadable_expert_is_a_500_and_the_server_carries_on() {
     let (st, _) = call(&s, "POST", "/v1/completions", Some(body)).await;
     assert_eq!(st, StatusCode::INTERNAL_SERVER_ERROR);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A chat body validated without an engine: the rendered prompt text, or the error.
+fn rendered_prompt(
+    body: Value,
+    effort: k3_model::chat::ThinkingEffort,
+) -> Result<String, (Value, String)> {
+    let limits = Limits {
+        model_name: "tiny".into(),
+        max_tokens_default: 16,
+        context: 512,
+        thinking_effort: effort,
+    };
+    let request: k3_serve::api::ChatRequest = serde_json::from_value(body).unwrap();
+    match request.validate(&limits) {
+        Ok(valid) => match valid.prompt {
+            k3_serve::api::Prompt::Chat { segments, .. } => {
+                Ok(segments.iter().map(|s| s.text.as_str()).collect())
+            }
+            k3_serve::api::Prompt::Text(_) => panic!("a chat request gave a text prompt"),
+        },
+        Err(e) => Err((json!(e.param), e.message)),
+    }
+}
+
+fn chat_json(extra: Value) -> Value {
+    serde_json::from_str(&chat_body(extra)).unwrap()
+}
+
+#[test]
+fn thinking_effort_is_a_request_field_with_a_server_default() {
+    use k3_model::chat::ThinkingEffort;
+    let default_low = rendered_prompt(chat_json(json!({})), ThinkingEffort::Low).unwrap();
+    assert!(
+        default_low.starts_with("<|open|>message role=\"system\" type=\"thinking-effort\"<|sep|>")
+    );
+    assert!(
+        default_low.contains("`thinking_effort=low`"),
+        "{default_low}"
+    );
+    let high = rendered_prompt(
+        chat_json(json!({"thinking_effort": "high"})),
+        ThinkingEffort::Low,
+    )
+    .unwrap();
+    assert!(high.contains("`thinking_effort=high`"), "{high}");
+    let kwargs = chat_json(json!({"chat_template_kwargs": {"thinking_effort": "max"}}));
+    assert!(
+        rendered_prompt(kwargs, ThinkingEffort::Low)
+            .unwrap()
+            .contains("`thinking_effort=max`")
+    );
+    let off =
+        chat_json(json!({"chat_template_kwargs": {"thinking": false}, "thinking_effort": "high"}));
+    assert!(
+        !rendered_prompt(off, ThinkingEffort::Max)
+            .unwrap()
+            .contains("thinking-effort")
+    );
+    for bad in [json!("medium"), json!(3)] {
+        let (param, message) = rendered_prompt(
+            chat_json(json!({"thinking_effort": bad})),
+            ThinkingEffort::Max,
+        )
+        .unwrap_err();
+        assert_eq!(param, "thinking_effort");
+        assert!(message.contains(&bad.to_string()), "{message}");
+    }
+    let kwargs = chat_json(json!({"chat_template_kwargs": {"thinking_effort": "extreme"}}));
+    assert_eq!(
+        rendered_prompt(kwargs, ThinkingEffort::Max).unwrap_err().0,
+        "thinking_effort"
+    );
+}
+
+#[test]
+fn tool_choice_and_response_format_are_rendered_or_refused() {
+    use k3_model::chat::ThinkingEffort::Max;
+    let tools =
+        json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]);
+    let required = rendered_prompt(
+        chat_json(json!({"tools": tools, "tool_choice": "required"})),
+        Max,
+    )
+    .unwrap();
+    assert!(
+        required.contains(
+            "type=\"tool-choice\"<|sep|>The system is invoked with `tool_choice=required`."
+        ),
+        "{required}"
+    );
+    let none = rendered_prompt(
+        chat_json(json!({"tools": tools, "tool_choice": "none"})),
+        Max,
+    )
+    .unwrap();
+    assert!(none.contains("`tool_choice=none`"), "{none}");
+    let auto = rendered_prompt(
+        chat_json(json!({"tools": tools, "tool_choice": "auto"})),
+        Max,
+    )
+    .unwrap();
+    assert!(!auto.contains("tool-choice"));
+    for bad in [
+        json!({"tool_choice": "required"}),
+        json!({"tools": tools, "tool_choice": "sometimes"}),
+        json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "f"}}}),
+    ] {
+        assert_eq!(
+            rendered_prompt(chat_json(bad), Max).unwrap_err().0,
+            "tool_choice"
+        );
+    }
+    let object = rendered_prompt(
+        chat_json(json!({"response_format": {"type": "json_object"}})),
+        Max,
+    )
+    .unwrap();
+    assert!(object.contains("type=\"response-format\"<|sep|>The system is invoked with `response_format=json_object`."), "{object}");
+    let schema = json!({"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object", "B": 1, "a": 2}}});
+    let with_schema = rendered_prompt(chat_json(json!({"response_format": schema})), Max).unwrap();
+    assert!(
+        with_schema.contains("```json\n{\"a\":2,\"B\":1,\"type\":\"object\"}\n```"),
+        "{with_schema}"
+    );
+    let text =
+        rendered_prompt(chat_json(json!({"response_format": {"type": "text"}})), Max).unwrap();
+    assert!(!text.contains("response-format"));
+    let (param, _) =
+        rendered_prompt(chat_json(json!({"response_format": {"type": "yaml"}})), Max).unwrap_err();
+    assert_eq!(param, "response_format");
+}
+
+#[test]
+fn names_ids_and_string_arguments_reach_the_renderer() {
+    use k3_model::chat::ThinkingEffort::Max;
+    let messages = json!([
+        {"role": "user", "name": "alice", "content": "Hi"},
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_7", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}},
+            {"id": "call_8", "type": "function", "function": {"name": "g", "arguments": "not json"}}]},
+        {"role": "tool", "tool_call_id": "call_8", "content": "G"},
+        {"role": "tool", "tool_call_id": "call_7", "content": "F"},
+    ]);
+    let prompt = rendered_prompt(chat_json(json!({"messages": messages})), Max).unwrap();
+    assert!(
+        prompt.contains("<|open|>message role=\"user\" name=\"alice\"<|sep|>Hi"),
+        "{prompt}"
+    );
+    // A JSON-object string is read as the object (llama.cpp does the same); any other string
+    // is the call's `json` block as it is.
+    assert!(prompt.contains("<|open|>call tool=\"f\" index=\"1\"<|sep|><|open|>argument key=\"x\" type=\"number\"<|sep|>1<|close|>argument<|sep|>"), "{prompt}");
+    assert!(prompt.contains("<|open|>call tool=\"g\" index=\"2\"<|sep|><|open|>json type=\"object\"<|sep|>not json<|close|>json<|sep|>"), "{prompt}");
+    // Results matched to calls by id, in the calls' order, numbered from 1.
+    assert!(prompt.contains("<|open|>message role=\"tool\" tool=\"f\" index=\"1\"<|sep|>F<|close|>message<|sep|><|end_of_msg|><|open|>message role=\"tool\" tool=\"g\" index=\"2\"<|sep|>G"), "{prompt}");
+    let orphan = json!([{"role": "user", "content": "Hi"}, {"role": "tool", "content": "x"}]);
+    let (param, message) =
+        rendered_prompt(chat_json(json!({"messages": orphan})), Max).unwrap_err();
+    assert_eq!(param, "messages");
+    assert!(message.contains("message 1"), "{message}");
+    let array_arguments = json!([{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": [1]}}]}]);
+    assert_eq!(
+        rendered_prompt(chat_json(json!({"messages": array_arguments})), Max)
+            .unwrap_err()
+            .0,
+        "messages[0]"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_format_fields_are_answered_through_the_router() {
+    let s = state(8, 4, 512);
+    let prompt_tokens = |text: &str| -> u64 {
+        let v: Value = serde_json::from_str(text).unwrap();
+        v["usage"]["prompt_tokens"].as_u64().unwrap()
+    };
+    let (st, plain) = call(
+        &s,
+        "POST",
+        "/v1/chat/completions",
+        Some(chat_body(json!({"response_format": {"type": "text"}}))),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{plain}");
+    let body =
+        chat_body(json!({"response_format": {"type": "json_object"}, "thinking_effort": "low"}));
+    let (st, json_object) = call(&s, "POST", "/v1/chat/completions", Some(body)).await;
+    assert_eq!(st, StatusCode::OK, "{json_object}");
+    assert!(prompt_tokens(&json_object) > prompt_tokens(&plain) + 10);
+    let body = chat_body(json!({"thinking_effort": "medium"}));
+    let (st, text) = call(&s, "POST", "/v1/chat/completions", Some(body)).await;
+    assert_eq!(error_of(st, &text).0, 400, "{text}");
+    assert_eq!(error_of(st, &text).1, "thinking_effort", "{text}");
+}
+
+#[test]
+fn past_reasoning_is_read_from_reasoning_content_or_reasoning() {
+    use k3_model::chat::ThinkingEffort::Max;
+    for key in ["reasoning_content", "reasoning"] {
+        let messages = json!([
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello.", key: "Greet back."},
+            {"role": "user", "content": "Bye"},
+        ]);
+        let prompt = rendered_prompt(chat_json(json!({"messages": messages})), Max).unwrap();
+        assert!(
+            prompt.contains("<|open|>think<|sep|>Greet back.<|close|>think<|sep|>"),
+            "{key}: {prompt}"
+        );
+    }
 }

@@ -1,0 +1,229 @@
+//! The output parser: generated tokens into reasoning, content and tool calls as they stream.
+//!
+//! It follows llama.cpp's Kimi-K3 parser (`common/parsers/kimi-k3.cpp`): reasoning runs to
+//! the think closer or, when the model skips it, to the response opener; text after the think
+//! closer is content even without a response opener; a call holds `argument` elements. It also
+//! takes a `json` block inside a call as the call's arguments (a string), the form the
+//! reference template renders string arguments in.
+
+use serde_json::Value;
+
+use super::{CLOSE, OPEN, SEP, ToolCall};
+use crate::tokenizer::Tokenizer;
+
+/// What a piece of generated output is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Delta {
+    Reasoning(String),
+    Content(String),
+    ToolCall(ToolCall),
+}
+
+/// Where the parser is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Think,
+    Response,
+    Tools,
+    Argument,
+    Json,
+    Elsewhere,
+}
+
+/// Splits generated tokens into reasoning, content and tool calls. Text between a marker
+/// (`<|open|>`/`<|close|>`) and its `<|sep|>` is buffered until the `<|sep|>` arrives, so no
+/// part of a marker reaches the output. Bytes are held until they form whole UTF-8 characters.
+#[derive(Debug)]
+pub struct OutputParser {
+    open: u32,
+    close: u32,
+    sep: u32,
+    place: Place,
+    /// Between a marker and its `<|sep|>`: (was it an open, the text so far).
+    tag: Option<(bool, Vec<u8>)>,
+    pending: Vec<u8>,
+    call: Option<ToolCall>,
+    /// The open argument: key, type and value so far.
+    argument: Option<(String, String, String)>,
+    /// The open `json` block's text.
+    json: Option<String>,
+}
+
+impl OutputParser {
+    /// A parser for output that starts inside `think` (thinking on) or `response`.
+    pub fn new(tokenizer: &Tokenizer, thinking: bool) -> Option<Self> {
+        Some(Self {
+            open: tokenizer.special(OPEN)?,
+            close: tokenizer.special(CLOSE)?,
+            sep: tokenizer.special(SEP)?,
+            place: if thinking {
+                Place::Think
+            } else {
+                Place::Response
+            },
+            tag: None,
+            pending: Vec::new(),
+            call: None,
+            argument: None,
+            json: None,
+        })
+    }
+
+    /// Feeds one generated token (its id and decoded bytes); returns what it completes.
+    pub fn push(&mut self, id: u32, bytes: &[u8]) -> Vec<Delta> {
+        let mut out = Vec::new();
+        if id == self.open || id == self.close {
+            self.flush(&mut out, true);
+            self.tag = Some((id == self.open, Vec::new()));
+        } else if id == self.sep {
+            if let Some((opening, text)) = self.tag.take() {
+                self.enter(opening, &String::from_utf8_lossy(&text), &mut out);
+            }
+        } else if let Some((_, text)) = &mut self.tag {
+            text.extend_from_slice(bytes);
+        } else {
+            self.pending.extend_from_slice(bytes);
+            self.flush(&mut out, false);
+        }
+        out
+    }
+
+    /// Emits whatever text is held (at the end of generation).
+    pub fn finish(&mut self) -> Vec<Delta> {
+        let mut out = Vec::new();
+        self.flush(&mut out, true);
+        out
+    }
+
+    fn flush(&mut self, out: &mut Vec<Delta>, all: bool) {
+        let valid = match std::str::from_utf8(&self.pending) {
+            Ok(_) => self.pending.len(),
+            Err(e) if !all && e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => self.pending.len(),
+        };
+        if valid == 0 {
+            return;
+        }
+        let text = String::from_utf8_lossy(&self.pending[..valid]).into_owned();
+        self.pending.drain(..valid);
+        match self.place {
+            Place::Think => out.push(Delta::Reasoning(text)),
+            Place::Response => out.push(Delta::Content(text)),
+            Place::Argument => {
+                if let Some((_, _, value)) = &mut self.argument {
+                    value.push_str(&text);
+                }
+            }
+            Place::Json => {
+                if let Some(json) = &mut self.json {
+                    json.push_str(&text);
+                }
+            }
+            Place::Tools | Place::Elsewhere => {}
+        }
+    }
+
+    fn enter(&mut self, opening: bool, tag: &str, out: &mut Vec<Delta>) {
+        let (name, attributes) = parse_tag(tag);
+        match (opening, name.as_str()) {
+            (true, "think") => self.place = Place::Think,
+            // The response opener ends reasoning whether or not the think closer came; text
+            // after the think closer is content even without the opener.
+            (true, "response") | (false, "think") => self.place = Place::Response,
+            (true, "tools") => self.place = Place::Tools,
+            (true, "call") => {
+                self.call = Some(ToolCall {
+                    id: None,
+                    name: attribute(&attributes, "tool"),
+                    arguments: Value::Object(Default::default()),
+                });
+                self.place = Place::Tools;
+            }
+            (true, "argument") => {
+                self.argument = Some((
+                    attribute(&attributes, "key"),
+                    attribute(&attributes, "type"),
+                    String::new(),
+                ));
+                self.place = Place::Argument;
+            }
+            (false, "argument") => {
+                if let (Some((key, kind, text)), Some(call)) =
+                    (self.argument.take(), &mut self.call)
+                {
+                    let value = if kind == "string" {
+                        Value::String(text)
+                    } else {
+                        serde_json::from_str(&text).unwrap_or(Value::String(text))
+                    };
+                    if let Some(map) = call.arguments.as_object_mut() {
+                        map.insert(key, value);
+                    }
+                }
+                self.place = Place::Tools;
+            }
+            (true, "json") => {
+                self.json = Some(String::new());
+                self.place = Place::Json;
+            }
+            (false, "json") => {
+                if let (Some(text), Some(call)) = (self.json.take(), &mut self.call) {
+                    call.arguments = Value::String(text);
+                }
+                self.place = Place::Tools;
+            }
+            (false, "call") => {
+                if let Some(call) = self.call.take() {
+                    out.push(Delta::ToolCall(call));
+                }
+                self.place = Place::Tools;
+            }
+            _ => self.place = Place::Elsewhere,
+        }
+    }
+}
+
+/// `name key="v" key2="w"` into the name and the unescaped attributes.
+fn parse_tag(tag: &str) -> (String, Vec<(String, String)>) {
+    let tag = tag.trim();
+    let (name, mut rest) = tag.split_once(' ').unwrap_or((tag, ""));
+    let mut attributes = Vec::new();
+    while let Some((key, after)) = rest.split_once("=\"") {
+        let Some((value, tail)) = after.split_once('"') else {
+            break;
+        };
+        attributes.push((key.trim().to_owned(), unescape(value)));
+        rest = tail;
+    }
+    (name.to_owned(), attributes)
+}
+
+/// The inverse of [`super::escape`], in one pass so `&amp;quot;` stays `&quot;`.
+fn unescape(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(at) = rest.find('&') {
+        out.push_str(&rest[..at]);
+        rest = &rest[at..];
+        if let Some(tail) = rest.strip_prefix("&amp;") {
+            out.push('&');
+            rest = tail;
+        } else if let Some(tail) = rest.strip_prefix("&quot;") {
+            out.push('"');
+            rest = tail;
+        } else {
+            out.push('&');
+            rest = &rest[1..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+fn attribute(attributes: &[(String, String)], key: &str) -> String {
+    attributes
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default()
+}
