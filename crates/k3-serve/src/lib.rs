@@ -3,5 +3,6 @@
 //! with SSE streaming ([`server`]). `main.rs` is the CLI over them.
 
 pub mod api;
+pub mod cli;
 pub mod engine;
 pub mod server;
