@@ -3,6 +3,7 @@
 //! with SSE streaming ([`server`]). `main.rs` is the CLI over them.
 
 pub mod api;
+pub mod auth;
 pub mod cli;
 pub mod engine;
 pub mod server;
