@@ -564,6 +564,28 @@ pub fn default_threads() -> usize {
         .max(1)
 }
 
+/// Hands the flags the libraries own (the expert flags to `ExpertOptions::apply_flag`, the
+/// NUMA flags and `--threads` to `PoolOptions::apply_flag`) their values, in command-line
+/// order and under their long names, so `-t 8` reaches the pool as `--threads 8`. Flags
+/// neither takes are the binary's and are skipped.
+pub fn apply_library_flags(
+    parsed: &Parsed,
+    experts: &mut k3_model::experts::ExpertOptions,
+    pool: &mut numa_sched::PoolOptions,
+) -> Result<(), UsageError> {
+    for (name, value) in parsed.iter() {
+        let long = format!("--{name}");
+        let value = || value.map(String::from);
+        if !experts
+            .apply_flag(&long, value)
+            .map_err(UsageError::Other)?
+        {
+            pool.apply_flag(&long, value).map_err(UsageError::Other)?;
+        }
+    }
+    Ok(())
+}
+
 /// The chat templates `--chat-template` accepts: only the built-in renderer exists.
 pub const CHAT_TEMPLATES: &[&str] = &["kimi-k3"];
 
@@ -1126,6 +1148,38 @@ mod tests {
             numa_sched::PoolOptions::default().apply_flag("--threads", || Some("2".into())),
             Ok(true)
         );
+    }
+
+    #[test]
+    fn library_flags_reach_their_options() {
+        let p = run(&[
+            "-t",
+            "3",
+            "--numa-fake=2",
+            "--expert-cache-gb",
+            "1.5",
+            "--mlock",
+            "--expert-policy",
+            "lru",
+            "--port",
+            "9",
+            "--io-threads",
+            "4",
+        ])
+        .unwrap();
+        let mut experts = k3_model::experts::ExpertOptions::default();
+        let mut pool = numa_sched::PoolOptions::default();
+        apply_library_flags(&p, &mut experts, &mut pool).unwrap();
+        assert_eq!(pool.threads, Some(3));
+        assert_eq!(pool.fake_domains, Some(2));
+        assert_eq!(experts.cache_bytes, Some(1_500_000_000));
+        assert!(experts.mlock && !experts.preload);
+        assert_eq!(experts.policy(), expert_store::Policy::Lru);
+        assert_eq!(experts.io_threads, 4);
+        // Nothing given: the libraries' defaults stay (threads None: one per physical core).
+        let mut pool = numa_sched::PoolOptions::default();
+        apply_library_flags(&Parsed::default(), &mut experts, &mut pool).unwrap();
+        assert_eq!(pool, numa_sched::PoolOptions::default());
     }
 
     #[test]
