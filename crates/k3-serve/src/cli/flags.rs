@@ -418,13 +418,23 @@ mod tests {
     #[test]
     fn the_table_covers_every_flag_the_binary_handles() {
         let table = k3_serve_flags();
+        // With the least number of flag literals each holds today (main.rs holds none once it
+        // parses with this table), so the scan cannot silently find nothing.
         let sources = [
-            include_str!("../main.rs"),
-            include_str!("../../../k3-model/src/experts.rs"),
-            include_str!("../../../numa-sched/src/lib.rs"),
+            ("main.rs", include_str!("../main.rs"), 0),
+            (
+                "experts.rs",
+                include_str!("../../../k3-model/src/experts.rs"),
+                8,
+            ),
+            (
+                "numa-sched",
+                include_str!("../../../numa-sched/src/lib.rs"),
+                5,
+            ),
         ];
-        let mut found = 0;
-        for source in sources {
+        for (file, source, least) in sources {
+            let mut found = 0;
             for (at, _) in source.match_indices("\"--") {
                 let rest = &source[at + 1..];
                 let end = rest[2..]
@@ -437,11 +447,11 @@ mod tests {
                 found += 1;
                 assert!(
                     is_flag_spelling(&table, literal),
-                    "{literal} is handled but not in the table"
+                    "{literal} is handled in {file} but not in the table"
                 );
             }
+            assert!(found >= least, "only {found} flag literals in {file}");
         }
-        assert!(found >= 25, "found only {found} flag literals");
         for flag in &table {
             let value = sample(flag).map(String::from);
             let mut experts = k3_model::experts::ExpertOptions::default();
