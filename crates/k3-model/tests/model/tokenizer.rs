@@ -76,3 +76,52 @@ fn bad_vocabulary_files_are_named() {
     let dup = Tokenizer::new(path, "QQ== 0\nQQ== 1\n", Default::default()).unwrap_err();
     assert!(dup.to_string().contains("twice"), "{dup}");
 }
+
+/// A long single piece ("erer…", one regex match; Kimi's chunking cuts such runs only every
+/// 25,000 characters) encodes in time near-linear in its length: 8× the text may take at most
+/// 32× the time (slack for load on the machine, caches and the log factor; ~9× measured
+/// unloaded), where tiktoken's quadratic merge loop takes ~64×. And 3.9 MB of it (about the body limit) is
+/// encoded in seconds, not the minute the quadratic loop took.
+#[test]
+fn a_long_piece_encodes_in_near_linear_time() {
+    let tokenizer = Tokenizer::from_dir(&data_dir("tiktoken")).unwrap();
+    let once = |text: &str| {
+        let start = std::time::Instant::now();
+        let ids = tokenizer.encode(text, false);
+        let elapsed = start.elapsed().as_secs_f64();
+        assert_eq!(tokenizer.decode(&ids), text);
+        assert!(ids.len() >= tokenizer.min_tokens(text.len()));
+        elapsed
+    };
+    // Interleaved, the fastest of each: the two sizes see the same load on the machine.
+    let (small_text, large_text) = ("er".repeat(750), "er".repeat(6_000));
+    let (mut small, mut large) = (f64::MAX, f64::MAX);
+    for _ in 0..9 {
+        small = small.min(once(&small_text));
+        large = large.min(once(&large_text));
+    }
+    assert!(
+        large < 32.0 * small.max(1e-5),
+        "12 kB took {large:.5} s, 1.5 kB {small:.5} s: worse than linear"
+    );
+    let text = "er".repeat(1_950_000);
+    let start = std::time::Instant::now();
+    let ids = tokenizer.encode(&text, false);
+    let elapsed = start.elapsed().as_secs_f64();
+    assert!(!ids.is_empty());
+    eprintln!("3.9 MB of \"erer\" in {elapsed:.3} s");
+    assert!(elapsed < 5.0, "3.9 MB of \"erer\" took {elapsed:.1} s");
+}
+
+/// The byte-length bound is a true lower bound on the token count.
+#[test]
+fn min_tokens_never_exceeds_the_count() {
+    let tokenizer = Tokenizer::from_dir(&data_dir("tiktoken")).unwrap();
+    for text in ["", "a", "hello world", "   ", "ererererer", "日本語のテキスト", "<|im_end|>x"] {
+        for allow in [false, true] {
+            let n = tokenizer.encode(text, allow).len();
+            assert!(tokenizer.min_tokens(text.len()) <= n, "{text:?}");
+        }
+    }
+    assert!(tokenizer.min_tokens(3_900_000) > 3_900_000 / 1024);
+}
