@@ -42,6 +42,7 @@ fn main() -> Result<()> {
         },
         max_batch: streams.max(1),
         queue: 64,
+        panic_on_prompt: None,
         prefill_chunk: 8,
     })?;
     if !wait_ready(&engine, Duration::from_secs(600)) {
@@ -94,6 +95,7 @@ fn run(engine: &EngineHandle, streams: usize, tokens: usize) -> Result<(f64, f64
             stop: Vec::new(),
             stop_tokens: Vec::new(),
             stream: true,
+            include_usage: false,
             logprobs: false,
         };
         let ids = prompt_ids(&engine.tokenizer, &request.prompt);

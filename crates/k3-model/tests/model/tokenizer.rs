@@ -117,7 +117,15 @@ fn a_long_piece_encodes_in_near_linear_time() {
 #[test]
 fn min_tokens_never_exceeds_the_count() {
     let tokenizer = Tokenizer::from_dir(&data_dir("tiktoken")).unwrap();
-    for text in ["", "a", "hello world", "   ", "ererererer", "日本語のテキスト", "<|im_end|>x"] {
+    for text in [
+        "",
+        "a",
+        "hello world",
+        "   ",
+        "ererererer",
+        "日本語のテキスト",
+        "<|im_end|>x",
+    ] {
         for allow in [false, true] {
             let n = tokenizer.encode(text, allow).len();
             assert!(tokenizer.min_tokens(text.len()) <= n, "{text:?}");
