@@ -103,8 +103,9 @@ pub async fn serve(
             }
         }
     }
-    // Finish what is in flight: idle connections close at once, the others after their
-    // response.
+    // Accept no more; finish what is in flight: idle connections close at once, the others
+    // after their response.
+    drop(listener);
     let _ = closing.send(true);
     let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
     let _ = permits.acquire_many(all).await;

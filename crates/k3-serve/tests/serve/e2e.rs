@@ -519,3 +519,46 @@ fn half_open_connections_do_not_stop_health() {
     assert_eq!(status, 200);
     drop(half_open);
 }
+
+/// SIGTERM while a stream runs: the stream is finished, new connections are refused, and the
+/// process exits cleanly.
+#[test]
+fn sigterm_finishes_open_streams_then_exits() {
+    let mut server = start();
+    let port = server.port;
+    let body = json!({"prompt": "Long", "stream": true, "max_tokens": 400}).to_string();
+    let streaming =
+        std::thread::spawn(move || request(port, "POST", "/v1/completions", Some(&body)).unwrap());
+    let start = Instant::now();
+    while metric(port, "k3_active_sequences") < 1.0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the stream did not start"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pid = i32::try_from(server.child.id()).unwrap();
+    // SAFETY: kill(2) with a valid signal number on our own child's pid.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let (status, text) = streaming.join().unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(
+        sse_last(&text),
+        "[DONE]",
+        "the stream was cut by the shutdown"
+    );
+    assert!(text.contains("finish_reason\":\"length") || text.contains("finish_reason\":\"stop"));
+    let start = Instant::now();
+    let exit = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "still running after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(exit.success(), "{exit:?}");
+    assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
+}
