@@ -1,12 +1,15 @@
 //! Choosing the next token from logits: greedy, temperature, top-k, top-p, min-p, repetition /
-//! presence / frequency penalties, a seed (the same seed, logits and history give the same
-//! token), log-probabilities with the top alternatives; and stop strings for streamed text.
+//! presence / frequency penalties, logit bias, a seed (the same seed, logits and history give
+//! the same token), log-probabilities with the top alternatives; and stop strings matched
+//! incrementally over streamed text.
 //!
-//! Order: penalties on the logits; log-probabilities of that distribution (temperature 1,
-//! as OpenAI reports them); then temperature, top-k, top-p, min-p, and a draw. Arithmetic is
-//! f64 over the logits in id order, ties go to the lower id, so nothing depends on threads.
+//! Order: penalties, then the logit bias, on the logits; log-probabilities of that
+//! distribution (temperature 1, as OpenAI reports them); then temperature, top-k, top-p,
+//! min-p, and a draw. Arithmetic is f64 over the logits in id order, ties go to the lower id,
+//! so nothing depends on threads.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Sampling settings (OpenAI's names and neutral values).
 #[derive(Debug, Clone, PartialEq)]
@@ -29,6 +32,9 @@ pub struct SamplingParams {
     pub seed: u64,
     /// Log-probabilities of this many top alternatives (0: only the chosen token's).
     pub top_logprobs: usize,
+    /// Added to the logits of these token ids (OpenAI's `logit_bias`, each in [-100, 100]);
+    /// ids outside the logits are skipped (the server refuses them before they get here).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -43,6 +49,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             seed: 0,
             top_logprobs: 0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -109,6 +116,14 @@ impl SamplingParams {
                 v,
             )?;
         }
+        for &(_, bias) in &self.logit_bias {
+            check(
+                "logit_bias",
+                bias.is_finite() && (-100.0..=100.0).contains(&bias),
+                "in [-100, 100]",
+                bias,
+            )?;
+        }
         if self.top_logprobs > 20 {
             return Err(ParamError {
                 name: "top_logprobs",
@@ -150,7 +165,12 @@ impl Sampler {
     }
 
     /// Chooses the next token and records it.
+    ///
+    /// # Panics
+    /// If `logits` is empty (there is nothing to choose from: a caller bug, e.g. sampling
+    /// after a prefill of no tokens).
     pub fn sample(&mut self, logits: &[f32]) -> Sampled {
+        assert!(!logits.is_empty(), "sampling from an empty set of logits");
         let p = self.params.clone();
         let mut z: Vec<f64> = logits.iter().map(|&l| f64::from(l)).collect();
         if p.repetition_penalty != 1.0 {
@@ -164,6 +184,11 @@ impl Sampler {
         for (&t, &n) in &self.output_counts {
             if let Some(l) = z.get_mut(t as usize) {
                 *l -= f64::from(p.presence_penalty) + f64::from(p.frequency_penalty) * f64::from(n);
+            }
+        }
+        for &(t, bias) in &p.logit_bias {
+            if let Some(l) = z.get_mut(t as usize) {
+                *l += f64::from(bias);
             }
         }
         // One pass for the log-sum-exp (a vocabulary of exps, so only one).
@@ -271,40 +296,144 @@ fn log_sum_exp(z: &[f64]) -> f64 {
     z.iter().map(|&l| (l - max).exp()).sum::<f64>().ln() + max
 }
 
-/// Stop strings over streamed text: where the earliest one starts, and how much of the tail
-/// to hold back because it could still become one.
-#[derive(Debug, Clone, Default)]
+/// Stop strings matched incrementally over streamed text: an Aho–Corasick automaton over
+/// the stops' bytes, fed each piece of text as it comes. A pushed byte costs amortised O(1)
+/// whatever the stops' lengths, and the text that could still become a stop (to hold back from
+/// the client) is the automaton's depth, so nothing is rescanned.
+///
+/// The stop found is the first to end; of those ending at the same byte, the longest (the one
+/// that starts first). That does not depend on how the text was split into pieces.
+#[derive(Debug, Clone)]
 pub struct StopStrings {
-    stops: Vec<String>,
+    nodes: Arc<[StopNode]>,
+    state: u32,
+}
+
+#[derive(Debug, Clone, Default)]
+struct StopNode {
+    /// Trie edges, sorted by byte.
+    next: Vec<(u8, u32)>,
+    /// The longest proper suffix of this node's string that is a trie node.
+    fail: u32,
+    /// This node's string's length.
+    depth: u32,
+    /// The length of the longest stop that is a suffix of this node's string (0: none).
+    out: u32,
+}
+
+impl StopNode {
+    fn edge(&self, byte: u8) -> Option<u32> {
+        self.next
+            .binary_search_by_key(&byte, |&(b, _)| b)
+            .ok()
+            .map(|i| self.next[i].1)
+    }
+}
+
+impl Default for StopStrings {
+    fn default() -> Self {
+        Self::new(Vec::new())
+    }
 }
 
 impl StopStrings {
+    /// The automaton over `stops` (empty strings are ignored), at the start of the text.
     pub fn new(stops: Vec<String>) -> Self {
-        Self {
-            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+        let mut nodes = vec![StopNode::default()];
+        for stop in stops.iter().filter(|s| !s.is_empty()) {
+            let mut at = 0usize;
+            for &byte in stop.as_bytes() {
+                at = match nodes[at].edge(byte) {
+                    Some(next) => next as usize,
+                    None => {
+                        let id = nodes.len() as u32;
+                        let depth = nodes[at].depth + 1;
+                        let slot = nodes[at].next.partition_point(|&(b, _)| b < byte);
+                        nodes[at].next.insert(slot, (byte, id));
+                        nodes.push(StopNode {
+                            depth,
+                            ..StopNode::default()
+                        });
+                        id as usize
+                    }
+                };
+            }
+            nodes[at].out = nodes[at].depth;
         }
-    }
-
-    /// The byte offset in `text` where the earliest stop string begins.
-    pub fn find(&self, text: &str) -> Option<usize> {
-        self.stops
-            .iter()
-            .filter_map(|s| text.find(s.as_str()))
-            .min()
-    }
-
-    /// The length of the longest tail of `text` that is a proper prefix of a stop string (so
-    /// it must not be streamed yet), on a character boundary.
-    pub fn hold_back(&self, text: &str) -> usize {
-        let mut held = 0;
-        for stop in &self.stops {
-            for (i, _) in stop.char_indices().skip(1) {
-                if text.ends_with(&stop[..i]) {
-                    held = held.max(i);
+        // Failure links breadth first: a node's parent is done before it.
+        let mut queue = std::collections::VecDeque::from([0u32]);
+        while let Some(parent) = queue.pop_front() {
+            let edges = nodes[parent as usize].next.clone();
+            for (byte, child) in edges {
+                let fail = if parent == 0 {
+                    0
+                } else {
+                    let mut f = nodes[parent as usize].fail;
+                    loop {
+                        if let Some(next) = nodes[f as usize].edge(byte) {
+                            break next;
+                        }
+                        if f == 0 {
+                            break 0;
+                        }
+                        f = nodes[f as usize].fail;
+                    }
+                };
+                let c = child as usize;
+                nodes[c].fail = fail;
+                if nodes[c].out == 0 {
+                    nodes[c].out = nodes[fail as usize].out;
                 }
+                queue.push_back(child);
             }
         }
-        held
+        Self {
+            nodes: nodes.into(),
+            state: 0,
+        }
+    }
+
+    /// Whether there are no stops.
+    pub fn is_empty(&self) -> bool {
+        self.nodes[0].next.is_empty()
+    }
+
+    /// Scans the next piece of the text. `Some((end, len))`: a stop of `len` bytes ends at
+    /// byte `end` of `text` (exclusive); it may begin in earlier pieces, but never before the
+    /// bytes [`Self::pending`] reported after them. The scan stops there.
+    pub fn scan(&mut self, text: &str) -> Option<(usize, usize)> {
+        if self.is_empty() {
+            return None;
+        }
+        for (i, &byte) in text.as_bytes().iter().enumerate() {
+            let mut state = self.state;
+            self.state = loop {
+                if let Some(next) = self.nodes[state as usize].edge(byte) {
+                    break next;
+                }
+                if state == 0 {
+                    break 0;
+                }
+                state = self.nodes[state as usize].fail;
+            };
+            let out = self.nodes[self.state as usize].out;
+            if out > 0 {
+                return Some((i + 1, out as usize));
+            }
+        }
+        None
+    }
+
+    /// The length of the longest tail of the text scanned so far that is a proper prefix of
+    /// a stop (so it must not be streamed yet). It begins on a character boundary, since a
+    /// stop's first byte does.
+    pub fn pending(&self) -> usize {
+        self.nodes[self.state as usize].depth as usize
+    }
+
+    /// Forgets the text scanned so far (a new, separate stream).
+    pub fn reset(&mut self) {
+        self.state = 0;
     }
 }
 
@@ -418,12 +547,43 @@ mod tests {
     }
 
     #[test]
-    fn stop_strings_are_found_and_their_prefixes_held() {
-        let stops = StopStrings::new(vec!["END".into(), "\n\n".into()]);
-        assert_eq!(stops.find("abc END x"), Some(4));
-        assert_eq!(stops.find("abc"), None);
-        assert_eq!(stops.hold_back("abc EN"), 2);
-        assert_eq!(stops.hold_back("abc\n"), 1);
-        assert_eq!(stops.hold_back("abc"), 0);
+    fn stop_strings_are_found_across_pieces_and_their_prefixes_held() {
+        let mut stops = StopStrings::new(vec!["END".into(), "\n\n".into()]);
+        assert_eq!(stops.scan("abc EN"), None);
+        assert_eq!(stops.pending(), 2);
+        assert_eq!(stops.scan("D x"), Some((1, 3)), "END spans the two pieces");
+        stops.reset();
+        assert_eq!(stops.scan("abc\n"), None);
+        assert_eq!(stops.pending(), 1);
+        stops.reset();
+        assert_eq!(stops.scan("abc"), None);
+        assert_eq!(stops.pending(), 0);
+        // Overlapping stops: the first to end wins; at the same end, the longer.
+        let mut stops = StopStrings::new(vec!["abcd".into(), "bc".into(), "xbc".into()]);
+        assert_eq!(stops.scan("zabcd"), Some((4, 2)));
+        stops.reset();
+        assert_eq!(stops.scan("xbc"), Some((3, 3)));
+        // A failure link keeps a partial match going: "aab" ends in "ab".
+        let mut stops = StopStrings::new(vec!["ab".into()]);
+        assert_eq!(stops.scan("aa"), None);
+        assert_eq!(stops.pending(), 1);
+        assert_eq!(stops.scan("b"), Some((1, 2)));
+        assert!(StopStrings::new(vec![String::new()]).is_empty());
+    }
+
+    #[test]
+    fn logit_bias_moves_the_choice_and_is_checked() {
+        let params = SamplingParams {
+            logit_bias: vec![(2, 10.0), (99, 5.0)],
+            ..params(0.0)
+        };
+        assert!(params.validate().is_ok());
+        let mut s = Sampler::new(params, &[]);
+        assert_eq!(s.sample(&[1.0, 2.0, 0.0]).token, 2, "0.0 + 10 beats 2.0");
+        let bad = SamplingParams {
+            logit_bias: vec![(0, 100.5)],
+            ..SamplingParams::default()
+        };
+        assert_eq!(bad.validate().unwrap_err().name, "logit_bias");
     }
 }

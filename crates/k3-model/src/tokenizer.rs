@@ -46,6 +46,10 @@ pub struct Tokenizer {
     /// Special-token strings, longest first (so a longer one wins where two start together).
     special_order: Vec<String>,
     pattern: fancy_regex::Regex,
+    /// The most bytes one token stands for (an ordinary token's bytes or a special's name).
+    max_token_bytes: usize,
+    /// Whether every single byte is a token, so that no input byte is ever dropped.
+    byte_level: bool,
 }
 
 impl Tokenizer {
@@ -100,7 +104,16 @@ impl Tokenizer {
         }
         let mut special_order: Vec<String> = specials.keys().cloned().collect();
         special_order.sort_by(|a, b| b.len().cmp(&a.len()).then(a.cmp(b)));
+        let max_token_bytes = ranks
+            .keys()
+            .map(Vec::len)
+            .chain(special_order.first().map(String::len))
+            .max()
+            .unwrap_or(0);
+        let byte_level = (0..=255u8).all(|b| ranks.contains_key(&[b][..]));
         Ok(Self {
+            max_token_bytes,
+            byte_level,
             special_names: specials.iter().map(|(s, &id)| (id, s.clone())).collect(),
             ranks,
             decoder,
@@ -144,6 +157,18 @@ impl Tokenizer {
             }
         }
         out
+    }
+
+    /// A lower bound on the number of tokens any text of `bytes` bytes encodes to, cheap
+    /// enough to refuse an over-long prompt before tokenizing it: every byte of the text
+    /// belongs to exactly one token and no token stands for more than the longest token's
+    /// bytes. (0 for a vocabulary without every single byte, which may drop bytes.)
+    pub fn min_tokens(&self, bytes: usize) -> usize {
+        if self.byte_level && self.max_token_bytes > 0 {
+            bytes.div_ceil(self.max_token_bytes)
+        } else {
+            0
+        }
     }
 
     /// Decodes ids to bytes (special tokens to their names); unknown ids are skipped.
@@ -213,43 +238,61 @@ fn split_long(text: &str) -> Vec<&str> {
 
 /// tiktoken's merge: start from single bytes and repeatedly merge the adjacent pair whose
 /// concatenation has the lowest rank (the leftmost on ties) until no pair is a token.
+///
+/// The same merges as tiktoken's quadratic loop, in O(n log n) for a piece of n bytes: the
+/// candidate pairs sit in a min-heap keyed by (rank, start byte) — start bytes increase along
+/// the piece, so that is "leftmost on ties" — and the parts form a linked list. A heap entry
+/// made stale by a neighbour's merge is recognised by the end it recorded and skipped. So a
+/// long piece (a megabyte of "erer...") costs no more per byte than a short one.
 fn byte_pair_encode(piece: &[u8], ranks: &HashMap<Vec<u8>, u32>, out: &mut Vec<u32>) {
-    // parts[i] = start of part i; rank of joining parts i and i+1.
-    let rank_of = |parts: &[(usize, u32)], i: usize| -> u32 {
-        if i + 2 < parts.len() {
-            ranks
-                .get(&piece[parts[i].0..parts[i + 2].0])
-                .copied()
-                .unwrap_or(u32::MAX)
-        } else {
-            u32::MAX
-        }
-    };
-    let mut parts: Vec<(usize, u32)> = (0..=piece.len()).map(|i| (i, u32::MAX)).collect();
-    for i in 0..parts.len().saturating_sub(2) {
-        parts[i].1 = rank_of(&parts, i);
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    const NONE: usize = usize::MAX;
+    let n = piece.len();
+    if n == 0 {
+        return;
     }
-    while let Some((i, &(_, rank))) = parts[..parts.len() - 1]
-        .iter()
-        .enumerate()
-        .min_by_key(|&(i, &(_, r))| (r, i))
-    {
-        if rank == u32::MAX {
-            break;
-        }
-        parts.remove(i + 1);
-        parts[i].1 = rank_of(&parts, i);
-        if i > 0 {
-            parts[i - 1].1 = rank_of(&parts, i - 1);
+    // Part i starts at byte i while alive; end[i] is its end, prev[i] its left neighbour.
+    let mut end: Vec<usize> = (1..=n).collect();
+    let mut prev: Vec<usize> = (0..n).map(|i| i.wrapping_sub(1)).collect();
+    let mut alive = vec![true; n];
+    let rank = |start: usize, stop: usize| ranks.get(&piece[start..stop]).copied();
+    // (rank, left part's start, the right part's end when pushed).
+    let mut heap: BinaryHeap<Reverse<(u32, usize, usize)>> = BinaryHeap::new();
+    for i in 0..n.saturating_sub(1) {
+        if let Some(r) = rank(i, i + 2) {
+            heap.push(Reverse((r, i, i + 2)));
         }
     }
-    for w in parts.windows(2) {
-        let bytes = &piece[w[0].0..w[1].0];
+    while let Some(Reverse((_, left, pair_end))) = heap.pop() {
+        // Stale unless the left part is alive and still followed by the same right part.
+        if !alive[left] || end[left] >= n || end[end[left]] != pair_end {
+            continue;
+        }
+        let right = end[left];
+        alive[right] = false;
+        end[left] = pair_end;
+        if pair_end < n {
+            prev[pair_end] = left;
+            if let Some(r) = rank(left, end[pair_end]) {
+                heap.push(Reverse((r, left, end[pair_end])));
+            }
+        }
+        let before = prev[left];
+        if before != NONE
+            && let Some(r) = rank(before, pair_end)
+        {
+            heap.push(Reverse((r, before, pair_end)));
+        }
+    }
+    let mut start = 0;
+    while start < n {
         // Every single byte is a token in a byte-level vocabulary; a vocabulary without it
         // cannot encode this piece, and the byte is dropped rather than invented.
-        if let Some(&rank) = ranks.get(bytes) {
-            out.push(rank);
+        if let Some(r) = rank(start, end[start]) {
+            out.push(r);
         }
+        start = end[start];
     }
 }
 
@@ -349,5 +392,49 @@ mod tests {
         assert_eq!(encode(&[(b"ab", 4), (b"bc", 3)]), [0, 3]); // bc first
         assert_eq!(encode(&[(b"ab", 4), (b"bc", 3), (b"abc", 5)]), [5]); // then a+bc
         assert_eq!(encode(&[]), [0, 1, 2]);
+    }
+
+    /// The heap merge against tiktoken's quadratic loop (kept here as the oracle) on random
+    /// pieces over a small alphabet with a vocabulary of random merges, so ties, stale heap
+    /// entries and chains of merges all occur.
+    #[test]
+    fn the_heap_merge_equals_the_quadratic_loop() {
+        fn quadratic(piece: &[u8], ranks: &HashMap<Vec<u8>, u32>) -> Vec<u32> {
+            let mut parts: Vec<Vec<u8>> = piece.iter().map(|&b| vec![b]).collect();
+            loop {
+                let best = (0..parts.len().saturating_sub(1))
+                    .filter_map(|i| {
+                        let joined = [parts[i].clone(), parts[i + 1].clone()].concat();
+                        ranks.get(&joined).map(|&r| (r, i))
+                    })
+                    .min();
+                let Some((_, i)) = best else { break };
+                let right = parts.remove(i + 1);
+                parts[i].extend(right);
+            }
+            parts.iter().filter_map(|p| ranks.get(p).copied()).collect()
+        }
+        let mut seed = 0x1234_5678_9abc_def0u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for case in 0..200 {
+            let mut ranks: HashMap<Vec<u8>, u32> =
+                (b'a'..=b'd').map(|b| (vec![b], u32::from(b))).collect();
+            // Random multi-byte tokens, some with equal-rank-free but overlapping forms.
+            for r in 0..40u32 {
+                let len = 2 + (next() % 4) as usize;
+                let token: Vec<u8> = (0..len).map(|_| b'a' + (next() % 4) as u8).collect();
+                ranks.entry(token).or_insert(1000 + r);
+            }
+            let len = (next() % 60) as usize;
+            let piece: Vec<u8> = (0..len).map(|_| b'a' + (next() % 4) as u8).collect();
+            let mut got = Vec::new();
+            byte_pair_encode(&piece, &ranks, &mut got);
+            assert_eq!(got, quadratic(&piece, &ranks), "case {case}: {piece:?}");
+        }
     }
 }

@@ -43,6 +43,7 @@ fn main() -> Result<()> {
         max_batch: streams.max(1),
         ctx: 4096,
         queue: 64,
+        panic_on_prompt: None,
         prefill_chunk: 8,
     })?;
     if !wait_ready(&engine, Duration::from_secs(600)) {
@@ -95,6 +96,7 @@ fn run(engine: &EngineHandle, streams: usize, tokens: usize) -> Result<(f64, f64
             stop: Vec::new(),
             stop_tokens: Vec::new(),
             stream: true,
+            include_usage: false,
             logprobs: false,
         };
         let ids = prompt_ids(&engine.tokenizer, &request.prompt);

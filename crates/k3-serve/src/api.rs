@@ -41,7 +41,7 @@ impl ApiError {
 
     fn kind(&self) -> &'static str {
         match self.status.as_u16() {
-            400 | 413 | 422 => "invalid_request_error",
+            400 | 405 | 408 | 413 | 415 | 422 => "invalid_request_error",
             404 => "not_found_error",
             429 => "rate_limit_error",
             503 => "service_unavailable",
@@ -65,12 +65,20 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Stop strings' bytes, all together, at most (400 above): they are matched incrementally, so
+/// this bounds memory and the text held back from the client, not time per token.
+pub const MAX_STOP_BYTES: usize = 16 << 10;
+
 /// Fields shared by both endpoints (OpenAI names; the extras vLLM and others accept too).
 #[derive(Debug, Deserialize)]
 pub struct CommonFields {
     pub model: Option<String>,
-    #[serde(default)]
-    pub stream: bool,
+    /// `null` is `false`, as for every other optional field.
+    pub stream: Option<bool>,
+    /// `{"include_usage": true}`: a last chunk with the usage (streams only).
+    pub stream_options: Option<Value>,
+    /// `{"token id": bias}`, each bias in [-100, 100].
+    pub logit_bias: Option<Value>,
     pub max_tokens: Option<i64>,
     pub max_completion_tokens: Option<i64>,
     pub temperature: Option<f32>,
@@ -112,6 +120,12 @@ pub struct ChatRequest {
 #[derive(Debug, Deserialize)]
 pub struct CompletionRequest {
     pub prompt: Value,
+    /// Refused unless false: the prompt's log-probabilities are not computed.
+    pub echo: Option<bool>,
+    /// Refused unless empty: no fill-in-the-middle.
+    pub suffix: Option<String>,
+    /// Refused above 1, like `n`.
+    pub best_of: Option<i64>,
     #[serde(flatten)]
     pub common: CommonFields,
 }
@@ -126,6 +140,8 @@ pub struct ValidRequest {
     /// Extra stop tokens.
     pub stop_tokens: Vec<u32>,
     pub stream: bool,
+    /// A last stream chunk with the usage (`stream_options.include_usage`).
+    pub include_usage: bool,
     /// Log-probabilities of the chosen tokens.
     pub logprobs: bool,
 }
@@ -150,6 +166,8 @@ pub struct Limits {
     pub context: usize,
     /// The chat requests' `thinking_effort` when they give none.
     pub thinking_effort: ThinkingEffort,
+    /// Token ids are below this (`logit_bias` keys).
+    pub vocab_size: usize,
 }
 
 /// The checked common fields, waiting for their prompt.
@@ -159,6 +177,7 @@ struct Checked {
     stop: Vec<String>,
     stop_tokens: Vec<u32>,
     stream: bool,
+    include_usage: bool,
     logprobs: bool,
 }
 
@@ -171,6 +190,7 @@ impl Checked {
             stop: self.stop,
             stop_tokens: self.stop_tokens,
             stream: self.stream,
+            include_usage: self.include_usage,
             logprobs: self.logprobs,
         }
     }
@@ -247,6 +267,7 @@ impl CommonFields {
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
             seed: self.seed.unwrap_or(0),
             top_logprobs,
+            logit_bias: logit_bias(self.logit_bias.as_ref(), limits.vocab_size)?,
         };
         sampling
             .validate()
@@ -272,12 +293,56 @@ impl CommonFields {
                 ));
             }
         };
+        let stop_bytes: usize = stop.iter().map(String::len).sum();
+        if stop_bytes > MAX_STOP_BYTES {
+            return Err(ApiError::invalid(
+                "stop",
+                format!(
+                    "stop strings of {stop_bytes} bytes in all exceed the limit of {MAX_STOP_BYTES} bytes"
+                ),
+            ));
+        }
+        let stream = self.stream.unwrap_or(false);
+        let include_usage = match &self.stream_options {
+            None | Some(Value::Null) => false,
+            Some(_) if !stream => {
+                return Err(ApiError::invalid(
+                    "stream_options",
+                    "stream_options is only allowed with stream: true",
+                ));
+            }
+            Some(Value::Object(options)) => {
+                if let Some(key) = options.keys().find(|k| *k != "include_usage") {
+                    return Err(ApiError::invalid(
+                        "stream_options",
+                        format!("stream_options.{key} is not supported (only include_usage)"),
+                    ));
+                }
+                match options.get("include_usage") {
+                    None | Some(Value::Null) => false,
+                    Some(Value::Bool(b)) => *b,
+                    Some(other) => {
+                        return Err(ApiError::invalid(
+                            "stream_options",
+                            format!("stream_options.include_usage must be a boolean, got {other}"),
+                        ));
+                    }
+                }
+            }
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "stream_options",
+                    format!("stream_options must be an object, got {other}"),
+                ));
+            }
+        };
         Ok(Checked {
             sampling,
             max_tokens,
             stop,
             stop_tokens: self.stop_token_ids.clone().unwrap_or_default(),
-            stream: self.stream,
+            stream,
+            include_usage,
             logprobs,
         })
     }
@@ -369,12 +434,71 @@ impl ChatRequest {
 impl CompletionRequest {
     pub fn validate(self, limits: &Limits) -> Result<ValidRequest, ApiError> {
         let checked = self.common.validate(limits)?;
+        if self.echo == Some(true) {
+            return Err(ApiError::invalid(
+                "echo",
+                "echo is not supported (the prompt's log-probabilities are not computed)",
+            ));
+        }
+        if self.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::invalid(
+                "suffix",
+                "suffix is not supported (no fill-in-the-middle)",
+            ));
+        }
+        if let Some(best_of) = self.best_of
+            && best_of != 1
+        {
+            return Err(ApiError::invalid(
+                "best_of",
+                format!("only best_of = 1 is supported, got {best_of}"),
+            ));
+        }
         let prompt = match self.prompt {
             Value::String(s) => s,
             _ => return Err(ApiError::invalid("prompt", "prompt must be a string")),
         };
         Ok(checked.with(Prompt::Text(prompt)))
     }
+}
+
+/// `logit_bias`: an object from token ids (as strings, OpenAI's form) to biases; each id below
+/// `vocab_size`, each bias a number in [-100, 100] (the range is checked with the other
+/// sampling values).
+fn logit_bias(value: Option<&Value>, vocab_size: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    let map = match value {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Object(map)) => map,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                format!("logit_bias must be an object from token ids to numbers, got {other}"),
+            ));
+        }
+    };
+    map.iter()
+        .map(|(id, bias)| {
+            let token = id
+                .parse::<u32>()
+                .ok()
+                .filter(|&t| (t as usize) < vocab_size)
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "logit_bias",
+                        format!(
+                            "logit_bias key {id:?} is not a token id below the vocabulary size {vocab_size}"
+                        ),
+                    )
+                })?;
+            let bias = bias.as_f64().ok_or_else(|| {
+                ApiError::invalid(
+                    "logit_bias",
+                    format!("logit_bias[{id:?}] must be a number, got {bias}"),
+                )
+            })?;
+            Ok((token, bias as f32))
+        })
+        .collect()
 }
 
 /// One OpenAI message into ours: `role`, `content` (a string or text parts), `name`,

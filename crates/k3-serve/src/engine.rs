@@ -3,15 +3,21 @@
 //! (continuous batching through `Model::decode_batch`, so a sequence's tokens do not depend on
 //! who shares its steps). Each job's events go to its own channel; a closed channel (the
 //! client went away) cancels the job at the next step.
+//!
+//! A panic in one job's work (its prefill, sampling, or output) fails that job with an error
+//! event and the engine carries on; a panic in a batched decode step fails the jobs in that
+//! step. The load's outcome is reported once ([`EngineHandle::wait_loaded`]), and `alive`
+//! falls when the thread ends for any reason, so nothing waits on a dead engine.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use expert_store::{Checkpoint, StoreStats};
-use k3_model::chat::{Delta, OutputParser, ToolCall};
+use k3_model::chat::{Delta, OutputParser, Segment, ToolCall};
 use k3_model::config::K3Config;
 use k3_model::experts::ExpertOptions;
 use k3_model::model::{ExpertPlacement, Model, Session};
@@ -36,6 +42,10 @@ pub struct EngineConfig {
     /// Jobs waiting for a slot at most (more are refused: 429).
     pub queue: usize,
     pub prefill_chunk: usize,
+    /// Fault injection for tests: a text prompt equal to `.0` panics in its sampling step
+    /// once `.1` tokens have been generated (0: right after its prefill). `None` in use.
+    #[doc(hidden)]
+    pub panic_on_prompt: Option<(String, usize)>,
 }
 
 /// A chosen token's text and log-probability, with the top alternatives'.
@@ -94,10 +104,55 @@ pub struct Metrics {
 #[derive(Debug, Clone)]
 pub struct EngineHandle {
     jobs: mpsc::SyncSender<Job>,
+    /// The model is loaded and the engine serves.
     pub ready: Arc<AtomicBool>,
+    /// The engine thread runs (false once it has ended: a failed load, a panic outside any
+    /// one job's work, or shutdown).
+    pub alive: Arc<AtomicBool>,
+    load: Arc<LoadOutcome>,
     pub metrics: Arc<Metrics>,
     pub tokenizer: Arc<Tokenizer>,
     pub config: Arc<K3Config>,
+    /// `max_position_embeddings` of `config.json`, where it gives one.
+    pub max_positions: Option<usize>,
+}
+
+/// The load's outcome, set once, and waited on.
+#[derive(Debug, Default)]
+struct LoadOutcome {
+    outcome: Mutex<Option<Result<(), String>>>,
+    changed: Condvar,
+}
+
+impl LoadOutcome {
+    /// Records the outcome unless one is recorded already.
+    fn set(&self, outcome: Result<(), String>) {
+        let mut slot = self.outcome.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(outcome);
+            self.changed.notify_all();
+        }
+    }
+}
+
+/// Marks the engine dead when its thread ends, however it ends.
+struct AliveGuard {
+    alive: Arc<AtomicBool>,
+    ready: Arc<AtomicBool>,
+    load: Arc<LoadOutcome>,
+}
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.ready.store(false, Ordering::Release);
+        self.alive.store(false, Ordering::Release);
+        let why = if std::thread::panicking() {
+            "the engine thread panicked while loading the model"
+        } else {
+            "the engine stopped before the model loaded"
+        };
+        self.load.set(Err(why.into()));
+    }
 }
 
 /// Why a job was not queued.
@@ -122,6 +177,32 @@ impl EngineHandle {
             Err(mpsc::TrySendError::Disconnected(_)) => Err(SubmitError::Stopped),
         }
     }
+
+    /// Blocks until the model has loaded (`Ok`) or failed to (`Err`: why), at most
+    /// `timeout` (`None`: as long as that takes).
+    pub fn wait_loaded(&self, timeout: Option<Duration>) -> Result<(), String> {
+        let slot = self.load.outcome.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = match timeout {
+            Some(timeout) => {
+                self.load
+                    .changed
+                    .wait_timeout_while(slot, timeout, |s| s.is_none())
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0
+            }
+            None => self
+                .load
+                .changed
+                .wait_while(slot, |s| s.is_none())
+                .unwrap_or_else(|p| p.into_inner()),
+        };
+        slot.clone().unwrap_or_else(|| {
+            Err(format!(
+                "the model did not load within {} s",
+                timeout.unwrap_or_default().as_secs_f64()
+            ))
+        })
+    }
 }
 
 /// Starts the engine thread; it loads the model there and sets `ready` when it can serve.
@@ -132,21 +213,45 @@ pub fn spawn(config: EngineConfig) -> Result<(EngineHandle, std::thread::JoinHan
     let text = std::fs::read_to_string(config.model_dir.join("config.json"))
         .with_context(|| format!("reading {}/config.json", config.model_dir.display()))?;
     let model_config = Arc::new(K3Config::from_json(&text)?);
+    let max_positions = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|root| {
+            root.get("text_config")
+                .and_then(|t| t.get("max_position_embeddings"))
+                .or_else(|| root.get("max_position_embeddings"))
+                .and_then(serde_json::Value::as_u64)
+        })
+        .map(|n| n as usize);
     let (jobs, queue) = mpsc::sync_channel(config.queue.max(1));
     let handle = EngineHandle {
         jobs,
         ready: Arc::new(AtomicBool::new(false)),
+        alive: Arc::new(AtomicBool::new(true)),
+        load: Arc::new(LoadOutcome::default()),
         metrics: Arc::new(Metrics::default()),
         tokenizer: Arc::clone(&tokenizer),
         config: Arc::clone(&model_config),
+        max_positions,
     };
-    let (ready, metrics) = (Arc::clone(&handle.ready), Arc::clone(&handle.metrics));
+    let guard = AliveGuard {
+        alive: Arc::clone(&handle.alive),
+        ready: Arc::clone(&handle.ready),
+        load: Arc::clone(&handle.load),
+    };
+    let metrics = Arc::clone(&handle.metrics);
     let thread = std::thread::Builder::new()
         .name("k3-engine".into())
         .spawn(move || {
-            if let Err(e) = run(config, &model_config, &tokenizer, queue, &ready, &metrics) {
+            let load = Arc::clone(&guard.load);
+            let loaded = || {
+                guard.ready.store(true, Ordering::Release);
+                load.set(Ok(()));
+            };
+            if let Err(e) = run(config, &model_config, &tokenizer, queue, loaded, &metrics) {
                 log::error!("engine stopped: {e:#}");
+                guard.load.set(Err(format!("{e:#}")));
             }
+            drop(guard);
         })?;
     Ok((handle, thread))
 }
@@ -156,7 +261,7 @@ fn run(
     model_config: &K3Config,
     tokenizer: &Tokenizer,
     queue: mpsc::Receiver<Job>,
-    ready: &AtomicBool,
+    loaded: impl FnOnce(),
     metrics: &Metrics,
 ) -> Result<()> {
     let ckpt = Checkpoint::open(&config.model_dir)?;
@@ -201,7 +306,7 @@ fn run(
         .iter()
         .filter_map(|s| tokenizer.special(s))
         .collect();
-    ready.store(true, Ordering::Release);
+    loaded();
     log::info!("model loaded from {}", config.model_dir.display());
 
     let mut active: Vec<Sequence> = Vec::new();
@@ -236,16 +341,34 @@ fn run(
             metrics
                 .prompt_tokens
                 .fetch_add(job.prompt_ids.len() as u64, Ordering::Relaxed);
-            let mut sequence = Sequence::new(job, &model, tokenizer, &ends);
-            let tokens: Vec<usize> = sequence.prompt.iter().map(|&t| t as usize).collect();
-            match model.prefill(&mut sequence.session, &tokens, config.prefill_chunk) {
-                Ok(logits) => {
-                    sequence.advance(&logits, tokenizer, metrics);
-                    if !sequence.finished {
-                        active.push(sequence);
-                    }
+            let events = job.events.clone();
+            if job.prompt_ids.is_empty() {
+                // Nothing to prefill, so nothing to sample from (the server never sends one).
+                let _ = events.send(Event::Error("the prompt has no tokens".into()));
+                continue;
+            }
+            let panic_at = config
+                .panic_on_prompt
+                .as_ref()
+                .filter(|(text, _)| matches!(&job.request.prompt, Prompt::Text(t) if t == text))
+                .map(|&(_, at)| at);
+            // One job's prefill and first token: a panic fails this job alone.
+            let admitted = catch_unwind(AssertUnwindSafe(|| {
+                let mut sequence = Sequence::new(job, &model, tokenizer, &ends);
+                sequence.panic_at = panic_at;
+                let tokens: Vec<usize> = sequence.prompt.iter().map(|&t| t as usize).collect();
+                match model.prefill(&mut sequence.session, &tokens, config.prefill_chunk) {
+                    Ok(logits) => sequence.advance(&logits, tokenizer, metrics),
+                    Err(e) => sequence.fail(&e.to_string()),
                 }
-                Err(e) => sequence.fail(&e.to_string()),
+                sequence
+            }));
+            match admitted {
+                Ok(sequence) if !sequence.finished => active.push(sequence),
+                Ok(_) => {}
+                Err(panic) => {
+                    let _ = events.send(Event::Error(internal_error("prefill", &*panic)));
+                }
             }
         }
         metrics.active.store(active.len() as i64, Ordering::Relaxed);
@@ -253,19 +376,35 @@ fn run(
             continue;
         }
         let start = Instant::now();
-        let mut steps: Vec<(&mut Session, usize)> = active
-            .iter_mut()
-            .map(|s| (&mut s.session, s.last as usize))
-            .collect();
-        match model.decode_batch(&mut steps) {
-            Ok(logits) => {
+        // A panic in the batched step cannot be laid at one job's door: it fails the jobs
+        // that shared the step (their states may be half-advanced), and the engine goes on.
+        let step = catch_unwind(AssertUnwindSafe(|| {
+            let mut steps: Vec<(&mut Session, usize)> = active
+                .iter_mut()
+                .map(|s| (&mut s.session, s.last as usize))
+                .collect();
+            model.decode_batch(&mut steps)
+        }));
+        match step {
+            Ok(Ok(logits)) => {
                 for (sequence, logits) in active.iter_mut().zip(logits) {
-                    sequence.advance(&logits, tokenizer, metrics);
+                    let advanced = catch_unwind(AssertUnwindSafe(|| {
+                        sequence.advance(&logits, tokenizer, metrics)
+                    }));
+                    if let Err(panic) = advanced {
+                        sequence.fail(&internal_error("sampling", &*panic));
+                    }
                 }
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 for sequence in &mut active {
                     sequence.fail(&e.to_string());
+                }
+            }
+            Err(panic) => {
+                let message = internal_error("a decode step", &*panic);
+                for sequence in &mut active {
+                    sequence.fail(&message);
                 }
             }
         }
@@ -280,12 +419,58 @@ fn run(
     }
 }
 
+/// An error event's text for a panic in `stage` (the panic's own message included; the panic
+/// hook has already printed it with its location on stderr).
+fn internal_error(stage: &str, panic: &(dyn std::any::Any + Send)) -> String {
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into());
+    log::error!("a request failed: internal error in {stage}: {message}");
+    format!("internal error in {stage}: {message}")
+}
+
+/// Visible text of one kind (reasoning or content) on its way out: stop strings are matched
+/// in it as it comes, and a tail that may begin one is held back.
+struct Channel {
+    stops: StopStrings,
+    held: String,
+}
+
+impl Channel {
+    /// Adds `text`, moving what may be sent to `out`; true when a stop string ended the
+    /// text (it and everything after it are dropped).
+    fn push(&mut self, text: &str, out: &mut String) -> bool {
+        let base = self.held.len();
+        self.held.push_str(text);
+        if let Some((end, len)) = self.stops.scan(text) {
+            // `held` keeps every byte a stop in progress may have begun at.
+            self.held.truncate(base + end - len);
+            out.push_str(&std::mem::take(&mut self.held));
+            return true;
+        }
+        let send = self.held.len() - self.stops.pending().min(self.held.len());
+        out.push_str(&self.held[..send]);
+        self.held.drain(..send);
+        false
+    }
+
+    /// Sends what is held: this text is over (the other kind began, or the output ended), so
+    /// no stop can complete it any more.
+    fn flush(&mut self, out: &mut String) {
+        out.push_str(&std::mem::take(&mut self.held));
+        self.stops.reset();
+    }
+}
+
 /// One job in flight.
 struct Sequence {
     session: Session,
     sampler: Sampler,
     parser: Option<OutputParser>,
-    stops: StopStrings,
+    reasoning: Channel,
+    content: Channel,
     prompt: Vec<u32>,
     events: UnboundedSender<Event>,
     ends: Vec<u32>,
@@ -295,11 +480,11 @@ struct Sequence {
     last: u32,
     /// Output bytes not yet whole characters (plain completions).
     pending: Vec<u8>,
-    /// Visible text held back because it may begin a stop string.
-    held: String,
     finished: bool,
     admitted: Instant,
     prefilled: Option<Instant>,
+    /// Fault injection (tests): panic in sampling once this many tokens are generated.
+    panic_at: Option<usize>,
 }
 
 impl Sequence {
@@ -317,7 +502,14 @@ impl Sequence {
             session: model.session(),
             sampler: Sampler::new(request.sampling.clone(), &prompt_ids),
             parser,
-            stops: StopStrings::new(request.stop.clone()),
+            reasoning: Channel {
+                stops: StopStrings::new(request.stop.clone()),
+                held: String::new(),
+            },
+            content: Channel {
+                stops: StopStrings::new(request.stop.clone()),
+                held: String::new(),
+            },
             prompt: prompt_ids,
             events,
             ends: ends.iter().chain(&request.stop_tokens).copied().collect(),
@@ -326,10 +518,10 @@ impl Sequence {
             generated: 0,
             last: 0,
             pending: Vec::new(),
-            held: String::new(),
             finished: false,
             admitted: Instant::now(),
             prefilled: None,
+            panic_at: None,
         }
     }
 
@@ -357,6 +549,9 @@ impl Sequence {
             return;
         }
         self.prefilled.get_or_insert_with(Instant::now);
+        if self.panic_at == Some(self.generated) {
+            panic!("injected fault after {} tokens", self.generated);
+        }
         let sampled = self.sampler.sample(logits);
         self.generated += 1;
         self.last = sampled.token;
@@ -376,42 +571,43 @@ impl Sequence {
             return self.finish("stop");
         }
         let bytes = tokenizer.decode_bytes(&[sampled.token]);
-        let (mut reasoning, mut content, mut tool_calls) =
-            (String::new(), String::new(), Vec::new());
-        match &mut self.parser {
-            Some(parser) => {
-                for delta in parser.push(sampled.token, &bytes) {
-                    match delta {
-                        Delta::Reasoning(t) => reasoning.push_str(&t),
-                        Delta::Content(t) => content.push_str(&t),
-                        Delta::ToolCall(c) => tool_calls.push(c),
-                    }
-                }
-            }
+        let deltas = match &mut self.parser {
+            Some(parser) => parser.push(sampled.token, &bytes),
             None => {
                 self.pending.extend_from_slice(&bytes);
                 let valid = match std::str::from_utf8(&self.pending) {
                     Ok(_) => self.pending.len(),
                     Err(e) => e.valid_up_to(),
                 };
-                content = String::from_utf8_lossy(&self.pending[..valid]).into_owned();
+                let content = String::from_utf8_lossy(&self.pending[..valid]).into_owned();
                 self.pending.drain(..valid);
+                vec![Delta::Content(content)]
+            }
+        };
+        // Stop strings apply to reasoning and content alike, each on its own (a stop does not
+        // span the switch from one to the other): cut at the first, hold back a possible start.
+        let (mut reasoning, mut content, mut tool_calls) =
+            (String::new(), String::new(), Vec::new());
+        let mut stop = false;
+        for delta in deltas {
+            stop = match delta {
+                Delta::Reasoning(t) => {
+                    self.content.flush(&mut content);
+                    self.reasoning.push(&t, &mut reasoning)
+                }
+                Delta::Content(t) => {
+                    self.reasoning.flush(&mut reasoning);
+                    self.content.push(&t, &mut content)
+                }
+                Delta::ToolCall(c) => {
+                    tool_calls.push(c);
+                    false
+                }
+            };
+            if stop {
+                break;
             }
         }
-        // Stop strings on the visible content: cut at the first, hold back a possible start.
-        self.held.push_str(&content);
-        let mut stop = false;
-        if let Some(at) = self.stops.find(&self.held) {
-            self.held.truncate(at);
-            stop = true;
-        }
-        let keep = if stop {
-            0
-        } else {
-            self.stops.hold_back(&self.held)
-        };
-        let content = self.held[..self.held.len() - keep].to_owned();
-        self.held.drain(..self.held.len() - keep);
         if !(reasoning.is_empty()
             && content.is_empty()
             && tool_calls.is_empty()
@@ -433,10 +629,12 @@ impl Sequence {
     }
 
     fn flush_held(&mut self, logprobs: Vec<TokenLogprob>) {
-        let content = std::mem::take(&mut self.held);
-        if !content.is_empty() || !logprobs.is_empty() {
+        let (mut reasoning, mut content) = (String::new(), String::new());
+        self.reasoning.flush(&mut reasoning);
+        self.content.flush(&mut content);
+        if !reasoning.is_empty() || !content.is_empty() || !logprobs.is_empty() {
             let _ = self.events.send(Event::Delta {
-                reasoning: String::new(),
+                reasoning,
                 content,
                 tool_calls: Vec::new(),
                 logprobs,
@@ -445,22 +643,45 @@ impl Sequence {
     }
 }
 
-/// The tokens of a validated request's prompt.
-pub fn prompt_ids(tokenizer: &Tokenizer, prompt: &Prompt) -> Vec<u32> {
+/// A validated request's prompt as the pieces that are encoded each on its own (chat messages
+/// rendered; plain text is one piece in which special-token strings are ordinary text).
+pub fn prompt_segments(prompt: &Prompt) -> Vec<Segment> {
     match prompt {
-        Prompt::Chat { segments, .. } => k3_model::chat::encode(tokenizer, segments),
-        Prompt::Text(text) => tokenizer.encode(text, false),
+        Prompt::Chat { segments, .. } => segments.clone(),
+        Prompt::Text(text) => vec![Segment {
+            text: text.clone(),
+            special: false,
+        }],
     }
 }
 
-/// Waits until the engine is ready (for the one-shot CLI and tests).
-pub fn wait_ready(handle: &EngineHandle, timeout: Duration) -> bool {
-    let start = Instant::now();
-    while !handle.ready.load(Ordering::Acquire) {
-        if start.elapsed() > timeout {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
+/// The fewest tokens `segments` can encode to (see [`Tokenizer::min_tokens`]): a prompt can be
+/// refused on its length before it is tokenized.
+pub fn min_prompt_tokens(tokenizer: &Tokenizer, segments: &[Segment]) -> usize {
+    segments
+        .iter()
+        .map(|s| tokenizer.min_tokens(s.text.len()))
+        .sum()
+}
+
+/// The tokens of `segments`. A prompt with no tokens (an empty completion prompt) starts from
+/// `[BOS]` where the tokenizer has one, as a document does: OpenAI's and llama.cpp's servers
+/// answer an empty prompt that way. Without `[BOS]` it stays empty (the server refuses it).
+pub fn encode_segments(tokenizer: &Tokenizer, segments: &[Segment]) -> Vec<u32> {
+    let ids = k3_model::chat::encode(tokenizer, segments);
+    if ids.is_empty() {
+        return tokenizer.special("[BOS]").into_iter().collect();
     }
-    true
+    ids
+}
+
+/// The tokens of a validated request's prompt.
+pub fn prompt_ids(tokenizer: &Tokenizer, prompt: &Prompt) -> Vec<u32> {
+    encode_segments(tokenizer, &prompt_segments(prompt))
+}
+
+/// Waits until the engine is ready (for the one-shot CLI and tests); false if the load
+/// failed or took longer than `timeout`.
+pub fn wait_ready(handle: &EngineHandle, timeout: Duration) -> bool {
+    handle.wait_loaded(Some(timeout)).is_ok()
 }

@@ -1,12 +1,13 @@
 //! The deployable k3 binary's library: OpenAI-compatible request validation ([`api`]), the
 //! engine thread that owns the model and runs batched decode ([`engine`]), the HTTP router
-//! with SSE streaming ([`server`]), the `--api-key` check ([`auth`]), the served model names
-//! ([`naming`]) and the flag table with its parser and help ([`cli`]). `main.rs` is the CLI
-//! over them.
+//! with SSE streaming ([`server`]), the connections under it with their deadlines and cap
+//! ([`conn`]), the `--api-key` check ([`auth`]), the served model names ([`naming`]) and the
+//! flag table with its parser and help ([`cli`]). `main.rs` is the CLI over them.
 
 pub mod api;
 pub mod auth;
 pub mod cli;
+pub mod conn;
 pub mod engine;
 pub mod naming;
 pub mod server;

@@ -4,11 +4,13 @@
 //! k3-serve [--model DIR] [--serve] [--host 127.0.0.1] [--port 8000] [--threads N] [--numa]
 //!          [--numa-fake N] [--numa-threads N] [--expert-cache N] [--expert-cache-gb G]
 //!          [--preload-experts] [--mlock] [--no-usage-cache] [--max-batch N] [--ctx N]
-//!          [--queue N] [--kernel-tier T] [--prompt TEXT] [--max-tokens N] [--temperature T]
-//!          [--seed S] [--no-think] [--thinking-effort low|high|max]
+//!          [--queue N] [--kernel-tier T] [--header-timeout-s S] [--body-timeout-s S]
+//!          [--idle-timeout-s S] [--max-connections N] [--prompt TEXT] [--max-tokens N]
+//!          [--temperature T] [--seed S] [--no-think] [--thinking-effort low|high|max]
 //! ```
 //! Without `--model` it generates the `tiny` synthetic checkpoint once into a cache directory
-//! (`$XDG_CACHE_HOME/k3/tiny`, else `~/.cache/k3/tiny`) and uses it.
+//! (`$XDG_CACHE_HOME/k3/tiny`, else `~/.cache/k3/tiny`) and uses it. A model that fails to
+//! load ends the process with the reason, in both modes.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,7 +21,8 @@ use k3_model::chat::{ChatOptions, Message, ThinkingEffort, render};
 use k3_model::experts::ExpertOptions;
 use k3_model::sampling::SamplingParams;
 use k3_serve::api::{Limits, Prompt, ValidRequest};
-use k3_serve::engine::{EngineConfig, Event, Job, prompt_ids, spawn, wait_ready};
+use k3_serve::conn::{ConnLimits, serve};
+use k3_serve::engine::{EngineConfig, Event, Job, prompt_ids, spawn};
 use k3_serve::server::{AppState, app};
 use mxfp4_kernels::{Kernels, Tier};
 
@@ -34,6 +37,7 @@ struct Args {
     ctx: usize,
     queue: usize,
     tier: Option<Tier>,
+    conn: ConnLimits,
     prompt: Option<String>,
     max_tokens: usize,
     temperature: f32,
@@ -58,6 +62,7 @@ fn parse() -> Result<Args> {
         ctx: 4096,
         queue: 64,
         tier: None,
+        conn: ConnLimits::default(),
         prompt: None,
         max_tokens: 32,
         temperature: 0.0,
@@ -77,6 +82,10 @@ fn parse() -> Result<Args> {
             "--ctx" => a.ctx = count(&flag, &value()?)?,
             "--queue" => a.queue = count(&flag, &value()?)?,
             "--kernel-tier" => a.tier = Some(value()?.parse()?),
+            "--header-timeout-s" => a.conn.header = seconds(&flag, &value()?)?,
+            "--body-timeout-s" => a.conn.body = seconds(&flag, &value()?)?,
+            "--idle-timeout-s" => a.conn.idle = seconds(&flag, &value()?)?,
+            "--max-connections" => a.conn.max_connections = count(&flag, &value()?)?,
             "--prompt" => a.prompt = Some(value()?),
             "--max-tokens" => a.max_tokens = count(&flag, &value()?)?,
             "--temperature" => {
@@ -89,7 +98,11 @@ fn parse() -> Result<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "usage: k3-serve [--model DIR] [--serve] [--host H] [--port P] [--threads N] [--numa] [--numa-fake N] [--numa-threads N] [--expert-cache N] [--expert-cache-gb G] [--preload-experts] [--mlock] [--no-usage-cache] [--max-batch N] [--ctx N] [--queue N] [--kernel-tier T] [--prompt TEXT] [--max-tokens N] [--temperature T] [--seed S] [--no-think] [--thinking-effort low|high|max]"
+                    "usage: k3-serve [--model DIR] [--serve] [--host H] [--port P] [--threads N] [--numa] [--numa-fake N] [--numa-threads N] [--expert-cache N] [--expert-cache-gb G] [--preload-experts] [--mlock] [--no-usage-cache] [--max-batch N] [--ctx N] [--queue N] [--kernel-tier T] [--header-timeout-s S] [--body-timeout-s S] [--idle-timeout-s S] [--max-connections N] [--prompt TEXT] [--max-tokens N] [--temperature T] [--seed S] [--no-think] [--thinking-effort low|high|max]\n\n  connection limits (--serve): --header-timeout-s S (a request head, from the connection or its first byte; default {}), --body-timeout-s S (a request body, from the head's end; default {}), --idle-timeout-s S (a kept-alive connection with nothing in flight; default {}), --max-connections N (open at once, more get 503; default {})",
+                    ConnLimits::default().header.as_secs_f64(),
+                    ConnLimits::default().body.as_secs_f64(),
+                    ConnLimits::default().idle.as_secs_f64(),
+                    ConnLimits::default().max_connections,
                 );
                 std::process::exit(0);
             }
@@ -121,6 +134,41 @@ fn count(flag: &str, value: &str) -> Result<usize> {
         bail!("{flag} must be at least 1");
     }
     Ok(n)
+}
+
+/// A duration in seconds, positive and finite.
+fn seconds(flag: &str, value: &str) -> Result<Duration> {
+    let s: f64 = value
+        .parse()
+        .with_context(|| format!("{flag} is a number of seconds, got {value:?}"))?;
+    if !(s.is_finite() && s > 0.0 && s < 1e9) {
+        bail!("{flag} must be a positive number of seconds below 1e9, got {value}");
+    }
+    Ok(Duration::from_secs_f64(s))
+}
+
+/// Raises the soft limit on open files to the hard one, as servers do (each connection is a
+/// descriptor), and returns the limit in force.
+fn raise_open_files_limit() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one `rlimit` through a pointer to a live, writable one.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return None;
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: setrlimit reads one `rlimit` through a pointer to a live one.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            limit = raised;
+        }
+    }
+    Some(limit.rlim_cur)
 }
 
 /// The cached `tiny` checkpoint, generated on first use.
@@ -171,7 +219,16 @@ fn main() -> Result<()> {
         ctx: args.ctx,
         queue: args.queue,
         prefill_chunk: k3_model::model::PREFILL_CHUNK,
+        panic_on_prompt: None,
     })?;
+    if let Some(max) = engine.max_positions
+        && args.ctx > max
+    {
+        bail!(
+            "--ctx {} exceeds the model's max_position_embeddings of {max}",
+            args.ctx
+        );
+    }
     let limits = Limits {
         model_name: model_dir
             .file_name()
@@ -179,13 +236,29 @@ fn main() -> Result<()> {
         max_tokens_default: 256,
         context: args.ctx,
         thinking_effort: args.thinking_effort,
+        vocab_size: engine.config.vocab_size,
     };
     if args.serve {
+        let mut conn = args.conn;
+        // A descriptor per connection, and some for the checkpoint's files and the rest.
+        if let Some(open_files) = raise_open_files_limit() {
+            let room = usize::try_from(open_files.saturating_sub(256))
+                .unwrap_or(usize::MAX)
+                .max(1);
+            if conn.max_connections > room {
+                log::warn!(
+                    "--max-connections {} lowered to {room}: the open-files limit is {open_files}",
+                    conn.max_connections
+                );
+                conn.max_connections = room;
+            }
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()?;
-        return runtime.block_on(async move {
+        let waiter = engine.clone();
+        let served = runtime.block_on(async move {
             let address = format!("{}:{}", args.host, args.port);
             let listener = tokio::net::TcpListener::bind(&address)
                 .await
@@ -199,28 +272,41 @@ fn main() -> Result<()> {
                 engine,
                 limits: Arc::new(limits),
             };
-            axum::serve(listener, app(state))
-                .with_graceful_shutdown(async {
-                    // Ctrl-C or SIGTERM (what service managers send).
-                    let mut term =
-                        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                            .ok();
-                    tokio::select! {
-                        _ = tokio::signal::ctrl_c() => {}
-                        _ = async { match &mut term { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-                    }
-                    log::info!("shutting down: finishing open responses");
-                })
-                .await?;
+            let shutdown = async {
+                // Ctrl-C or SIGTERM (what service managers send).
+                let mut term =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = async { match &mut term { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+                }
+                log::info!("shutting down: finishing open responses");
+            };
+            // The model loads while the server answers 503 "loading"; if it fails to load,
+            // the process ends with the reason rather than answering 503 forever.
+            let load_failed = async {
+                match tokio::task::spawn_blocking(move || waiter.wait_loaded(None)).await {
+                    Ok(Ok(())) => std::future::pending().await,
+                    Ok(Err(why)) => why,
+                    Err(e) => format!("waiting for the load failed: {e}"),
+                }
+            };
+            tokio::select! {
+                served = serve(listener, app(state), conn, shutdown) => served?,
+                why = load_failed => bail!("the model did not load: {why}"),
+            }
             // The router (and with it the engine's queue) is gone: the engine finishes what it
             // runs, saves the usage counts and stops.
             let _ = engine_thread.join();
             Ok(())
         });
+        // Nothing blocking is left to wait for.
+        runtime.shutdown_background();
+        return served;
     }
     // One-shot generation.
-    if !wait_ready(&engine, Duration::from_secs(600)) {
-        bail!("the model did not load");
+    if let Err(why) = engine.wait_loaded(None) {
+        bail!("the model did not load: {why}");
     }
     let request = ValidRequest {
         prompt: Prompt::Chat {
@@ -248,6 +334,7 @@ fn main() -> Result<()> {
         stop: Vec::new(),
         stop_tokens: Vec::new(),
         stream: true,
+        include_usage: false,
         logprobs: false,
     };
     let ids = prompt_ids(&engine.tokenizer, &request.prompt);

@@ -1,25 +1,32 @@
 //! The HTTP side: `app(state)` builds the router — `POST /v1/chat/completions` and
 //! `/v1/completions` (JSON or SSE), `GET /v1/models`, `/health`, `/metrics` — over an
-//! [`EngineHandle`]. Every error is OpenAI's error object with its status.
+//! [`EngineHandle`]. Every error is OpenAI's error object with its status, 404 and 405
+//! included. Prompts are tokenized on the blocking pool, after a length check that needs no
+//! tokenizing, so no prompt holds up the async threads.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode, Uri};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::api::{ApiError, ChatRequest, CompletionRequest, Limits, ValidRequest};
-use crate::engine::{EngineHandle, Event, Job, SubmitError, TokenLogprob, prompt_ids};
+use crate::engine::{
+    EngineHandle, Event, Job, SubmitError, TokenLogprob, encode_segments, min_prompt_tokens,
+    prompt_segments,
+};
 
 /// Largest request body accepted (413 above).
 pub const MAX_BODY: usize = 4 << 20;
@@ -39,25 +46,91 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
-        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
+        .fallback(|uri: Uri| async move {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("no such route: {}", uri.path()),
+            )
+        })
+        .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("method {method} is not allowed on {}", uri.path()),
+            )
+        })
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }
 
-/// A JSON body or the error explaining why not (413 too large, 400 malformed, 422 wrong shape).
+/// A JSON body or the error explaining why not (413 too large, 400 malformed, 422 wrong
+/// shape, 415 not declared as JSON: axum's own statuses).
 fn body<T>(parsed: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
     parsed.map(|Json(v)| v).map_err(|rejection| {
-        // axum's own statuses (400 syntax, 422 shape, 413 over the body limit), except that
-        // a missing content type is a plain 400 here rather than 415.
-        let status = match &rejection {
-            JsonRejection::MissingJsonContentType(_) => StatusCode::BAD_REQUEST,
-            other => other.status(),
-        };
         ApiError::new(
-            status,
+            rejection.status(),
             format!("invalid request body: {}", rejection.body_text()),
         )
     })
+}
+
+/// 503 unless the engine serves.
+fn check_engine(engine: &EngineHandle) -> Result<(), ApiError> {
+    if !engine.alive.load(Ordering::Acquire) {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the engine has stopped (see the server's log)",
+        ));
+    }
+    if !engine.ready.load(Ordering::Acquire) {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the model is still loading",
+        ));
+    }
+    Ok(())
+}
+
+/// The prompt's tokens, on the blocking pool: first a bound from its byte length (so an
+/// over-long prompt is refused without tokenizing it), then the tokens, then the exact check.
+async fn tokenize(
+    state: &AppState,
+    request: ValidRequest,
+) -> Result<(ValidRequest, Vec<u32>), ApiError> {
+    let tokenizer = Arc::clone(&state.engine.tokenizer);
+    let context = state.limits.context;
+    let too_long = move |tokens: String, max_tokens: usize| {
+        ApiError::invalid(
+            "max_tokens",
+            format!(
+                "the prompt ({tokens} tokens) plus max_tokens ({max_tokens}) exceeds the context of {context} tokens"
+            ),
+        )
+    };
+    tokio::task::spawn_blocking(move || {
+        let segments = prompt_segments(&request.prompt);
+        let least = min_prompt_tokens(&tokenizer, &segments);
+        if least + request.max_tokens > context {
+            return Err(too_long(format!("at least {least}"), request.max_tokens));
+        }
+        let ids = encode_segments(&tokenizer, &segments);
+        if ids.is_empty() {
+            return Err(ApiError::invalid(
+                "prompt",
+                "the prompt has no tokens, and the tokenizer has no [BOS] token to begin from",
+            ));
+        }
+        if ids.len() + request.max_tokens > context {
+            return Err(too_long(ids.len().to_string(), request.max_tokens));
+        }
+        Ok((request, ids))
+    })
+    .await
+    .map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("tokenizing the prompt failed: {e}"),
+        )
+    })?
 }
 
 async fn chat(
@@ -78,26 +151,11 @@ async fn completions(
 
 /// Tokenizes, checks the context, queues, and answers as a stream or one JSON body.
 async fn run(state: AppState, request: ValidRequest, chat: bool) -> Result<Response, ApiError> {
-    if !state.engine.ready.load(Ordering::Acquire) {
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the model is still loading",
-        ));
-    }
-    let ids = prompt_ids(&state.engine.tokenizer, &request.prompt);
-    let context = state.limits.context;
-    if ids.len() + request.max_tokens > context {
-        return Err(ApiError::invalid(
-            "max_tokens",
-            format!(
-                "the prompt ({} tokens) plus max_tokens ({}) exceeds the context of {context} tokens",
-                ids.len(),
-                request.max_tokens
-            ),
-        ));
-    }
+    check_engine(&state.engine)?;
+    let (request, ids) = tokenize(&state, request).await?;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let stream = request.stream;
+    let include_usage = request.include_usage;
     let logprobs = request.logprobs;
     state
         .engine
@@ -121,26 +179,157 @@ async fn run(state: AppState, request: ValidRequest, chat: bool) -> Result<Respo
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     if stream {
-        let mut first = true;
-        let events = UnboundedReceiverStream::new(rx).map(move |event| {
-            let chunk = stream_chunk(&id, &model, created, chat, &event, first, logprobs);
-            first = false;
-            Ok::<_, Infallible>(SseEvent::default().data(chunk.to_string()))
-        });
-        let done = tokio_stream::once(Ok(SseEvent::default().data("[DONE]")));
-        Ok(Sse::new(events.chain(done))
+        let chunks = Chunks::new(rx, id, model, created, chat, logprobs, include_usage);
+        Ok(Sse::new(chunks)
             .keep_alive(KeepAlive::default())
             .into_response())
     } else {
-        let mut rx = rx;
-        let mut collected = Collected::default();
-        while let Some(event) = rx.recv().await {
-            if let Some(error) = collected.add(event) {
-                return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error));
-            }
-        }
+        let collected = collect(rx).await?;
         Ok(Json(collected.body(&id, &model, created, chat, logprobs)).into_response())
     }
+}
+
+/// All of a job's events. An error event is a 500, and so is the channel closing before the
+/// finish (the engine dropped the job): never a normal finish.
+async fn collect(mut events: UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
+    let mut collected = Collected::default();
+    while let Some(event) = events.recv().await {
+        if let Some(error) = collected.add(event) {
+            return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error));
+        }
+    }
+    if collected.finish.is_none() {
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ENGINE_GONE,
+        ));
+    }
+    Ok(collected)
+}
+
+/// Why a request ended without its finish.
+const ENGINE_GONE: &str = "the engine stopped before finishing this request";
+
+/// A job's SSE chunks: one per event, a usage chunk when asked, an error chunk if the engine
+/// drops the job unfinished, and `[DONE]` last.
+struct Chunks {
+    events: UnboundedReceiver<Event>,
+    queue: VecDeque<SseEvent>,
+    id: String,
+    model: String,
+    created: u64,
+    chat: bool,
+    logprobs: bool,
+    include_usage: bool,
+    first: bool,
+    /// A finish or an error was sent.
+    ended: bool,
+    /// `[DONE]` was queued.
+    done: bool,
+}
+
+impl Chunks {
+    fn new(
+        events: UnboundedReceiver<Event>,
+        id: String,
+        model: String,
+        created: u64,
+        chat: bool,
+        logprobs: bool,
+        include_usage: bool,
+    ) -> Self {
+        Self {
+            events,
+            queue: VecDeque::new(),
+            id,
+            model,
+            created,
+            chat,
+            logprobs,
+            include_usage,
+            first: true,
+            ended: false,
+            done: false,
+        }
+    }
+
+    fn push(&mut self, chunk: Value) {
+        self.queue
+            .push_back(SseEvent::default().data(chunk.to_string()));
+    }
+
+    fn on_event(&mut self, event: Option<Event>) {
+        let Some(event) = event else {
+            if !self.ended {
+                self.push(error_chunk(ENGINE_GONE));
+            }
+            self.queue.push_back(SseEvent::default().data("[DONE]"));
+            self.done = true;
+            return;
+        };
+        let mut chunk = stream_chunk(
+            &self.id,
+            &self.model,
+            self.created,
+            self.chat,
+            &event,
+            self.first,
+            self.logprobs,
+        );
+        self.first = false;
+        if self.include_usage && chunk.get("choices").is_some() {
+            chunk["usage"] = Value::Null;
+        }
+        self.push(chunk);
+        match event {
+            Event::Done {
+                prompt_tokens,
+                completion_tokens,
+                ..
+            } => {
+                self.ended = true;
+                if self.include_usage {
+                    let object = if self.chat {
+                        "chat.completion.chunk"
+                    } else {
+                        "text_completion"
+                    };
+                    self.push(
+                        json!({"id": self.id, "object": object, "created": self.created,
+                        "model": self.model, "choices": [],
+                        "usage": usage_json(prompt_tokens, completion_tokens)}),
+                    );
+                }
+            }
+            Event::Error(_) => self.ended = true,
+            Event::Delta { .. } => {}
+        }
+    }
+}
+
+impl tokio_stream::Stream for Chunks {
+    type Item = Result<SseEvent, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            if let Some(event) = self.queue.pop_front() {
+                return Poll::Ready(Some(Ok(event)));
+            }
+            if self.done {
+                return Poll::Ready(None);
+            }
+            let event = std::task::ready!(self.events.poll_recv(cx));
+            self.on_event(event);
+        }
+    }
+}
+
+fn usage_json(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+fn error_chunk(message: &str) -> Value {
+    json!({"error": {"message": message, "type": "server_error", "param": null, "code": "500"}})
 }
 
 fn unique() -> u64 {
@@ -214,25 +403,15 @@ fn stream_chunk(
                 json!({"index": 0, "text": content, "logprobs": lp, "finish_reason": null})
             }
         }
-        Event::Done {
-            finish_reason,
-            prompt_tokens,
-            completion_tokens,
-            ..
-        } => {
-            let choice = if chat {
+        // The usage goes in a chunk of its own, when asked (`stream_options`).
+        Event::Done { finish_reason, .. } => {
+            if chat {
                 json!({"index": 0, "delta": {}, "finish_reason": finish_reason})
             } else {
                 json!({"index": 0, "text": "", "finish_reason": finish_reason})
-            };
-            return json!({"id": id, "object": object, "created": created, "model": model,
-                "choices": [choice],
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                          "total_tokens": prompt_tokens + completion_tokens}});
+            }
         }
-        Event::Error(message) => {
-            return json!({"error": {"message": message, "type": "server_error", "param": null, "code": "500"}});
-        }
+        Event::Error(message) => return error_chunk(message),
     };
     json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]})
 }
@@ -302,7 +481,7 @@ impl Collected {
         };
         json!({"id": id, "object": if chat { "chat.completion" } else { "text_completion" },
                "created": created, "model": model, "choices": [choice],
-               "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}})
+               "usage": usage_json(prompt, completion)})
     }
 }
 
@@ -314,14 +493,9 @@ async fn models(State(state): State<AppState>) -> Json<Value> {
 }
 
 async fn health(State(state): State<AppState>) -> Response {
-    if state.engine.ready.load(Ordering::Acquire) {
-        (StatusCode::OK, Json(json!({"status": "ok"}))).into_response()
-    } else {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the model is still loading",
-        )
-        .into_response()
+    match check_engine(&state.engine) {
+        Ok(()) => (StatusCode::OK, Json(json!({"status": "ok"}))).into_response(),
+        Err(e) => e.into_response(),
     }
 }
 
@@ -336,6 +510,12 @@ async fn metrics(State(state): State<AppState>) -> Response {
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
         ));
     };
+    metric(
+        "k3_engine_up",
+        "gauge",
+        "1 while the engine serves; 0 while the model loads or after the engine stopped.",
+        u8::from(check_engine(&state.engine).is_ok()).to_string(),
+    );
     metric(
         "k3_requests_total",
         "counter",
@@ -406,4 +586,47 @@ async fn metrics(State(state): State<AppState>) -> Response {
         store.bytes_read.to_string(),
     );
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    fn delta(text: &str) -> Event {
+        Event::Delta {
+            reasoning: String::new(),
+            content: text.into(),
+            tool_calls: Vec::new(),
+            logprobs: Vec::new(),
+        }
+    }
+
+    /// A job whose channel closes before its finish (the engine went away) is an error, in a
+    /// whole answer and in a stream, never a normal "stop".
+    #[tokio::test]
+    async fn a_job_dropped_unfinished_is_an_error() {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tx.send(delta("partial")).unwrap();
+        drop(tx);
+        let error = collect(rx).await.unwrap_err();
+        assert_eq!(error.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(error.message, ENGINE_GONE);
+
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tx.send(delta("partial")).unwrap();
+        drop(tx);
+        let chunks = Chunks::new(rx, "id".into(), "m".into(), 0, false, false, false);
+        let body = Sse::new(chunks).into_response().into_body();
+        let text = String::from_utf8(body.collect().await.unwrap().to_bytes().to_vec()).unwrap();
+        let data: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .collect();
+        assert_eq!(data.len(), 3, "{text}");
+        assert!(data[0].contains("partial"));
+        let error: Value = serde_json::from_str(data[1]).unwrap();
+        assert_eq!(error["error"]["message"], ENGINE_GONE);
+        assert_eq!(data[2], "[DONE]");
+    }
 }

@@ -13,6 +13,7 @@ mod inventory;
 mod llamacpp;
 mod numa;
 mod ops;
+mod sampling;
 mod streamed;
 mod synth;
 mod tokenizer;

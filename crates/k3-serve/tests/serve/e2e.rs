@@ -1,6 +1,7 @@
 //! The binary on a loopback port, driven by a plain HTTP/1.1 client over `TcpStream`: eight
 //! concurrent streaming chats, each the same as when run alone (batch invariance), and a
-//! client that disconnects mid-stream frees its slot.
+//! client that disconnects mid-stream frees its slot; a model that fails to load ends the
+//! process; huge prompts and slow, idle or too many connections do not hold the server up.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -22,6 +23,11 @@ impl Drop for Server {
 }
 
 fn start() -> Server {
+    start_with(&[])
+}
+
+/// The server on the tiny checkpoint with `extra` flags.
+fn start_with(extra: &[&str]) -> Server {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -39,8 +45,9 @@ fn start() -> Server {
             "--threads",
             "2",
             "--ctx",
-            "8192",
+            "4096",
         ])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -183,7 +190,7 @@ fn eight_concurrent_streams_match_their_solo_runs_and_a_disconnect_frees_its_slo
 
     // A client that reads a little and hangs up: its sequence leaves the batch.
     let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let body = json!({"messages": [{"role": "user", "content": "Long"}], "stream": true, "max_tokens": 6000}).to_string();
+    let body = json!({"messages": [{"role": "user", "content": "Long"}], "stream": true, "max_tokens": 4000}).to_string();
     write!(stream, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
     let mut first = [0u8; 256];
     let _ = stream.read(&mut first).unwrap();
@@ -202,7 +209,7 @@ fn eight_concurrent_streams_match_their_solo_runs_and_a_disconnect_frees_its_slo
     }
     let generated = metric(port, "k3_generated_tokens_total");
     assert!(
-        generated < 16.0 * 24.0 + 5000.0,
+        generated < 16.0 * 24.0 + 2000.0,
         "the abandoned stream ran to its end ({generated} tokens)"
     );
 }
@@ -253,4 +260,305 @@ fn the_openai_python_client_streams_a_chat() {
     let report: Value = serde_json::from_str(stdout.trim()).unwrap();
     assert!(report["chunks"].as_u64().unwrap() >= 2, "{report}");
     assert_eq!(report["models"][0], model.as_str());
+}
+
+/// Runs the binary with `args` and waits at most `limit` for it to exit: its status and stderr.
+fn run_to_exit(args: &[&std::ffi::OsStr], limit: Duration) -> (std::process::ExitStatus, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_k3-serve"))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut stderr = String::new();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut stderr)
+                .unwrap();
+            return (status, stderr);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("k3-serve {args:?} still ran after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Finding 2: a damaged checkpoint (a shard cut to half) ends the process with the reason,
+/// within 10 s, one-shot and serving; so does a --ctx beyond max_position_embeddings.
+#[test]
+fn a_model_that_cannot_load_ends_the_process() {
+    let dir = crate::router::damaged_copy("e2e-damaged");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let port = port.to_string();
+    for mode in [&["--prompt", "hi"][..], &["--serve", "--port", &port]] {
+        let mut args = vec![std::ffi::OsStr::new("--model"), dir.as_os_str()];
+        args.extend(mode.iter().map(std::ffi::OsStr::new));
+        let (status, stderr) = run_to_exit(&args, Duration::from_secs(10));
+        assert!(!status.success(), "{mode:?}: {stderr}");
+        assert!(
+            stderr.contains("did not load") && stderr.contains(".safetensors"),
+            "{mode:?}: {stderr}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    let tiny = crate::tiny();
+    let args: Vec<&std::ffi::OsStr> = vec![
+        "--model".as_ref(),
+        tiny.as_os_str(),
+        "--serve".as_ref(),
+        "--port".as_ref(),
+        port.as_ref(),
+        "--ctx".as_ref(),
+        "5000".as_ref(),
+    ];
+    let (status, stderr) = run_to_exit(&args, Duration::from_secs(10));
+    assert!(!status.success());
+    assert!(
+        stderr.contains("5000") && stderr.contains("4096"),
+        "{stderr}"
+    );
+}
+
+/// Median of five `/health` round trips on fresh connections.
+fn health_latency(port: u16) -> Duration {
+    let mut times: Vec<Duration> = (0..5)
+        .map(|_| {
+            let start = Instant::now();
+            let (status, text) = request(port, "GET", "/health", None).unwrap();
+            assert_eq!(status, 200, "{text}");
+            start.elapsed()
+        })
+        .collect();
+    times.sort();
+    times[2]
+}
+
+/// Finding 3: a 3.9 MB prompt of one long piece is refused (400) within a second, on its byte
+/// length, and `/health` stays quick while two of them are in flight.
+#[test]
+fn a_huge_prompt_is_refused_quickly_and_health_stays_quick() {
+    let server = start();
+    let port = server.port;
+    let body = json!({"prompt": "er".repeat(1_950_000), "max_tokens": 4}).to_string();
+    let chat =
+        json!({"messages": [{"role": "user", "content": "er".repeat(1_950_000)}], "max_tokens": 4})
+            .to_string();
+    std::thread::scope(|s| {
+        let huge = [
+            s.spawn(|| {
+                let start = Instant::now();
+                (
+                    request(port, "POST", "/v1/completions", Some(&body)).unwrap(),
+                    start.elapsed(),
+                )
+            }),
+            s.spawn(|| {
+                let start = Instant::now();
+                (
+                    request(port, "POST", "/v1/chat/completions", Some(&chat)).unwrap(),
+                    start.elapsed(),
+                )
+            }),
+        ];
+        let latency = health_latency(port);
+        assert!(
+            latency < Duration::from_millis(100),
+            "/health took {latency:?}"
+        );
+        for h in huge {
+            let ((status, text), elapsed) = h.join().unwrap();
+            assert_eq!(status, 400, "{}", &text[..text.len().min(300)]);
+            assert!(text.contains("exceeds the context"), "{text}");
+            assert!(elapsed < Duration::from_secs(1), "answered in {elapsed:?}");
+        }
+    });
+}
+
+/// Reads until the server closes the connection (or `limit` passes): how long that took.
+fn time_to_close(stream: &mut TcpStream, limit: Duration) -> Duration {
+    stream.set_read_timeout(Some(limit)).unwrap();
+    let start = Instant::now();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return start.elapsed(),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return start.elapsed(),
+            Err(e) => panic!("not closed within {limit:?}: {e}"),
+        }
+    }
+}
+
+/// Finding 4: a slow head is cut off at the header timeout, an idle kept-alive connection at
+/// the idle timeout, a slow body gets 408; a stream longer than the idle timeout is not cut.
+#[test]
+fn slow_and_idle_connections_are_closed_on_their_deadlines() {
+    let server = start_with(&[
+        "--header-timeout-s",
+        "1",
+        "--idle-timeout-s",
+        "1.5",
+        "--body-timeout-s",
+        "1",
+    ]);
+    let port = server.port;
+    // A head that never ends.
+    let mut slow = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(slow, "GET /health HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let closed = time_to_close(&mut slow, Duration::from_secs(5));
+    assert!(
+        closed < Duration::from_millis(1800),
+        "closed after {closed:?}"
+    );
+    // Nothing at all after the accept: the same deadline.
+    let mut silent = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let closed = time_to_close(&mut silent, Duration::from_secs(5));
+    assert!(
+        closed < Duration::from_millis(1800),
+        "closed after {closed:?}"
+    );
+    // A kept-alive connection after its answer: closed when idle, not at the header deadline.
+    let mut idle = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(idle, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut reader = BufReader::new(idle.try_clone().unwrap());
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    assert!(line.contains("200"), "{line}");
+    let closed = time_to_close(&mut idle, Duration::from_secs(5));
+    assert!(
+        closed > Duration::from_millis(1200) && closed < Duration::from_millis(2300),
+        "idle connection closed after {closed:?}"
+    );
+    // A body that stops halfway: 408 with the error object.
+    let mut half = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(half, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"prompt\"").unwrap();
+    let mut answer = String::new();
+    half.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let start = Instant::now();
+    let _ = half.read_to_string(&mut answer);
+    assert!(start.elapsed() < Duration::from_millis(1800));
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        answer.contains("\"error\"") && answer.contains("did not arrive"),
+        "{answer}"
+    );
+    // A stream that outlasts the idle timeout runs to its end.
+    let body = json!({"prompt": "Long", "stream": true, "max_tokens": 3000}).to_string();
+    let start = Instant::now();
+    let (status, text) = request(port, "POST", "/v1/completions", Some(&body)).unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(sse_last(&text), "[DONE]", "the stream was cut");
+    eprintln!("stream of 3000 tokens took {:?}", start.elapsed());
+}
+
+fn sse_last(text: &str) -> &str {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .next_back()
+        .unwrap_or("")
+}
+
+/// Finding 4: 2,000 half-open connections do not stop `/health`, and over the connection cap
+/// a client gets a 503 with the error object at once.
+#[test]
+fn half_open_connections_do_not_stop_health() {
+    let server = start_with(&["--header-timeout-s", "30"]);
+    let port = server.port;
+    let half_open: Vec<TcpStream> = (0..2000)
+        .map(|_| {
+            let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            write!(s, "GET /health HTTP/1.1\r\nHo").unwrap();
+            s
+        })
+        .collect();
+    let latency = health_latency(port);
+    assert!(
+        latency < Duration::from_millis(100),
+        "/health took {latency:?}"
+    );
+    drop(half_open);
+    drop(server);
+
+    let server = start_with(&["--max-connections", "8", "--header-timeout-s", "1"]);
+    let port = server.port;
+    let half_open: Vec<TcpStream> = (0..8)
+        .map(|_| {
+            let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            write!(s, "GET /health HTTP/1.1\r\nHo").unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let start = Instant::now();
+    let (status, text) = request(port, "GET", "/health", None).unwrap();
+    assert!(start.elapsed() < Duration::from_millis(500));
+    assert_eq!(status, 503, "{text}");
+    let error: Value = serde_json::from_str(&text).unwrap();
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("8 connections"),
+        "{text}"
+    );
+    // Their header deadline frees the slots.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (status, _) = request(port, "GET", "/health", None).unwrap();
+    assert_eq!(status, 200);
+    drop(half_open);
+}
+
+/// SIGTERM while a stream runs: the stream is finished, new connections are refused, and the
+/// process exits cleanly.
+#[test]
+fn sigterm_finishes_open_streams_then_exits() {
+    let mut server = start();
+    let port = server.port;
+    let body = json!({"prompt": "Long", "stream": true, "max_tokens": 400}).to_string();
+    let streaming =
+        std::thread::spawn(move || request(port, "POST", "/v1/completions", Some(&body)).unwrap());
+    let start = Instant::now();
+    while metric(port, "k3_active_sequences") < 1.0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the stream did not start"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pid = i32::try_from(server.child.id()).unwrap();
+    // SAFETY: kill(2) with a valid signal number on our own child's pid.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let (status, text) = streaming.join().unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(
+        sse_last(&text),
+        "[DONE]",
+        "the stream was cut by the shutdown"
+    );
+    assert!(text.contains("finish_reason\":\"length") || text.contains("finish_reason\":\"stop"));
+    let start = Instant::now();
+    let exit = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "still running after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(exit.success(), "{exit:?}");
+    assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
 }

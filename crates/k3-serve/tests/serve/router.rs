@@ -9,6 +9,7 @@ use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use k3_model::experts::ExpertOptions;
 use k3_serve::api::Limits;
+use k3_serve::api::MAX_STOP_BYTES;
 use k3_serve::engine::{EngineConfig, spawn, wait_ready};
 use k3_serve::server::{AppState, MAX_BODY, app};
 use serde_json::{Value, json};
@@ -29,7 +30,19 @@ fn state_on(
     max_batch: usize,
     context: usize,
 ) -> AppState {
-    let (engine, _thread) = spawn(EngineConfig {
+    let state = state_unready(config(model_dir, experts, queue, max_batch, context), context);
+    assert!(wait_ready(&state.engine, Duration::from_secs(60)));
+    state
+}
+
+fn config(
+    model_dir: std::path::PathBuf,
+    experts: ExpertOptions,
+    queue: usize,
+    max_batch: usize,
+    context: usize,
+) -> EngineConfig {
+    EngineConfig {
         model_dir,
         kernels: mxfp4_kernels::Kernels::detect(),
         placement: numa_sched::PoolOptions {
@@ -41,9 +54,13 @@ fn state_on(
         ctx: context,
         queue,
         prefill_chunk: 8,
-    })
-    .unwrap();
-    assert!(wait_ready(&engine, Duration::from_secs(60)));
+        panic_on_prompt: None,
+    }
+}
+
+/// The state over an engine that may still be loading (or have failed to).
+fn state_unready(config: EngineConfig, context: usize) -> AppState {
+    let (engine, _thread) = spawn(config).unwrap();
     AppState {
         engine,
         limits: Arc::new(Limits {
@@ -51,6 +68,7 @@ fn state_on(
             max_tokens_default: 16,
             context,
             thinking_effort: k3_model::chat::ThinkingEffort::Max,
+            vocab_size: 1024,
         }),
     }
 }
@@ -336,6 +354,7 @@ fn rendered_prompt(
         max_tokens_default: 16,
         context: 512,
         thinking_effort: effort,
+        vocab_size: 1024,
     };
     let request: k3_serve::api::ChatRequest = serde_json::from_value(body).unwrap();
     match request.validate(&limits) {
@@ -534,4 +553,390 @@ fn past_reasoning_is_read_from_reasoning_content_or_reasoning() {
             "{key}: {prompt}"
         );
     }
+}
+fn no_usage_cache() -> ExpertOptions {
+    ExpertOptions {
+        usage_cache: false,
+        ..ExpertOptions::default()
+    }
+}
+
+fn json_of(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// The `data:` payloads of an SSE body.
+fn sse_data(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect()
+}
+
+/// Finding 1: an empty completion prompt starts from [BOS] and is answered; the engine goes
+/// on answering (it used to die on it, with every later request refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_prompt_is_answered_and_the_engine_carries_on() {
+    let s = state(8, 4, 512);
+    for stream in [false, true] {
+        let body = json!({"prompt": "", "max_tokens": 4, "stream": stream}).to_string();
+        let (st, t) = call(&s, "POST", "/v1/completions", Some(body)).await;
+        assert_eq!(st, StatusCode::OK, "{t}");
+        if stream {
+            let data = sse_data(&t);
+            assert_eq!(data.last(), Some(&"[DONE]"), "{t}");
+            assert!(t.contains("\"finish_reason\":\""), "{t}");
+        } else {
+            let v = json_of(&t);
+            assert_eq!(v["usage"]["prompt_tokens"], 1, "[BOS] alone: {t}");
+            assert!(
+                v["usage"]["completion_tokens"].as_u64().unwrap() >= 1,
+                "{t}"
+            );
+        }
+    }
+    for i in 0..10 {
+        let body = json!({"prompt": format!("request {i}"), "max_tokens": 3}).to_string();
+        let (st, t) = call(&s, "POST", "/v1/completions", Some(body)).await;
+        assert_eq!(st, StatusCode::OK, "request {i}: {t}");
+        let finish = json_of(&t)["choices"][0]["finish_reason"].clone();
+        assert!(finish == "length" || finish == "stop", "{t}");
+    }
+    let (st, _) = call(&s, "GET", "/health", None).await;
+    assert_eq!(st, StatusCode::OK);
+}
+
+/// A panic in one request's work (injected: the engine's test hook panics in the sampling of
+/// the prompt "boom") fails that request with a 500 error object, or an error chunk in a
+/// stream, and the engine serves the next ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_one_request_fails_it_alone() {
+    for after in [0, 2] {
+        let mut c = config(crate::tiny(), no_usage_cache(), 8, 4, 512);
+        c.panic_on_prompt = Some(("boom".into(), after));
+        let s = state_unready(c, 512);
+        assert!(wait_ready(&s.engine, Duration::from_secs(60)));
+        let boom =
+            |stream: bool| json!({"prompt": "boom", "max_tokens": 6, "stream": stream}).to_string();
+        // Another request in the same batch, before and after.
+        let other = json!({"prompt": "fine", "max_tokens": 24}).to_string();
+        let (alongside, (st, t)) = tokio::join!(
+            call(&s, "POST", "/v1/completions", Some(other.clone())),
+            call(&s, "POST", "/v1/completions", Some(boom(false)))
+        );
+        assert_eq!(error_of(st, &t).0, 500, "{t}");
+        assert!(
+            t.contains("internal error") && t.contains("injected fault"),
+            "{t}"
+        );
+        assert_eq!(alongside.0, StatusCode::OK, "{}", alongside.1);
+        assert!(
+            json_of(&alongside.1)["usage"]["completion_tokens"]
+                .as_u64()
+                .unwrap()
+                >= 1
+        );
+
+        let (st, t) = call(&s, "POST", "/v1/completions", Some(boom(true))).await;
+        assert_eq!(
+            st,
+            StatusCode::OK,
+            "a stream's status is sent before the panic"
+        );
+        let data = sse_data(&t);
+        assert_eq!(data.last(), Some(&"[DONE]"), "{t}");
+        let error = json_of(data[data.len() - 2]);
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("injected fault"),
+            "{t}"
+        );
+        assert!(!t.contains("finish_reason\":\""), "no normal finish: {t}");
+
+        for _ in 0..3 {
+            let (st, t) = call(&s, "POST", "/v1/completions", Some(other.clone())).await;
+            assert_eq!(st, StatusCode::OK, "{t}");
+        }
+        let (st, _) = call(&s, "GET", "/health", None).await;
+        assert_eq!(st, StatusCode::OK);
+    }
+}
+
+/// A copy of the tiny checkpoint with its first shard cut to half.
+pub(crate) fn damaged_copy(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("k3-serve-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut shards = Vec::new();
+    for entry in std::fs::read_dir(crate::tiny()).unwrap() {
+        let path = entry.unwrap().path();
+        let to = dir.join(path.file_name().unwrap());
+        std::fs::copy(&path, &to).unwrap();
+        if to.extension().is_some_and(|e| e == "safetensors") {
+            shards.push(to);
+        }
+    }
+    shards.sort();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shards[0])
+        .unwrap();
+    file.set_len(file.metadata().unwrap().len() / 2).unwrap();
+    dir
+}
+
+/// A model that fails to load: the wait says why at once, `/health` is 503 with an error
+/// object, `/metrics` says the engine is down, and generation is 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_load_is_reported_and_health_says_so() {
+    let dir = damaged_copy("router-damaged");
+    let s = state_unready(config(dir.clone(), no_usage_cache(), 8, 4, 512), 512);
+    let start = std::time::Instant::now();
+    let why = s
+        .engine
+        .wait_loaded(Some(Duration::from_secs(60)))
+        .unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(10));
+    assert!(why.contains(".safetensors"), "{why}");
+    while s.engine.alive.load(Ordering::Acquire) {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let (st, t) = call(&s, "GET", "/health", None).await;
+    assert_eq!(error_of(st, &t).0, 503);
+    assert!(t.contains("stopped"), "{t}");
+    let (_, t) = call(&s, "GET", "/metrics", None).await;
+    assert!(t.contains("\nk3_engine_up 0\n"), "{t}");
+    let (st, t) = call(
+        &s,
+        "POST",
+        "/v1/chat/completions",
+        Some(chat_body(json!({}))),
+    )
+    .await;
+    assert_eq!(error_of(st, &t).0, 503);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Finding 6: every non-2xx answer carries the error object: 405 (wrong method, OPTIONS),
+/// 404, 413, 415, 429 (above), 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_refusal_has_an_error_object() {
+    let s = state(8, 4, 512);
+    for (method, uri) in [
+        ("GET", "/v1/chat/completions"),
+        ("POST", "/health"),
+        ("OPTIONS", "/v1/chat/completions"),
+        ("DELETE", "/v1/models"),
+    ] {
+        let (st, t) = call(&s, method, uri, None).await;
+        assert_eq!(
+            error_of(st, &t),
+            (405, Value::Null, json!("invalid_request_error")),
+            "{method} {uri}"
+        );
+        assert!(t.contains(method), "{t}");
+    }
+    let (st, t) = call(&s, "POST", "/v1/nothing", Some("{}".into())).await;
+    assert_eq!(error_of(st, &t).0, 404);
+    let request = Request::builder()
+        .method("POST")
+        .uri("/v1/completions")
+        .header("content-type", "text/plain")
+        .body(Body::from(json!({"prompt": "x"}).to_string()))
+        .unwrap();
+    let response = app(s.clone()).oneshot(request).await.unwrap();
+    let st = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(error_of(st, &String::from_utf8_lossy(&bytes)).0, 415);
+    let (_, t) = call(&s, "GET", "/metrics", None).await;
+    assert!(t.contains("\nk3_engine_up 1\n"), "{t}");
+}
+
+/// Finding 7: fields that are not implemented are refused by name; `stream: null` is false.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsupported_fields_are_refused_by_name() {
+    let s = state(8, 4, 512);
+    let completion = |extra: Value| {
+        let mut body = json!({"prompt": "Once", "max_tokens": 2, "temperature": 0});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body.to_string()
+    };
+    for (extra, field) in [
+        (json!({"echo": true}), "echo"),
+        (json!({"suffix": "end"}), "suffix"),
+        (json!({"best_of": 3}), "best_of"),
+        (json!({"logit_bias": {"1024": 1}}), "logit_bias"),
+        (json!({"logit_bias": {"5": 101}}), "logit_bias"),
+        (json!({"logit_bias": {"x": 1}}), "logit_bias"),
+        (json!({"logit_bias": [1]}), "logit_bias"),
+        (
+            json!({"stream_options": {"include_usage": true}}),
+            "stream_options",
+        ),
+        (
+            json!({"stream": true, "stream_options": {"other": true}}),
+            "stream_options",
+        ),
+    ] {
+        let (st, t) = call(
+            &s,
+            "POST",
+            "/v1/completions",
+            Some(completion(extra.clone())),
+        )
+        .await;
+        assert_eq!(error_of(st, &t).0, 400, "{extra}: {t}");
+        assert_eq!(error_of(st, &t).1, field, "{extra}: {t}");
+    }
+    for extra in [
+        json!({"echo": false, "suffix": "", "best_of": 1}),
+        json!({"echo": null, "suffix": null, "best_of": null, "stream": null, "logit_bias": null}),
+    ] {
+        let (st, t) = call(
+            &s,
+            "POST",
+            "/v1/completions",
+            Some(completion(extra.clone())),
+        )
+        .await;
+        assert_eq!(st, StatusCode::OK, "{extra}: {t}");
+    }
+    let (st, t) = call(
+        &s,
+        "POST",
+        "/v1/chat/completions",
+        Some(chat_body(json!({"stream": null}))),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{t}");
+    assert_eq!(json_of(&t)["object"], "chat.completion");
+}
+
+/// `logit_bias` moves the choice: +100 on "A" and "B" makes greedy output a string of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logit_bias_steers_the_sampler() {
+    let s = state(8, 4, 512);
+    let body = json!({"prompt": "Once upon", "max_tokens": 12, "temperature": 0,
+                      "logit_bias": {"65": 100, "66": 100}})
+    .to_string();
+    let (st, t) = call(&s, "POST", "/v1/completions", Some(body)).await;
+    assert_eq!(st, StatusCode::OK, "{t}");
+    let text = json_of(&t)["choices"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(text.len(), 12, "{text:?}");
+    assert!(text.bytes().all(|b| b == b'A' || b == b'B'), "{text:?}");
+}
+
+/// `stream_options.include_usage`: the usage comes in a chunk of its own (no choices) before
+/// `[DONE]`, with `"usage": null` in the others; without it there is no usage in a stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_is_streamed_only_when_asked() {
+    let s = state(8, 4, 512);
+    let (_, t) = call(
+        &s,
+        "POST",
+        "/v1/chat/completions",
+        Some(chat_body(json!({"stream": true}))),
+    )
+    .await;
+    assert!(!t.contains("\"usage\""), "{t}");
+    let asked = chat_body(json!({"stream": true, "stream_options": {"include_usage": true}}));
+    let (st, t) = call(&s, "POST", "/v1/chat/completions", Some(asked)).await;
+    assert_eq!(st, StatusCode::OK, "{t}");
+    let data = sse_data(&t);
+    assert_eq!(data.last(), Some(&"[DONE]"));
+    let usage = json_of(data[data.len() - 2]);
+    assert_eq!(usage["choices"], json!([]), "{t}");
+    assert!(
+        usage["usage"]["completion_tokens"].as_u64().unwrap() >= 1,
+        "{t}"
+    );
+    for chunk in &data[..data.len() - 2] {
+        let v = json_of(chunk);
+        assert!(v["usage"].is_null() && v.get("usage").is_some(), "{chunk}");
+    }
+}
+
+/// Finding 5: stop strings over the limit are refused (cheaply: the body is 3.2 MB); a stop
+/// spanning tokens cuts there, in content and in reasoning, streamed or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_strings_are_bounded_and_cut_across_tokens() {
+    let s = state(8, 4, 512);
+    let huge = json!({"prompt": "x", "max_tokens": 2, "stop": vec!["ab".repeat(400_000); 4]});
+    let start = std::time::Instant::now();
+    let (st, t) = call(&s, "POST", "/v1/completions", Some(huge.to_string())).await;
+    assert_eq!(error_of(st, &t).1, "stop", "{t}");
+    assert!(t.contains(&MAX_STOP_BYTES.to_string()), "{t}");
+    assert!(start.elapsed() < Duration::from_secs(2));
+
+    // Output over {A, B} (one byte a token), then a stop taken from its middle.
+    let bias = json!({"65": 100, "66": 100});
+    let plain =
+        json!({"prompt": "Once upon", "max_tokens": 12, "temperature": 0, "logit_bias": bias});
+    let (_, t) = call(&s, "POST", "/v1/completions", Some(plain.to_string())).await;
+    let full = json_of(&t)["choices"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let stop = full[5..8].to_owned();
+    let want = &full[..full.find(&stop).unwrap()];
+    for stream in [false, true] {
+        let mut body = plain.clone();
+        body["stop"] = json!([stop]);
+        body["stream"] = json!(stream);
+        let (st, t) = call(&s, "POST", "/v1/completions", Some(body.to_string())).await;
+        assert_eq!(st, StatusCode::OK, "{t}");
+        let (text, finish) = if stream {
+            let mut text = String::new();
+            let mut finish = Value::Null;
+            for chunk in sse_data(&t).iter().filter(|c| **c != "[DONE]") {
+                let v = json_of(chunk);
+                text.push_str(v["choices"][0]["text"].as_str().unwrap());
+                if !v["choices"][0]["finish_reason"].is_null() {
+                    finish = v["choices"][0]["finish_reason"].clone();
+                }
+            }
+            (text, finish)
+        } else {
+            let v = json_of(&t);
+            (
+                v["choices"][0]["text"].as_str().unwrap().to_owned(),
+                v["choices"][0]["finish_reason"].clone(),
+            )
+        };
+        assert_eq!(
+            (text.as_str(), finish),
+            (want, json!("stop")),
+            "full {full:?}, stop {stop:?}"
+        );
+    }
+
+    // With thinking on, the forced output is all reasoning: the stop applies there too.
+    let chat = |stop: Option<&str>| {
+        let mut body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 12,
+                              "temperature": 0, "logit_bias": bias});
+        if let Some(stop) = stop {
+            body["stop"] = json!(stop);
+        }
+        body.to_string()
+    };
+    let (_, t) = call(&s, "POST", "/v1/chat/completions", Some(chat(None))).await;
+    let full = json_of(&t)["choices"][0]["message"]["reasoning_content"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no reasoning: {t}"))
+        .to_owned();
+    assert_eq!(full.len(), 12, "{full:?}");
+    let stop = full[6..9].to_owned();
+    let (_, t) = call(&s, "POST", "/v1/chat/completions", Some(chat(Some(&stop)))).await;
+    let v = json_of(&t);
+    let got = v["choices"][0]["message"]["reasoning_content"]
+        .as_str()
+        .unwrap_or("");
+    assert_eq!(got, &full[..full.find(&stop).unwrap()], "{t}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
 }
