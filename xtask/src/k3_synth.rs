@@ -1,12 +1,11 @@
 //! `cargo xtask gen-k3-synth`: writes a synthetic K3 checkpoint in the release's layout, and
-//! `cargo xtask k3-check`: opens a checkpoint directory and validates it against its config.
+//! `cargo xtask set-router-skew` rewrites its router bias (`k3-check` is in `k3_check`).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use expert_store::Checkpoint;
-use k3_model::checkpoint::{validate, validate_expert_scales};
 use k3_model::config::K3Config;
 use k3_model::synth::{Preset, SynthOptions, generate, selection_bias};
 
@@ -84,32 +83,6 @@ pub(crate) fn generate_checkpoint(args: &[String]) -> Result<()> {
             size
         );
     }
-    Ok(())
-}
-
-pub(crate) fn check(args: &[String]) -> Result<()> {
-    let o = Options::parse(args, &["model"])?;
-    let dir = from_root(o.get("model").context("--model DIR is required")?);
-    let start = Instant::now();
-    let text = std::fs::read_to_string(dir.join("config.json")).context("reading config.json")?;
-    let config = K3Config::from_json(&text)?;
-    let ckpt = Checkpoint::open(&dir)?;
-    let validated = validate(&ckpt, &config)?;
-    let expert_matrices = validate_expert_scales(&ckpt, &config)?;
-    let table = ckpt.expert_table()?;
-    let contiguous = table.values().filter(|l| l.contiguous).count();
-    println!(
-        "{}: valid — {} tensors, {:.3} GB, {} layers, {} routed experts ({} stored contiguously, {} MXFP4 matrices with valid scales), {} padded A_log; checked in {:.2} s",
-        dir.display(),
-        ckpt.len(),
-        ckpt.data_bytes() as f64 / 1e9,
-        config.num_layers(),
-        table.len(),
-        contiguous,
-        expert_matrices,
-        validated.truncated_a_log.len(),
-        start.elapsed().as_secs_f64()
-    );
     Ok(())
 }
 
