@@ -1,14 +1,13 @@
 //! `cargo xtask gen-k3-synth`: writes a synthetic K3 checkpoint in the release's layout (or
 //! with its trunk, vectors or chosen linears in other formats: `--trunk-dtype`,
 //! `--vector-dtype`, `--mxfp4-linears`), and
-//! `cargo xtask k3-check`: opens a checkpoint directory and validates it against its config.
+//! `cargo xtask set-router-skew` rewrites its router bias (`k3-check` is in `k3_check`).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use expert_store::Checkpoint;
-use k3_model::checkpoint::{format_census, validate, validate_expert_scales};
 use k3_model::config::K3Config;
 use k3_model::synth::{
     FloatFormat, Preset, SynthFormats, SynthOptions, generate_with, selection_bias,
@@ -113,36 +112,6 @@ pub(crate) fn generate_checkpoint(args: &[String]) -> Result<()> {
             file.file_name().unwrap_or_default().to_string_lossy(),
             size
         );
-    }
-    Ok(())
-}
-
-pub(crate) fn check(args: &[String]) -> Result<()> {
-    let o = Options::parse(args, &["model"])?;
-    let dir = from_root(o.get("model").context("--model DIR is required")?);
-    let start = Instant::now();
-    let text = std::fs::read_to_string(dir.join("config.json")).context("reading config.json")?;
-    let config = K3Config::from_json(&text)?;
-    let ckpt = Checkpoint::open(&dir)?;
-    let validated = validate(&ckpt, &config)?;
-    let expert_matrices = validate_expert_scales(&ckpt, &config)?;
-    let table = ckpt.expert_table()?;
-    let contiguous = table.values().filter(|l| l.contiguous).count();
-    println!(
-        "{}: valid — {} tensors, {:.3} GB, {} layers, {} routed experts ({} stored contiguously, {} MXFP4 matrices with valid scales), {} padded A_log; checked in {:.2} s",
-        dir.display(),
-        ckpt.len(),
-        ckpt.data_bytes() as f64 / 1e9,
-        config.num_layers(),
-        table.len(),
-        contiguous,
-        expert_matrices,
-        validated.truncated_a_log.len(),
-        start.elapsed().as_secs_f64()
-    );
-    println!("formats (bytes by class and stored format):");
-    for ((class, format), bytes) in format_census(&ckpt, &config)? {
-        println!("  {:<24} {format:<6} {bytes:>16}", class.name());
     }
     Ok(())
 }

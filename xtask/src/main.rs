@@ -5,6 +5,7 @@
 
 mod bench_kernels;
 mod bench_peers;
+mod k3_check;
 mod k3_plan;
 mod k3_synth;
 mod numa_model;
@@ -74,9 +75,11 @@ const TASKS: &[Task] = &[
     },
     Task {
         name: "k3-check",
-        usage: "--model DIR",
-        about: "open a checkpoint directory and validate it against its config.json",
-        run: k3_synth::check,
+        usage: "--model DIR [--no-scan]",
+        about: "open a checkpoint directory as the server does, validate it against its \
+                config.json, print the format census, and read every weight once for NaN/Inf \
+                and 0xFF scales (--no-scan skips the read)",
+        run: k3_check::run,
     },
     Task {
         name: "k3-plan",

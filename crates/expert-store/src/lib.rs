@@ -4,10 +4,12 @@
 //!   expert table).
 //! - [`store`]: the routed-expert residency cache over it ([`ExpertStore`]); [`io`] reads
 //!   experts from their shards; [`usage`] keeps use counts across runs.
-//! - [`writer`]: safetensors files in the release's layout.
+//! - [`scan`]: every weight read once for NaN/Inf and 0xFF E8M0 scales.
+//! - [`writer`]: safetensors files in the release's layout, and re-sharding.
 
 pub mod checkpoint;
 pub mod io;
+pub mod scan;
 pub mod store;
 pub mod usage;
 pub mod writer;

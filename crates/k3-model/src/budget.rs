@@ -35,6 +35,8 @@ pub struct MemoryPlan {
     pub expert_cache: u64,
     pub io_buffers: u64,
     /// MLA latent cache (latent and rope key rows, f32) of every sequence at `ctx` tokens.
+    /// Counted at its length: the cache grows by `Vec` doubling, so its capacity may briefly
+    /// run ahead of this by up to the length again.
     pub kv_cache: u64,
     /// KDA recurrent states and conv windows (f32) of every sequence.
     pub kda_state: u64,

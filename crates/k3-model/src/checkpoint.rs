@@ -9,7 +9,7 @@
 //! [`validate_expert_scales`] — a separate step, since scanning every scale of the release
 //! reads 82 GB, which a streaming engine must not do at load.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 
 use expert_store::checkpoint::{Checkpoint, CheckpointError, Dtype, LinearStorage};
 
@@ -169,40 +169,3 @@ pub fn trunk_tensor_names(checkpoint: &Checkpoint, config: &K3Config) -> HashSet
     names
 }
 
-/// Bytes of a checkpoint's text tensors by class and stored format (`"bf16"`, `"f16"`,
-/// `"f32"`, `"mxfp4"`): what `k3-check` prints. An MXFP4 tensor counts its codes and scales.
-/// Run [`validate`] first: tensors it would refuse are errors here too.
-pub fn format_census(
-    checkpoint: &Checkpoint,
-    config: &K3Config,
-) -> Result<BTreeMap<(TensorClass, &'static str), usize>, CheckpointError> {
-    let mut census = BTreeMap::new();
-    let name_of = |dtype: Dtype| match dtype {
-        Dtype::BF16 => "bf16",
-        Dtype::F16 => "f16",
-        Dtype::F32 => "f32",
-        _ => "mxfp4",
-    };
-    let bytes = |name: &str| -> Result<usize, CheckpointError> {
-        Ok(checkpoint.require(name)?.bytes.len())
-    };
-    for spec in text_tensors(config) {
-        let (format, n) = match spec.role() {
-            Role::Linear => match checkpoint.linear_format(&spec.name)? {
-                LinearStorage::Float(dtype) => (name_of(dtype), bytes(&spec.name)?),
-                LinearStorage::MxFp4(base) => (
-                    "mxfp4",
-                    bytes(&format!("{base}.weight_packed"))?
-                        + bytes(&format!("{base}.weight_scale"))?,
-                ),
-            },
-            Role::Vector => {
-                let t = checkpoint.require(&spec.name)?;
-                (name_of(t.dtype), t.bytes.len())
-            }
-            Role::ExpertPart => ("mxfp4", bytes(&spec.name)?),
-        };
-        *census.entry((spec.class, format)).or_insert(0) += n;
-    }
-    Ok(census)
-}

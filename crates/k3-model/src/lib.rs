@@ -5,9 +5,11 @@
 //! checkpoint against the config; [`synth`], synthetic checkpoints in the release's layout;
 //! [`ops`], the forward pass's primitives (norms, AttnRes mix, router, KDA gate/conv/step);
 //! [`model`], the forward pass and `Session`; [`profile`], its wall time by bucket; [`experts`], the expert-store options the
-//! binaries share; [`budget`], the memory plan checked at startup.
+//! binaries share; [`budget`], the memory plan checked at startup; [`census`], bytes per
+//! storage format and tensor class.
 
 pub mod budget;
+pub mod census;
 pub mod chat;
 pub mod checkpoint;
 pub mod config;

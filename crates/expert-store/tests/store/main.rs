@@ -4,3 +4,4 @@
 mod budget;
 mod checkpoint;
 mod reshard;
+mod scan;

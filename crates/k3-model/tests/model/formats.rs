@@ -372,12 +372,11 @@ fn unsupported_formats_are_refused_by_name() {
     );
 }
 
-/// The census `k3-check` prints: bytes by class and stored format, summing to the checkpoint's
+/// The census `k3-check` prints: bytes by format and class, summing to the checkpoint's
 /// tensor bytes, with each class in the format it was written in.
 #[test]
 fn format_census_counts_every_byte_by_class_and_format() {
-    use k3_model::checkpoint::format_census;
-    use k3_model::inventory::TensorClass;
+    use k3_model::census::{Class, Format, census};
     let (dir, config) = tiny(
         "census",
         &SynthFormats {
@@ -388,27 +387,37 @@ fn format_census_counts_every_byte_by_class_and_format() {
         },
     );
     let ckpt = Checkpoint::open(&dir.0).unwrap();
-    let census = format_census(&ckpt, &config).unwrap();
-    assert_eq!(census.values().sum::<usize>(), ckpt.data_bytes());
-    for (class, format) in [
-        (TensorClass::KdaAttention, "f32"),
-        (TensorClass::LmHead, "f32"),
-        (TensorClass::LayerNorms, "f16"),
-        (TensorClass::SharedExperts, "mxfp4"),
-        (TensorClass::RoutedExperts, "mxfp4"),
+    let cells = census(&ckpt, &config);
+    assert_eq!(
+        cells.values().map(|c| c.bytes).sum::<u64>(),
+        ckpt.data_bytes() as u64
+    );
+    for (format, class) in [
+        (Format::F32, Class::TrunkLinear),
+        (Format::F32, Class::LmHead),
+        (Format::F16, Class::SmallVectors),
+        // The shared experts' MXFP4 linears are trunk linears.
+        (Format::MxFp4, Class::TrunkLinear),
+        (Format::MxFp4, Class::RoutedExperts),
     ] {
         assert!(
-            census.get(&(class, format)).is_some_and(|&b| b > 0),
-            "{class:?} {format}: {census:?}"
+            cells.get(&(format, class)).is_some_and(|c| c.bytes > 0),
+            "{format:?} {class:?}: {cells:?}"
         );
     }
     assert!(
-        !census
-            .keys()
-            .any(|(class, format)| *class == TensorClass::SharedExperts && *format != "mxfp4")
+        !cells.keys().any(|(format, _)| *format == Format::Bf16),
+        "{cells:?}"
     );
-    assert!(
-        !census.keys().any(|(_, format)| *format == "bf16"),
-        "{census:?}"
-    );
+    // Every shared-expert linear is stored as MXFP4, and nothing else in the trunk is.
+    for spec in k3_model::inventory::text_tensors(&config) {
+        if spec.role() != k3_model::inventory::Role::Linear {
+            continue;
+        }
+        let mxfp4 = matches!(
+            ckpt.linear_format(&spec.name).unwrap(),
+            expert_store::checkpoint::LinearStorage::MxFp4(_)
+        );
+        assert_eq!(mxfp4, spec.name.contains("shared_experts"), "{}", spec.name);
+    }
 }

@@ -1,6 +1,7 @@
 //! Integration tests of k3-model.
 
 mod budget;
+mod census;
 mod chat;
 mod config;
 mod ct_fixture;

@@ -1,0 +1,117 @@
+//! The format census of a checkpoint: bytes per (storage format, tensor class), read from the
+//! headers, so a user sees at once what their checkpoint holds (an F32 trunk, MXFP4 beyond the
+//! experts, BF16 vectors) before anything runs.
+
+use std::collections::{BTreeMap, HashMap};
+
+use expert_store::{Checkpoint, Dtype};
+
+use crate::config::K3Config;
+use crate::inventory::{Role, TensorClass, text_tensors};
+
+/// How a tensor is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Format {
+    F32,
+    Bf16,
+    F16,
+    /// `weight_packed` codes and `weight_scale` E8M0 scales (both counted).
+    MxFp4,
+    /// Any other dtype (integers, F64, FP8, ...).
+    Other,
+}
+
+/// What a tensor is for, coarsely (the census's columns).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Class {
+    RoutedExperts,
+    /// Matrices of the trunk: attention, dense and shared MLPs, latent projections, router.
+    TrunkLinear,
+    Embedding,
+    LmHead,
+    /// Norms, biases, conv taps, `A_log`, AttnRes projections: the tensors whose
+    /// [`Role`] is a vector.
+    SmallVectors,
+    /// Tensors the config does not imply (a vision tower, extras): not loaded.
+    Unused,
+}
+
+impl Format {
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::F32 => "F32",
+            Format::Bf16 => "BF16",
+            Format::F16 => "F16",
+            Format::MxFp4 => "MXFP4",
+            Format::Other => "other",
+        }
+    }
+}
+
+impl Class {
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::RoutedExperts => "routed experts",
+            Class::TrunkLinear => "trunk linear",
+            Class::Embedding => "embedding",
+            Class::LmHead => "lm_head",
+            Class::SmallVectors => "small vectors",
+            Class::Unused => "not used",
+        }
+    }
+}
+
+/// Bytes and tensor count of one (format, class) cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Cell {
+    pub bytes: u64,
+    pub tensors: usize,
+}
+
+/// Every stored tensor of `ckpt`, counted in its (format, class) cell.
+pub fn census(ckpt: &Checkpoint, config: &K3Config) -> BTreeMap<(Format, Class), Cell> {
+    let specs: HashMap<String, (TensorClass, bool)> = text_tensors(config)
+        .into_iter()
+        .map(|t| {
+            let vector = t.role() == Role::Vector;
+            (t.name, (t.class, vector))
+        })
+        .collect();
+    let mut cells: BTreeMap<(Format, Class), Cell> = BTreeMap::new();
+    for stored in ckpt.tensor_names() {
+        let Some(t) = ckpt.tensor(stored) else {
+            continue;
+        };
+        let name = stored
+            .strip_prefix(expert_store::checkpoint::TEXT_PREFIX)
+            .unwrap_or(stored);
+        // An MXFP4 pair stands for the `.weight` the config implies.
+        let (base, mxfp4) = match name
+            .strip_suffix(".weight_packed")
+            .or_else(|| name.strip_suffix(".weight_scale"))
+        {
+            Some(base) if t.dtype == Dtype::U8 => (format!("{base}.weight"), true),
+            _ => (name.to_owned(), false),
+        };
+        let format = match t.dtype {
+            _ if mxfp4 => Format::MxFp4,
+            Dtype::F32 => Format::F32,
+            Dtype::BF16 => Format::Bf16,
+            Dtype::F16 => Format::F16,
+            _ => Format::Other,
+        };
+        let class = match specs.get(&base).or_else(|| specs.get(name)) {
+            // Routed experts are named by their packed pair in the inventory.
+            Some((TensorClass::RoutedExperts, _)) => Class::RoutedExperts,
+            Some((TensorClass::Embedding, _)) => Class::Embedding,
+            Some((TensorClass::LmHead, _)) => Class::LmHead,
+            Some((_, true)) => Class::SmallVectors,
+            Some((_, false)) => Class::TrunkLinear,
+            None => Class::Unused,
+        };
+        let cell = cells.entry((format, class)).or_default();
+        cell.bytes += t.bytes.len() as u64;
+        cell.tensors += 1;
+    }
+    cells
+}
