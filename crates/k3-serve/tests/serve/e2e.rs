@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 impl Drop for Server {
@@ -22,7 +22,7 @@ impl Drop for Server {
     }
 }
 
-fn start() -> Server {
+pub(crate) fn start() -> Server {
     start_with(&[])
 }
 
@@ -67,7 +67,7 @@ fn start_with(extra: &[&str]) -> Server {
 }
 
 /// One request; returns the status and the whole body (chunked bodies de-chunked).
-fn request(
+pub(crate) fn request(
     port: u16,
     method: &str,
     path: &str,

@@ -2,6 +2,7 @@
 //! class), and the binary on a loopback port driven by a plain HTTP client.
 
 mod e2e;
+mod fuzz;
 mod router;
 
 use std::path::PathBuf;
