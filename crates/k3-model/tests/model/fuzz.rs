@@ -34,24 +34,6 @@ impl Drop for Scratch {
     }
 }
 
-/// xorshift64*: a fixed-seed stream of cases, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-}
-
 /// Loads `dir` the way the engine does and decodes a few tokens, mapped and streamed.
 /// `Err` is an orderly refusal; a panic propagates to the caller.
 fn load_and_decode(dir: &Path) -> Result<(), String> {
@@ -168,9 +150,9 @@ enum Kind {
 }
 
 /// Applies one random mutation of `kind` to `dir`; returns what it did (for the message).
-fn mutate(dir: &Path, kind: Kind, rng: &mut Rng) -> String {
+fn mutate(dir: &Path, kind: Kind, rng: &mut fastrand::Rng) -> String {
     let files = shards(dir);
-    let shard = rng.pick(&files).clone();
+    let shard = rng.choice(&files).unwrap().clone();
     let name = shard.file_name().unwrap().to_string_lossy().into_owned();
     let bytes = std::fs::read(&shard).unwrap();
     let write = |b: &[u8]| std::fs::write(&shard, b).unwrap();
@@ -178,10 +160,10 @@ fn mutate(dir: &Path, kind: Kind, rng: &mut Rng) -> String {
         Kind::HeaderBytes => {
             let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
             let mut b = bytes.clone();
-            let flips = 1 + rng.below(4);
+            let flips = 1 + rng.usize(..4);
             for _ in 0..flips {
-                let at = 8 + rng.below(n);
-                b[at] = rng.next() as u8;
+                let at = 8 + rng.usize(..n);
+                b[at] = rng.u8(..);
             }
             write(&b);
             format!("{flips} random header bytes of {name}")
@@ -196,9 +178,9 @@ fn mutate(dir: &Path, kind: Kind, rng: &mut Rng) -> String {
                 bytes.len() as u64,
                 u64::MAX,
                 1 << 40,
-                rng.next(),
+                rng.u64(..),
             ];
-            let value = *rng.pick(&choices);
+            let value = *rng.choice(&choices).unwrap();
             let mut b = bytes.clone();
             b[..8].copy_from_slice(&value.to_le_bytes());
             write(&b);
@@ -213,7 +195,7 @@ fn mutate(dir: &Path, kind: Kind, rng: &mut Rng) -> String {
                 .filter(|k| *k != "__metadata__")
                 .cloned()
                 .collect();
-            let tensor = rng.pick(&names).clone();
+            let tensor = rng.choice(&names).unwrap().clone();
             let entry = &mut header[tensor.as_str()];
             let what = match kind {
                 Kind::Dtype => {
@@ -221,20 +203,20 @@ fn mutate(dir: &Path, kind: Kind, rng: &mut Rng) -> String {
                         "F32", "BF16", "F16", "U8", "I8", "F64", "I64", "BOOL", "F8_E4M3", "",
                         "bf16",
                     ];
-                    let d = *rng.pick(&dtypes);
+                    let d = *rng.choice(&dtypes).unwrap();
                     entry["dtype"] = Value::String(d.into());
                     format!("dtype {d:?}")
                 }
                 Kind::Shape => {
                     let shape = entry["shape"].as_array_mut().unwrap();
-                    let choice = rng.below(6);
+                    let choice = rng.usize(..6);
                     match choice {
                         0 if !shape.is_empty() => {
-                            let i = rng.below(shape.len());
+                            let i = rng.usize(..shape.len());
                             shape[i] = 0.into();
                         }
                         1 if !shape.is_empty() => {
-                            let i = rng.below(shape.len());
+                            let i = rng.usize(..shape.len());
                             let v = shape[i].as_u64().unwrap();
                             shape[i] = (v + 1).into();
                         }
@@ -243,7 +225,7 @@ fn mutate(dir: &Path, kind: Kind, rng: &mut Rng) -> String {
                             shape.pop();
                         }
                         4 if !shape.is_empty() => {
-                            let i = rng.below(shape.len());
+                            let i = rng.usize(..shape.len());
                             shape[i] = (1u64 << 40).into();
                         }
                         _ => shape.reverse(),
@@ -262,9 +244,9 @@ fn mutate(dir: &Path, kind: Kind, rng: &mut Rng) -> String {
                         (0, b - a),
                         (a, a),
                         (u64::MAX - 1, u64::MAX),
-                        (rng.next() % (len + 1), rng.next() % (len + 1)),
+                        (rng.u64(..=len), rng.u64(..=len)),
                     ];
-                    let (x, y) = *rng.pick(&choices);
+                    let (x, y) = *rng.choice(&choices).unwrap();
                     *offsets = vec![x.into(), y.into()];
                     format!("data_offsets [{x}, {y}]")
                 }
@@ -273,7 +255,7 @@ fn mutate(dir: &Path, kind: Kind, rng: &mut Rng) -> String {
             format!("{name}: {tensor}: {what}")
         }
         Kind::Truncate => {
-            let len = rng.below(bytes.len());
+            let len = rng.usize(..bytes.len());
             write(&bytes[..len]);
             format!("{name} truncated to {len} of {} bytes", bytes.len())
         }
@@ -283,7 +265,7 @@ fn mutate(dir: &Path, kind: Kind, rng: &mut Rng) -> String {
                 serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
             let mut paths = Vec::new();
             numeric_paths(&config, &mut Vec::new(), &mut paths);
-            let at = rng.pick(&paths).clone();
+            let at = rng.choice(&paths).unwrap().clone();
             let choices = [
                 Value::from(0),
                 Value::from(-1),
@@ -295,13 +277,13 @@ fn mutate(dir: &Path, kind: Kind, rng: &mut Rng) -> String {
                 Value::from("x"),
                 Value::from(3),
             ];
-            let value = rng.pick(&choices).clone();
+            let value = rng.choice(&choices).unwrap().clone();
             *at_path(&mut config, &at) = value.clone();
             std::fs::write(&path, config.to_string()).unwrap();
             format!("config {} = {value}", at.join("."))
         }
         Kind::IndexAndTokenizer => {
-            let choice = rng.below(5);
+            let choice = rng.usize(..5);
             match choice {
                 0 => {
                     // The index names a file that is not there.
@@ -317,22 +299,22 @@ fn mutate(dir: &Path, kind: Kind, rng: &mut Rng) -> String {
                         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
                     let map = index["weight_map"].as_object_mut().unwrap();
                     let keys: Vec<String> = map.keys().cloned().collect();
-                    map.remove(rng.pick(&keys));
+                    map.remove(rng.choice(&keys).unwrap());
                     std::fs::write(&path, index.to_string()).unwrap();
                 }
                 2 => {
                     let path = dir.join("tiktoken.model");
                     let mut b = std::fs::read(&path).unwrap();
                     for _ in 0..8 {
-                        let at = rng.below(b.len());
-                        b[at] = rng.next() as u8;
+                        let at = rng.usize(..b.len());
+                        b[at] = rng.u8(..);
                     }
                     std::fs::write(&path, b).unwrap();
                 }
                 3 => {
                     let path = dir.join("tokenizer_config.json");
                     let b = std::fs::read(&path).unwrap();
-                    std::fs::write(&path, &b[..rng.below(b.len())]).unwrap();
+                    std::fs::write(&path, &b[..rng.usize(..b.len())]).unwrap();
                 }
                 _ => std::fs::remove_file(dir.join("tiktoken.model")).unwrap(),
             }
@@ -346,9 +328,9 @@ fn mutate(dir: &Path, kind: Kind, rng: &mut Rng) -> String {
             let data = 8 + n;
             for _ in 0..64 {
                 if b.len() > data {
-                    let at = data + rng.below(b.len() - data);
-                    let random = rng.next() as u8;
-                    b[at] = *rng.pick(&[0xff, 0x7f, 0x80, 0x00, random]);
+                    let at = data + rng.usize(..b.len() - data);
+                    let random = rng.u8(..);
+                    b[at] = *rng.choice(&[0xffu8, 0x7f, 0x80, 0x00, random]).unwrap();
                 }
             }
             write(&b);
@@ -376,7 +358,7 @@ fn mutated_checkpoints_never_panic() {
         Kind::IndexAndTokenizer,
         Kind::WeightBytes,
     ];
-    let mut rng = Rng(0x6b33_f022_2026_1201);
+    let mut rng = fastrand::Rng::with_seed(0x6b33_f022_2026_1201);
     let (mut refused, mut loaded) = (0, 0);
     let mut failures = Vec::new();
     for (k, &kind) in kinds.iter().enumerate() {

@@ -19,21 +19,6 @@ const CASES: usize = 240;
 /// a few hundred tokens of the tiny model (milliseconds each): seconds mean something is wrong.
 const TIME_BOUND: Duration = Duration::from_secs(20);
 
-/// xorshift64*: a fixed-seed stream of cases.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
 fn bases() -> Vec<(&'static str, Value)> {
     vec![
         (
@@ -85,7 +70,7 @@ fn paths(value: &Value, at: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
     }
 }
 
-fn replacement(rng: &mut Rng) -> Value {
+fn replacement(rng: &mut fastrand::Rng) -> Value {
     let deep = (0..200).fold(json!(1), |v, _| json!([v]));
     let choices = [
         Value::Null,
@@ -105,25 +90,25 @@ fn replacement(rng: &mut Rng) -> Value {
         json!("\u{0}\u{ffff}"),
         deep,
     ];
-    choices[rng.below(choices.len())].clone()
+    choices[rng.usize(..choices.len())].clone()
 }
 
 /// One mutated body (as text: some mutations leave JSON behind).
-fn mutate(base: &Value, rng: &mut Rng) -> String {
+fn mutate(base: &Value, rng: &mut fastrand::Rng) -> String {
     let mut body = base.clone();
     let mut all = Vec::new();
     paths(&body, &mut Vec::new(), &mut all);
-    let choice = rng.below(6);
+    let choice = rng.usize(..6);
     match choice {
         0 | 1 => {
             // A value (or a whole subtree) replaced.
-            let at = &all[1 + rng.below(all.len() - 1)];
+            let at = &all[1 + rng.usize(..all.len() - 1)];
             let value = replacement(rng);
             set(&mut body, at, value);
         }
         2 => {
             // A field or list item deleted.
-            let at = &all[1 + rng.below(all.len() - 1)];
+            let at = &all[1 + rng.usize(..all.len() - 1)];
             let (last, parent) = at.split_last().unwrap();
             match get(&mut body, parent) {
                 Value::Object(map) => {
@@ -150,13 +135,13 @@ fn mutate(base: &Value, rng: &mut Rng) -> String {
                 ("tool_choice", json!("required")),
                 ("response_format", json!({"type": "json_object"})),
             ];
-            let (k, v) = &fields[rng.below(fields.len())];
+            let (k, v) = &fields[rng.usize(..fields.len())];
             body[*k] = v.clone();
         }
         4 => {
             // Bytes: truncated.
             let text = body.to_string();
-            let mut cut = rng.below(text.len());
+            let mut cut = rng.usize(..text.len());
             while !text.is_char_boundary(cut) {
                 cut -= 1;
             }
@@ -165,10 +150,10 @@ fn mutate(base: &Value, rng: &mut Rng) -> String {
         _ => {
             // Bytes: a few replaced by ASCII (JSON syntax characters among them).
             let mut bytes = body.to_string().into_bytes();
-            for _ in 0..1 + rng.below(3) {
-                let at = rng.below(bytes.len());
+            for _ in 0..1 + rng.usize(..3) {
+                let at = rng.usize(..bytes.len());
                 let syntax = b"{}[]\",:0a\\ ";
-                bytes[at] = syntax[rng.below(syntax.len())];
+                bytes[at] = syntax[rng.usize(..syntax.len())];
             }
             return String::from_utf8_lossy(&bytes).into_owned();
         }
@@ -218,7 +203,7 @@ fn mutated_requests_get_an_answer_or_an_error_object_and_the_server_keeps_servin
     let server = start();
     let port = server.port;
     let bases = bases();
-    let mut rng = Rng(0x6b33_5e77_2026_1201);
+    let mut rng = fastrand::Rng::with_seed(0x6b33_5e77_2026_1201);
     let mut failures = Vec::new();
     let mut statuses = std::collections::BTreeMap::new();
     for case in 0..CASES {
