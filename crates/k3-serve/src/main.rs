@@ -483,9 +483,14 @@ fn one_shot(engine: &k3_serve::engine::EngineHandle, limits: &Limits, args: &Arg
                 // The first token comes with the prefill; the rest are decode steps, so one
                 // token has no decode rate.
                 if completion_tokens <= 1 {
+                    let unit = if completion_tokens == 1 {
+                        "token"
+                    } else {
+                        "tokens"
+                    };
                     writeln!(
                         err,
-                        "{completion_tokens} token ({finish_reason}); prefill of {prompt_tokens} tokens {prefill:.3} s ({total:.2} s in all)"
+                        "{completion_tokens} {unit} ({finish_reason}); prefill of {prompt_tokens} tokens {prefill:.3} s ({total:.2} s in all)"
                     )?;
                 } else {
                     writeln!(

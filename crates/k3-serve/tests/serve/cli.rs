@@ -124,10 +124,12 @@ fn usage_errors_are_one_line_and_exit_2_under_rust_backtrace() {
     );
 }
 
-/// `-m`, `-t`, `--ctx-size`, `--port=N` and two `--served-model-name`s: the server listens on
-/// N, `/v1/models` lists every name with the context and a real `created`, a request naming
-/// an alias or the default name is served (reporting the first alias), another name is a 404;
-/// the log says how many compute threads, and one line per request without its prompt.
+/// `-m`, `-t`, `--ctx-size`, `--port=N`, `-n`, `--no-think` and two `--served-model-name`s:
+/// the server listens on N, `/v1/models` lists every name with the context and a real
+/// `created`, a request naming an alias or the default name is served (reporting the first
+/// alias), another name is a 404; a request without `max_tokens` gets `-n`'s, and a chat
+/// without `chat_template_kwargs` does not think; the log says how many compute threads, and
+/// one line per request without its prompt.
 #[test]
 fn llama_server_and_vllm_spellings_and_aliases() {
     let port = free_port();
@@ -140,6 +142,9 @@ fn llama_server_and_vllm_spellings_and_aliases() {
         "--served-model-name",
         "kimi-k3",
         "--served-model-name=moonshotai/Kimi-K3",
+        "-n",
+        "3",
+        "--no-think",
     ]);
     let server = start_exactly(&args, &[], port, Some(&log));
     let started = std::time::SystemTime::now()
@@ -180,7 +185,31 @@ fn llama_server_and_vllm_spellings_and_aliases() {
         assert_eq!(status, 200, "{name}: {text}");
         let answer: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(answer["model"], "kimi-k3");
+        assert!(
+            answer["choices"][0]["message"]
+                .get("reasoning_content")
+                .is_none(),
+            "--no-think: {text}"
+        );
     }
+    // No max_tokens: the server's -n 3 (the end tokens banned, so it runs to its length).
+    let tokenizer = k3_model::tokenizer::Tokenizer::from_dir(&crate::tiny()).unwrap();
+    let banned: serde_json::Map<String, Value> = ["[EOS]", "<|end_of_msg|>"]
+        .iter()
+        .filter_map(|s| tokenizer.special(s))
+        .map(|id| (id.to_string(), json!(-100)))
+        .collect();
+    let body = json!({"prompt": "Once", "logit_bias": banned});
+    let (status, text) = request(
+        server.port,
+        "POST",
+        "/v1/completions",
+        Some(&body.to_string()),
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{text}");
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(answer["usage"]["completion_tokens"], 3, "{text}");
     let body = json!({"model": "gpt-4o", "prompt": "x", "max_tokens": 2});
     let (status, text) = request(
         server.port,
@@ -201,9 +230,9 @@ fn llama_server_and_vllm_spellings_and_aliases() {
     assert!(log_text.contains("no --api-key"), "{log_text}");
     let finished: Vec<&str> = log_text
         .lines()
-        .filter(|l| l.contains("chatcmpl-") && l.contains("output tokens"))
+        .filter(|l| l.contains("cmpl-") && l.contains("output tokens"))
         .collect();
-    assert_eq!(finished.len(), 3, "one line per request:\n{log_text}");
+    assert_eq!(finished.len(), 4, "one line per request:\n{log_text}");
     for line in finished {
         assert!(
             line.contains("prompt tokens")

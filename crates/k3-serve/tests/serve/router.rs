@@ -129,6 +129,10 @@ async fn endpoints_answer() {
     let (_, text) = call(&s, "GET", "/v1/models", None).await;
     let models: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(models["data"][0]["id"], "tiny");
+    assert_eq!(
+        models["data"][0]["created"], 1_700_000_000,
+        "Limits::created"
+    );
 
     let (status, text) = call(
         &s,
