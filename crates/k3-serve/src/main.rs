@@ -114,14 +114,7 @@ fn parse(
         temperature: p.get_f32("temperature")?.unwrap_or(0.0),
         seed: p.get_u64("seed")?.unwrap_or(0),
         thinking: !p.switch("no-think"),
-        thinking_effort: p
-            .get_str("thinking-effort")
-            .map(|e| {
-                e.parse()
-                    .map_err(|e: k3_model::chat::ChatError| UsageError::Other(e.to_string()))
-            })
-            .transpose()?
-            .unwrap_or(ThinkingEffort::Max),
+        thinking_effort: p.get_or_default(table, "thinking-effort")?,
         api_key: p.get_str("api-key").map(str::to_owned),
         served_model_names: p
             .all("served-model-name")

@@ -513,6 +513,11 @@ mod tests {
         for name in ["ctx", "max-batch", "queue"] {
             assert!(none.get_or_default::<usize>(&table, name).unwrap() >= 1);
         }
+        assert_eq!(
+            none.get_or_default::<k3_model::chat::ThinkingEffort>(&table, "thinking-effort")
+                .unwrap(),
+            k3_model::chat::ThinkingEffort::Max
+        );
         let given = run(&["--port=9"]).unwrap();
         assert_eq!(given.get_or_default::<u16>(&table, "port").unwrap(), 9);
     }
