@@ -43,6 +43,7 @@ fn main() -> Result<()> {
         max_batch: streams.max(1),
         ctx: 4096,
         queue: 64,
+        scan: false,
         panic_on_prompt: None,
         prefill_chunk: 8,
     })?;
@@ -106,6 +107,8 @@ fn run(engine: &EngineHandle, streams: usize, tokens: usize) -> Result<(f64, f64
                 request,
                 prompt_ids: ids,
                 events: tx,
+                log_id: None,
+                submitted: Instant::now(),
             })
             .map_err(|e| anyhow::anyhow!("{e:?}"))?;
         receivers.push(rx);

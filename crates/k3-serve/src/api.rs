@@ -157,17 +157,62 @@ pub enum Prompt {
     Text(String),
 }
 
-/// Limits the validation checks against.
+/// Limits the validation checks against, and the server's defaults for what a request leaves
+/// out.
 #[derive(Debug, Clone)]
 pub struct Limits {
-    pub model_name: String,
+    /// The names a request's `model` may give (see [`crate::naming::served_names`]); the
+    /// first is the one reported. Never empty.
+    pub model_names: Vec<String>,
+    /// `max_tokens` when a request gives none (`--max-tokens`).
     pub max_tokens_default: usize,
     /// The context: prompt plus generated tokens.
     pub context: usize,
     /// The chat requests' `thinking_effort` when they give none.
     pub thinking_effort: ThinkingEffort,
+    /// Whether a chat request thinks when its `chat_template_kwargs` does not say (on unless
+    /// `--no-think`).
+    pub thinking: bool,
     /// Token ids are below this (`logit_bias` keys).
     pub vocab_size: usize,
+    /// When the model started being served, in seconds since the Unix epoch: `/v1/models`'
+    /// `created`.
+    pub created: u64,
+}
+
+impl Limits {
+    /// The name responses report: the first of [`Self::model_names`].
+    pub fn model_name(&self) -> &str {
+        self.model_names
+            .first()
+            .map_or(crate::naming::FALLBACK_NAME, String::as_str)
+    }
+}
+
+/// `"a"`, or `"a" (also "b", "c")`.
+fn served_as(names: &[String]) -> String {
+    let quoted: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
+    match quoted.split_first() {
+        None => String::new(),
+        Some((first, [])) => first.clone(),
+        Some((first, rest)) => format!("{first} (also {})", rest.join(", ")),
+    }
+}
+
+/// A seed for a request that gives none: fresh for every request, so two identical unseeded
+/// requests at a temperature above 0 differ, as with OpenAI and vLLM. From std's `RandomState`
+/// (its keys come from the operating system's random source, once per thread, then advance
+/// per instance) over the time and a process-wide counter.
+pub fn fresh_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    hasher.write_u128(now.as_nanos());
+    hasher.finish()
 }
 
 /// The checked common fields, waiting for their prompt.
@@ -199,13 +244,13 @@ impl Checked {
 impl CommonFields {
     fn validate(&self, limits: &Limits) -> Result<Checked, ApiError> {
         if let Some(model) = &self.model
-            && model != &limits.model_name
+            && !crate::naming::accepts(&limits.model_names, model)
         {
             return Err(ApiError {
                 status: StatusCode::NOT_FOUND,
                 message: format!(
-                    "the model {model:?} does not exist; this server serves {:?}",
-                    limits.model_name
+                    "the model {model:?} does not exist; this server serves {}",
+                    served_as(&limits.model_names)
                 ),
                 param: Some("model".into()),
             });
@@ -265,7 +310,7 @@ impl CommonFields {
             repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
             presence_penalty: self.presence_penalty.unwrap_or(0.0),
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
-            seed: self.seed.unwrap_or(0),
+            seed: self.seed.unwrap_or_else(fresh_seed),
             top_logprobs,
             logit_bias: logit_bias(self.logit_bias.as_ref(), limits.vocab_size)?,
         };
@@ -364,7 +409,7 @@ impl ChatRequest {
         let thinking = kwargs
             .and_then(|k| k.get("thinking"))
             .and_then(Value::as_bool)
-            .unwrap_or(true);
+            .unwrap_or(limits.thinking);
         if let Some(tools) = &self.tools
             && !tools.is_array()
         {

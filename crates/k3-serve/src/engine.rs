@@ -42,6 +42,9 @@ pub struct EngineConfig {
     /// Jobs waiting for a slot at most (more are refused: 429).
     pub queue: usize,
     pub prefill_chunk: usize,
+    /// Reads every weight once before serving (`--scan`): a NaN/Inf in a float tensor or a
+    /// 0xFF E8M0 scale fails the load, naming the tensors.
+    pub scan: bool,
     /// Fault injection for tests: a text prompt equal to `.0` panics in its sampling step
     /// once `.1` tokens have been generated (0: right after its prefill). `None` in use.
     #[doc(hidden)]
@@ -84,6 +87,12 @@ pub struct Job {
     pub request: ValidRequest,
     pub prompt_ids: Vec<u32>,
     pub events: UnboundedSender<Event>,
+    /// The request's id for the one info line logged when it ends (prompt and output token
+    /// counts, time to first token, tokens/s, how it ended; never the prompt's text). `None`:
+    /// no line (the one-shot run prints its own).
+    pub log_id: Option<String>,
+    /// When the request arrived: the time to first token counts from here.
+    pub submitted: Instant,
 }
 
 /// Counters for `/metrics`.
@@ -266,6 +275,15 @@ fn run(
 ) -> Result<()> {
     let ckpt = Checkpoint::open(&config.model_dir)?;
     k3_model::checkpoint::validate(&ckpt, model_config)?;
+    if config.scan {
+        let started = Instant::now();
+        let report = expert_store::scan::require_finite(&ckpt)?;
+        log::info!(
+            "--scan: {} tensors read, none holds NaN, Inf or a 0xFF scale ({:.1} s)",
+            report.tensors.len(),
+            started.elapsed().as_secs_f64()
+        );
+    }
     let run = k3_model::budget::RunShape {
         resident_trunk: false,
         max_batch: config.max_batch,
@@ -276,6 +294,7 @@ fn run(
     log::info!("memory plan: {}", plan.describe());
     let pool = Arc::new(config.placement.build()?);
     log::info!("{}", pool.topology().describe());
+    log::info!("{} compute threads", pool.threads());
     let store = config
         .experts
         .open(&ckpt, model_config, expert_store::io::memory_available())?
@@ -481,6 +500,8 @@ struct Sequence {
     /// Output bytes not yet whole characters (plain completions).
     pending: Vec<u8>,
     finished: bool,
+    log_id: Option<String>,
+    submitted: Instant,
     admitted: Instant,
     prefilled: Option<Instant>,
     /// Fault injection (tests): panic in sampling once this many tokens are generated.
@@ -493,6 +514,8 @@ impl Sequence {
             request,
             prompt_ids,
             events,
+            log_id,
+            submitted,
         } = job;
         let parser = match &request.prompt {
             Prompt::Chat { thinking, .. } => OutputParser::new(tokenizer, *thinking),
@@ -519,6 +542,8 @@ impl Sequence {
             last: 0,
             pending: Vec::new(),
             finished: false,
+            log_id,
+            submitted,
             admitted: Instant::now(),
             prefilled: None,
             panic_at: None,
@@ -527,10 +552,33 @@ impl Sequence {
 
     fn fail(&mut self, message: &str) {
         let _ = self.events.send(Event::Error(message.to_owned()));
+        self.log_end("error");
         self.finished = true;
     }
 
+    /// The request's one log line (see [`Job::log_id`]).
+    fn log_end(&self, how: &str) {
+        let Some(id) = &self.log_id else { return };
+        let ttft = self.prefilled.map_or("none".to_owned(), |t| {
+            format!("{:.3} s", (t - self.submitted).as_secs_f64())
+        });
+        let rate = match self.prefilled {
+            // The first token comes with the prefill; the rest are decode steps.
+            Some(t) if self.generated > 1 => format!(
+                "{:.2} tokens/s",
+                (self.generated - 1) as f64 / t.elapsed().as_secs_f64().max(1e-9)
+            ),
+            _ => "no decode steps".to_owned(),
+        };
+        log::info!(
+            "{id}: {how}; {} prompt tokens, {} output tokens, time to first token {ttft}, {rate}",
+            self.prompt.len(),
+            self.generated,
+        );
+    }
+
     fn finish(&mut self, reason: &'static str) {
+        self.log_end(reason);
         let prefilled = self.prefilled.unwrap_or(self.admitted);
         let _ = self.events.send(Event::Done {
             finish_reason: reason,
@@ -545,7 +593,8 @@ impl Sequence {
     /// Samples the next token from `logits` and sends what it adds.
     fn advance(&mut self, logits: &[f32], tokenizer: &Tokenizer, metrics: &Metrics) {
         if self.events.is_closed() {
-            self.finished = true; // the client went away
+            self.log_end("cancelled (the client went away)");
+            self.finished = true;
             return;
         }
         self.prefilled.get_or_insert_with(Instant::now);

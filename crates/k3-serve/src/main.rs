@@ -1,30 +1,39 @@
 //! `k3-serve`: one-shot generation (`--prompt`) or the OpenAI-compatible server (`--serve`).
 //!
-//! ```text
-//! k3-serve [--model DIR] [--serve] [--host 127.0.0.1] [--port 8000] [--threads N] [--numa]
-//!          [--numa-fake N] [--numa-threads N] [--expert-cache N] [--expert-cache-gb G]
-//!          [--preload-experts] [--mlock] [--no-usage-cache] [--max-batch N] [--ctx N]
-//!          [--queue N] [--kernel-tier T] [--header-timeout-s S] [--body-timeout-s S]
-//!          [--idle-timeout-s S] [--max-connections N] [--prompt TEXT] [--max-tokens N]
-//!          [--temperature T] [--seed S] [--no-think] [--thinking-effort low|high|max]
-//! ```
+//! Every flag is in one table, `k3_serve::cli::k3_serve_flags` (`k3-serve --help` prints it
+//! with the defaults); `--flag value`, `--flag=value` and the llama-server / vLLM spellings
+//! (`-m`, `-t`, `--ctx-size`, ...) are accepted. A mistake on the command line prints one line
+//! and exits 2; a failure after that (a model that does not load) prints its report and
+//! exits 1.
+//!
 //! Without `--model` it generates the `tiny` synthetic checkpoint once into a cache directory
 //! (`$XDG_CACHE_HOME/k3/tiny`, else `~/.cache/k3/tiny`) and uses it. A model that fails to
 //! load ends the process with the reason, in both modes.
 
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
-use k3_model::chat::{ChatOptions, Message, ThinkingEffort, render};
+use k3_model::chat::ThinkingEffort;
 use k3_model::experts::ExpertOptions;
-use k3_model::sampling::SamplingParams;
-use k3_serve::api::{Limits, Prompt, ValidRequest};
+use k3_serve::api::{ChatRequest, Limits};
+use k3_serve::auth::{ApiKey, require_api_key};
+use k3_serve::cli::{self, Flag, Outcome, Parsed, UsageError};
 use k3_serve::conn::{ConnLimits, serve};
 use k3_serve::engine::{EngineConfig, Event, Job, prompt_ids, spawn};
+use k3_serve::naming;
 use k3_serve::server::{AppState, app};
 use mxfp4_kernels::{Kernels, Tier};
+use serde_json::{Value, json};
+
+const BINARY: &str = "k3-serve";
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// `max_tokens` when neither `--max-tokens` nor a request gives it.
+const ONE_SHOT_MAX_TOKENS: usize = 32;
+const SERVER_MAX_TOKENS: usize = 256;
 
 struct Args {
     model: Option<PathBuf>,
@@ -39,112 +48,119 @@ struct Args {
     tier: Option<Tier>,
     conn: ConnLimits,
     prompt: Option<String>,
-    max_tokens: usize,
+    /// `--max-tokens`: the one-shot run's tokens, the server's default.
+    max_tokens: Option<usize>,
+    /// One-shot only (the server takes each request's).
     temperature: f32,
     seed: u64,
+    /// Thinking when nothing else says (`--no-think` turns it off).
     thinking: bool,
     /// The chat template's `thinking_effort` for requests that give none.
     thinking_effort: ThinkingEffort,
+    api_key: Option<String>,
+    served_model_names: Vec<String>,
+    scan: bool,
 }
 
-fn parse() -> Result<Args> {
-    let mut a = Args {
-        model: None,
-        serve: false,
-        host: "127.0.0.1".into(),
-        port: 8000,
-        placement: numa_sched::PoolOptions {
-            threads: Some(1),
-            ..Default::default()
-        },
-        experts: ExpertOptions::default(),
-        max_batch: 8,
-        ctx: 4096,
-        queue: 64,
-        tier: None,
-        conn: ConnLimits::default(),
-        prompt: None,
-        max_tokens: 32,
-        temperature: 0.0,
-        seed: 0,
-        thinking: true,
-        thinking_effort: ThinkingEffort::Max,
+/// The command line (without the program name) as [`Args`]; `None` when `--help` or
+/// `--version` was printed.
+fn parse(
+    table: &[Flag],
+    args: impl IntoIterator<Item = String>,
+) -> Result<Option<Args>, UsageError> {
+    let mut p = match cli::parse(table, args)? {
+        Outcome::Run(parsed) => parsed,
+        Outcome::Help => {
+            print!("{}", cli::render_help(table, BINARY, VERSION));
+            return Ok(None);
+        }
+        Outcome::Version => {
+            print!("{}", cli::render_version(BINARY, VERSION));
+            return Ok(None);
+        }
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--model" => a.model = Some(PathBuf::from(value()?)),
-            "--serve" => a.serve = true,
-            "--host" => a.host = value()?,
-            "--port" => a.port = value()?.parse().context("--port is a port number")?,
-            "--max-batch" => a.max_batch = count(&flag, &value()?)?,
-            "--ctx" => a.ctx = count(&flag, &value()?)?,
-            "--queue" => a.queue = count(&flag, &value()?)?,
-            "--kernel-tier" => a.tier = Some(value()?.parse()?),
-            "--header-timeout-s" => a.conn.header = seconds(&flag, &value()?)?,
-            "--body-timeout-s" => a.conn.body = seconds(&flag, &value()?)?,
-            "--idle-timeout-s" => a.conn.idle = seconds(&flag, &value()?)?,
-            "--max-connections" => a.conn.max_connections = count(&flag, &value()?)?,
-            "--prompt" => a.prompt = Some(value()?),
-            "--max-tokens" => a.max_tokens = count(&flag, &value()?)?,
-            "--temperature" => {
-                a.temperature = value()?.parse().context("--temperature is a number")?
-            }
-            "--seed" => a.seed = value()?.parse().context("--seed is a number")?,
-            "--no-think" => a.thinking = false,
-            "--thinking-effort" => {
-                a.thinking_effort = value()?.parse().context("--thinking-effort")?
-            }
-            "-h" | "--help" => {
-                println!(
-                    "usage: k3-serve [--model DIR] [--serve] [--host H] [--port P] [--threads N] [--numa] [--numa-fake N] [--numa-threads N] [--expert-cache N] [--expert-cache-gb G] [--preload-experts] [--mlock] [--no-usage-cache] [--max-batch N] [--ctx N] [--queue N] [--kernel-tier T] [--header-timeout-s S] [--body-timeout-s S] [--idle-timeout-s S] [--max-connections N] [--prompt TEXT] [--max-tokens N] [--temperature T] [--seed S] [--no-think] [--thinking-effort low|high|max]\n\n  connection limits (--serve): --header-timeout-s S (a request head, from the connection or its first byte; default {}), --body-timeout-s S (a request body, from the head's end; default {}), --idle-timeout-s S (a kept-alive connection with nothing in flight; default {}), --max-connections N (open at once, more get 503; default {})",
-                    ConnLimits::default().header.as_secs_f64(),
-                    ConnLimits::default().body.as_secs_f64(),
-                    ConnLimits::default().idle.as_secs_f64(),
-                    ConnLimits::default().max_connections,
-                );
-                std::process::exit(0);
-            }
-            other => {
-                let known = a
-                    .experts
-                    .apply_flag(other, || it.next())
-                    .map_err(anyhow::Error::msg)?
-                    || a.placement
-                        .apply_flag(other, || it.next())
-                        .map_err(anyhow::Error::msg)?;
-                if !known {
-                    bail!("unknown flag {other:?} (see --help)");
+    p.fill_from_env(table, |var| std::env::var(var).ok())?;
+    let mut placement = numa_sched::PoolOptions::default();
+    let mut experts = ExpertOptions::default();
+    cli::apply_library_flags(&p, &mut experts, &mut placement)?;
+    let seconds = |name: &str| -> Result<Duration, UsageError> {
+        Ok(Duration::from_secs_f64(p.get_or_default(table, name)?))
+    };
+    let a = Args {
+        model: p.get_str("model").map(PathBuf::from),
+        serve: p.switch("serve"),
+        host: p.get_or_default(table, "host")?,
+        port: p.get_or_default(table, "port")?,
+        placement,
+        experts,
+        max_batch: p.get_or_default(table, "max-batch")?,
+        ctx: p.get_or_default(table, "ctx")?,
+        queue: p.get_or_default(table, "queue")?,
+        tier: p
+            .get_str("kernel-tier")
+            .map(|t| {
+                t.parse()
+                    .map_err(|e: mxfp4_kernels::Error| UsageError::Other(e.to_string()))
+            })
+            .transpose()?,
+        conn: ConnLimits {
+            header: seconds("header-timeout-s")?,
+            body: seconds("body-timeout-s")?,
+            idle: seconds("idle-timeout-s")?,
+            max_connections: p.get_or_default(table, "max-connections")?,
+        },
+        prompt: p.get_str("prompt").map(str::to_owned),
+        max_tokens: p.get_usize("max-tokens")?,
+        temperature: p.get_f32("temperature")?.unwrap_or(0.0),
+        seed: p.get_u64("seed")?.unwrap_or(0),
+        thinking: !p.switch("no-think"),
+        thinking_effort: p.get_or_default(table, "thinking-effort")?,
+        api_key: p.get_str("api-key").map(str::to_owned),
+        served_model_names: p
+            .all("served-model-name")
+            .into_iter()
+            .map(str::to_owned)
+            .collect(),
+        scan: p.switch("scan"),
+    };
+    check_mode(&p, &a)?;
+    Ok(Some(a))
+}
+
+/// The flags that belong to one mode, given in the other.
+fn check_mode(p: &Parsed, a: &Args) -> Result<(), UsageError> {
+    match (a.serve, &a.prompt) {
+        (false, None) => Err(UsageError::Other(
+            "give --prompt TEXT for a one-shot generation, or --serve to start the server; see --help".into(),
+        )),
+        (true, Some(_)) => Err(UsageError::Other(
+            "--prompt is for a one-shot run and --serve starts the server: give one of them".into(),
+        )),
+        (true, None) => {
+            for name in ["temperature", "seed"] {
+                if p.has(name) {
+                    return Err(UsageError::Other(format!(
+                        "--{name} is for a one-shot run; the server takes each request's {name}"
+                    )));
                 }
             }
+            Ok(())
+        }
+        (false, Some(_)) => {
+            for name in ["served-model-name", "host", "port", "max-connections", "queue"] {
+                if p.has(name) {
+                    log::warn!("--{name} applies to the server (--serve) and is ignored by a one-shot run");
+                }
+            }
+            Ok(())
         }
     }
-    if !a.serve && a.prompt.is_none() {
-        bail!("give --prompt TEXT for a one-shot generation, or --serve to start the server");
-    }
-    Ok(a)
 }
 
-fn count(flag: &str, value: &str) -> Result<usize> {
-    let n: usize = value
-        .parse()
-        .with_context(|| format!("{flag} is a count"))?;
-    if n == 0 {
-        bail!("{flag} must be at least 1");
-    }
-    Ok(n)
-}
-
-/// A duration in seconds, positive and finite.
-fn seconds(flag: &str, value: &str) -> Result<Duration> {
-    let s: f64 = value
-        .parse()
-        .with_context(|| format!("{flag} is a number of seconds, got {value:?}"))?;
-    if !(s.is_finite() && s > 0.0 && s < 1e9) {
-        bail!("{flag} must be a positive number of seconds below 1e9, got {value}");
-    }
-    Ok(Duration::from_secs_f64(s))
+/// A usage error: one line, exit 2, whatever `RUST_BACKTRACE` says.
+fn usage_exit(message: impl std::fmt::Display) -> ! {
+    eprintln!("{BINARY}: {message}");
+    std::process::exit(2);
 }
 
 /// Raises the soft limit on open files to the hard one, as servers do (each connection is a
@@ -200,7 +216,15 @@ fn main() -> Result<()> {
         .filter_level(log::LevelFilter::Info)
         .format_timestamp(None)
         .init();
-    let args = parse()?;
+    let table = cli::k3_serve_flags();
+    let args = match parse(&table, std::env::args().skip(1)) {
+        Ok(Some(args)) => args,
+        Ok(None) => return Ok(()),
+        Err(e) => usage_exit(e),
+    };
+    let created = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let model_dir = match &args.model {
         Some(dir) => dir.clone(),
         None => default_model()?,
@@ -219,6 +243,7 @@ fn main() -> Result<()> {
         ctx: args.ctx,
         queue: args.queue,
         prefill_chunk: k3_model::model::PREFILL_CHUNK,
+        scan: args.scan,
         panic_on_prompt: None,
     })?;
     if let Some(max) = engine.max_positions
@@ -229,115 +254,157 @@ fn main() -> Result<()> {
             args.ctx
         );
     }
+    // The config's model id, a Hugging Face cache path's repo, or the directory's name.
+    let config_json: Value = std::fs::read_to_string(model_dir.join("config.json"))
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or(Value::Null);
+    let model_names = naming::served_names(
+        naming::default_served_name(&model_dir, &config_json),
+        &args.served_model_names,
+    );
+    let max_tokens_default = args.max_tokens.unwrap_or(if args.serve {
+        SERVER_MAX_TOKENS.min(args.ctx.saturating_sub(1)).max(1)
+    } else {
+        ONE_SHOT_MAX_TOKENS
+    });
+    if max_tokens_default >= args.ctx {
+        usage_exit(format!(
+            "max_tokens {max_tokens_default} (--max-tokens) leaves no room for a prompt in --ctx {}; lower one or raise the other",
+            args.ctx
+        ));
+    }
     let limits = Limits {
-        model_name: model_dir
-            .file_name()
-            .map_or("k3".into(), |n| n.to_string_lossy().into_owned()),
-        max_tokens_default: 256,
+        model_names,
+        max_tokens_default,
         context: args.ctx,
         thinking_effort: args.thinking_effort,
+        thinking: args.thinking,
         vocab_size: engine.config.vocab_size,
+        created,
     };
-    if args.serve {
-        let mut conn = args.conn;
-        // A descriptor per connection, and some for the checkpoint's files and the rest.
-        if let Some(open_files) = raise_open_files_limit() {
-            let room = usize::try_from(open_files.saturating_sub(256))
-                .unwrap_or(usize::MAX)
-                .max(1);
-            if conn.max_connections > room {
-                log::warn!(
-                    "--max-connections {} lowered to {room}: the open-files limit is {open_files}",
-                    conn.max_connections
-                );
-                conn.max_connections = room;
-            }
-        }
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
-        let waiter = engine.clone();
-        let served = runtime.block_on(async move {
-            let address = format!("{}:{}", args.host, args.port);
-            let listener = tokio::net::TcpListener::bind(&address)
-                .await
-                .with_context(|| format!("binding {address}"))?;
-            log::info!(
-                "serving {} on http://{}",
-                limits.model_name,
-                listener.local_addr()?
-            );
-            let state = AppState {
-                engine,
-                limits: Arc::new(limits),
-            };
-            let shutdown = async {
-                // Ctrl-C or SIGTERM (what service managers send).
-                let mut term =
-                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = async { match &mut term { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-                }
-                log::info!("shutting down: finishing open responses");
-            };
-            // The model loads while the server answers 503 "loading"; if it fails to load,
-            // the process ends with the reason rather than answering 503 forever.
-            let load_failed = async {
-                match tokio::task::spawn_blocking(move || waiter.wait_loaded(None)).await {
-                    Ok(Ok(())) => std::future::pending().await,
-                    Ok(Err(why)) => why,
-                    Err(e) => format!("waiting for the load failed: {e}"),
-                }
-            };
-            tokio::select! {
-                served = serve(listener, app(state), conn, shutdown) => served?,
-                why = load_failed => bail!("the model did not load: {why}"),
-            }
-            // The router (and with it the engine's queue) is gone: the engine finishes what it
-            // runs, saves the usage counts and stops.
-            let _ = engine_thread.join();
-            Ok(())
-        });
-        // Nothing blocking is left to wait for.
-        runtime.shutdown_background();
-        return served;
+    if !args.serve {
+        return one_shot(&engine, &limits, &args);
     }
-    // One-shot generation.
+    let mut conn = args.conn;
+    // A descriptor per connection, and some for the checkpoint's files and the rest.
+    if let Some(open_files) = raise_open_files_limit() {
+        let room = usize::try_from(open_files.saturating_sub(256))
+            .unwrap_or(usize::MAX)
+            .max(1);
+        if conn.max_connections > room {
+            log::warn!(
+                "--max-connections {} lowered to {room}: the open-files limit is {open_files}",
+                conn.max_connections
+            );
+            conn.max_connections = room;
+        }
+    }
+    let api_key = ApiKey::new(args.api_key.as_deref());
+    if api_key.is_set() {
+        log::info!("API key required on /v1 (/health and /metrics are open)");
+    } else {
+        log::info!("no --api-key: the API is open to anyone who can reach the port");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let waiter = engine.clone();
+    let (host, port) = (args.host.clone(), args.port);
+    let served = runtime.block_on(async move {
+        let address = format!("{host}:{port}");
+        let listener = tokio::net::TcpListener::bind(&address)
+            .await
+            .with_context(|| format!("binding {address}"))?;
+        let also = &limits.model_names[1..];
+        log::info!(
+            "serving {:?}{} on http://{}",
+            limits.model_name(),
+            if also.is_empty() {
+                String::new()
+            } else {
+                format!(" (also as {})", also.join(", "))
+            },
+            listener.local_addr()?
+        );
+        let state = AppState {
+            engine,
+            limits: Arc::new(limits),
+        };
+        let router = app(state).layer(axum::middleware::from_fn_with_state(
+            api_key,
+            require_api_key,
+        ));
+        let shutdown = async {
+            // Ctrl-C or SIGTERM (what service managers send).
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = async { match &mut term { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+            }
+            log::info!("shutting down: finishing open responses");
+        };
+        // The model loads while the server answers 503 "loading"; if it fails to load,
+        // the process ends with the reason rather than answering 503 forever.
+        let load_failed = async {
+            match tokio::task::spawn_blocking(move || waiter.wait_loaded(None)).await {
+                Ok(Ok(())) => std::future::pending().await,
+                Ok(Err(why)) => why,
+                Err(e) => format!("waiting for the load failed: {e}"),
+            }
+        };
+        tokio::select! {
+            served = serve(listener, router, conn, shutdown) => served?,
+            why = load_failed => bail!("the model did not load: {why}"),
+        }
+        // The router (and with it the engine's queue) is gone: the engine finishes what it
+        // runs, saves the usage counts and stops.
+        let _ = engine_thread.join();
+        Ok(())
+    });
+    // Nothing blocking is left to wait for.
+    runtime.shutdown_background();
+    served
+}
+
+/// The one-shot run: `--prompt` as a user message, validated as the server validates a chat
+/// request (the same `ChatRequest::validate`), checked against `--ctx`, then generated. The
+/// answer goes to stdout; the reasoning (marked `[reasoning]`, dimmed on a terminal), the
+/// `[answer]` mark and the timing line go to stderr, so `k3-serve --prompt ... > out.txt`
+/// keeps the answer alone.
+fn one_shot(engine: &k3_serve::engine::EngineHandle, limits: &Limits, args: &Args) -> Result<()> {
+    let body = json!({
+        "messages": [{"role": "user", "content": args.prompt.clone().unwrap_or_default()}],
+        "max_tokens": limits.max_tokens_default,
+        "temperature": args.temperature,
+        "seed": args.seed,
+        "stream": true,
+    });
+    let request: ChatRequest = serde_json::from_value(body).context("building the request")?;
+    let request = request.validate(limits).unwrap_or_else(|e| {
+        let flag = match e.param.as_deref() {
+            Some("max_tokens") => "--max-tokens",
+            Some("temperature") => "--temperature",
+            Some("seed") => "--seed",
+            _ => "--prompt",
+        };
+        usage_exit(format!("{flag}: {}", e.message))
+    });
     if let Err(why) = engine.wait_loaded(None) {
         bail!("the model did not load: {why}");
     }
-    let request = ValidRequest {
-        prompt: Prompt::Chat {
-            segments: render(
-                &[Message {
-                    role: "user".into(),
-                    content: args.prompt.clone().unwrap_or_default(),
-                    ..Message::default()
-                }],
-                None,
-                &ChatOptions {
-                    thinking: args.thinking,
-                    thinking_effort: args.thinking_effort,
-                    ..ChatOptions::default()
-                },
-            )?,
-            thinking: args.thinking,
-        },
-        sampling: SamplingParams {
-            temperature: args.temperature,
-            seed: args.seed,
-            ..SamplingParams::default()
-        },
-        max_tokens: args.max_tokens,
-        stop: Vec::new(),
-        stop_tokens: Vec::new(),
-        stream: true,
-        include_usage: false,
-        logprobs: false,
-    };
     let ids = prompt_ids(&engine.tokenizer, &request.prompt);
+    if ids.len() + request.max_tokens > limits.context {
+        usage_exit(format!(
+            "the prompt ({} tokens, chat template included) plus --max-tokens {} exceeds --ctx {}",
+            ids.len(),
+            request.max_tokens,
+            limits.context
+        ));
+    }
+    let max_tokens = request.max_tokens;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let start = Instant::now();
     engine
@@ -345,18 +412,45 @@ fn main() -> Result<()> {
             request,
             prompt_ids: ids,
             events: tx,
+            log_id: None,
+            submitted: start,
         })
         .map_err(|e| anyhow::anyhow!("could not queue the prompt: {e:?}"))?;
-    let mut tokens = 0;
-    use std::io::Write;
     let mut out = std::io::stdout();
+    let mut err = std::io::stderr();
+    let (dim, undim) = if err.is_terminal() {
+        ("\x1b[2m", "\x1b[0m")
+    } else {
+        ("", "")
+    };
+    let (mut in_reasoning, mut reasoned, mut answered) = (false, false, false);
+    let mut tokens = 0;
     while let Some(event) = rx.blocking_recv() {
         match event {
             Event::Delta {
                 reasoning, content, ..
             } => {
-                write!(out, "{reasoning}{content}")?;
-                out.flush()?;
+                if !reasoning.is_empty() {
+                    if !in_reasoning {
+                        write!(err, "[reasoning]\n{dim}")?;
+                        in_reasoning = true;
+                        reasoned = true;
+                    }
+                    write!(err, "{reasoning}")?;
+                    err.flush()?;
+                }
+                if !content.is_empty() {
+                    if in_reasoning {
+                        writeln!(err, "{undim}")?;
+                        in_reasoning = false;
+                    }
+                    if reasoned && !answered {
+                        writeln!(err, "[answer]")?;
+                    }
+                    answered = true;
+                    write!(out, "{content}")?;
+                    out.flush()?;
+                }
             }
             Event::Done {
                 finish_reason,
@@ -366,14 +460,38 @@ fn main() -> Result<()> {
                 decode,
             } => {
                 tokens = completion_tokens;
-                println!();
-                // The first token comes with the prefill; the rest are decode steps.
-                println!(
-                    "{completion_tokens} tokens ({finish_reason}); prefill of {prompt_tokens} tokens {:.3} s, then {:.2} tokens/s decoding ({:.2} s in all)",
-                    prefill.as_secs_f64(),
-                    completion_tokens.saturating_sub(1) as f64 / decode.as_secs_f64().max(1e-9),
-                    start.elapsed().as_secs_f64()
-                );
+                if in_reasoning {
+                    writeln!(err, "{undim}")?;
+                }
+                if answered {
+                    writeln!(out)?;
+                } else if reasoned && finish_reason == "length" {
+                    writeln!(
+                        err,
+                        "[no answer: the {max_tokens} tokens ran out while thinking; raise --max-tokens or give --no-think]"
+                    )?;
+                }
+                let total = start.elapsed().as_secs_f64();
+                let prefill = prefill.as_secs_f64();
+                // The first token comes with the prefill; the rest are decode steps, so one
+                // token has no decode rate.
+                if completion_tokens <= 1 {
+                    let unit = if completion_tokens == 1 {
+                        "token"
+                    } else {
+                        "tokens"
+                    };
+                    writeln!(
+                        err,
+                        "{completion_tokens} {unit} ({finish_reason}); prefill of {prompt_tokens} tokens {prefill:.3} s ({total:.2} s in all)"
+                    )?;
+                } else {
+                    writeln!(
+                        err,
+                        "{completion_tokens} tokens ({finish_reason}); prefill of {prompt_tokens} tokens {prefill:.3} s, then {:.2} tokens/s decoding ({total:.2} s in all)",
+                        (completion_tokens - 1) as f64 / decode.as_secs_f64().max(1e-9),
+                    )?;
+                }
             }
             Event::Error(message) => bail!("generation failed: {message}"),
         }

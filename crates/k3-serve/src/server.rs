@@ -157,12 +157,15 @@ async fn run(state: AppState, request: ValidRequest, chat: bool) -> Result<Respo
     let stream = request.stream;
     let include_usage = request.include_usage;
     let logprobs = request.logprobs;
+    let id = format!("{}-{:x}", if chat { "chatcmpl" } else { "cmpl" }, unique());
     state
         .engine
         .submit(Job {
             request,
             prompt_ids: ids,
             events: tx,
+            log_id: Some(id.clone()),
+            submitted: std::time::Instant::now(),
         })
         .map_err(|e| match e {
             SubmitError::Full => ApiError::new(
@@ -173,8 +176,7 @@ async fn run(state: AppState, request: ValidRequest, chat: bool) -> Result<Respo
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped")
             }
         })?;
-    let id = format!("{}-{:x}", if chat { "chatcmpl" } else { "cmpl" }, unique());
-    let model = state.limits.model_name.clone();
+    let model = state.limits.model_name().to_owned();
     let created = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -485,11 +487,19 @@ impl Collected {
     }
 }
 
+/// Every name the model is served as (the reported one first), each with when the server
+/// started serving it.
 async fn models(State(state): State<AppState>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [{
-        "id": state.limits.model_name, "object": "model", "created": 0, "owned_by": "k3",
-        "max_model_len": state.limits.context,
-    }]}))
+    let limits = &state.limits;
+    let data: Vec<Value> = limits
+        .model_names
+        .iter()
+        .map(|name| {
+            json!({"id": name, "object": "model", "created": limits.created, "owned_by": "k3",
+                   "max_model_len": limits.context})
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 async fn health(State(state): State<AppState>) -> Response {

@@ -61,6 +61,8 @@ pub enum Kind {
     Whole,
     /// A TCP port (1 to 65535).
     Port,
+    /// A duration in seconds: a finite number above 0 and below 1e9 (`1.5` allowed).
+    Seconds,
     /// A finite number in `[min, max]`.
     Number { min: f64, max: f64 },
     /// One of a closed set of words.
@@ -176,6 +178,10 @@ impl Flag {
             Kind::Port => match value.parse::<u16>() {
                 Ok(n) if n >= 1 => Ok(()),
                 _ => Err(bad("a port number in [1, 65535]".into())),
+            },
+            Kind::Seconds => match value.parse::<f64>() {
+                Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => Ok(()),
+                _ => Err(bad("a positive number of seconds below 1e9".into())),
             },
             Kind::Number { min, max } => match value.parse::<f64>() {
                 Ok(x) if x.is_finite() && (min..=max).contains(&x) => Ok(()),
@@ -343,6 +349,25 @@ impl Parsed {
             self.given.push((flag.name, Some(value)));
         }
         Ok(())
+    }
+
+    /// The flag's value, else its default from `table` (for flags whose default is a plain
+    /// value, such as `8000` for `--port`: the help's default is the one used).
+    pub fn get_or_default<T: std::str::FromStr>(
+        &self,
+        table: &[Flag],
+        name: &str,
+    ) -> Result<T, UsageError> {
+        let flag = table
+            .iter()
+            .find(|f| f.name == name)
+            .ok_or_else(|| UsageError::Other(format!("--{name} is not in the flag table")))?;
+        let value = self.get_str(name).unwrap_or(flag.default);
+        value.parse().map_err(|_| UsageError::BadValue {
+            flag: flag.long(),
+            value: value.to_owned(),
+            want: format!("a {}", flag.value_name),
+        })
     }
 
     fn get_parsed<T: std::str::FromStr>(
@@ -673,6 +698,17 @@ mod tests {
         );
         assert!(error(&["--seed=-3"]).starts_with("--seed must be a whole number"));
         assert!(error(&["--expert-cache-gb=-1"]).contains("at least 0"));
+        assert_eq!(
+            error(&["--idle-timeout-s", "0"]),
+            "--idle-timeout-s must be a positive number of seconds below 1e9, got \"0\""
+        );
+        assert_eq!(
+            run(&["--body-timeout-s=1.5"])
+                .unwrap()
+                .get_f64("body-timeout-s")
+                .unwrap(),
+            Some(1.5)
+        );
         assert_eq!(
             error(&["--chat-template", "chatml"]),
             "--chat-template must be kimi-k3 (the only one there is), got \"chatml\""

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 pub(crate) struct Server {
-    child: Child,
+    pub(crate) child: Child,
     pub(crate) port: u16,
 }
 
@@ -26,30 +26,56 @@ pub(crate) fn start() -> Server {
     start_with(&[])
 }
 
-/// The server on the tiny checkpoint with `extra` flags.
-fn start_with(extra: &[&str]) -> Server {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
+/// A port free on loopback now.
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
-        .port();
+        .port()
+}
+
+/// The server on the tiny checkpoint with `extra` flags.
+pub(crate) fn start_with(extra: &[&str]) -> Server {
+    let port = free_port();
+    let mut args: Vec<std::ffi::OsString> = vec!["--model".into(), crate::tiny().into()];
+    for arg in [
+        "--serve",
+        "--port",
+        &port.to_string(),
+        "--max-batch",
+        "8",
+        "--threads",
+        "2",
+        "--ctx",
+        "4096",
+    ]
+    .iter()
+    .chain(extra)
+    {
+        args.push(arg.into());
+    }
+    start_exactly(&args, &[], port, None)
+}
+
+/// The binary with exactly `args` and the environment variables `env` (which must make it
+/// serve on `port`), once `/health` says it is up; its stderr (the log) into `log` if given.
+pub(crate) fn start_exactly(
+    args: &[std::ffi::OsString],
+    env: &[(&str, &str)],
+    port: u16,
+    log: Option<&std::path::Path>,
+) -> Server {
+    let stderr = match log {
+        Some(path) => Stdio::from(std::fs::File::create(path).unwrap()),
+        None => Stdio::null(),
+    };
     let child = Command::new(env!("CARGO_BIN_EXE_k3-serve"))
-        .args(["--model"])
-        .arg(crate::tiny())
-        .args([
-            "--serve",
-            "--port",
-            &port.to_string(),
-            "--max-batch",
-            "8",
-            "--threads",
-            "2",
-            "--ctx",
-            "4096",
-        ])
-        .args(extra)
+        .args(args)
+        .env_remove("K3_API_KEY")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     let server = Server { child, port };
@@ -73,11 +99,23 @@ pub(crate) fn request(
     path: &str,
     body: Option<&str>,
 ) -> std::io::Result<(u16, String)> {
+    request_with(port, method, path, body, &[])
+}
+
+/// [`request`] with extra header lines (`"Authorization: Bearer k"`).
+pub(crate) fn request_with(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    headers: &[&str],
+) -> std::io::Result<(u16, String)> {
     let mut stream = TcpStream::connect(("127.0.0.1", port))?;
     let body = body.unwrap_or("");
+    let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n{extra}\r\n{body}",
         body.len()
     )?;
     let mut reader = BufReader::new(stream);
@@ -260,27 +298,60 @@ fn the_openai_python_client_streams_a_chat() {
     let report: Value = serde_json::from_str(stdout.trim()).unwrap();
     assert!(report["chunks"].as_u64().unwrap() >= 2, "{report}");
     assert_eq!(report["models"][0], model.as_str());
+    // client.py exits non-zero unless these hold; checked here too so a report shows them.
+    let off = &report["thinking_off"];
+    assert!(
+        off["content"].as_str().is_some_and(|c| !c.is_empty()),
+        "{report}"
+    );
+    assert!(off["reasoning_content"].is_null(), "{report}");
+    let on = &report["thinking_on"];
+    assert!(
+        on["reasoning_content"]
+            .as_str()
+            .is_some_and(|r| !r.is_empty()),
+        "{report}"
+    );
 }
 
 /// Runs the binary with `args` and waits at most `limit` for it to exit: its status and stderr.
-fn run_to_exit(args: &[&std::ffi::OsStr], limit: Duration) -> (std::process::ExitStatus, String) {
+pub(crate) fn run_to_exit(
+    args: &[&std::ffi::OsStr],
+    limit: Duration,
+) -> (std::process::ExitStatus, String) {
+    let (status, _, stderr) = run_captured(args, &[], limit);
+    (status, stderr)
+}
+
+/// Runs the binary with `args` and the environment variables `env`, waiting at most `limit`
+/// for it to exit: its status, stdout and stderr (each read on its own thread, so neither
+/// pipe can fill and stall the child).
+pub(crate) fn run_captured(
+    args: &[&std::ffi::OsStr],
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> (std::process::ExitStatus, String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_k3-serve"))
         .args(args)
-        .stdout(Stdio::null())
+        .env_remove("K3_API_KEY")
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text);
+            text
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
     let start = Instant::now();
     loop {
         if let Some(status) = child.try_wait().unwrap() {
-            let mut stderr = String::new();
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut stderr)
-                .unwrap();
-            return (status, stderr);
+            return (status, stdout.join().unwrap(), stderr.join().unwrap());
         }
         if start.elapsed() > limit {
             let _ = child.kill();

@@ -1,6 +1,7 @@
 //! Integration tests of k3-serve: the router without sockets (every endpoint and error
-//! class), and the binary on a loopback port driven by a plain HTTP client.
+//! class), the binary on a loopback port driven by a plain HTTP client, and its command line.
 
+mod cli;
 mod e2e;
 mod fuzz;
 mod router;

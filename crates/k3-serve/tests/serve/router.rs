@@ -30,7 +30,10 @@ fn state_on(
     max_batch: usize,
     context: usize,
 ) -> AppState {
-    let state = state_unready(config(model_dir, experts, queue, max_batch, context), context);
+    let state = state_unready(
+        config(model_dir, experts, queue, max_batch, context),
+        context,
+    );
     assert!(wait_ready(&state.engine, Duration::from_secs(60)));
     state
 }
@@ -54,6 +57,7 @@ fn config(
         ctx: context,
         queue,
         prefill_chunk: 8,
+        scan: false,
         panic_on_prompt: None,
     }
 }
@@ -64,11 +68,13 @@ fn state_unready(config: EngineConfig, context: usize) -> AppState {
     AppState {
         engine,
         limits: Arc::new(Limits {
-            model_name: "tiny".into(),
+            model_names: vec!["tiny".into()],
             max_tokens_default: 16,
             context,
             thinking_effort: k3_model::chat::ThinkingEffort::Max,
+            thinking: true,
             vocab_size: 1024,
+            created: 1_700_000_000,
         }),
     }
 }
@@ -123,6 +129,10 @@ async fn endpoints_answer() {
     let (_, text) = call(&s, "GET", "/v1/models", None).await;
     let models: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(models["data"][0]["id"], "tiny");
+    assert_eq!(
+        models["data"][0]["created"], 1_700_000_000,
+        "Limits::created"
+    );
 
     let (status, text) = call(
         &s,
@@ -350,11 +360,13 @@ fn rendered_prompt(
     effort: k3_model::chat::ThinkingEffort,
 ) -> Result<String, (Value, String)> {
     let limits = Limits {
-        model_name: "tiny".into(),
+        model_names: vec!["tiny".into()],
         max_tokens_default: 16,
         context: 512,
         thinking_effort: effort,
+        thinking: true,
         vocab_size: 1024,
+        created: 1_700_000_000,
     };
     let request: k3_serve::api::ChatRequest = serde_json::from_value(body).unwrap();
     match request.validate(&limits) {
@@ -939,4 +951,36 @@ async fn stop_strings_are_bounded_and_cut_across_tokens() {
         .unwrap_or("");
     assert_eq!(got, &full[..full.find(&stop).unwrap()], "{t}");
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
+}
+
+/// `--no-think` is the server's default for chat requests that do not say; a request's
+/// `chat_template_kwargs.thinking` still decides for itself.
+#[test]
+fn thinking_defaults_to_the_server_setting() {
+    let thinks = |server_default: bool, extra: Value| {
+        let limits = Limits {
+            model_names: vec!["tiny".into()],
+            max_tokens_default: 16,
+            context: 512,
+            thinking_effort: k3_model::chat::ThinkingEffort::Max,
+            thinking: server_default,
+            vocab_size: 1024,
+            created: 1_700_000_000,
+        };
+        let request: k3_serve::api::ChatRequest = serde_json::from_value(chat_json(extra)).unwrap();
+        match request.validate(&limits).unwrap().prompt {
+            k3_serve::api::Prompt::Chat { thinking, .. } => thinking,
+            k3_serve::api::Prompt::Text(_) => panic!("a chat request gave a text prompt"),
+        }
+    };
+    assert!(thinks(true, json!({})));
+    assert!(!thinks(false, json!({})));
+    assert!(thinks(
+        false,
+        json!({"chat_template_kwargs": {"thinking": true}})
+    ));
+    assert!(!thinks(
+        true,
+        json!({"chat_template_kwargs": {"thinking": false}})
+    ));
 }

@@ -1,0 +1,425 @@
+//! The command line as a user meets it: `--help` is the flag table, `--version`, usage errors
+//! as one line with exit 2 (whatever `RUST_BACKTRACE` says), the llama-server / vLLM spellings
+//! (`-m`, `-t`, `--ctx-size`, `--port=N`), `--served-model-name` aliases, `--api-key`, the
+//! per-request log line, unseeded sampling, `--scan`, and the one-shot run's output.
+
+use std::ffi::{OsStr, OsString};
+use std::os::unix::fs::FileExt;
+use std::time::Duration;
+
+use k3_serve::cli::{k3_serve_flags, render_help};
+use serde_json::{Value, json};
+
+use crate::e2e::{free_port, request, request_with, run_captured, start, start_exactly};
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+fn os(args: &[&str]) -> Vec<OsString> {
+    args.iter().map(OsString::from).collect()
+}
+
+/// Runs the binary to its exit (at most 120 s: a one-shot run on the tiny model takes a
+/// few seconds): status code, stdout, stderr.
+fn run(args: &[OsString], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let args: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
+    let (status, stdout, stderr) = run_captured(&args, env, Duration::from_secs(120));
+    (status.code(), stdout, stderr)
+}
+
+/// `-m TINY -t 2` and `args`.
+fn on_tiny(args: &[&str]) -> Vec<OsString> {
+    let mut all = vec![
+        OsString::from("-m"),
+        crate::tiny().into(),
+        "-t".into(),
+        "2".into(),
+    ];
+    all.extend(os(args));
+    all
+}
+
+#[test]
+fn help_is_the_flag_table_and_lists_every_flag() {
+    let table = k3_serve_flags();
+    let expected = render_help(&table, "k3-serve", VERSION);
+    for spelling in ["--help", "-h"] {
+        let (code, stdout, stderr) = run(&os(&[spelling]), &[]);
+        assert_eq!(code, Some(0), "{stderr}");
+        assert_eq!(stdout, expected);
+    }
+    for flag in &table {
+        // The line whose first column (`-m, --model DIR`) names the flag.
+        let line = expected
+            .lines()
+            .find(|l| {
+                l.starts_with("  ")
+                    && l.trim_start()
+                        .split("  ")
+                        .next()
+                        .is_some_and(|c| c.split([',', ' ']).any(|w| w == flag.long()))
+            })
+            .unwrap_or_else(|| panic!("{} is not in --help", flag.long()));
+        assert!(
+            line.contains(&format!("[default: {}]", flag.default)),
+            "{line}"
+        );
+    }
+}
+
+#[test]
+fn version_prints_the_name_and_version() {
+    for spelling in ["--version", "-V"] {
+        let (code, stdout, _) = run(&os(&[spelling]), &[]);
+        assert_eq!(code, Some(0));
+        assert_eq!(stdout, format!("k3-serve {VERSION}\n"));
+    }
+}
+
+/// Each mistake is one line on stderr, `k3-serve: ...`, and exit 2, with `RUST_BACKTRACE=1`
+/// set (it would add a stack trace to an `anyhow` report); a real failure (no such model)
+/// keeps the report and exits 1.
+#[test]
+fn usage_errors_are_one_line_and_exit_2_under_rust_backtrace() {
+    let backtrace = [("RUST_BACKTRACE", "1"), ("RUST_LIB_BACKTRACE", "1")];
+    let cases: Vec<(Vec<OsString>, &str)> = vec![
+        (os(&["--thread", "4"]), "did you mean --threads?"),
+        (
+            os(&["--prompt", "hi", "--temperature", "-1"]),
+            "--temperature",
+        ),
+        (os(&["--serve", "--port=0"]), "--port"),
+        (os(&["--model"]), "--model needs a value"),
+        (os(&["serve"]), "unexpected argument"),
+        (os(&[]), "give --prompt"),
+        (os(&["--serve", "--prompt", "x"]), "give one of them"),
+        (
+            os(&["--serve", "--seed", "3"]),
+            "--seed is for a one-shot run",
+        ),
+        (os(&["--no-think=1"]), "is a switch"),
+        (
+            os(&["--idle-timeout-s", "0", "--serve"]),
+            "--idle-timeout-s",
+        ),
+        // After the flags parse: max_tokens against the context.
+        (on_tiny(&["--prompt", "hi", "--ctx", "16"]), "--ctx 16"),
+    ];
+    for (args, expected) in cases {
+        let (code, stdout, stderr) = run(&args, &backtrace);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.starts_with("[INFO")).collect();
+        assert_eq!(lines.len(), 1, "{args:?}: {stderr}");
+        assert!(lines[0].starts_with("k3-serve: "), "{}", lines[0]);
+        assert!(lines[0].contains(expected), "{args:?}: {}", lines[0]);
+        assert!(stdout.is_empty());
+    }
+    let (code, _, stderr) = run(
+        &os(&["--model", "/nonexistent/k3", "--prompt", "hi"]),
+        &backtrace,
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("Error:") && stderr.contains("/nonexistent/k3"),
+        "{stderr}"
+    );
+}
+
+/// `-m`, `-t`, `--ctx-size`, `--port=N`, `-n`, `--no-think` and two `--served-model-name`s:
+/// the server listens on N, `/v1/models` lists every name with the context and a real
+/// `created`, a request naming an alias or the default name is served (reporting the first
+/// alias), another name is a 404; a request without `max_tokens` gets `-n`'s, and a chat
+/// without `chat_template_kwargs` does not think; the log says how many compute threads, and
+/// one line per request without its prompt.
+#[test]
+fn llama_server_and_vllm_spellings_and_aliases() {
+    let port = free_port();
+    let log = std::env::temp_dir().join(format!("k3-serve-cli-log-{}", std::process::id()));
+    let args = on_tiny(&[
+        "--ctx-size",
+        "512",
+        "--serve",
+        &format!("--port={port}"),
+        "--served-model-name",
+        "kimi-k3",
+        "--served-model-name=moonshotai/Kimi-K3",
+        "-n",
+        "3",
+        "--no-think",
+    ]);
+    let server = start_exactly(&args, &[], port, Some(&log));
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let (status, text) = request(server.port, "GET", "/v1/models", None).unwrap();
+    assert_eq!(status, 200, "{text}");
+    let models: Value = serde_json::from_str(&text).unwrap();
+    let default = crate::tiny()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["kimi-k3", "moonshotai/Kimi-K3", default.as_str()]);
+    for model in models["data"].as_array().unwrap() {
+        assert_eq!(model["max_model_len"], 512, "--ctx-size: {model}");
+        // The process started within the last minute (it loaded the model meanwhile).
+        let created = model["created"].as_u64().unwrap();
+        assert!(created <= started && created + 60 > started, "{model}");
+    }
+    for name in ["kimi-k3", "moonshotai/Kimi-K3", default.as_str()] {
+        let body = json!({"model": name, "messages": [{"role": "user", "content": "zebra-secret"}],
+                          "max_tokens": 4, "temperature": 0});
+        let (status, text) = request(
+            server.port,
+            "POST",
+            "/v1/chat/completions",
+            Some(&body.to_string()),
+        )
+        .unwrap();
+        assert_eq!(status, 200, "{name}: {text}");
+        let answer: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(answer["model"], "kimi-k3");
+        assert!(
+            answer["choices"][0]["message"]
+                .get("reasoning_content")
+                .is_none(),
+            "--no-think: {text}"
+        );
+    }
+    // No max_tokens: the server's -n 3 (the end tokens banned, so it runs to its length).
+    let tokenizer = k3_model::tokenizer::Tokenizer::from_dir(&crate::tiny()).unwrap();
+    let banned: serde_json::Map<String, Value> = ["[EOS]", "<|end_of_msg|>"]
+        .iter()
+        .filter_map(|s| tokenizer.special(s))
+        .map(|id| (id.to_string(), json!(-100)))
+        .collect();
+    let body = json!({"prompt": "Once", "logit_bias": banned});
+    let (status, text) = request(
+        server.port,
+        "POST",
+        "/v1/completions",
+        Some(&body.to_string()),
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{text}");
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(answer["usage"]["completion_tokens"], 3, "{text}");
+    let body = json!({"model": "gpt-4o", "prompt": "x", "max_tokens": 2});
+    let (status, text) = request(
+        server.port,
+        "POST",
+        "/v1/completions",
+        Some(&body.to_string()),
+    )
+    .unwrap();
+    assert_eq!(status, 404, "{text}");
+    assert!(
+        text.contains("kimi-k3"),
+        "the error names what is served: {text}"
+    );
+    drop(server);
+    let log_text = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    assert!(log_text.contains("2 compute threads"), "-t 2: {log_text}");
+    assert!(log_text.contains("no --api-key"), "{log_text}");
+    let finished: Vec<&str> = log_text
+        .lines()
+        .filter(|l| l.contains("cmpl-") && l.contains("output tokens"))
+        .collect();
+    assert_eq!(finished.len(), 4, "one line per request:\n{log_text}");
+    for line in finished {
+        assert!(
+            line.contains("prompt tokens")
+                && line.contains("time to first token")
+                && (line.contains(": length;") || line.contains(": stop;")),
+            "{line}"
+        );
+    }
+    assert!(!log_text.contains("zebra-secret"), "a prompt was logged");
+}
+
+/// `--api-key` (and `K3_API_KEY`): `/v1` answers 401 with OpenAI's error object without the
+/// key or with a wrong one, 200 with it; `/health` and `/metrics` stay open.
+#[test]
+fn api_key_guards_v1_and_leaves_health_open() {
+    for (flag, env) in [(true, &[][..]), (false, &[("K3_API_KEY", "sk-test")][..])] {
+        let port = free_port();
+        let mut args = on_tiny(&["--serve", "--port", &port.to_string()]);
+        if flag {
+            args.extend(os(&["--api-key", "sk-test"]));
+        }
+        let _server = start_exactly(&args, env, port, None);
+        let chat =
+            json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}).to_string();
+        for headers in [&[][..], &["Authorization: Bearer sk-wrong"][..]] {
+            for (method, path, body) in [
+                ("GET", "/v1/models", None),
+                ("POST", "/v1/chat/completions", Some(chat.as_str())),
+            ] {
+                let (status, text) = request_with(port, method, path, body, headers).unwrap();
+                assert_eq!(status, 401, "{path} {headers:?}: {text}");
+                let error: Value = serde_json::from_str(&text).unwrap();
+                assert_eq!(error["error"]["code"], "invalid_api_key", "{text}");
+                assert!(!text.contains("sk-test"));
+            }
+        }
+        let right = ["Authorization: Bearer sk-test"];
+        let (status, text) = request_with(port, "GET", "/v1/models", None, &right).unwrap();
+        assert_eq!(status, 200, "{text}");
+        let (status, text) =
+            request_with(port, "POST", "/v1/chat/completions", Some(&chat), &right).unwrap();
+        assert_eq!(status, 200, "{text}");
+        for path in ["/health", "/metrics"] {
+            let (status, text) = request(port, "GET", path, None).unwrap();
+            assert_eq!(status, 200, "{path}: {text}");
+        }
+    }
+}
+
+/// The completion text of one `/v1/completions` request.
+fn complete(port: u16, body: Value) -> String {
+    let (status, text) = request(port, "POST", "/v1/completions", Some(&body.to_string())).unwrap();
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 64, "{text}");
+    v["choices"][0]["text"].as_str().unwrap().to_owned()
+}
+
+/// Without a seed each request samples with a fresh one, so two identical requests at
+/// temperature 1 differ; with a seed they are equal. Why a chance collision is negligible: 64
+/// tokens each, the end tokens banned so none stops early, and the tiny model's random weights
+/// give broad next-token distributions (checked below: the sampled tokens' mean log-probability
+/// is under ln 0.5, so a step's token is typically a coin flip or worse to repeat); 64 such
+/// steps all agreeing has a probability of the order of 0.5^64 ~ 5e-20.
+#[test]
+fn unseeded_requests_differ_and_seeded_ones_repeat() {
+    let server = start();
+    let port = server.port;
+    // The end tokens banned, so every answer has its 64 tokens (two answers that both ended
+    // at once would be equal).
+    let tokenizer = k3_model::tokenizer::Tokenizer::from_dir(&crate::tiny()).unwrap();
+    let banned: serde_json::Map<String, Value> = ["[EOS]", "<|end_of_msg|>"]
+        .iter()
+        .filter_map(|s| tokenizer.special(s))
+        .map(|id| (id.to_string(), json!(-100)))
+        .collect();
+    assert!(!banned.is_empty());
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 64, "temperature": 1.0,
+                      "logit_bias": banned});
+    let (a, b) = (complete(port, body.clone()), complete(port, body.clone()));
+    assert_ne!(a, b, "two unseeded requests gave the same 64 tokens");
+    let mut seeded = body.clone();
+    seeded["seed"] = json!(7);
+    assert_eq!(
+        complete(port, seeded.clone()),
+        complete(port, seeded.clone())
+    );
+    // The premise of the bound above.
+    seeded["logprobs"] = json!(true);
+    let (_, text) = request(port, "POST", "/v1/completions", Some(&seeded.to_string())).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let lps: Vec<f64> = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["logprob"].as_f64().unwrap())
+        .collect();
+    let mean = lps.iter().sum::<f64>() / lps.len() as f64;
+    assert!(mean < 0.5f64.ln(), "mean chosen-token logprob {mean}");
+}
+
+/// The one-shot run: the answer alone on stdout; the reasoning marked `[reasoning]` and the
+/// timing on stderr; one token is reported without a decode rate; `--ctx` bounds prompt plus
+/// `--max-tokens`.
+#[test]
+fn one_shot_marks_reasoning_and_honours_ctx() {
+    let (code, stdout, stderr) = run(&on_tiny(&["--prompt", "Hello", "--max-tokens", "8"]), &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("[reasoning]\n"), "{stderr}");
+    assert!(!stdout.contains("[reasoning]"), "{stdout}");
+    assert!(
+        stderr.contains("8 tokens (") && stderr.contains("tokens/s decoding"),
+        "{stderr}"
+    );
+
+    let (code, _, stderr) = run(
+        &on_tiny(&["--prompt", "Hello", "--max-tokens", "1", "--no-think"]),
+        &[],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(!stderr.contains("[reasoning]"), "{stderr}");
+    assert!(stderr.contains("1 token ("), "{stderr}");
+    assert!(
+        !stderr.contains("tokens/s"),
+        "a rate for one token: {stderr}"
+    );
+
+    // The chat template alone is over 40 tokens: prompt + 8 > 48.
+    let (code, _, stderr) = run(
+        &on_tiny(&[
+            "--prompt",
+            "Hello",
+            "--max-tokens",
+            "8",
+            "--ctx",
+            "48",
+            "--no-think",
+        ]),
+        &[],
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("exceeds --ctx 48"), "{stderr}");
+}
+
+/// `--scan` reads every weight at startup: a clean checkpoint loads (and says so), an
+/// infinity in a norm weight fails the load, naming the tensor.
+#[test]
+fn scan_refuses_a_checkpoint_with_an_infinity() {
+    let (code, _, stderr) = run(
+        &on_tiny(&["--prompt", "Hi", "--max-tokens", "1", "--scan"]),
+        &[],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("--scan: "), "{stderr}");
+
+    let dir = std::env::temp_dir().join(format!("k3-serve-scan-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let options = k3_model::synth::SynthOptions::new(k3_model::synth::Preset::Tiny);
+    k3_model::synth::generate(&dir, &options).unwrap();
+    let tensor = "model.norm.weight";
+    let (path, offset) = {
+        let ckpt = expert_store::Checkpoint::open(&dir).unwrap();
+        let t = ckpt.require(tensor).unwrap();
+        (t.path.to_owned(), t.offset)
+    };
+    // BF16 +Inf, little-endian.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .write_all_at(&[0x80, 0x7f], offset as u64)
+        .unwrap();
+    let mut args = vec![OsString::from("--model"), dir.clone().into()];
+    args.extend(os(&[
+        "--prompt",
+        "Hi",
+        "--max-tokens",
+        "1",
+        "--scan",
+        "-t",
+        "2",
+    ]));
+    let (code, _, stderr) = run(&args, &[]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("Inf") && stderr.contains("norm.weight"),
+        "{stderr}"
+    );
+}
