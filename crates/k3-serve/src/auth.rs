@@ -2,11 +2,16 @@
 //! without `Authorization: Bearer <key>` with 401 and OpenAI's error object. `/health`,
 //! `/metrics` and every other path stay open; with no key configured everything is open.
 //!
-//! ```ignore
-//! let app = app(state).layer(axum::middleware::from_fn_with_state(
-//!     ApiKey::new(key),
-//!     require_api_key,
-//! ));
+//! ```
+//! use k3_serve::auth::{ApiKey, require_api_key};
+//! // In the binary the router is `server::app(state)`; any axum router takes the layer.
+//! let router: axum::Router = axum::Router::new()
+//!     .route("/v1/models", axum::routing::get(|| async { "[]" }))
+//!     .layer(axum::middleware::from_fn_with_state(
+//!         ApiKey::new(Some("sk-local")),
+//!         require_api_key,
+//!     ));
+//! # let _ = router;
 //! ```
 
 use std::sync::Arc;
