@@ -12,6 +12,9 @@ use core::arch::x86_64::*;
 pub(crate) mod bf16;
 pub(crate) mod exact;
 pub(crate) mod float;
+pub(crate) mod lanes;
+#[cfg(test)]
+mod model;
 pub(crate) mod vnni;
 
 /// Runs `$kernel::<R, T, C>` for tokens `$tok0..$tok0 + T` over `$rows` in blocks of `R` rows
@@ -284,7 +287,7 @@ pub(crate) unsafe fn load_bytes32(ptr: *const u8, n: usize) -> __m256i {
         unsafe { _mm256_loadu_si256(ptr.cast()) }
     } else {
         // SAFETY: the mask limits the load to the `n` readable bytes.
-        unsafe { _mm256_maskz_loadu_epi8((1u32 << n) - 1, ptr.cast()) }
+        unsafe { _mm256_maskz_loadu_epi8(lanes::byte_mask32(n), ptr.cast()) }
     }
 }
 
@@ -300,7 +303,7 @@ pub(crate) unsafe fn load_bytes64(ptr: *const u8, n: usize) -> __m512i {
         unsafe { _mm512_loadu_si512(ptr.cast()) }
     } else {
         // SAFETY: the mask limits the load to the `n` readable bytes.
-        unsafe { _mm512_maskz_loadu_epi8((1u64 << n) - 1, ptr.cast()) }
+        unsafe { _mm512_maskz_loadu_epi8(lanes::byte_mask64(n), ptr.cast()) }
     }
 }
 
