@@ -10,7 +10,9 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::lanes::{HALF_BITS, HIGH_HALF, ODD_WORDS, block_offset};
+use super::lanes::{
+    HALF_BITS, HIGH_HALF, INTERLEAVE_FIRST, INTERLEAVE_SECOND, ODD_WORDS, block_offset,
+};
 use super::{
     bf16_prefetch_offset, by_tokens, by_tokens_bf16, load_bytes64, prefetch_ahead, run_rows,
     store_sums, width,
@@ -26,8 +28,13 @@ use crate::view::{Bf16Matrix, GROUP, GROUP_BYTES, MxFp4Matrix};
 pub(crate) unsafe fn dequant_mxfp4(matrix: &MxFp4Matrix<'_>, rows: Range<usize>, out: &mut [f32]) {
     let table = e2m1_table();
     // Interleave low (even column) and high (odd column) lanes back into column order.
-    let first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    let second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    // SAFETY: both index tables are 16 i32 (64 bytes).
+    let (first, second) = unsafe {
+        (
+            _mm512_loadu_si512(INTERLEAVE_FIRST.as_ptr().cast()),
+            _mm512_loadu_si512(INTERLEAVE_SECOND.as_ptr().cast()),
+        )
+    };
     let cols = matrix.cols();
     for (row, out_row) in rows.zip(out.chunks_exact_mut(cols)) {
         let packed = matrix.packed_row(row).chunks_exact(GROUP_BYTES);

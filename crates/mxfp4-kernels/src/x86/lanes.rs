@@ -62,3 +62,47 @@ pub(crate) fn byte_mask32(n: usize) -> u32 {
 pub(crate) fn block_offset(r: usize, cols: usize, block: usize, elem: usize) -> usize {
     (r * cols + 32 * block) * elem
 }
+
+/// `vpermt2ps` indices interleaving decoded low nibbles `a` (even columns) and high nibbles
+/// `b` (odd columns) of one MXFP4 group back into column order: `half` 0 gives columns 0..15,
+/// 1 gives 16..31.
+const fn interleave_idx(half: i32) -> [i32; 16] {
+    let mut idx = [0i32; 16];
+    let mut i = 0;
+    while i < 16 {
+        idx[i] = 8 * half + (i as i32) / 2 + 16 * (i as i32 % 2);
+        i += 1;
+    }
+    idx
+}
+
+/// Columns 0..15 of a group from its (even, odd) decode (`exact::dequant_mxfp4`).
+pub(crate) static INTERLEAVE_FIRST: [i32; 16] = interleave_idx(0);
+/// Columns 16..31 of a group from its (even, odd) decode.
+pub(crate) static INTERLEAVE_SECOND: [i32; 16] = interleave_idx(1);
+
+/// `hsum`: `vshuff32x4` bringing 128-bit blocks 2, 3 down to 0, 1 (lanes 8 apart).
+pub(crate) const HSUM_UPPER_HALF: i32 = 0b00_00_11_10;
+/// `hsum`: `vshuff32x4` bringing block 1 down to block 0 (lanes 4 apart).
+pub(crate) const HSUM_UPPER_QUARTER: i32 = 0b00_00_00_01;
+/// `hsum`: `shufps` bringing lane 1 down to lane 0 (after `movhlps`, lanes 2 apart).
+pub(crate) const HSUM_LANE_ONE: i32 = 0b01;
+/// `hsum16` step 1: `vshuff32x4` taking blocks 0, 1 of both sources.
+pub(crate) const HSUM16_LOW_BLOCKS: i32 = 0b01_00_01_00;
+/// `hsum16` step 1: blocks 2, 3 of both sources.
+pub(crate) const HSUM16_HIGH_BLOCKS: i32 = 0b11_10_11_10;
+/// `hsum16` step 2: blocks 0, 2 of both sources.
+pub(crate) const HSUM16_EVEN_BLOCKS: i32 = 0b10_00_10_00;
+/// `hsum16` step 2: blocks 1, 3 of both sources.
+pub(crate) const HSUM16_ODD_BLOCKS: i32 = 0b11_01_11_01;
+/// `hsum16` step 4: `shufps` taking lanes 0, 2 of each 128-bit block of both sources.
+pub(crate) const HSUM16_EVEN_LANES: i32 = 0b10_00_10_00;
+/// `hsum16` step 4: lanes 1, 3 of each block of both sources.
+pub(crate) const HSUM16_ODD_LANES: i32 = 0b11_01_11_01;
+
+/// The vector `hsum16` reads as its `j`-th input: reading the 16 vectors transposed (4 x 4)
+/// puts `v[l]`'s sum in lane `l`.
+#[inline(always)]
+pub(crate) const fn hsum16_input(j: usize) -> usize {
+    (j % 4) * 4 + j / 4
+}

@@ -10,15 +10,19 @@
 //! `32b + 2j`/`32b + 2j + 1` of its row (or zero past the row's end); the activations pair
 //! with the same columns; an F32 matrix of BF16 values gives the BF16 kernel's lanes, FMA chain
 //! and sums bit for bit; F16 gives its F32 twin's bits; and the row kernels match the scalar
-//! oracle within the usual dot-product bound. What it cannot show: that the compiler lowers
-//! the intrinsics as documented, and the exact bits of `hsum16` (modelled as `hsum`, which the
-//! hardware test `hsum16_matches_hsum_bitwise` ties it to).
+//! oracle within the usual dot-product bound; `store_sums`'s shuffles (`hsum`, `hsum16`) sum
+//! in the documented tree; the MXFP4 dequant's interleave restores column order. What it
+//! cannot show: that the compiler lowers the intrinsics as documented (the disassembly shows
+//! `vpermt2ps`, `vpmovdw`, `vcvtph2ps` with the tables of `lanes`), nor anything about the
+//! MXFP4 decode tables, `vdpbf16ps` or the VNNI tier, which this model leaves out.
 
 use std::ops::Range;
 
 use super::lanes::{
-    F32_EVEN_IDX, F32_ODD_IDX, HALF_BITS, HIGH_HALF, ODD_WORDS, block_offset, byte_mask64,
-    f32_tail_masks,
+    F32_EVEN_IDX, F32_ODD_IDX, HALF_BITS, HIGH_HALF, HSUM_LANE_ONE, HSUM_UPPER_HALF,
+    HSUM_UPPER_QUARTER, HSUM16_EVEN_BLOCKS, HSUM16_EVEN_LANES, HSUM16_HIGH_BLOCKS,
+    HSUM16_LOW_BLOCKS, HSUM16_ODD_BLOCKS, HSUM16_ODD_LANES, INTERLEAVE_FIRST, INTERLEAVE_SECOND,
+    ODD_WORDS, block_offset, byte_mask64, f32_tail_masks, hsum16_input,
 };
 use super::{by_tokens, by_tokens_bf16, run_rows, width};
 use crate::activations::Activations;
@@ -228,7 +232,83 @@ fn fmadd(a: Lanes, b: Lanes, c: Lanes) -> Lanes {
     })
 }
 
-/// `x86::hsum`'s tree: lanes 8 apart, then 4, 2, 1.
+/// `_mm512_add_ps`.
+fn add(a: Lanes, b: Lanes) -> Lanes {
+    core::array::from_fn(|i| (f32::from_bits(a[i]) + f32::from_bits(b[i])).to_bits())
+}
+
+/// `_mm512_shuffle_f32x4::<IMM>(a, b)` (`vshuff32x4`): 128-bit blocks 0, 1 of the result are
+/// blocks `imm[1:0]`, `imm[3:2]` of `a`; blocks 2, 3 are blocks `imm[5:4]`, `imm[7:6]` of `b`.
+fn shuffle_f32x4(a: Lanes, b: Lanes, imm: i32) -> Lanes {
+    core::array::from_fn(|i| {
+        let block = i / 4;
+        let pick = ((imm >> (2 * block)) & 3) as usize;
+        let source = if block < 2 { &a } else { &b };
+        source[4 * pick + i % 4]
+    })
+}
+
+/// `_mm512_shuffle_ps::<IMM>(a, b)` (`vshufps`): in each 128-bit block, lanes 0, 1 are lanes
+/// `imm[1:0]`, `imm[3:2]` of `a`'s block, lanes 2, 3 lanes `imm[5:4]`, `imm[7:6]` of `b`'s.
+fn shuffle_ps(a: Lanes, b: Lanes, imm: i32) -> Lanes {
+    core::array::from_fn(|i| {
+        let (block, lane) = (i / 4, i % 4);
+        let pick = ((imm >> (2 * lane)) & 3) as usize;
+        let source = if lane < 2 { &a } else { &b };
+        source[4 * block + pick]
+    })
+}
+
+/// `_mm512_unpacklo_pd` (`high` false) / `_mm512_unpackhi_pd` on f32 lanes: in each 128-bit
+/// block, the low (high) qword of `a` then the low (high) qword of `b`.
+fn unpack_pd(a: Lanes, b: Lanes, high: bool) -> Lanes {
+    let q = if high { 2 } else { 0 };
+    core::array::from_fn(|i| {
+        let (block, lane) = (i / 4, i % 4);
+        let source = if lane < 2 { &a } else { &b };
+        source[4 * block + q + lane % 2]
+    })
+}
+
+/// `x86::hsum`, instruction by instruction (`movhlps` and `addss` on lanes 0..3).
+fn hsum_insns(v: Lanes) -> f32 {
+    let s = add(v, shuffle_f32x4(v, v, HSUM_UPPER_HALF));
+    let s = add(s, shuffle_f32x4(s, s, HSUM_UPPER_QUARTER));
+    let x: [f32; 4] = core::array::from_fn(|i| f32::from_bits(s[i]));
+    // movhlps x, x: lanes 0, 1 take lanes 2, 3 (lanes 2, 3 stay); addps.
+    let y: [f32; 4] = core::array::from_fn(|i| x[i] + x[if i < 2 { i + 2 } else { i }]);
+    // shufps y, y, imm: lane 0 takes lane imm[1:0]; addss adds lane 0 only.
+    y[0] + y[(HSUM_LANE_ONE & 3) as usize]
+}
+
+/// `x86::hsum16`, instruction by instruction.
+fn hsum16(v: &[Lanes; 16]) -> Lanes {
+    let input = |j: usize| v[hsum16_input(j)];
+    let halves: [Lanes; 8] = core::array::from_fn(|k| {
+        let (a, b) = (input(2 * k), input(2 * k + 1));
+        add(
+            shuffle_f32x4(a, b, HSUM16_LOW_BLOCKS),
+            shuffle_f32x4(a, b, HSUM16_HIGH_BLOCKS),
+        )
+    });
+    let quarters: [Lanes; 4] = core::array::from_fn(|m| {
+        let (c, d) = (halves[2 * m], halves[2 * m + 1]);
+        add(
+            shuffle_f32x4(c, d, HSUM16_EVEN_BLOCKS),
+            shuffle_f32x4(c, d, HSUM16_ODD_BLOCKS),
+        )
+    });
+    let pairs: [Lanes; 2] = core::array::from_fn(|p| {
+        let (e, f) = (quarters[2 * p], quarters[2 * p + 1]);
+        add(unpack_pd(e, f, false), unpack_pd(e, f, true))
+    });
+    add(
+        shuffle_ps(pairs[0], pairs[1], HSUM16_EVEN_LANES),
+        shuffle_ps(pairs[0], pairs[1], HSUM16_ODD_LANES),
+    )
+}
+
+/// `x86::hsum`'s tree as its documentation states it: lanes 8 apart, then 4, 2, 1.
 fn hsum(v: Lanes) -> f32 {
     let f = |i: usize| f32::from_bits(v[i]);
     let a: [f32; 8] = core::array::from_fn(|i| f(i) + f(i + 8));
@@ -286,9 +366,25 @@ fn model_block<const R: usize, const T: usize, const C: usize>(
             }
         }
     }
+    // `store_sums`: blocks of 8 or 16 accumulators through `hsum16`, the rest one by one.
+    if R * T == 16 || R * T == 8 {
+        let mut flat = [[0u32; 16]; 16];
+        for r in 0..R {
+            for t in 0..T {
+                flat[t * R + r] = acc[r][t];
+            }
+        }
+        let sums = hsum16(&flat);
+        for t in 0..T {
+            for r in 0..R {
+                out[(tok0 + t) * n + local0 + r] = f32::from_bits(sums[t * R + r]);
+            }
+        }
+        return;
+    }
     for r in 0..R {
         for t in 0..T {
-            out[(tok0 + t) * n + local0 + r] = hsum(acc[r][t]);
+            out[(tok0 + t) * n + local0 + r] = hsum_insns(acc[r][t]);
         }
     }
 }
@@ -637,5 +733,55 @@ fn modelled_kernels_match_bf16_and_the_oracle() {
                 }
             }
         }
+    }
+}
+
+/// `hsum`'s and `hsum16`'s shuffles sum each vector's lanes in the documented tree: `hsum`
+/// instruction by instruction equals the tree's bits, and `hsum16` puts `hsum(v[l])` in lane
+/// `l` bit for bit, on values whose sums depend on the order of additions.
+#[test]
+fn hsum_shuffles_sum_in_the_documented_tree() {
+    let mut rng = Rng(0x5eed_0003);
+    for _ in 0..500 {
+        let v: [Lanes; 16] =
+            core::array::from_fn(|_| core::array::from_fn(|_| rng.value().to_bits()));
+        let sums = hsum16(&v);
+        for l in 0..16 {
+            assert_eq!(
+                hsum_insns(v[l]).to_bits(),
+                hsum(v[l]).to_bits(),
+                "hsum of vector {l}"
+            );
+            assert_eq!(sums[l], hsum(v[l]).to_bits(), "hsum16 lane {l}");
+        }
+    }
+    // Order matters for these values: a different tree gives different bits.
+    let v: Lanes = core::array::from_fn(|i| {
+        if i == 0 {
+            1.0f32
+        } else if i == 8 {
+            -1.0
+        } else {
+            2f32.powi(-25)
+        }
+        .to_bits()
+    });
+    let sequential = (0..16).fold(0.0f32, |s, i| s + f32::from_bits(v[i]));
+    assert_ne!(hsum(v).to_bits(), sequential.to_bits());
+}
+
+/// The MXFP4 dequant's interleave turns a group's (even, odd) decode back into columns.
+#[test]
+fn interleave_restores_column_order() {
+    let even: Lanes = core::array::from_fn(|j| 2 * j as u32);
+    let odd: Lanes = core::array::from_fn(|j| 2 * j as u32 + 1);
+    let first = permutex2var_ps(even, &INTERLEAVE_FIRST, odd);
+    let second = permutex2var_ps(even, &INTERLEAVE_SECOND, odd);
+    for c in 0..16 {
+        assert_eq!(
+            (first[c], second[c]),
+            (c as u32, 16 + c as u32),
+            "column {c}"
+        );
     }
 }
