@@ -90,6 +90,16 @@ impl Activations {
         Ok(())
     }
 
+    /// As [`Activations::new`] without the AVX-512 build of `fill` (same values), so tests can
+    /// lay out any tier's activations on a CPU without AVX-512 (the kernel model, `x86::model`).
+    #[cfg(test)]
+    pub(crate) fn portable(tier: Tier, x: &[f32], cols: usize) -> Self {
+        let mut act = Self::new(Tier::Scalar, x, cols).expect("valid test activations");
+        act.tier = tier;
+        act.fill();
+        act
+    }
+
     /// `fill`, compiled for AVX-512 so the same code vectorises (rounding, BF16 conversion);
     /// every operation is exactly rounded, so the values are those of the portable build.
     ///

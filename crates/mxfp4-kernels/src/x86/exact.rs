@@ -10,6 +10,9 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
+use super::lanes::{
+    HALF_BITS, HIGH_HALF, INTERLEAVE_FIRST, INTERLEAVE_SECOND, ODD_WORDS, block_offset,
+};
 use super::{
     bf16_prefetch_offset, by_tokens, by_tokens_bf16, load_bytes64, prefetch_ahead, run_rows,
     store_sums, width,
@@ -25,8 +28,13 @@ use crate::view::{Bf16Matrix, GROUP, GROUP_BYTES, MxFp4Matrix};
 pub(crate) unsafe fn dequant_mxfp4(matrix: &MxFp4Matrix<'_>, rows: Range<usize>, out: &mut [f32]) {
     let table = e2m1_table();
     // Interleave low (even column) and high (odd column) lanes back into column order.
-    let first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    let second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    // SAFETY: both index tables are 16 i32 (64 bytes).
+    let (first, second) = unsafe {
+        (
+            _mm512_loadu_si512(INTERLEAVE_FIRST.as_ptr().cast()),
+            _mm512_loadu_si512(INTERLEAVE_SECOND.as_ptr().cast()),
+        )
+    };
     let cols = matrix.cols();
     for (row, out_row) in rows.zip(out.chunks_exact_mut(cols)) {
         let packed = matrix.packed_row(row).chunks_exact(GROUP_BYTES);
@@ -149,9 +157,9 @@ fn bf16_block<const R: usize, const T: usize, const C: usize>(
     assert!(row0 + R <= m.rows() && act.perm32.len() >= (tok0 + T) * act.padded());
     let cols = width::<C>(m.cols());
     let stride = act.padded();
-    let base = m.bytes()[row0 * cols * 2..].as_ptr().cast::<u16>();
+    let base = m.bytes()[row0 * cols * 2..].as_ptr();
     let x = act.perm32[tok0 * stride..].as_ptr();
-    let high_half = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
+    let high_half = _mm512_set1_epi32(HIGH_HALF as i32);
     let mut acc = [[_mm512_setzero_ps(); T]; R];
     let blocks = cols.div_ceil(32);
     for block in 0..blocks {
@@ -165,9 +173,9 @@ fn bf16_block<const R: usize, const T: usize, const C: usize>(
                 odd[t] = _mm512_loadu_ps(x.add(t * stride + 32 * block + 16));
             }
         }
-        let ahead = bf16_prefetch_offset(R, cols, block);
+        let ahead = bf16_prefetch_offset(R, cols, block) * 2;
         for r in 0..R {
-            let at = base.wrapping_add(r * cols + 32 * block);
+            let at = base.wrapping_add(block_offset(r, cols, block, 2));
             // Prefetch hint only: it never faults, so an address past the matrix is harmless.
             _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(ahead).cast());
             // SAFETY: `valid` values are left in row row0 + r from `at`.
@@ -178,15 +186,17 @@ fn bf16_block<const R: usize, const T: usize, const C: usize>(
                 // SAFETY: 32 values are left in row row0 + r from `at`.
                 unsafe {
                     (
-                        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_loadu_si512(at.cast()))),
-                        _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(0xAAAA_AAAA, at.cast())),
+                        _mm512_castsi512_ps(_mm512_slli_epi32::<HALF_BITS>(_mm512_loadu_si512(
+                            at.cast(),
+                        ))),
+                        _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(ODD_WORDS, at.cast())),
                     )
                 }
             } else {
                 // SAFETY: `valid` values are left in row row0 + r from `at`.
-                let v = unsafe { load_bytes64(at.cast(), 2 * valid) };
+                let v = unsafe { load_bytes64(at, 2 * valid) };
                 (
-                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v)),
+                    _mm512_castsi512_ps(_mm512_slli_epi32::<HALF_BITS>(v)),
                     _mm512_castsi512_ps(_mm512_and_si512(v, high_half)),
                 )
             };

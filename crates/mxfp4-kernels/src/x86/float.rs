@@ -13,6 +13,7 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
+use super::lanes::{F32_EVEN_IDX, F32_ODD_IDX, HALF_BITS, HIGH_HALF, block_offset, f32_tail_masks};
 use super::{
     bf16_prefetch_offset, by_tokens, by_tokens_bf16, load_bytes64, run_rows, store_sums, width,
 };
@@ -124,9 +125,14 @@ fn float_block<
     let cols = width::<C>(cols);
     assert!(bytes.len() >= (row0 + R) * cols * ELEM);
     let base = bytes[row0 * cols * ELEM..].as_ptr();
-    let high_half = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
-    let even_idx = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    let odd_idx = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    let high_half = _mm512_set1_epi32(HIGH_HALF as i32);
+    // SAFETY: both index tables are 16 i32 (64 bytes).
+    let (even_idx, odd_idx) = unsafe {
+        (
+            _mm512_loadu_si512(F32_EVEN_IDX.as_ptr().cast()),
+            _mm512_loadu_si512(F32_ODD_IDX.as_ptr().cast()),
+        )
+    };
     let mut acc = [[_mm512_setzero_ps(); T]; R];
     let blocks = cols.div_ceil(32);
     for block in 0..blocks {
@@ -139,7 +145,7 @@ fn float_block<
                 // SAFETY: 32 * block + 32 <= stride (cols padded to 128): 32 u16 inside
                 // `bf16_natural` (length asserted above).
                 let v = unsafe { _mm512_loadu_si512(act.bf16_natural.as_ptr().add(at).cast()) };
-                even[t] = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v));
+                even[t] = _mm512_castsi512_ps(_mm512_slli_epi32::<HALF_BITS>(v));
                 odd[t] = _mm512_castsi512_ps(_mm512_and_si512(v, high_half));
             } else {
                 // SAFETY: as above, 32 f32 inside `perm32`.
@@ -151,7 +157,7 @@ fn float_block<
         }
         let ahead = bf16_prefetch_offset(R, cols, block) * ELEM;
         for r in 0..R {
-            let at = base.wrapping_add((r * cols + 32 * block) * ELEM);
+            let at = base.wrapping_add(block_offset(r, cols, block, ELEM));
             // Prefetch hint only: it never faults, so an address past the matrix is harmless.
             _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(ahead).cast());
             // SAFETY: `valid` values of row row0 + r are left from `at` (asserted above).
@@ -192,13 +198,13 @@ unsafe fn load_f32_split(
             )
         }
     } else {
-        let mask = |k: usize| ((1u32 << k) - 1) as u16;
+        let (low_mask, high_mask) = f32_tail_masks(valid);
         // SAFETY: the masks limit the loads to the `valid` readable values; masked-off lanes
         // are not accessed (no fault), so the second address may lie past them.
         unsafe {
             (
-                _mm512_maskz_loadu_ps(mask(valid.min(16)), at.cast()),
-                _mm512_maskz_loadu_ps(mask(valid.saturating_sub(16)), at.wrapping_add(64).cast()),
+                _mm512_maskz_loadu_ps(low_mask, at.cast()),
+                _mm512_maskz_loadu_ps(high_mask, at.wrapping_add(64).cast()),
             )
         }
     };
@@ -220,6 +226,6 @@ unsafe fn load_f16_split(at: *const u8, valid: usize) -> (__m512, __m512) {
     let v = unsafe { load_bytes64(at, 2 * valid) };
     (
         _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)),
-        _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(v))),
+        _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<HALF_BITS>(v))),
     )
 }

@@ -12,6 +12,9 @@ use core::arch::x86_64::*;
 pub(crate) mod bf16;
 pub(crate) mod exact;
 pub(crate) mod float;
+pub(crate) mod lanes;
+#[cfg(test)]
+mod model;
 pub(crate) mod vnni;
 
 /// Runs `$kernel::<R, T, C>` for tokens `$tok0..$tok0 + T` over `$rows` in blocks of `R` rows
@@ -157,11 +160,14 @@ pub(crate) const fn group_lanes<const P: usize>(lanes_per_group: usize) -> [[i32
 #[target_feature(enable = "avx512f")]
 #[inline]
 pub(crate) fn hsum(v: __m512) -> f32 {
-    let s = _mm512_add_ps(v, _mm512_shuffle_f32x4::<0b00_00_11_10>(v, v));
-    let s = _mm512_add_ps(s, _mm512_shuffle_f32x4::<0b00_00_00_01>(s, s));
+    let s = _mm512_add_ps(v, _mm512_shuffle_f32x4::<{ lanes::HSUM_UPPER_HALF }>(v, v));
+    let s = _mm512_add_ps(
+        s,
+        _mm512_shuffle_f32x4::<{ lanes::HSUM_UPPER_QUARTER }>(s, s),
+    );
     let x = _mm512_castps512_ps128(s);
     let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    let x = _mm_add_ss(x, _mm_shuffle_ps::<0b01>(x, x));
+    let x = _mm_add_ss(x, _mm_shuffle_ps::<{ lanes::HSUM_LANE_ONE }>(x, x));
     _mm_cvtss_f32(x)
 }
 
@@ -235,21 +241,21 @@ pub(crate) fn store_sums<const R: usize, const T: usize>(
 pub(crate) fn hsum16(v: &[__m512; 16]) -> __m512 {
     // The steps leave input 4k + q's sum in lane 4q + k; reading the inputs transposed puts
     // v[l]'s sum in lane l.
-    let input = |j: usize| v[(j % 4) * 4 + j / 4];
+    let input = |j: usize| v[lanes::hsum16_input(j)];
     // Lanes i + (i + 8): two inputs' eight partial sums per vector.
     let halves: [__m512; 8] = core::array::from_fn(|k| {
         let (a, b) = (input(2 * k), input(2 * k + 1));
         _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
-            _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
+            _mm512_shuffle_f32x4::<{ lanes::HSUM16_LOW_BLOCKS }>(a, b),
+            _mm512_shuffle_f32x4::<{ lanes::HSUM16_HIGH_BLOCKS }>(a, b),
         )
     });
     // Lanes i + (i + 4): 128-bit block q of `quarters[m]` holds input 4m + q's four sums.
     let quarters: [__m512; 4] = core::array::from_fn(|m| {
         let (c, d) = (halves[2 * m], halves[2 * m + 1]);
         _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0b10_00_10_00>(c, d),
-            _mm512_shuffle_f32x4::<0b11_01_11_01>(c, d),
+            _mm512_shuffle_f32x4::<{ lanes::HSUM16_EVEN_BLOCKS }>(c, d),
+            _mm512_shuffle_f32x4::<{ lanes::HSUM16_ODD_BLOCKS }>(c, d),
         )
     });
     // Lanes i + (i + 2), as `movehl`: block q of `pairs[p]` is [input 8p+q's two sums, input
@@ -266,8 +272,8 @@ pub(crate) fn hsum16(v: &[__m512; 16]) -> __m512 {
     });
     // Lane 0 + lane 1, as the final `add_ss`.
     _mm512_add_ps(
-        _mm512_shuffle_ps::<0b10_00_10_00>(pairs[0], pairs[1]),
-        _mm512_shuffle_ps::<0b11_01_11_01>(pairs[0], pairs[1]),
+        _mm512_shuffle_ps::<{ lanes::HSUM16_EVEN_LANES }>(pairs[0], pairs[1]),
+        _mm512_shuffle_ps::<{ lanes::HSUM16_ODD_LANES }>(pairs[0], pairs[1]),
     )
 }
 
@@ -284,7 +290,7 @@ pub(crate) unsafe fn load_bytes32(ptr: *const u8, n: usize) -> __m256i {
         unsafe { _mm256_loadu_si256(ptr.cast()) }
     } else {
         // SAFETY: the mask limits the load to the `n` readable bytes.
-        unsafe { _mm256_maskz_loadu_epi8((1u32 << n) - 1, ptr.cast()) }
+        unsafe { _mm256_maskz_loadu_epi8(lanes::byte_mask32(n), ptr.cast()) }
     }
 }
 
@@ -300,7 +306,7 @@ pub(crate) unsafe fn load_bytes64(ptr: *const u8, n: usize) -> __m512i {
         unsafe { _mm512_loadu_si512(ptr.cast()) }
     } else {
         // SAFETY: the mask limits the load to the `n` readable bytes.
-        unsafe { _mm512_maskz_loadu_epi8((1u64 << n) - 1, ptr.cast()) }
+        unsafe { _mm512_maskz_loadu_epi8(lanes::byte_mask64(n), ptr.cast()) }
     }
 }
 
