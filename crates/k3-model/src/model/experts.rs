@@ -7,13 +7,10 @@ use super::{ExpertPlacement, Model, Result};
 
 impl Model<'_> {
     /// The domain that runs routed expert `expert` of checkpoint layer `layer`: its home in
-    /// the expert store when the store was placed on this pool's domains, else round-robin.
+    /// its source (in an expert store, where the store placed it; mapped, round-robin).
     pub(super) fn expert_domain(&self, layer: usize, expert: usize) -> usize {
         let domains = self.pool.domains();
-        match &self.store {
-            Some(store) => store.home(layer, expert) % domains,
-            None => expert % domains,
-        }
+        self.experts.home(layer, expert) % domains
     }
 
     /// Runs `experts` (id and matrices) for the tokens that chose them, writing each output to

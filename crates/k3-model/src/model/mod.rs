@@ -13,8 +13,8 @@
 //!
 //! One idea per file: this one holds the public types and the layer loop; `weights` the
 //! weight structs and their loading; `dispatch` the pool dispatch and the trunk's GEMMs;
-//! `kda`, `mla` and `moe` the blocks; `experts` the routed experts' tasks; `wide` the
-//! AVX-512-compiled wrapper.
+//! `kda`, `mla` and `moe` the blocks; `experts` the routed experts' tasks; `source` where the
+//! routed experts come from ([`ExpertSource`]); `wide` the AVX-512-compiled wrapper.
 
 use std::sync::Arc;
 
@@ -62,9 +62,11 @@ mod experts;
 mod kda;
 mod mla;
 mod moe;
+mod source;
 mod weights;
 mod wide;
 
+pub use source::{ExpertBatch, ExpertHooks, ExpertSource, StoreExperts};
 use weights::{Attention, Ffn, Layer};
 use wide::wide;
 
@@ -81,8 +83,9 @@ pub struct Model<'a> {
     final_norm: Vec<f32>,
     output_res_score: Vec<f32>,
     layers: Vec<Layer<'a>>,
-    /// Where routed experts come from when they are not mapped.
-    store: Option<Arc<ExpertStore>>,
+    /// Where routed experts come from (the checkpoint's mapping, an expert store, ...): one
+    /// indirect call per MoE layer and batch of experts (see [`source`]).
+    experts: Box<dyn ExpertSource + 'a>,
     expert_placement: ExpertPlacement,
     /// Wall time by bucket, when asked for ([`Model::with_profile`]).
     profile: Option<Arc<Profile>>,
@@ -184,7 +187,25 @@ impl<'a> Model<'a> {
         kernels: Kernels,
         store: Arc<ExpertStore>,
     ) -> Result<Self> {
-        Self::load(ckpt, config, kernels, Some(store))
+        if store.shape() != expert_shape(config) {
+            return Err(ModelError::StoreShape {
+                store: store.shape(),
+                config: expert_shape(config),
+            });
+        }
+        Self::with_expert_source(ckpt, config, kernels, Box::new(StoreExperts(store)))
+    }
+
+    /// Builds the model with its routed experts supplied by `experts`, which must hold the
+    /// experts of this checkpoint in [`expert_shape`]'s shapes ([`Model::with_expert_store`]
+    /// checks that for a store); no expert byte is touched here.
+    pub fn with_expert_source(
+        ckpt: &'a Checkpoint,
+        config: &K3Config,
+        kernels: Kernels,
+        experts: Box<dyn ExpertSource + 'a>,
+    ) -> Result<Self> {
+        Self::load(ckpt, config, kernels, Some(experts))
     }
 
     /// Runs the model's work on `pool` (row blocks of every projection, expert tasks).

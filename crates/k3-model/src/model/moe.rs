@@ -1,7 +1,6 @@
 //! The dense MLP and the latent MoE block: router, latent down/up projections, shared experts and the weighted sum of the routed experts.
 
-use mxfp4_kernels::MxFp4Matrix;
-
+use super::source::ExpertHooks;
 use super::weights::{Mlp, Moe};
 use super::{Model, Result};
 use crate::ops::{rms_norm, route};
@@ -63,44 +62,27 @@ impl Model<'_> {
         let mut needed: Vec<usize> = routes.iter().flat_map(|(ids, _)| ids.clone()).collect();
         needed.sort_unstable();
         needed.dedup();
-        let shared = match &self.store {
-            None => {
-                let experts: Vec<(usize, [MxFp4Matrix<'_>; 3])> =
-                    needed.iter().map(|&e| (e, w.experts[e])).collect();
-                self.timed(Bucket::RoutedExperts, || {
-                    self.run_experts(w.layer, &experts, &routes, &zs, &mut outputs)
-                })?;
-                None
-            }
-            Some(store) => {
-                // All of the layer's experts at once: misses load in file order while the
-                // shared experts and then the resident experts compute; each missing one
-                // runs as it lands. Outputs go to fixed slots, so arrival order is invisible.
-                let mut request = store.request(w.layer, &needed);
-                let shared = match &w.shared {
-                    Some(mlp) if request.pending() > 0 => {
-                        Some(self.timed(Bucket::SharedExperts, || self.mlp(mlp, xs))?)
+        // The layer's experts from their source, in batches as they are ready; the shared
+        // experts overlap the loads when there are any.
+        let mut shared = None;
+        self.experts.experts(
+            w.layer,
+            &needed,
+            ExpertHooks {
+                overlap: &mut || {
+                    if let Some(mlp) = &w.shared {
+                        shared = Some(self.timed(Bucket::SharedExperts, || self.mlp(mlp, xs))?);
                     }
-                    _ => None,
-                };
-                loop {
-                    let batch = self.timed(Bucket::LoadWait, || request.next_batch());
-                    if batch.is_empty() {
-                        break;
-                    }
-                    let guards = batch
-                        .into_iter()
-                        .map(|(i, expert)| Ok((needed[i], expert?)))
-                        .collect::<Result<Vec<_>>>()?;
-                    let experts: Vec<(usize, [MxFp4Matrix<'_>; 3])> =
-                        guards.iter().map(|(e, g)| (*e, g.matrices())).collect();
+                    Ok(())
+                },
+                wait: &|wait| self.timed(Bucket::LoadWait, wait),
+                run: &mut |experts| {
                     self.timed(Bucket::RoutedExperts, || {
-                        self.run_experts(w.layer, &experts, &routes, &zs, &mut outputs)
-                    })?;
-                }
-                shared
-            }
-        };
+                        self.run_experts(w.layer, experts, &routes, &zs, &mut outputs)
+                    })
+                },
+            },
+        )?;
         // Per token, the weighted sum in the router's order.
         let mut routed: Vec<Vec<f32>> = Vec::with_capacity(xs.len());
         for ((_, weights), outs) in routes.iter().zip(&outputs) {

@@ -2,12 +2,13 @@
 
 use std::sync::Arc;
 
-use expert_store::{Checkpoint, ExpertStore};
-use mxfp4_kernels::{Kernels, MxFp4Matrix, Situ, WeightMatrix};
+use expert_store::Checkpoint;
+use mxfp4_kernels::{Kernels, Situ, WeightMatrix};
 use numa_sched::Pool;
 
 use super::dispatch::PARALLEL_MIN_BYTES;
-use super::{ExpertPlacement, Model, ModelError, Result, expert_shape};
+use super::source::{ExpertSource, MappedExperts};
+use super::{ExpertPlacement, Model, ModelError, Result};
 use crate::checkpoint::a_log;
 use crate::config::{AttentionKind, FfnKind, K3Config};
 
@@ -49,10 +50,8 @@ pub(super) struct Moe<'a> {
     pub(super) bias: Vec<f32>,
     pub(super) latent: Option<(WeightMatrix<'a>, Option<Vec<f32>>, WeightMatrix<'a>)>,
     pub(super) shared: Option<Mlp<'a>>,
-    /// The checkpoint's layer index (the expert store's key).
+    /// The checkpoint's layer index (the expert source's key).
     pub(super) layer: usize,
-    /// Mapped from the checkpoint; empty when the experts come from an `ExpertStore`.
-    pub(super) experts: Vec<[MxFp4Matrix<'a>; 3]>,
 }
 
 // Built once per layer at load and matched per layer per step: boxing a variant buys nothing.
@@ -79,21 +78,15 @@ pub(super) struct Layer<'a> {
 }
 
 impl<'a> Model<'a> {
+    /// Loads the trunk's weights; routed experts come from `source`, or when it is `None`
+    /// through the checkpoint's mapping (each layer's checked with the layer's other tensors).
     pub(super) fn load(
         ckpt: &'a Checkpoint,
         config: &K3Config,
         kernels: Kernels,
-        store: Option<Arc<ExpertStore>>,
+        source: Option<Box<dyn ExpertSource + 'a>>,
     ) -> Result<Self> {
         let c = config;
-        if let Some(store) = &store
-            && store.shape() != expert_shape(c)
-        {
-            return Err(ModelError::StoreShape {
-                store: store.shape(),
-                config: expert_shape(c),
-            });
-        }
         let d = c.hidden_size;
         let vec = |name: &str, n: usize| ckpt.f32_values(name, &[n]);
         let row = |name: &str, n: usize| ckpt.f32_values(name, &[1, n]);
@@ -105,6 +98,8 @@ impl<'a> Model<'a> {
                 .collect::<Vec<f32>>()
         };
         let mut layers = Vec::with_capacity(c.num_layers());
+        // By checkpoint layer: the mapped experts (none for dense layers or with a `source`).
+        let mut mapped = Vec::with_capacity(c.num_layers());
         for (i, spec) in c.layers.iter().enumerate() {
             let p = format!("model.layers.{i}.");
             let attention = match spec.attention {
@@ -179,6 +174,7 @@ impl<'a> Model<'a> {
                     down: linear(&format!("{prefix}down_proj.weight"), d, width)?,
                 })
             };
+            let mut layer_experts = Vec::new();
             let ffn = match spec.ffn {
                 FfnKind::Dense => Ffn::Dense(mlp(&format!("{p}mlp."), c.dense_intermediate)?),
                 FfnKind::Moe => {
@@ -202,8 +198,8 @@ impl<'a> Model<'a> {
                         0 => None,
                         width => Some(mlp(&format!("{q}shared_experts."), width)?),
                     };
-                    let mapped = if store.is_some() { 0 } else { moe.num_experts };
-                    let experts = (0..mapped)
+                    let count = if source.is_some() { 0 } else { moe.num_experts };
+                    layer_experts = (0..count)
                         .map(|e| {
                             let base = format!("{q}experts.{e}.");
                             Ok([
@@ -219,7 +215,6 @@ impl<'a> Model<'a> {
                         latent,
                         shared,
                         layer: i,
-                        experts,
                     })
                 }
             };
@@ -237,6 +232,7 @@ impl<'a> Model<'a> {
                 attention,
                 ffn,
             });
+            mapped.push(layer_experts);
         }
         Ok(Self {
             config: c.clone(),
@@ -255,7 +251,7 @@ impl<'a> Model<'a> {
                 row("model.output_attn_res_proj.weight", d)?,
             ),
             layers,
-            store,
+            experts: source.unwrap_or_else(|| Box::new(MappedExperts { layers: mapped })),
             expert_placement: ExpertPlacement::default(),
             profile: None,
         })
