@@ -1,4 +1,5 @@
-//! Work spread over the pool: row-block GEMMs of the trunk's matrices and the task runner every phase uses.
+//! Work spread over the pool: row-block GEMMs of the trunk's matrices and the task runner
+//! every phase uses.
 
 use mxfp4_kernels::{MAX_TOKENS, WeightMatrix};
 

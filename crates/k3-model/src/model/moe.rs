@@ -1,4 +1,5 @@
-//! The dense MLP and the latent MoE block: router, latent down/up projections, shared experts and the weighted sum of the routed experts.
+//! The dense MLP and the latent MoE block: router, latent down/up projections, shared
+//! experts and the weighted sum of the routed experts (which come from the `ExpertSource`).
 
 use super::source::ExpertHooks;
 use super::weights::{Mlp, Moe};

@@ -1,4 +1,4 @@
-//! The trunk's and experts' weights as the forward pass holds them, and their loading from the checkpoint.
+//! The weights as the forward pass holds them, and their loading from the checkpoint.
 
 use std::sync::Arc;
 
