@@ -1,0 +1,148 @@
+//! Gated MLA in the absorbed form over a chunk of several sequences' tokens (K3_SPEC §7).
+
+use super::weights::Mla;
+use super::wide::wide;
+use super::{MlaCache, Model, Result};
+use crate::ops::{dot, rms_norm};
+
+/// The MLA low-rank norms use 1e-6 (HF's default), not `rms_norm_eps` (K3_SPEC §7.1).
+const MLA_NORM_EPS: f32 = 1e-6;
+
+impl Model<'_> {
+    /// Gated MLA over the tokens of several sequences (`caches[i]`: a sequence's cache and the
+    /// span of `xs` that is its tokens); projections once for all, attention per sequence.
+    pub(super) fn mla(
+        &self,
+        w: &Mla<'_>,
+        caches: Vec<(&mut MlaCache, std::ops::Range<usize>)>,
+        xs: &[Vec<f32>],
+    ) -> Result<Vec<Vec<f32>>> {
+        let m = &self.config.mla;
+        let (nope, rope, vd, rank) = (
+            m.qk_nope_head_dim,
+            m.qk_rope_head_dim,
+            m.v_head_dim,
+            m.kv_lora_rank,
+        );
+        // One dispatch for the projections of the normed input (q_a, kv_a and the gate).
+        let mut matrices = vec![&w.q_a, &w.kv_a];
+        matrices.extend(w.g.as_ref());
+        let mut projected = self.gemm_many(&matrices, xs)?.into_iter();
+        let (q_a, ckvs) = (
+            projected.next().expect("q_a"),
+            projected.next().expect("kv_a"),
+        );
+        let gates = projected.next();
+        let q_a: Vec<Vec<f32>> = q_a
+            .iter()
+            .map(|q| {
+                let mut y = vec![0.0; q.len()];
+                rms_norm(q, Some(&w.q_a_norm), MLA_NORM_EPS, &mut y);
+                y
+            })
+            .collect();
+        let qs = self.gemm(&w.q_b, &q_a)?;
+        let scale = ((nope + rope) as f32).powf(-0.5);
+        let mut ctxs = Vec::with_capacity(xs.len());
+        for (cache, span) in caches {
+            // Append the chunk's latents and k_pe in token order; token t then attends causally
+            // to the cache rows before it and itself.
+            let first_position = cache.latent.len() / rank;
+            for ckv in &ckvs[span.clone()] {
+                let mut latent = vec![0.0; rank];
+                rms_norm(&ckv[..rank], Some(&w.kv_a_norm), MLA_NORM_EPS, &mut latent);
+                cache.latent.extend_from_slice(&latent);
+                cache.k_pe.extend_from_slice(&ckv[rank..rank + rope]);
+            }
+            let cache = &*cache;
+            // One head's context for token t (the absorbed form, K3_SPEC §7.3).
+            let head_context = |t: usize, head: usize, out: &mut [f32]| {
+                let positions = first_position + (t - span.start) + 1;
+                let qh = &qs[t][head * (nope + rope)..(head + 1) * (nope + rope)];
+                let rows = &w.kv_b[head * (nope + vd) * rank..(head + 1) * (nope + vd) * rank];
+                // q_abs = W_UKᵀ q_nope: [rank].
+                let mut q_abs = vec![0.0f32; rank];
+                for (i, &qi) in qh[..nope].iter().enumerate() {
+                    for (a, &wv) in q_abs.iter_mut().zip(&rows[i * rank..(i + 1) * rank]) {
+                        *a += qi * wv;
+                    }
+                }
+                let scores: Vec<f32> = (0..positions)
+                    .map(|p| {
+                        let c = &cache.latent[p * rank..(p + 1) * rank];
+                        let pe = &cache.k_pe[p * rope..(p + 1) * rope];
+                        (dot(&q_abs, c) + dot(&qh[nope..], pe)) * scale
+                    })
+                    .collect();
+                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let exps: Vec<f32> = scores.iter().map(|&s| (s - max).exp()).collect();
+                let total = exps.iter().fold(0.0f32, |a, &e| a + e);
+                let mut ctx_latent = vec![0.0f32; rank];
+                for (p, &e) in exps.iter().enumerate() {
+                    let weight = e / total;
+                    for (a, &cv) in ctx_latent
+                        .iter_mut()
+                        .zip(&cache.latent[p * rank..(p + 1) * rank])
+                    {
+                        *a += weight * cv;
+                    }
+                }
+                // ctx_h = W_UV ctx_latent: [v_head_dim].
+                for (j, o) in out.iter_mut().enumerate() {
+                    let wrow = &rows[(nope + j) * rank..(nope + j + 1) * rank];
+                    *o = dot(wrow, &ctx_latent);
+                }
+            };
+            // Head groups as tasks over the read-only cache (heads are independent).
+            let heads = m.num_heads;
+            let work = heads * span.len() * (first_position + span.len()) * (rank + rope) * 4;
+            let groups = if work < self.parallel_min_bytes {
+                1
+            } else {
+                self.pool.threads().min(heads)
+            };
+            let per = heads.div_ceil(groups);
+            let group = |g: usize| -> Vec<Vec<f32>> {
+                wide(
+                    &self.kernels,
+                    #[inline(always)]
+                    || {
+                        let heads_here = g * per..((g + 1) * per).min(heads);
+                        span.clone()
+                            .map(|t| {
+                                let mut ctx = vec![0.0; heads_here.len() * vd];
+                                for (local, head) in heads_here.clone().enumerate() {
+                                    head_context(t, head, &mut ctx[local * vd..(local + 1) * vd]);
+                                }
+                                ctx
+                            })
+                            .collect()
+                    },
+                )
+            };
+            let count = heads.div_ceil(per);
+            let parts = self.run_tasks(
+                count > 1,
+                count,
+                |g| self.pool.block_domain(g, count),
+                group,
+            )?;
+            let mut span_ctxs = vec![vec![0.0; heads * vd]; span.len()];
+            for (g, part) in parts.into_iter().enumerate() {
+                for (ctx, piece) in span_ctxs.iter_mut().zip(part) {
+                    ctx[g * per * vd..g * per * vd + piece.len()].copy_from_slice(&piece);
+                }
+            }
+            ctxs.extend(span_ctxs);
+        }
+        if let Some(gates) = gates {
+            for (ctx, mut gate) in ctxs.iter_mut().zip(gates) {
+                self.kernels.sigmoid_in_place(&mut gate);
+                for (a, &g) in ctx.iter_mut().zip(&gate) {
+                    *a *= g;
+                }
+            }
+        }
+        self.gemm(&w.o, &ctxs)
+    }
+}

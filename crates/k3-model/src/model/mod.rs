@@ -1,0 +1,524 @@
+//! The K3 forward pass (K3_SPEC §6-§9), layer-major over a chunk of tokens (a decode step is a
+//! chunk of one), its row blocks and expert tasks spread over a `numa_sched::Pool`:
+//! embedding, per layer the AttnRes mixes, KDA or gated MLA, dense MLP or latent MoE, then the
+//! output mix, final norm and lm_head. `Session` holds one sequence's state.
+//!
+//! Canonical choices (they define the engine's bits): MLA in the absorbed form with the cache
+//! of the normed latent and the raw `k_pe`; routed experts summed in the router's order;
+//! every reduction in index order (see [`crate::ops`]).
+//!
+//! Every linear weight is a [`WeightMatrix`] in the format the checkpoint stores it (BF16, F16,
+//! F32 or MXFP4, [`Checkpoint::linear`]); the kernels dispatch on it once per call. An F32
+//! weight holding BF16 values gives the BF16 weight's bits in the exact tiers.
+//!
+//! One idea per file: this one holds the public types and the layer loop; `weights` the
+//! weight structs and their loading; `dispatch` the pool dispatch and the trunk's GEMMs;
+//! `kda`, `mla` and `moe` the blocks; `experts` the routed experts' tasks; `source` where the
+//! routed experts come from ([`ExpertSource`]); `wide` the AVX-512-compiled wrapper.
+
+use std::sync::Arc;
+
+use expert_store::checkpoint::CheckpointError;
+use expert_store::{Checkpoint, ExpertShape, ExpertStore, StoreError};
+use mxfp4_kernels::{Kernels, MAX_TOKENS, Situ, WeightMatrix};
+use numa_sched::Pool;
+
+use crate::config::{AttentionKind, K3Config};
+use crate::ops::{attn_res_mix, rms_norm};
+use crate::profile::{Bucket, Profile};
+
+/// Errors of model construction and evaluation.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Kernel(#[from] mxfp4_kernels::Error),
+    #[error("worker pool: {0}")]
+    Pool(String),
+    #[error("token {token} is outside the vocabulary of {vocab}")]
+    Token { token: usize, vocab: usize },
+    /// An expert could not be read: this step fails (the session is then mid-step and must
+    /// be reset); the model and other sessions carry on.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the expert store's experts are {store:?}, the config's {config:?}")]
+    StoreShape {
+        store: ExpertShape,
+        config: ExpertShape,
+    },
+}
+
+type Result<T, E = ModelError> = std::result::Result<T, E>;
+
+/// The prefill chunk callers should use: the most tokens one kernel call takes, so a prompt of
+/// that many tokens reads each weight once and dispatches each layer's work once. Prefill of 64
+/// tokens on k3-0.40b at 2 threads: 1430 tokens/s in chunks of 16, 1550 in 32, 1610-1640 in
+/// 64 (PERFORMANCE.md, phase 7).
+pub const PREFILL_CHUNK: usize = MAX_TOKENS;
+
+mod dispatch;
+mod experts;
+mod kda;
+mod mla;
+mod moe;
+mod source;
+mod weights;
+mod wide;
+
+pub use source::{ExpertBatch, ExpertHooks, ExpertSource, StoreExperts};
+use weights::{Attention, Ffn, Layer};
+use wide::wide;
+
+/// A K3 model whose weights borrow from a mapped checkpoint.
+pub struct Model<'a> {
+    pub config: K3Config,
+    kernels: Kernels,
+    pool: Arc<Pool>,
+    /// Work (bytes of weights) below which a dispatch runs on the calling thread.
+    parallel_min_bytes: usize,
+    situ: Situ,
+    embed: WeightMatrix<'a>,
+    lm_head: WeightMatrix<'a>,
+    final_norm: Vec<f32>,
+    output_res_score: Vec<f32>,
+    layers: Vec<Layer<'a>>,
+    /// Where routed experts come from (the checkpoint's mapping, an expert store, ...): one
+    /// indirect call per MoE layer and batch of experts (see [`source`]).
+    experts: Box<dyn ExpertSource + 'a>,
+    expert_placement: ExpertPlacement,
+    /// Wall time by bucket, when asked for ([`Model::with_profile`]).
+    profile: Option<Arc<Profile>>,
+}
+
+/// Which tokens of a forward pass need logits (the lm_head is a large share of a step).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Logits {
+    All,
+    /// Each sequence's last token (prefill).
+    Last,
+    /// None (prefill chunks before the last).
+    None,
+}
+
+/// Where a routed expert's work runs when the pool has several domains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExpertPlacement {
+    /// Every expert's rows spread over all domains, like the trunk's (the default: each domain
+    /// reads 1/D of every selected expert, so no domain waits on an unlucky draw; see
+    /// `cargo xtask numa-model` and PERFORMANCE.md).
+    #[default]
+    Split,
+    /// Each expert whole on its home domain (`ExpertStore::place`, else id modulo domains).
+    Home,
+}
+
+/// The routed-expert shapes `config` implies (what an `ExpertStore` is opened with).
+pub fn expert_shape(config: &K3Config) -> ExpertShape {
+    ExpertShape {
+        intermediate: config.moe.expert_intermediate,
+        io: config.moe.expert_io(config.hidden_size),
+    }
+}
+
+impl std::fmt::Debug for Model<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("layers", &self.layers.len())
+            .field("tier", &self.kernels.tier())
+            .finish()
+    }
+}
+
+/// One sequence's state: KDA conv windows and recurrent states, the MLA latent cache.
+#[derive(Debug, Clone)]
+pub struct Session {
+    position: usize,
+    kda: Vec<Option<KdaState>>,
+    mla: Vec<Option<MlaCache>>,
+}
+
+#[derive(Debug, Clone)]
+struct KdaState {
+    windows: [Vec<f32>; 3],
+    state: Vec<f32>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct MlaCache {
+    latent: Vec<f32>,
+    k_pe: Vec<f32>,
+}
+
+impl Session {
+    /// Tokens consumed so far.
+    pub fn position(&self) -> usize {
+        self.position
+    }
+
+    /// Back to an empty sequence: KDA states and conv windows zeroed, MLA caches emptied (their
+    /// memory kept for reuse).
+    pub fn reset(&mut self) {
+        self.position = 0;
+        for state in self.kda.iter_mut().flatten() {
+            state.state.fill(0.0);
+            state.windows.iter_mut().for_each(|w| w.fill(0.0));
+        }
+        for cache in self.mla.iter_mut().flatten() {
+            cache.latent.clear();
+            cache.k_pe.clear();
+        }
+    }
+}
+
+impl<'a> Model<'a> {
+    /// Builds the model over a checkpoint (validate it first with [`crate::checkpoint::validate`]),
+    /// routed experts read through the file mapping.
+    pub fn new(ckpt: &'a Checkpoint, config: &K3Config, kernels: Kernels) -> Result<Self> {
+        Self::load(ckpt, config, kernels, None)
+    }
+
+    /// Builds the model with its routed experts served by `store` (opened over the same
+    /// checkpoint with [`expert_shape`]); no expert byte is touched here. Logits are the same
+    /// bits as [`Model::new`]'s, whatever the store's capacity, policy or preload.
+    pub fn with_expert_store(
+        ckpt: &'a Checkpoint,
+        config: &K3Config,
+        kernels: Kernels,
+        store: Arc<ExpertStore>,
+    ) -> Result<Self> {
+        if store.shape() != expert_shape(config) {
+            return Err(ModelError::StoreShape {
+                store: store.shape(),
+                config: expert_shape(config),
+            });
+        }
+        Self::with_expert_source(ckpt, config, kernels, Box::new(StoreExperts(store)))
+    }
+
+    /// Builds the model with its routed experts supplied by `experts`, which must hold the
+    /// experts of this checkpoint in [`expert_shape`]'s shapes ([`Model::with_expert_store`]
+    /// checks that for a store); no expert byte is touched here.
+    pub fn with_expert_source(
+        ckpt: &'a Checkpoint,
+        config: &K3Config,
+        kernels: Kernels,
+        experts: Box<dyn ExpertSource + 'a>,
+    ) -> Result<Self> {
+        Self::load(ckpt, config, kernels, Some(experts))
+    }
+
+    /// Runs the model's work on `pool` (row blocks of every projection, expert tasks).
+    /// Logits are bit-identical for any pool size.
+    pub fn with_pool(mut self, pool: Arc<Pool>) -> Self {
+        self.pool = pool;
+        self
+    }
+
+    /// How routed experts are spread over the pool's domains (results do not depend on it).
+    pub fn with_expert_placement(mut self, placement: ExpertPlacement) -> Self {
+        self.expert_placement = placement;
+        self
+    }
+
+    /// Charges the wall time of every forward pass's phases to `profile`'s buckets (timing
+    /// only: the logits are the same bits).
+    pub fn with_profile(mut self, profile: Arc<Profile>) -> Self {
+        self.profile = Some(profile);
+        self
+    }
+
+    /// Runs `f`, charging its wall time to `bucket` when profiling.
+    fn timed<T>(&self, bucket: Bucket, f: impl FnOnce() -> T) -> T {
+        match &self.profile {
+            Some(p) => p.time(bucket, f),
+            None => f(),
+        }
+    }
+
+    /// Sets the work size (bytes of weights) below which a dispatch stays on the calling
+    /// thread (default 128 KiB). Results do not depend on it; tests set 0 to split everything.
+    pub fn with_parallel_threshold(mut self, bytes: usize) -> Self {
+        self.parallel_min_bytes = bytes;
+        self
+    }
+
+    /// A fresh sequence.
+    pub fn session(&self) -> Session {
+        let c = &self.config;
+        let taps = c.kda.conv_kernel;
+        let width = c.kda_width();
+        Session {
+            position: 0,
+            kda: c
+                .layers
+                .iter()
+                .map(|l| {
+                    (l.attention == AttentionKind::Kda).then(|| KdaState {
+                        windows: std::array::from_fn(|_| vec![0.0; width * (taps - 1)]),
+                        state: vec![0.0; c.kda.num_heads * c.kda.head_dim * c.kda.head_dim],
+                    })
+                })
+                .collect(),
+            mla: c
+                .layers
+                .iter()
+                .map(|l| (l.attention == AttentionKind::Mla).then(MlaCache::default))
+                .collect(),
+        }
+    }
+
+    /// Consumes `token` and returns the logits for the next position.
+    pub fn decode_step(&self, session: &mut Session, token: usize) -> Result<Vec<f32>> {
+        Ok(self
+            .forward(session, &[token], Logits::All)?
+            .pop()
+            .expect("one token in, one row out"))
+    }
+
+    /// Consumes a prompt in chunks of `chunk` tokens and returns the logits after its last
+    /// token (bit-identical to decoding it token by token).
+    pub fn prefill(
+        &self,
+        session: &mut Session,
+        tokens: &[usize],
+        chunk: usize,
+    ) -> Result<Vec<f32>> {
+        // Only the final token's logits are wanted: earlier chunks skip the lm_head, the last
+        // runs it for its last token alone (batch-invariant: the same bits as in a chunk).
+        let parts: Vec<&[usize]> = tokens.chunks(chunk.max(1)).collect();
+        let mut last = Vec::new();
+        for (i, part) in parts.iter().enumerate() {
+            let wanted = if i + 1 == parts.len() {
+                Logits::Last
+            } else {
+                Logits::None
+            };
+            last = self
+                .forward(session, part, wanted)?
+                .pop()
+                .unwrap_or_default();
+        }
+        Ok(last)
+    }
+
+    /// Teacher-forced scoring: consumes `tokens` in chunks of `chunk` (layer-major, each weight
+    /// and expert read once per chunk) and returns the logits after every token. Bit-identical
+    /// to calling [`Model::decode_step`] token by token, whatever the chunk size.
+    pub fn score(
+        &self,
+        session: &mut Session,
+        tokens: &[usize],
+        chunk: usize,
+    ) -> Result<Vec<Vec<f32>>> {
+        let mut logits = Vec::with_capacity(tokens.len());
+        for part in tokens.chunks(chunk.max(1)) {
+            logits.extend(self.forward(session, part, Logits::All)?);
+        }
+        Ok(logits)
+    }
+
+    /// Layer-major forward of a chunk of tokens: per-token state (conv windows, KDA states,
+    /// the MLA cache, AttnRes banks) advances in token order; projections, MLPs and experts
+    /// run as batch-invariant GEMMs over the chunk.
+    /// One chunk through the whole model, run on one of the pool's workers so that every
+    /// dispatch inside starts on that worker at once while the others join (from an outside
+    /// thread, each dispatch would wake all workers and sleep): 6-8% faster on k3-0.40b with
+    /// 2 threads, same bits (PERFORMANCE.md, phase 3).
+    fn forward(
+        &self,
+        session: &mut Session,
+        tokens: &[usize],
+        wanted: Logits,
+    ) -> Result<Vec<Vec<f32>>> {
+        let mut groups = [(session, tokens)];
+        Ok(self
+            .pool
+            .install(|| self.forward_on_worker(&mut groups, wanted))?
+            .concat())
+    }
+
+    /// One decode step for several sequences at once: `steps[i]` feeds one token to its own
+    /// session; returns each sequence's logits. Weights (projections of the MLPs and experts,
+    /// lm_head) are read once for all of them through the batch-invariant GEMM, attention runs
+    /// on each sequence's own state, so every sequence's logits are bit-identical to its
+    /// [`Model::decode_step`] alone, whoever shares the step.
+    pub fn decode_batch(&self, steps: &mut [(&mut Session, usize)]) -> Result<Vec<Vec<f32>>> {
+        let tokens: Vec<[usize; 1]> = steps.iter().map(|(_, t)| [*t]).collect();
+        let mut groups: Vec<(&mut Session, &[usize])> = steps
+            .iter_mut()
+            .zip(&tokens)
+            .map(|((session, _), token)| (&mut **session, &token[..]))
+            .collect();
+        Ok(self
+            .pool
+            .install(|| self.forward_on_worker(&mut groups, Logits::All))?
+            .into_iter()
+            .map(|mut rows| rows.pop().expect("one token in, one row out"))
+            .collect())
+    }
+
+    /// Layer-major forward of several sequences' chunks (`groups[g]`: a session and the tokens
+    /// it consumes): per-token state advances in each sequence's token order, weights are read
+    /// once for all tokens. Returns each group's logits, one row per token.
+    fn forward_on_worker(
+        &self,
+        groups: &mut [(&mut Session, &[usize])],
+        wanted: Logits,
+    ) -> Result<Vec<Vec<Vec<f32>>>> {
+        let c = &self.config;
+        let d = c.hidden_size;
+        let eps = c.rms_norm_eps;
+        let tokens: Vec<usize> = groups.iter().flat_map(|(_, t)| t.iter().copied()).collect();
+        let mut spans = Vec::with_capacity(groups.len());
+        let mut at = 0;
+        for (_, t) in groups.iter() {
+            spans.push(at..at + t.len());
+            at += t.len();
+        }
+        let tokens = &tokens[..];
+        let mut h: Vec<Vec<f32>> = Vec::with_capacity(tokens.len());
+        for &token in tokens {
+            if token >= c.vocab_size {
+                return Err(ModelError::Token {
+                    token,
+                    vocab: c.vocab_size,
+                });
+            }
+            let mut row = vec![0.0; d];
+            self.kernels
+                .dequant(&self.embed, token..token + 1, &mut row)?;
+            h.push(row);
+        }
+        let mut banks: Vec<Vec<Vec<f32>>> = vec![Vec::new(); tokens.len()];
+        let norm = |x: &[f32], w: &[f32]| {
+            let mut y = vec![0.0; x.len()];
+            rms_norm(x, Some(w), eps, &mut y);
+            y
+        };
+        for (i, layer) in self.layers.iter().enumerate() {
+            let restart = c.layers[i].attn_res_snapshot;
+            let mut raw = Vec::with_capacity(tokens.len());
+            let mut normed = Vec::with_capacity(tokens.len());
+            wide(
+                &self.kernels,
+                #[inline(always)]
+                || {
+                    for (t, bank) in banks.iter_mut().enumerate() {
+                        // (a) attention-side mix over [bank..., h] (skipped while the bank is
+                        // empty); (b) at a block boundary, bank the RAW layer input and
+                        // restart the stream.
+                        let input = std::mem::take(&mut h[t]);
+                        let mut mixed = input.clone();
+                        if !bank.is_empty() {
+                            mix(bank, &input, &layer.attn_res_score, eps, &mut mixed);
+                        }
+                        if restart {
+                            bank.push(input.clone());
+                        }
+                        normed.push(norm(&mixed, &layer.input_norm));
+                        raw.push(input);
+                    }
+                },
+            );
+            // Projections once for all tokens; attention on each sequence's own state.
+            let attn = match &layer.attention {
+                Attention::Kda(kda) => {
+                    let states = groups
+                        .iter_mut()
+                        .zip(&spans)
+                        .map(|((session, _), span)| {
+                            (session.kda[i].as_mut().expect("KDA state"), span.clone())
+                        })
+                        .collect();
+                    self.timed(Bucket::Kda, || self.kda(kda, states, &normed))?
+                }
+                Attention::Mla(mla) => {
+                    let caches = groups
+                        .iter_mut()
+                        .zip(&spans)
+                        .map(|((session, _), span)| {
+                            (session.mla[i].as_mut().expect("MLA cache"), span.clone())
+                        })
+                        .collect();
+                    self.timed(Bucket::Mla, || self.mla(mla, caches, &normed))?
+                }
+            };
+            let mut prefix = Vec::with_capacity(tokens.len());
+            let mut post = Vec::with_capacity(tokens.len());
+            wide(
+                &self.kernels,
+                #[inline(always)]
+                || {
+                    for (t, a) in attn.into_iter().enumerate() {
+                        let p: Vec<f32> = if restart {
+                            a
+                        } else {
+                            raw[t].iter().zip(&a).map(|(x, y)| x + y).collect()
+                        };
+                        // (c) mlp-side mix over [bank..., prefix] (never empty here).
+                        let mut m = vec![0.0; d];
+                        mix(&banks[t], &p, &layer.mlp_res_score, eps, &mut m);
+                        post.push(norm(&m, &layer.post_norm));
+                        prefix.push(p);
+                    }
+                },
+            );
+            let f = match &layer.ffn {
+                Ffn::Dense(mlp) => self.timed(Bucket::DenseMlp, || self.mlp(mlp, &post))?,
+                Ffn::Moe(moe) => self.moe(moe, &post)?,
+            };
+            h = prefix
+                .into_iter()
+                .zip(f)
+                .map(|(p, f)| p.iter().zip(&f).map(|(a, b)| a + b).collect())
+                .collect();
+        }
+        // The tokens whose logits are wanted: all, each group's last, or none.
+        let rows: Vec<usize> = match wanted {
+            Logits::All => (0..tokens.len()).collect(),
+            Logits::Last => spans.iter().filter_map(|s| s.end.checked_sub(1)).collect(),
+            Logits::None => Vec::new(),
+        };
+        let mut finals = Vec::with_capacity(rows.len());
+        for &t in &rows {
+            let mut out = vec![0.0; d];
+            mix(&banks[t], &h[t], &self.output_res_score, eps, &mut out);
+            finals.push(norm(&out, &self.final_norm));
+        }
+        let mut logits = if finals.is_empty() {
+            Vec::new().into_iter()
+        } else {
+            self.timed(Bucket::LmHead, || self.gemm(&self.lm_head, &finals))?
+                .into_iter()
+        };
+        Ok(groups
+            .iter_mut()
+            .zip(&spans)
+            .map(|((session, t), span)| {
+                session.position += t.len();
+                let here = rows.iter().filter(|&&r| span.contains(&r)).count();
+                logits.by_ref().take(here).collect()
+            })
+            .collect())
+    }
+}
+
+/// The AttnRes mix of `[bank..., current]`.
+#[inline(always)]
+fn mix(bank: &[Vec<f32>], current: &[f32], score: &[f32], eps: f32, out: &mut [f32]) {
+    let mut candidates: Vec<&[f32]> = bank.iter().map(Vec::as_slice).collect();
+    candidates.push(current);
+    attn_res_mix(&candidates, score, eps, out);
+}
+
+/// FNV-1a 64 of the little-endian bytes of `logits`: the fingerprint the determinism tests and
+/// the decode bench compare.
+pub fn fingerprint(logits: &[f32]) -> u64 {
+    logits
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+}
