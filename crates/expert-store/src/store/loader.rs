@@ -8,11 +8,10 @@ use std::sync::atomic::Ordering;
 use mxfp4_kernels::MxFp4Matrix;
 
 use super::buffer::{Expert, ExpertData, buffer_bytes};
-use super::cache::Slot;
 use super::config::{ExpertShape, Result, StoreError};
-use super::{ExpertStore, Shared};
+use super::{ExpertCache, ExpertStore, Shared};
 use crate::checkpoint::ExpertLocation;
-use crate::io::{AlignedBuf, ShardReader, read_pieces};
+use crate::io::{AlignedBuf, ShardReader, memlock_limit, read_pieces};
 
 /// A table entry: where the expert is and how to read it.
 #[derive(Debug)]
@@ -112,15 +111,7 @@ impl Shared {
                 self.build(key, located, buf, &starts)
             });
         let mut cache = self.lock();
-        let waiters = match cache.slots.remove(&key) {
-            Some(Slot::Loading { waiters }) => waiters,
-            Some(resident) => {
-                // Cannot happen (only one load per key is in flight); keep what is there.
-                cache.slots.insert(key, resident);
-                Vec::new()
-            }
-            None => Vec::new(),
-        };
+        let waiters = cache.finish_load(key);
         if let Ok(data) = &result {
             self.admit(&mut cache, key, data);
         }
@@ -129,6 +120,34 @@ impl Shared {
             let landed = result.clone().map(Expert);
             // A request dropped before its experts landed no longer listens: nothing to do.
             let _ = tx.send((index, landed));
+        }
+    }
+
+    /// Makes a landed expert resident when the capacity allows (the cache evicts by the
+    /// policy), and pins its buffer when asked.
+    fn admit(&self, cache: &mut ExpertCache, key: (usize, usize), data: &Arc<ExpertData>) {
+        let (layer, expert) = key;
+        let pos = self.layer_pos[&layer];
+        let admitted = cache.admit(pos, key, Arc::clone(data), data.bytes(), || {
+            self.uses_of(layer, expert)
+        });
+        if !admitted {
+            return;
+        }
+        if self.mlock.load(Ordering::Relaxed)
+            && let Some(Err(e)) = data.buf.as_ref().map(AlignedBuf::lock)
+            && self.mlock.swap(false, Ordering::Relaxed)
+        {
+            let limit = memlock_limit().map_or("unknown".to_string(), |l| {
+                if l == libc::RLIM_INFINITY {
+                    "unlimited".to_string()
+                } else {
+                    format!("{l} bytes")
+                }
+            });
+            log::warn!(
+                "mlock of expert buffers failed ({e}); RLIMIT_MEMLOCK is {limit}. Experts stay resident but may be swapped; to pin them raise the limit (ulimit -l unlimited, or LimitMEMLOCK=infinity in a systemd unit, or run with CAP_IPC_LOCK). Not trying again."
+            );
         }
     }
 

@@ -31,7 +31,7 @@ mod preload;
 mod request;
 mod stats;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -39,10 +39,11 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
-use buffer::{FREE_BUFFERS_PER_THREAD, FreeBuffers};
+use buffer::{ExpertData, FREE_BUFFERS_PER_THREAD, FreeBuffers};
 use cache::Cache;
 use loader::{Job, Located, locate};
 use placement::Placement;
+use request::Landed;
 use stats::Busy;
 
 use crate::checkpoint::Checkpoint;
@@ -55,12 +56,13 @@ pub use preload::{PreloadProgress, PreloadReport};
 pub use request::Request;
 pub use stats::StoreStats;
 
+/// The store's cache: resident experts as shared buffers, loads waited on by request channels.
+type ExpertCache = Cache<Arc<ExpertData>, (Sender<Landed>, usize)>;
+
 struct Shared {
     shape: ExpertShape,
     /// Checkpoint layer index -> position in `order`/`uses`.
     layer_pos: BTreeMap<usize, usize>,
-    /// Position -> checkpoint layer index (the inverse of `layer_pos`).
-    layer_ids: Vec<usize>,
     experts_per_layer: Vec<usize>,
     table: HashMap<(usize, usize), Located>,
     readers: Vec<ShardReader>,
@@ -70,7 +72,7 @@ struct Shared {
     history: UsageHistory,
     mlock: AtomicBool,
     buffered_said: AtomicBool,
-    cache: Mutex<Cache>,
+    cache: Mutex<ExpertCache>,
     uses: Vec<Vec<AtomicU64>>,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -178,15 +180,12 @@ impl ExpertStore {
                 .iter()
                 .map(|&n| (0..n).map(|_| AtomicU64::new(0)).collect())
                 .collect(),
-            cache: Mutex::new(Cache {
-                slots: HashMap::new(),
-                order: counts.iter().map(|_| BTreeSet::new()).collect(),
-                resident_per_layer: vec![0; counts.len()],
-                resident: 0,
-                resident_bytes: 0,
-                tick: 0,
-            }),
-            layer_ids: layer_pos.keys().copied().collect(),
+            cache: Mutex::new(Cache::new(
+                layer_pos.keys().copied().collect(),
+                config.capacity,
+                full,
+                config.policy,
+            )),
             layer_pos,
             experts_per_layer: counts,
             table: located,
@@ -288,7 +287,7 @@ impl Drop for ExpertStore {
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Cache> {
+    fn lock(&self) -> MutexGuard<'_, ExpertCache> {
         // A panic elsewhere cannot leave the cache half-updated in a way that matters here:
         // every update is a few map operations; keep serving.
         self.cache.lock().unwrap_or_else(|p| p.into_inner())

@@ -2,7 +2,6 @@
 
 use std::time::{Duration, Instant};
 
-use super::cache::Slot;
 use super::config::{Capacity, Result};
 use super::{ExpertStore, Shared};
 
@@ -43,16 +42,9 @@ impl ExpertStore {
         {
             let mut cache = shared.lock();
             for (n, &key) in chosen.iter().enumerate() {
-                if cache.slots.contains_key(&key) {
-                    continue;
+                if cache.start_load(key, || (tx.clone(), n)) {
+                    to_load.push(key);
                 }
-                cache.slots.insert(
-                    key,
-                    Slot::Loading {
-                        waiters: vec![(tx.clone(), n)],
-                    },
-                );
-                to_load.push(key);
             }
         }
         drop(tx);

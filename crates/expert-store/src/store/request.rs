@@ -8,9 +8,12 @@ use std::time::Instant;
 use crossbeam_channel::Receiver;
 
 use super::buffer::Expert;
-use super::cache::{Landed, Slot};
+use super::cache::Use;
 use super::config::{Result, StoreError};
 use super::{ExpertStore, Shared};
+
+/// One expert handed back by a request: its position in the request, and it or the error.
+pub(super) type Landed = (usize, Result<Expert>);
 
 impl ExpertStore {
     /// Asks for `experts` of checkpoint layer `layer`: resident ones are ready at once, the
@@ -30,8 +33,7 @@ impl ExpertStore {
             return Request::new(ready, rx, 0, Arc::clone(shared));
         };
         {
-            let mut guard = shared.lock();
-            let cache = &mut *guard;
+            let mut cache = shared.lock();
             for (i, &expert) in experts.iter().enumerate() {
                 if !shared.table.contains_key(&(layer, expert)) {
                     ready.push_back((i, Err(StoreError::NoExpert { layer, expert })));
@@ -40,33 +42,23 @@ impl ExpertStore {
                 if let Some(uses) = shared.uses[pos].get(expert) {
                     uses.fetch_add(1, Ordering::Relaxed);
                 }
-                let tick = cache.next_tick();
-                match cache.slots.get_mut(&(layer, expert)) {
-                    Some(Slot::Resident { data, rank }) => {
+                let found = cache.use_expert(
+                    pos,
+                    (layer, expert),
+                    || shared.uses_of(layer, expert),
+                    || (tx.clone(), i),
+                );
+                match found {
+                    Use::Hit(data) => {
                         shared.hits.fetch_add(1, Ordering::Relaxed);
-                        let data = Arc::clone(data);
-                        if !shared.full {
-                            let old = *rank;
-                            *rank = (shared.priority(layer, expert), tick);
-                            let new = *rank;
-                            cache.order[pos].remove(&(old.0, old.1, expert));
-                            cache.order[pos].insert((new.0, new.1, expert));
-                        }
                         ready.push_back((i, Ok(Expert(data))));
                     }
-                    Some(Slot::Loading { waiters }) => {
+                    Use::Joined => {
                         shared.misses.fetch_add(1, Ordering::Relaxed);
-                        waiters.push((tx.clone(), i));
                         pending += 1;
                     }
-                    None => {
+                    Use::Started => {
                         shared.misses.fetch_add(1, Ordering::Relaxed);
-                        cache.slots.insert(
-                            (layer, expert),
-                            Slot::Loading {
-                                waiters: vec![(tx.clone(), i)],
-                            },
-                        );
                         to_load.push((layer, expert));
                         pending += 1;
                     }

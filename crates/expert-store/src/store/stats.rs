@@ -76,8 +76,8 @@ impl ExpertStore {
             bytes_read: s.bytes_read.load(Ordering::Relaxed),
             read_busy: busy,
             wait: Duration::from_nanos(s.wait_ns.load(Ordering::Relaxed)),
-            resident: cache.resident,
-            resident_bytes: cache.resident_bytes,
+            resident: cache.resident(),
+            resident_bytes: cache.resident_bytes(),
             requests: s.requests.load(Ordering::Relaxed),
         }
     }
@@ -128,6 +128,16 @@ impl ExpertStore {
 }
 
 impl Shared {
+    /// An expert's use count, the usage-weighted policy's priority: the earlier run's plus
+    /// this run's.
+    pub(super) fn uses_of(&self, layer: usize, expert: usize) -> u64 {
+        let pos = self.layer_pos[&layer];
+        self.history.count(layer, expert)
+            + self.uses[pos]
+                .get(expert)
+                .map_or(0, |u| u.load(Ordering::Relaxed))
+    }
+
     pub(super) fn busy_change(&self, start: bool) {
         let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
         if start {
