@@ -8,7 +8,8 @@ use std::sync::atomic::Ordering;
 use mxfp4_kernels::MxFp4Matrix;
 
 use super::buffer::{Expert, ExpertData, buffer_bytes};
-use super::config::{ExpertShape, Result, StoreError};
+use super::config::{Result, StoreError};
+use super::layout::{EXPERT_MATRICES, ExpertMatrix};
 use super::{ExpertCache, ExpertStore, Shared};
 use crate::checkpoint::ExpertLocation;
 use crate::io::{AlignedBuf, ShardReader, memlock_limit, read_pieces};
@@ -159,7 +160,6 @@ impl Shared {
         starts: &[usize],
     ) -> Result<Arc<ExpertData>> {
         let (layer, expert) = key;
-        let ExpertShape { intermediate, io } = self.shape;
         let part = |i: usize| -> &'static [u8] {
             let (segment, offset, len) = located.tensors[i];
             let at = starts[segment] + offset;
@@ -168,8 +168,10 @@ impl Shared {
             // the duration of a borrow of itself, which keeps the buffer alive.
             unsafe { std::slice::from_raw_parts(buf[at..at + len].as_ptr(), len) }
         };
-        let view = |what: &'static str, base: usize, rows: usize, cols: usize| {
-            MxFp4Matrix::with_name(what, part(base), part(base + 1), rows, cols).map_err(|e| {
+        let view = |matrix: &ExpertMatrix| {
+            let (rows, cols) = self.shape.dims(matrix);
+            let (codes, scales) = (part(matrix.codes), part(matrix.codes + 1));
+            MxFp4Matrix::with_name(matrix.what, codes, scales, rows, cols).map_err(|e| {
                 StoreError::Read {
                     path: self.readers[located.first_reader()].path.clone(),
                     layer,
@@ -178,11 +180,8 @@ impl Shared {
                 }
             })
         };
-        let views = [
-            view("expert w1 (gate)", 0, intermediate, io)?,
-            view("expert w3 (up)", 2, intermediate, io)?,
-            view("expert w2 (down)", 4, io, intermediate)?,
-        ];
+        let [gate, up, down] = &EXPERT_MATRICES;
+        let views = [view(gate)?, view(up)?, view(down)?];
         Ok(Arc::new(ExpertData {
             views,
             buf: Some(buf),

@@ -25,6 +25,7 @@
 mod buffer;
 mod cache;
 mod config;
+mod layout;
 mod loader;
 mod placement;
 mod preload;

@@ -1,6 +1,6 @@
 //! NUMA placement: each expert's home domain, and binding its buffer's pages to nodes.
 
-use super::config::ExpertShape;
+use super::layout::EXPERT_MATRICES;
 use super::loader::Located;
 use super::{ExpertStore, Shared};
 
@@ -96,12 +96,14 @@ impl Shared {
             }
             return;
         }
-        let ExpertShape { intermediate, io } = self.shape;
-        for (i, &(segment, offset, len)) in located.tensors.iter().enumerate() {
-            // gate and up are [intermediate, io]; down is [io, intermediate].
-            let rows = if i < 4 { intermediate } else { io };
-            let at = starts[segment] + offset;
-            numa_sched::memory::bind_row_split(&mut buf[at..at + len], rows, &placement.nodes);
+        for matrix in &EXPERT_MATRICES {
+            // Codes and scales both split by the matrix's rows.
+            let (rows, _) = self.shape.dims(matrix);
+            for i in [matrix.codes, matrix.codes + 1] {
+                let (segment, offset, len) = located.tensors[i];
+                let at = starts[segment] + offset;
+                numa_sched::memory::bind_row_split(&mut buf[at..at + len], rows, &placement.nodes);
+            }
         }
     }
 }
