@@ -21,6 +21,12 @@
 //!
 //! Determinism. The store decides only when bytes arrive, never what they are: the forward
 //! pass writes each expert's output to a slot fixed by the router and sums in a fixed order.
+//!
+//! Files. `config` (capacity, policy, errors), `cache` (the residency cache: a pure type, no
+//! I/O or threads, with the eviction order's unit tests), `buffer` (expert buffers, guards, the
+//! free list), `layout` (the K3 expert layout), `loader` (reads on the I/O threads),
+//! `placement` (NUMA homes and binding), `preload`, `request`, `stats`; this file opens the
+//! store and holds the state the I/O threads share.
 
 mod buffer;
 mod cache;
