@@ -1,0 +1,91 @@
+//! How the store is set up (capacity, eviction policy, I/O threads) and its errors.
+
+use std::path::PathBuf;
+
+use crate::usage::UsageHistory;
+
+/// The shapes of a routed expert: gate and up are `[intermediate, io]`, down `[io, intermediate]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertShape {
+    pub intermediate: usize,
+    pub io: usize,
+}
+
+/// How much the cache may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capacity {
+    /// At most this many experts of each layer (0: every expert is read on use and dropped
+    /// after; the layer's expert count or more: full residency).
+    PerLayer(usize),
+    /// At most this many bytes of expert buffers, over all layers.
+    Bytes(u64),
+}
+
+/// Which resident expert makes room for a new one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Policy {
+    #[default]
+    Lru,
+    UsageWeighted,
+}
+
+/// How the store is set up; the binaries fill it from their flags.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    pub capacity: Capacity,
+    pub policy: Policy,
+    /// Threads issuing reads (the queue depth the disk sees; default 16, a K3 layer's top-k, so
+    /// every miss of a layer is in flight at once).
+    pub io_threads: usize,
+    /// Read with `O_DIRECT` where the filesystem allows it.
+    pub direct_io: bool,
+    /// `mlock` every resident buffer (a failure is logged once and pinning stops).
+    pub mlock: bool,
+    /// Use counts of an earlier run: preload order and the usage-weighted policy's seed.
+    pub history: Option<UsageHistory>,
+    /// Memory the capacity must fit in (e.g. [`crate::io::memory_available`]); checked at open.
+    pub memory_limit: Option<u64>,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            capacity: Capacity::PerLayer(usize::MAX),
+            policy: Policy::Lru,
+            io_threads: 16,
+            direct_io: true,
+            mlock: false,
+            history: None,
+            memory_limit: None,
+        }
+    }
+}
+
+/// Errors of the store. Cloned to every request that waited on the same failed read.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("layer {layer} has no routed expert {expert} in the checkpoint")]
+    NoExpert { layer: usize, expert: usize },
+    #[error("{path}: layer {layer} expert {expert}: {reason}")]
+    Read {
+        path: PathBuf,
+        layer: usize,
+        expert: usize,
+        reason: String,
+    },
+    #[error("{path}: opening for expert reads: {reason}")]
+    Open { path: PathBuf, reason: String },
+    #[error(
+        "an expert cache of {requested} bytes ({what}) does not fit the {available} bytes of memory available; ask for at most {fits}"
+    )]
+    TooLarge {
+        requested: u64,
+        available: u64,
+        what: String,
+        fits: String,
+    },
+    #[error("the expert store needs at least one I/O thread")]
+    NoIoThreads,
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;

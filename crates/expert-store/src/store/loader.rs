@@ -1,0 +1,212 @@
+//! Loads on the I/O threads: where each expert's tensors lie in its shards, the reads in file
+//! order, and the validation of the bytes that land.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use mxfp4_kernels::MxFp4Matrix;
+
+use super::buffer::{Expert, ExpertData, buffer_bytes};
+use super::config::{Result, StoreError};
+use super::layout::{EXPERT_MATRICES, ExpertMatrix};
+use super::{ExpertCache, ExpertStore, Shared};
+use crate::checkpoint::ExpertLocation;
+use crate::io::{AlignedBuf, ShardReader, memlock_limit, read_pieces};
+
+/// A table entry: where the expert is and how to read it.
+#[derive(Debug)]
+pub(super) struct Located {
+    /// The file ranges read, in file order, as (reader, range): one per run of tensors stored
+    /// back to back in one file (one in the release's layout).
+    pub(super) segments: Vec<(usize, Range<usize>)>,
+    /// Each tensor's position as (segment, offset from the segment's start, length).
+    pub(super) tensors: [(usize, usize, usize); 6],
+    /// Buffer bytes a resident copy takes (segments rounded out to 4 KiB).
+    pub(super) bytes: u64,
+}
+
+impl Located {
+    /// Where the first read goes: the key that sorts loads into file order.
+    pub(super) fn file_order(&self) -> (usize, usize) {
+        self.segments
+            .first()
+            .map_or((0, 0), |(reader, range)| (*reader, range.start))
+    }
+
+    /// The file of the first segment, naming the expert in errors.
+    pub(super) fn first_reader(&self) -> usize {
+        self.file_order().0
+    }
+}
+
+/// A job for the I/O threads.
+pub(super) struct Job {
+    pub(super) key: (usize, usize),
+}
+
+impl ExpertStore {
+    pub(super) fn send_in_file_order(&self, mut keys: Vec<(usize, usize)>) {
+        let table = &self.shared.table;
+        keys.sort_by_key(|k| table[k].file_order());
+        let jobs = self
+            .jobs
+            .as_ref()
+            .expect("the job queue lives as long as the store");
+        for key in keys {
+            // The I/O threads only stop when the store drops, after this.
+            let _ = jobs.send(Job { key });
+        }
+    }
+}
+
+impl Shared {
+    /// Says once that some expert reads go through the page cache: at open (O_DIRECT refused
+    /// or not asked for) or when a read first falls back (O_DIRECT refused at read time).
+    pub(super) fn say_if_buffered(&self) {
+        if self.buffered_said.load(Ordering::Relaxed) {
+            return;
+        }
+        let buffered: Vec<String> = self
+            .readers
+            .iter()
+            .filter(|r| !r.is_direct())
+            .map(|r| r.path.display().to_string())
+            .collect();
+        if !buffered.is_empty() && !self.buffered_said.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "expert reads go through the page cache (O_DIRECT not available or not asked for) for {}; pages are dropped after each read",
+                buffered.join(", ")
+            );
+        }
+    }
+
+    /// Runs on an I/O thread: reads `key`, makes it resident if the capacity allows, and
+    /// answers everyone waiting for it.
+    pub(super) fn load(&self, key: (usize, usize)) {
+        let (layer, expert) = key;
+        let located = &self.table[&key];
+        let pieces: Vec<(&ShardReader, Range<usize>)> = located
+            .segments
+            .iter()
+            .map(|(reader, range)| (&self.readers[*reader], range.clone()))
+            .collect();
+        self.busy_change(true);
+        let read = read_pieces(&pieces, self.free.take(), |buf, starts| {
+            self.bind(key, located, buf, starts)
+        });
+        self.busy_change(false);
+        if pieces.iter().any(|(reader, _)| !reader.is_direct()) {
+            self.say_if_buffered();
+        }
+        let result = read
+            .map_err(|e| StoreError::Read {
+                path: e.path,
+                layer,
+                expert,
+                reason: e.source.to_string(),
+            })
+            .and_then(|(buf, starts)| {
+                self.loads.fetch_add(1, Ordering::Relaxed);
+                self.bytes_read.fetch_add(located.bytes, Ordering::Relaxed);
+                self.build(key, located, buf, &starts)
+            });
+        let mut cache = self.lock();
+        let waiters = cache.finish_load(key);
+        if let Ok(data) = &result {
+            self.admit(&mut cache, key, data);
+        }
+        drop(cache);
+        for (tx, index) in waiters {
+            let landed = result.clone().map(Expert);
+            // A request dropped before its experts landed no longer listens: nothing to do.
+            let _ = tx.send((index, landed));
+        }
+    }
+
+    /// Makes a landed expert resident when the capacity allows (the cache evicts by the
+    /// policy), and pins its buffer when asked.
+    fn admit(&self, cache: &mut ExpertCache, key: (usize, usize), data: &Arc<ExpertData>) {
+        let (layer, expert) = key;
+        let pos = self.layer_pos[&layer];
+        let admitted = cache.admit(pos, key, Arc::clone(data), data.bytes(), || {
+            self.uses_of(layer, expert)
+        });
+        if !admitted {
+            return;
+        }
+        if self.mlock.load(Ordering::Relaxed)
+            && let Some(Err(e)) = data.buf.as_ref().map(AlignedBuf::lock)
+            && self.mlock.swap(false, Ordering::Relaxed)
+        {
+            let limit = memlock_limit().map_or("unknown".to_string(), |l| {
+                if l == libc::RLIM_INFINITY {
+                    "unlimited".to_string()
+                } else {
+                    format!("{l} bytes")
+                }
+            });
+            log::warn!(
+                "mlock of expert buffers failed ({e}); RLIMIT_MEMLOCK is {limit}. Experts stay resident but may be swapped; to pin them raise the limit (ulimit -l unlimited, or LimitMEMLOCK=infinity in a systemd unit, or run with CAP_IPC_LOCK). Not trying again."
+            );
+        }
+    }
+
+    pub(super) fn build(
+        &self,
+        key: (usize, usize),
+        located: &Located,
+        buf: AlignedBuf,
+        starts: &[usize],
+    ) -> Result<Arc<ExpertData>> {
+        let (layer, expert) = key;
+        let part = |i: usize| -> &'static [u8] {
+            let (segment, offset, len) = located.tensors[i];
+            let at = starts[segment] + offset;
+            // SAFETY: `buf` is moved into the ExpertData below, next to these views, and is
+            // never mutated or freed while they live: an `Expert` hands them out only for
+            // the duration of a borrow of itself, which keeps the buffer alive.
+            unsafe { std::slice::from_raw_parts(buf[at..at + len].as_ptr(), len) }
+        };
+        let view = |matrix: &ExpertMatrix| {
+            let (rows, cols) = self.shape.dims(matrix);
+            let (codes, scales) = (part(matrix.codes), part(matrix.codes + 1));
+            MxFp4Matrix::with_name(matrix.what, codes, scales, rows, cols).map_err(|e| {
+                StoreError::Read {
+                    path: self.readers[located.first_reader()].path.clone(),
+                    layer,
+                    expert,
+                    reason: e.to_string(),
+                }
+            })
+        };
+        let [gate, up, down] = &EXPERT_MATRICES;
+        let views = [view(gate)?, view(up)?, view(down)?];
+        Ok(Arc::new(ExpertData {
+            views,
+            buf: Some(buf),
+            size: located.bytes,
+            free: Arc::clone(&self.free),
+        }))
+    }
+}
+
+/// Where an expert's tensors are and how to read them: one segment per piece, `readers[i]`
+/// being the reader of piece `i`'s file.
+pub(super) fn locate(readers: &[usize], loc: &ExpertLocation) -> Located {
+    let segments: Vec<(usize, Range<usize>)> = loc
+        .pieces
+        .iter()
+        .zip(readers)
+        .map(|(piece, &reader)| (reader, piece.range.clone()))
+        .collect();
+    Located {
+        bytes: buffer_bytes(loc),
+        tensors: std::array::from_fn(|i| {
+            let piece = loc.tensor_piece[i];
+            let t = &loc.tensors[i];
+            (piece, t.start - loc.pieces[piece].range.start, t.len())
+        }),
+        segments,
+    }
+}
