@@ -314,15 +314,9 @@ pub fn k3_serve_flags() -> Vec<Flag> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Outcome, all_spellings, is_flag_spelling, parse, render_help, spelled};
+    use super::super::tests::run;
+    use super::super::{all_spellings, is_flag_spelling, render_help, spelled};
     use super::*;
-
-    fn run(args: &[&str]) -> Result<Parsed, UsageError> {
-        match parse(&k3_serve_flags(), args.iter().map(|a| a.to_string()))? {
-            Outcome::Run(parsed) => Ok(parsed),
-            other => panic!("{args:?} parsed as {other:?}"),
-        }
-    }
 
     /// A value each kind accepts.
     fn sample(flag: &Flag) -> Option<&'static str> {

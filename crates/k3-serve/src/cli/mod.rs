@@ -583,10 +583,11 @@ fn long_aliases(flag: &Flag) -> impl Iterator<Item = &'static str> + '_ {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn run(args: &[&str]) -> Result<Parsed, UsageError> {
+    /// `args` parsed with k3-serve's table; anything but a run is a test failure.
+    pub(in crate::cli) fn run(args: &[&str]) -> Result<Parsed, UsageError> {
         match parse(&k3_serve_flags(), args.iter().map(|a| a.to_string()))? {
             Outcome::Run(parsed) => Ok(parsed),
             other => panic!("{args:?} parsed as {other:?}"),
