@@ -22,14 +22,6 @@ pub struct MxFp4Matrix<'a> {
     cols: usize,
 }
 
-/// A `[rows, cols]` row-major matrix of little-endian BF16 values, borrowed as bytes.
-#[derive(Debug, Clone, Copy)]
-pub struct Bf16Matrix<'a> {
-    bytes: &'a [u8],
-    rows: usize,
-    cols: usize,
-}
-
 impl<'a> MxFp4Matrix<'a> {
     /// Checks shape, lengths and every scale byte (0xFF, NaN, is rejected) and wraps the bytes.
     pub fn new(packed: &'a [u8], scales: &'a [u8], rows: usize, cols: usize) -> Result<Self> {
@@ -120,63 +112,6 @@ impl<'a> MxFp4Matrix<'a> {
     }
 }
 
-impl<'a> Bf16Matrix<'a> {
-    /// Checks the shape and the byte length (`rows * cols * 2`) and wraps the bytes.
-    pub fn new(bytes: &'a [u8], rows: usize, cols: usize) -> Result<Self> {
-        Self::with_name("bf16 matrix", bytes, rows, cols)
-    }
-
-    /// As [`Bf16Matrix::new`], naming the tensor in errors.
-    pub fn with_name(
-        what: &'static str,
-        bytes: &'a [u8],
-        rows: usize,
-        cols: usize,
-    ) -> Result<Self> {
-        let Some(expected) = rows.checked_mul(cols).and_then(|n| n.checked_mul(2)) else {
-            return Err(Error::BadShape { what, rows, cols });
-        };
-        if rows == 0 || cols == 0 {
-            return Err(Error::BadShape { what, rows, cols });
-        }
-        if bytes.len() != expected {
-            return Err(Error::BufferLength {
-                what,
-                buffer: "bf16 data",
-                rows,
-                cols,
-                expected,
-                found: bytes.len(),
-            });
-        }
-        Ok(Self { bytes, rows, cols })
-    }
-
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-    pub fn cols(&self) -> usize {
-        self.cols
-    }
-    /// The whole buffer.
-    pub fn bytes(&self) -> &'a [u8] {
-        self.bytes
-    }
-    /// Bytes of one row (`2 * cols`).
-    pub fn row_bytes(&self, row: usize) -> &'a [u8] {
-        let n = self.cols * 2;
-        &self.bytes[row * n..(row + 1) * n]
-    }
-    /// Bytes of weights that one pass over `rows` reads.
-    pub fn bytes_for_rows(&self, rows: usize) -> usize {
-        rows * self.cols * 2
-    }
-    /// Bytes of the whole matrix.
-    pub fn weight_bytes(&self) -> usize {
-        self.bytes.len()
-    }
-}
-
 /// Defines a `[rows, cols]` row-major matrix of little-endian floats of `$bytes` bytes each,
 /// borrowed as bytes (no alignment needed: the kernels load unaligned).
 macro_rules! float_matrix {
@@ -251,6 +186,14 @@ macro_rules! float_matrix {
         }
     };
 }
+
+float_matrix!(
+    /// A `[rows, cols]` row-major matrix of little-endian BF16 values, borrowed as bytes.
+    Bf16Matrix,
+    2,
+    "bf16 matrix",
+    "bf16 data"
+);
 
 float_matrix!(
     /// A `[rows, cols]` row-major matrix of little-endian IEEE binary16 (F16) values, borrowed
