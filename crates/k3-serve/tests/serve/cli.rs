@@ -193,12 +193,7 @@ fn llama_server_and_vllm_spellings_and_aliases() {
         );
     }
     // No max_tokens: the server's -n 3 (the end tokens banned, so it runs to its length).
-    let tokenizer = k3_model::tokenizer::Tokenizer::from_dir(&crate::tiny()).unwrap();
-    let banned: serde_json::Map<String, Value> = ["[EOS]", "<|end_of_msg|>"]
-        .iter()
-        .filter_map(|s| tokenizer.special(s))
-        .map(|id| (id.to_string(), json!(-100)))
-        .collect();
+    let banned = end_tokens_banned();
     let body = json!({"prompt": "Once", "logit_bias": banned});
     let (status, text) = request(
         server.port,
@@ -282,6 +277,16 @@ fn api_key_guards_v1_and_leaves_health_open() {
     }
 }
 
+/// A `logit_bias` that bans the tiny model's end tokens, so an answer runs to its length.
+fn end_tokens_banned() -> serde_json::Map<String, Value> {
+    let tokenizer = k3_model::tokenizer::Tokenizer::from_dir(&crate::tiny()).unwrap();
+    ["[EOS]", "<|end_of_msg|>"]
+        .iter()
+        .filter_map(|s| tokenizer.special(s))
+        .map(|id| (id.to_string(), json!(-100)))
+        .collect()
+}
+
 /// The completion text of one `/v1/completions` request.
 fn complete(port: u16, body: Value) -> String {
     let (status, text) = request(port, "POST", "/v1/completions", Some(&body.to_string())).unwrap();
@@ -303,12 +308,7 @@ fn unseeded_requests_differ_and_seeded_ones_repeat() {
     let port = server.port;
     // The end tokens banned, so every answer has its 64 tokens (two answers that both ended
     // at once would be equal).
-    let tokenizer = k3_model::tokenizer::Tokenizer::from_dir(&crate::tiny()).unwrap();
-    let banned: serde_json::Map<String, Value> = ["[EOS]", "<|end_of_msg|>"]
-        .iter()
-        .filter_map(|s| tokenizer.special(s))
-        .map(|id| (id.to_string(), json!(-100)))
-        .collect();
+    let banned = end_tokens_banned();
     assert!(!banned.is_empty());
     let body = json!({"prompt": "Once upon a time", "max_tokens": 64, "temperature": 1.0,
                       "logit_bias": banned});
