@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use expert_store::Checkpoint;
 use k3_model::config::K3Config;
-use k3_model::model::snapshot::file::{self, FileError, Identity};
+use k3_model::model::snapshot::file::{self, Checksum, FileError, Identity};
 use k3_model::model::{Model, Session, Snapshot, SnapshotError, fingerprint, state_bytes};
 use k3_model::synth::{Preset, SynthOptions, generate, preset_config};
 use mxfp4_kernels::Kernels;
@@ -389,4 +389,25 @@ fn saving_needs_the_tokens_the_snapshot_covers() {
     );
     // The file that was there is untouched.
     assert!(file::load(&s.path, &identity).is_ok());
+}
+
+#[test]
+fn a_header_with_overflowing_lengths_is_refused_before_allocating() {
+    let s = saved("lengths");
+    let identity = Identity::of(&s.ckpt, &s.config);
+    let mut bytes = std::fs::read(&s.path).unwrap();
+    // The first layer's first array length follows the tokens and the layer count: make it
+    // huge, then re-seal the header so only the lengths are wrong.
+    let body_len = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
+    let first_layer = 16 + 2 + identity.engine.len() + 8 + 8 + 8 + 4 * PREFIX + 4;
+    assert!(matches!(bytes[first_layer], 1 | 2), "a KDA or MLA layer");
+    bytes[first_layer + 1..first_layer + 9].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
+    let mut sum = Checksum::new();
+    sum.update(&bytes[..16 + body_len]);
+    bytes[16 + body_len..16 + body_len + 8].copy_from_slice(&sum.finish().to_le_bytes());
+    std::fs::write(&s.path, &bytes).unwrap();
+    match file::load(&s.path, &identity) {
+        Err(FileError::Header { reason }) => assert!(reason.contains("overflow"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
 }

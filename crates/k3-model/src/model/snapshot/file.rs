@@ -140,11 +140,17 @@ enum LayerSpec {
 }
 
 impl LayerSpec {
+    /// Values of the layer's arrays (`decode_header` checked that they cannot overflow).
     fn values(self) -> u64 {
+        self.checked_values()
+            .expect("checked when the header was read")
+    }
+
+    fn checked_values(self) -> Option<u64> {
         match self {
-            LayerSpec::Kda { window, state } => 3 * window + state,
-            LayerSpec::Mla { latent, k_pe } => latent + k_pe,
-            LayerSpec::Empty => 0,
+            LayerSpec::Kda { window, state } => window.checked_mul(3)?.checked_add(state),
+            LayerSpec::Mla { latent, k_pe } => latent.checked_add(k_pe),
+            LayerSpec::Empty => Some(0),
         }
     }
 }
@@ -180,7 +186,7 @@ pub fn save(
         source,
     };
     let written = (|| {
-        let mut out = Writer::create(&tmp).map_err(io)?;
+        let mut out = Writer::create(&tmp, true).map_err(io)?;
         out.put(&header).map_err(io)?;
         for layer in snapshot.layers() {
             match layer {
@@ -494,13 +500,17 @@ fn decode_header(body: &[u8], payload_at: u64, file_bytes: u64) -> Result<FileHe
                 });
             }
         };
-        // A length no file of this size can hold is refused before any allocation.
+        // Lengths whose sum overflows are refused here; ones longer than the file are
+        // refused by `load` as a truncation, before anything is allocated.
         values = values
-            .checked_add(spec.values())
-            .filter(|&v| v <= file_bytes / 4)
-            .ok_or(FileError::Truncated {
-                expected: u64::MAX,
-                found: file_bytes,
+            .checked_add(spec.checked_values().unwrap_or(u64::MAX))
+            .filter(|v| {
+                v.checked_mul(4)
+                    .and_then(|b| b.checked_add(payload_at + 8))
+                    .is_some()
+            })
+            .ok_or_else(|| FileError::Header {
+                reason: "layer array lengths overflow a 64-bit file size".into(),
             })?;
         layers.push(spec);
     }

@@ -25,22 +25,34 @@ pub(super) struct Writer {
 }
 
 impl Writer {
-    pub(super) fn create(path: &Path) -> std::io::Result<Self> {
-        let direct = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path);
-        let (file, direct, fallback) = match direct {
-            Ok(f) => (f, true, None),
-            Err(e) => {
+    /// A new file at `path`, written with `O_DIRECT` if `direct` and the filesystem takes it.
+    pub(super) fn create(path: &Path, direct: bool) -> std::io::Result<Self> {
+        let buffered = || {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)
+        };
+        let opened = if direct {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(path)
+        } else {
+            buffered()
+        };
+        let (file, direct, fallback) = match opened {
+            Ok(f) => (f, direct, None),
+            Err(e) if direct => {
                 let _ = std::fs::remove_file(path);
-                let f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .open(path)?;
-                (f, false, Some(format!("O_DIRECT open refused: {e}")))
+                (
+                    buffered()?,
+                    false,
+                    Some(format!("O_DIRECT open refused: {e}")),
+                )
             }
+            Err(e) => return Err(e),
         };
         Ok(Self {
             file,
@@ -136,5 +148,56 @@ impl Writer {
             direct: self.direct,
             fallback: self.fallback,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes `data` in uneven pieces (bytes and f32s) and returns the file's bytes.
+    fn write(path: &Path, direct: bool, data: &[f32]) -> (Vec<u8>, WriteReport, u64) {
+        let mut w = Writer::create(path, direct).unwrap();
+        w.put(&[7, 8, 9]).unwrap();
+        let (a, b) = data.split_at(data.len() / 3);
+        w.put_f32s(a).unwrap();
+        w.put(&[1]).unwrap();
+        w.put_f32s(b).unwrap();
+        let sum = w.checksum.finish();
+        let report = w.finish().unwrap();
+        (std::fs::read(path).unwrap(), report, sum)
+    }
+
+    #[test]
+    fn direct_and_buffered_writes_give_the_same_file() {
+        let dir = std::env::temp_dir().join(format!("k3-writer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Lengths that end mid-block, on a block and past a whole write buffer.
+        for n in [0, 1, IO_ALIGN / 4, WRITE_BLOCK / 4 + 3] {
+            let data: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 3.0).collect();
+            let mut expected = vec![7, 8, 9];
+            let (a, b) = data.split_at(n / 3);
+            expected.extend(a.iter().flat_map(|v| v.to_le_bytes()));
+            expected.push(1);
+            expected.extend(b.iter().flat_map(|v| v.to_le_bytes()));
+            let mut sum = Checksum::new();
+            sum.update(&expected);
+            for direct in [true, false] {
+                let path = dir.join(format!("{n}-{direct}"));
+                let (bytes, report, got_sum) = write(&path, direct, &data);
+                assert!(bytes == expected, "{n} values, direct {direct}");
+                assert_eq!(report.bytes, expected.len() as u64);
+                assert_eq!(got_sum, sum.finish());
+                // Asked for buffered: buffered, no fallback to explain.
+                if !direct {
+                    assert_eq!((report.direct, &report.fallback), (false, &None));
+                }
+                // Asked for direct: either it was, or the reason is given.
+                if direct {
+                    assert!(report.direct || report.fallback.is_some(), "{report:?}");
+                }
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
