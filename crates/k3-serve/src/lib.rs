@@ -10,4 +10,5 @@ pub mod cli;
 pub mod conn;
 pub mod engine;
 pub mod naming;
+pub mod prompt_cache;
 pub mod server;

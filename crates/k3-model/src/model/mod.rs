@@ -62,10 +62,12 @@ mod experts;
 mod kda;
 mod mla;
 mod moe;
+pub mod snapshot;
 mod source;
 mod weights;
 mod wide;
 
+pub use snapshot::{Snapshot, SnapshotError, state_bytes};
 pub use source::{ExpertBatch, ExpertHooks, ExpertSource, StoreExperts};
 use weights::{Attention, Ffn, Layer};
 use wide::wide;

@@ -1,0 +1,537 @@
+//! Snapshot files: a checksummed header naming the engine, the checkpoint and the tokens the
+//! state covers, then the state's `f32`s (little-endian, layer by layer), then a checksum of
+//! everything before it. Written with `O_DIRECT` where the filesystem takes it, to a temporary
+//! file renamed over the target (a reader never sees half a file); read back only when the
+//! magic, format, header checksum, engine version, checkpoint identity, length and payload
+//! checksum all agree (a typed error names the first that does not).
+//!
+//! Layout: `magic (8) | format u32 | header length u32 | header | header checksum u64 |
+//! payload | checksum u64`. The header: engine version (u16 length + UTF-8), checkpoint
+//! identity u64, position u64, token count u64 + one u32 per token, layer count u32, then per
+//! layer a kind byte (0 none, 1 KDA, 2 MLA) and its arrays' lengths as u64 (KDA: window,
+//! state; MLA: latent, k_pe). The payload: per KDA layer its three windows then its state,
+//! per MLA layer its latent rows then its `k_pe` rows.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use expert_store::Checkpoint;
+use expert_store::io::drop_page_cache;
+
+use super::{LayerState, OwnedLayer, Snapshot};
+use crate::config::K3Config;
+
+mod checksum;
+mod writer;
+pub use checksum::Checksum;
+use writer::Writer;
+
+/// The first bytes of every snapshot file.
+pub const MAGIC: [u8; 8] = *b"K3STATE\0";
+/// The layout this code writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// The engine whose bits a snapshot holds: a state is only valid for the code that made it.
+pub const ENGINE_VERSION: &str = concat!("k3-model ", env!("CARGO_PKG_VERSION"));
+/// Largest header accepted (a corrupt length must not make us allocate gigabytes).
+const MAX_HEADER: usize = 256 << 20;
+/// Bytes read per call, and written per `O_DIRECT` write.
+const WRITE_BLOCK: usize = 4 << 20;
+/// Magic, format and header length.
+const PREFIX: usize = 16;
+
+/// Why a snapshot file was not written or not trusted.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("not a snapshot file: magic {found:02x?}, expected {MAGIC:02x?}")]
+    Magic { found: [u8; 8] },
+    #[error("snapshot format {found}, this engine reads format {FORMAT_VERSION}")]
+    Format { found: u32 },
+    #[error("truncated: {found} bytes, the header needs {expected}")]
+    Truncated { expected: u64, found: u64 },
+    #[error("{found} bytes, the header says {expected}")]
+    Length { expected: u64, found: u64 },
+    #[error("{part} checksum {computed:016x}, the file stores {stored:016x}")]
+    Checksum {
+        part: &'static str,
+        stored: u64,
+        computed: u64,
+    },
+    #[error("written by engine {file:?}, this is {ours:?}")]
+    Engine { file: String, ours: String },
+    #[error("made with checkpoint {file:016x}, this is {ours:016x}")]
+    Checkpoint { file: u64, ours: u64 },
+    #[error("bad header: {reason}")]
+    Header { reason: String },
+    #[error(
+        "token {token} does not fit the file's 32-bit token ids (limit {})",
+        u32::MAX
+    )]
+    Token { token: usize },
+    #[error("{tokens} tokens given for a snapshot at position {position}")]
+    Tokens { tokens: usize, position: usize },
+}
+
+type Result<T, E = FileError> = std::result::Result<T, E>;
+
+/// What a snapshot is valid for: the engine that computed it and the checkpoint it ran.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Identity {
+    pub engine: String,
+    pub checkpoint: u64,
+}
+
+impl Identity {
+    /// This engine over `ckpt` with `config` (see [`checkpoint_identity`]).
+    pub fn of(ckpt: &Checkpoint, config: &K3Config) -> Self {
+        Self {
+            engine: ENGINE_VERSION.to_owned(),
+            checkpoint: checkpoint_identity(ckpt, config),
+        }
+    }
+}
+
+/// A hash naming a checkpoint: the config, every tensor's name, dtype, shape and place, and
+/// the values of the 1-D tensors (norms, biases, decays: small, and what a fine-tune of the
+/// same shapes changes too). No matrix or expert byte is read.
+pub fn checkpoint_identity(ckpt: &Checkpoint, config: &K3Config) -> u64 {
+    let mut hash = Checksum::new();
+    hash.update(format!("{config:?}").as_bytes());
+    let mut names: Vec<&str> = ckpt.tensor_names().collect();
+    names.sort_unstable();
+    for name in names {
+        let Some(t) = ckpt.tensor(name) else { continue };
+        hash.update(name.as_bytes());
+        hash.update(format!("{:?}{:?}", t.dtype, t.shape).as_bytes());
+        hash.update(&(t.offset as u64).to_le_bytes());
+        hash.update(&(t.bytes.len() as u64).to_le_bytes());
+        if t.shape.len() == 1 {
+            hash.update(&t.bytes[..t.bytes.len().min(1 << 20)]);
+        }
+    }
+    hash.finish()
+}
+
+/// A snapshot file's header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileHeader {
+    pub identity: Identity,
+    /// The tokens the state covers, in order (as many as the position).
+    pub tokens: Vec<u32>,
+    /// Bytes of the whole file.
+    pub file_bytes: u64,
+    layers: Vec<LayerSpec>,
+    /// Offset of the payload.
+    payload_at: u64,
+}
+
+/// A layer's kind and arrays' lengths (in `f32`s), as the header lists them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LayerSpec {
+    Kda { window: u64, state: u64 },
+    Mla { latent: u64, k_pe: u64 },
+    Empty,
+}
+
+impl LayerSpec {
+    /// Values of the layer's arrays (`decode_header` checked that they cannot overflow).
+    fn values(self) -> u64 {
+        self.checked_values()
+            .expect("checked when the header was read")
+    }
+
+    fn checked_values(self) -> Option<u64> {
+        match self {
+            LayerSpec::Kda { window, state } => window.checked_mul(3)?.checked_add(state),
+            LayerSpec::Mla { latent, k_pe } => latent.checked_add(k_pe),
+            LayerSpec::Empty => Some(0),
+        }
+    }
+}
+
+/// How a file was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteReport {
+    pub bytes: u64,
+    /// The data bypassed the page cache (`O_DIRECT`).
+    pub direct: bool,
+    /// Why it did not, when it was asked to and could not.
+    pub fallback: Option<String>,
+}
+
+/// Writes `snapshot`, which covers `tokens`, to `path` for `identity` (atomically: a
+/// temporary file in the same directory, synced, then renamed over `path`).
+pub fn save(
+    path: &Path,
+    identity: &Identity,
+    tokens: &[usize],
+    snapshot: &Snapshot,
+) -> Result<WriteReport> {
+    if tokens.len() != snapshot.position() {
+        return Err(FileError::Tokens {
+            tokens: tokens.len(),
+            position: snapshot.position(),
+        });
+    }
+    let header = encode_header(identity, tokens, snapshot)?;
+    let tmp = temp_path(path);
+    let io = |source| FileError::Io {
+        path: tmp.clone(),
+        source,
+    };
+    let written = (|| {
+        let mut out = Writer::create(&tmp, true).map_err(io)?;
+        out.put(&header).map_err(io)?;
+        for layer in snapshot.layers() {
+            match layer {
+                LayerState::Kda { windows, state } => {
+                    for w in windows {
+                        out.put_f32s(w).map_err(io)?;
+                    }
+                    out.put_f32s(state).map_err(io)?;
+                }
+                LayerState::Mla { latent, k_pe } => {
+                    out.put_f32s(latent).map_err(io)?;
+                    out.put_f32s(k_pe).map_err(io)?;
+                }
+                LayerState::Empty => {}
+            }
+        }
+        let sum = out.checksum.finish();
+        out.put(&sum.to_le_bytes()).map_err(io)?;
+        out.finish().map_err(io)
+    })();
+    let report = match written {
+        Ok(report) => report,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
+    std::fs::rename(&tmp, path).map_err(|source| {
+        let _ = std::fs::remove_file(&tmp);
+        FileError::Io {
+            path: path.to_owned(),
+            source,
+        }
+    })?;
+    // The rename is durable once the directory is synced (best effort: not every
+    // filesystem lets a directory be opened and synced).
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && let Ok(d) = File::open(dir)
+    {
+        let _ = d.sync_all();
+    }
+    Ok(report)
+}
+
+/// Reads and checks a file's header (magic, format, header checksum) without its payload.
+pub fn read_header(path: &Path) -> Result<FileHeader> {
+    let io = |source| FileError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let mut file = File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    header_of(&mut file, len).map_err(|e| e.at(path))
+}
+
+/// Reads `path`, refusing it unless it was written for `identity` and is whole and intact.
+pub fn load(path: &Path, identity: &Identity) -> Result<(FileHeader, Snapshot)> {
+    let io = |source| FileError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let mut file = File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    let header = header_of(&mut file, len).map_err(|e| e.at(path))?;
+    if header.identity.engine != identity.engine {
+        return Err(FileError::Engine {
+            file: header.identity.engine,
+            ours: identity.engine.clone(),
+        });
+    }
+    if header.identity.checkpoint != identity.checkpoint {
+        return Err(FileError::Checkpoint {
+            file: header.identity.checkpoint,
+            ours: identity.checkpoint,
+        });
+    }
+    let payload: u64 = header.layers.iter().map(|l| l.values() * 4).sum();
+    let expected = header.payload_at + payload + 8;
+    if len < expected {
+        return Err(FileError::Truncated {
+            expected,
+            found: len,
+        });
+    }
+    if len > expected {
+        return Err(FileError::Length {
+            expected,
+            found: len,
+        });
+    }
+    // Re-read from the start: the checksum covers the header too.
+    let mut reader = std::io::BufReader::with_capacity(WRITE_BLOCK, &file);
+    let mut sum = Checksum::new();
+    let mut head = vec![0u8; header.payload_at as usize];
+    reader.read_exact(&mut head).map_err(io)?;
+    sum.update(&head);
+    let mut bytes = vec![0u8; WRITE_BLOCK];
+    let mut read = |n: u64, sum: &mut Checksum| -> std::io::Result<Vec<f32>> {
+        let mut values = Vec::with_capacity(n as usize);
+        let mut left = n as usize * 4;
+        while left > 0 {
+            let part = &mut bytes[..left.min(WRITE_BLOCK)];
+            reader.read_exact(part)?;
+            sum.update(part);
+            values.extend(
+                part.chunks_exact(4)
+                    .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes"))),
+            );
+            left -= part.len();
+        }
+        Ok(values)
+    };
+    let mut layers = Vec::with_capacity(header.layers.len());
+    for spec in &header.layers {
+        layers.push(match *spec {
+            LayerSpec::Kda { window, state } => OwnedLayer::Kda {
+                windows: [
+                    read(window, &mut sum).map_err(io)?,
+                    read(window, &mut sum).map_err(io)?,
+                    read(window, &mut sum).map_err(io)?,
+                ],
+                state: read(state, &mut sum).map_err(io)?,
+            },
+            LayerSpec::Mla { latent, k_pe } => OwnedLayer::Mla {
+                latent: read(latent, &mut sum).map_err(io)?,
+                k_pe: read(k_pe, &mut sum).map_err(io)?,
+            },
+            LayerSpec::Empty => OwnedLayer::Empty,
+        });
+    }
+    let mut stored = [0u8; 8];
+    reader.read_exact(&mut stored).map_err(io)?;
+    let (stored, computed) = (u64::from_le_bytes(stored), sum.finish());
+    if stored != computed {
+        return Err(FileError::Checksum {
+            part: "payload",
+            stored,
+            computed,
+        });
+    }
+    // The state now lives in our buffers (advice only).
+    let _ = drop_page_cache(&file, 0, len);
+    let snapshot = Snapshot::from_layers(header.tokens.len(), layers);
+    Ok((header, snapshot))
+}
+
+impl FileError {
+    /// An I/O error without a path gets `path`.
+    fn at(self, path: &Path) -> Self {
+        match self {
+            FileError::Io { path: p, source } if p.as_os_str().is_empty() => FileError::Io {
+                path: path.to_owned(),
+                source,
+            },
+            e => e,
+        }
+    }
+}
+
+/// The header of an open file of `len` bytes, checked.
+fn header_of(file: &mut File, len: u64) -> Result<FileHeader> {
+    let io = |source| FileError::Io {
+        path: PathBuf::new(),
+        source,
+    };
+    let truncated = |expected: u64| FileError::Truncated {
+        expected,
+        found: len,
+    };
+    if len < PREFIX as u64 {
+        return Err(truncated(PREFIX as u64));
+    }
+    let mut prefix = [0u8; PREFIX];
+    file.read_exact_at(&mut prefix, 0).map_err(io)?;
+    let magic: [u8; 8] = prefix[..8].try_into().expect("8 bytes");
+    if magic != MAGIC {
+        return Err(FileError::Magic { found: magic });
+    }
+    let format = u32::from_le_bytes(prefix[8..12].try_into().expect("4 bytes"));
+    if format != FORMAT_VERSION {
+        return Err(FileError::Format { found: format });
+    }
+    let body_len = u32::from_le_bytes(prefix[12..16].try_into().expect("4 bytes")) as usize;
+    if body_len > MAX_HEADER {
+        return Err(FileError::Header {
+            reason: format!("header of {body_len} bytes, the limit is {MAX_HEADER}"),
+        });
+    }
+    let payload_at = (PREFIX + body_len + 8) as u64;
+    if len < payload_at {
+        return Err(truncated(payload_at));
+    }
+    let mut body = vec![0u8; body_len + 8];
+    file.read_exact_at(&mut body, PREFIX as u64).map_err(io)?;
+    let mut sum = Checksum::new();
+    sum.update(&prefix);
+    sum.update(&body[..body_len]);
+    let stored = u64::from_le_bytes(body[body_len..].try_into().expect("8 bytes"));
+    let computed = sum.finish();
+    if stored != computed {
+        return Err(FileError::Checksum {
+            part: "header",
+            stored,
+            computed,
+        });
+    }
+    decode_header(&body[..body_len], payload_at, len)
+}
+
+fn encode_header(identity: &Identity, tokens: &[usize], snapshot: &Snapshot) -> Result<Vec<u8>> {
+    let mut body = Vec::new();
+    let engine = identity.engine.as_bytes();
+    let engine_len = u16::try_from(engine.len()).map_err(|_| FileError::Header {
+        reason: format!(
+            "engine version of {} bytes, the limit is 65535",
+            engine.len()
+        ),
+    })?;
+    body.extend_from_slice(&engine_len.to_le_bytes());
+    body.extend_from_slice(engine);
+    body.extend_from_slice(&identity.checkpoint.to_le_bytes());
+    body.extend_from_slice(&(snapshot.position() as u64).to_le_bytes());
+    body.extend_from_slice(&(tokens.len() as u64).to_le_bytes());
+    for &token in tokens {
+        let id = u32::try_from(token).map_err(|_| FileError::Token { token })?;
+        body.extend_from_slice(&id.to_le_bytes());
+    }
+    let layers: Vec<LayerState<'_>> = snapshot.layers().collect();
+    body.extend_from_slice(&(layers.len() as u32).to_le_bytes());
+    for layer in layers {
+        let (kind, a, b) = match layer {
+            LayerState::Kda { windows, state } => (1u8, windows[0].len(), state.len()),
+            LayerState::Mla { latent, k_pe } => (2, latent.len(), k_pe.len()),
+            LayerState::Empty => (0, 0, 0),
+        };
+        body.push(kind);
+        if kind != 0 {
+            body.extend_from_slice(&(a as u64).to_le_bytes());
+            body.extend_from_slice(&(b as u64).to_le_bytes());
+        }
+    }
+    if body.len() > MAX_HEADER {
+        return Err(FileError::Header {
+            reason: format!("header of {} bytes, the limit is {MAX_HEADER}", body.len()),
+        });
+    }
+    let mut out = Vec::with_capacity(PREFIX + body.len() + 8);
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&body);
+    let mut sum = Checksum::new();
+    sum.update(&out);
+    out.extend_from_slice(&sum.finish().to_le_bytes());
+    Ok(out)
+}
+
+/// Parses a header body whose checksum matched.
+fn decode_header(body: &[u8], payload_at: u64, file_bytes: u64) -> Result<FileHeader> {
+    let mut at = 0usize;
+    let mut take = |n: usize| -> Result<&[u8]> {
+        let end = at.checked_add(n).filter(|&e| e <= body.len());
+        let end = end.ok_or_else(|| FileError::Header {
+            reason: format!(
+                "field of {n} bytes at {at} past the header's {}",
+                body.len()
+            ),
+        })?;
+        let field = &body[at..end];
+        at = end;
+        Ok(field)
+    };
+    let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+    let engine_len = u16::from_le_bytes(take(2)?.try_into().expect("2 bytes")) as usize;
+    let engine = String::from_utf8(take(engine_len)?.to_vec()).map_err(|e| FileError::Header {
+        reason: format!("engine version is not UTF-8: {e}"),
+    })?;
+    let checkpoint = u64_at(take(8)?);
+    let position = u64_at(take(8)?);
+    let count = u64_at(take(8)?);
+    if count != position || count > (body.len() / 4) as u64 {
+        return Err(FileError::Header {
+            reason: format!("{count} tokens for position {position}"),
+        });
+    }
+    let tokens = take(count as usize * 4)?
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+        .collect();
+    let layer_count = u32::from_le_bytes(take(4)?.try_into().expect("4 bytes"));
+    let mut layers = Vec::new();
+    let mut values = 0u64;
+    for _ in 0..layer_count {
+        let kind = take(1)?[0];
+        let spec = match kind {
+            0 => LayerSpec::Empty,
+            1 | 2 => {
+                let (a, b) = (u64_at(take(8)?), u64_at(take(8)?));
+                if kind == 1 {
+                    LayerSpec::Kda {
+                        window: a,
+                        state: b,
+                    }
+                } else {
+                    LayerSpec::Mla { latent: a, k_pe: b }
+                }
+            }
+            k => {
+                return Err(FileError::Header {
+                    reason: format!("layer kind {k}, expected 0, 1 or 2"),
+                });
+            }
+        };
+        // Lengths whose sum overflows are refused here; ones longer than the file are
+        // refused by `load` as a truncation, before anything is allocated.
+        values = values
+            .checked_add(spec.checked_values().unwrap_or(u64::MAX))
+            .filter(|v| {
+                v.checked_mul(4)
+                    .and_then(|b| b.checked_add(payload_at + 8))
+                    .is_some()
+            })
+            .ok_or_else(|| FileError::Header {
+                reason: "layer array lengths overflow a 64-bit file size".into(),
+            })?;
+        layers.push(spec);
+    }
+    Ok(FileHeader {
+        identity: Identity { engine, checkpoint },
+        tokens,
+        file_bytes,
+        layers,
+        payload_at,
+    })
+}
+
+/// `path` with a unique temporary suffix, in the same directory (so the rename is atomic).
+fn temp_path(path: &Path) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut name = path.file_name().unwrap_or_default().to_owned();
+    name.push(format!(
+        ".tmp-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    path.with_file_name(name)
+}
