@@ -1,0 +1,359 @@
+//! A job's events as OpenAI's answer: gathered into one JSON body ([`collect`], [`Collected`])
+//! or streamed as SSE chunks ([`Chunks`]) ending in `[DONE]`; an engine that drops the job
+//! unfinished is an error either way.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::http::StatusCode;
+use axum::response::sse::Event as SseEvent;
+use serde_json::{Value, json};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::api::ApiError;
+use crate::engine::{Event, TokenLogprob};
+
+/// All of a job's events. An error event is a 500, and so is the channel closing before the
+/// finish (the engine dropped the job): never a normal finish.
+pub(super) async fn collect(mut events: UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
+    let mut collected = Collected::default();
+    while let Some(event) = events.recv().await {
+        if let Some(error) = collected.add(event) {
+            return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error));
+        }
+    }
+    if collected.finish.is_none() {
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ENGINE_GONE,
+        ));
+    }
+    Ok(collected)
+}
+
+/// Why a request ended without its finish.
+const ENGINE_GONE: &str = "the engine stopped before finishing this request";
+
+/// A job's SSE chunks: one per event, a usage chunk when asked, an error chunk if the engine
+/// drops the job unfinished, and `[DONE]` last.
+pub(super) struct Chunks {
+    events: UnboundedReceiver<Event>,
+    queue: VecDeque<SseEvent>,
+    id: String,
+    model: String,
+    created: u64,
+    chat: bool,
+    logprobs: bool,
+    include_usage: bool,
+    first: bool,
+    /// A finish or an error was sent.
+    ended: bool,
+    /// `[DONE]` was queued.
+    done: bool,
+}
+
+impl Chunks {
+    pub(super) fn new(
+        events: UnboundedReceiver<Event>,
+        id: String,
+        model: String,
+        created: u64,
+        chat: bool,
+        logprobs: bool,
+        include_usage: bool,
+    ) -> Self {
+        Self {
+            events,
+            queue: VecDeque::new(),
+            id,
+            model,
+            created,
+            chat,
+            logprobs,
+            include_usage,
+            first: true,
+            ended: false,
+            done: false,
+        }
+    }
+
+    fn push(&mut self, chunk: Value) {
+        self.queue
+            .push_back(SseEvent::default().data(chunk.to_string()));
+    }
+
+    fn on_event(&mut self, event: Option<Event>) {
+        let Some(event) = event else {
+            if !self.ended {
+                self.push(error_chunk(ENGINE_GONE));
+            }
+            self.queue.push_back(SseEvent::default().data("[DONE]"));
+            self.done = true;
+            return;
+        };
+        let mut chunk = stream_chunk(
+            &self.id,
+            &self.model,
+            self.created,
+            self.chat,
+            &event,
+            self.first,
+            self.logprobs,
+        );
+        self.first = false;
+        if self.include_usage && chunk.get("choices").is_some() {
+            chunk["usage"] = Value::Null;
+        }
+        self.push(chunk);
+        match event {
+            Event::Done {
+                prompt_tokens,
+                completion_tokens,
+                ..
+            } => {
+                self.ended = true;
+                if self.include_usage {
+                    let object = if self.chat {
+                        "chat.completion.chunk"
+                    } else {
+                        "text_completion"
+                    };
+                    self.push(
+                        json!({"id": self.id, "object": object, "created": self.created,
+                        "model": self.model, "choices": [],
+                        "usage": usage_json(prompt_tokens, completion_tokens)}),
+                    );
+                }
+            }
+            Event::Error(_) => self.ended = true,
+            Event::Delta { .. } => {}
+        }
+    }
+}
+
+impl tokio_stream::Stream for Chunks {
+    type Item = Result<SseEvent, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            if let Some(event) = self.queue.pop_front() {
+                return Poll::Ready(Some(Ok(event)));
+            }
+            if self.done {
+                return Poll::Ready(None);
+            }
+            let event = std::task::ready!(self.events.poll_recv(cx));
+            self.on_event(event);
+        }
+    }
+}
+
+fn usage_json(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+fn error_chunk(message: &str) -> Value {
+    json!({"error": {"message": message, "type": "server_error", "param": null, "code": "500"}})
+}
+
+fn tool_calls_json(calls: &[k3_model::chat::ToolCall], first_index: usize) -> Value {
+    Value::Array(
+        calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                json!({"index": first_index + i, "id": format!("call_{}", first_index + i), "type": "function",
+                       "function": {"name": c.name, "arguments": c.arguments_json()}})
+            })
+            .collect(),
+    )
+}
+
+fn logprobs_json(entries: &[TokenLogprob]) -> Value {
+    json!({"content": entries.iter().map(|e| json!({
+        "token": e.token, "logprob": e.logprob, "bytes": e.token.as_bytes(),
+        "top_logprobs": e.top.iter().map(|(t, l)| json!({"token": t, "logprob": l, "bytes": t.as_bytes()})).collect::<Vec<_>>(),
+    })).collect::<Vec<_>>()})
+}
+
+/// One SSE chunk for `event`.
+fn stream_chunk(
+    id: &str,
+    model: &str,
+    created: u64,
+    chat: bool,
+    event: &Event,
+    first: bool,
+    logprobs: bool,
+) -> Value {
+    let object = if chat {
+        "chat.completion.chunk"
+    } else {
+        "text_completion"
+    };
+    let choice = match event {
+        Event::Delta {
+            reasoning,
+            content,
+            tool_calls,
+            logprobs: lps,
+        } => {
+            let lp = if logprobs {
+                logprobs_json(lps)
+            } else {
+                Value::Null
+            };
+            if chat {
+                let mut delta = json!({});
+                if first {
+                    delta["role"] = json!("assistant");
+                }
+                if !reasoning.is_empty() {
+                    delta["reasoning_content"] = json!(reasoning);
+                }
+                if !content.is_empty() || (reasoning.is_empty() && tool_calls.is_empty()) {
+                    delta["content"] = json!(content);
+                }
+                if !tool_calls.is_empty() {
+                    delta["tool_calls"] = tool_calls_json(tool_calls, 0);
+                }
+                json!({"index": 0, "delta": delta, "logprobs": lp, "finish_reason": null})
+            } else {
+                json!({"index": 0, "text": content, "logprobs": lp, "finish_reason": null})
+            }
+        }
+        // The usage goes in a chunk of its own, when asked (`stream_options`).
+        Event::Done { finish_reason, .. } => {
+            if chat {
+                json!({"index": 0, "delta": {}, "finish_reason": finish_reason})
+            } else {
+                json!({"index": 0, "text": "", "finish_reason": finish_reason})
+            }
+        }
+        Event::Error(message) => return error_chunk(message),
+    };
+    json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]})
+}
+
+/// A whole answer, gathered from events.
+#[derive(Debug, Default)]
+pub(super) struct Collected {
+    reasoning: String,
+    content: String,
+    tool_calls: Vec<k3_model::chat::ToolCall>,
+    logprobs: Vec<TokenLogprob>,
+    finish: Option<(&'static str, usize, usize)>,
+}
+
+impl Collected {
+    /// Adds an event; an error's message comes back.
+    fn add(&mut self, event: Event) -> Option<String> {
+        match event {
+            Event::Delta {
+                reasoning,
+                content,
+                tool_calls,
+                logprobs,
+            } => {
+                self.reasoning.push_str(&reasoning);
+                self.content.push_str(&content);
+                self.tool_calls.extend(tool_calls);
+                self.logprobs.extend(logprobs);
+                None
+            }
+            Event::Done {
+                finish_reason,
+                prompt_tokens,
+                completion_tokens,
+                ..
+            } => {
+                self.finish = Some((finish_reason, prompt_tokens, completion_tokens));
+                None
+            }
+            Event::Error(message) => Some(message),
+        }
+    }
+
+    pub(super) fn body(
+        &self,
+        id: &str,
+        model: &str,
+        created: u64,
+        chat: bool,
+        logprobs: bool,
+    ) -> Value {
+        let (finish, prompt, completion) = self.finish.unwrap_or(("stop", 0, 0));
+        let finish = if !self.tool_calls.is_empty() && finish == "stop" {
+            "tool_calls"
+        } else {
+            finish
+        };
+        let lp = if logprobs {
+            logprobs_json(&self.logprobs)
+        } else {
+            Value::Null
+        };
+        let choice = if chat {
+            let mut message = json!({"role": "assistant", "content": self.content});
+            if !self.reasoning.is_empty() {
+                message["reasoning_content"] = json!(self.reasoning);
+            }
+            if !self.tool_calls.is_empty() {
+                message["tool_calls"] = tool_calls_json(&self.tool_calls, 0);
+            }
+            json!({"index": 0, "message": message, "logprobs": lp, "finish_reason": finish})
+        } else {
+            json!({"index": 0, "text": self.content, "logprobs": lp, "finish_reason": finish})
+        };
+        json!({"id": id, "object": if chat { "chat.completion" } else { "text_completion" },
+               "created": created, "model": model, "choices": [choice],
+               "usage": usage_json(prompt, completion)})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::response::IntoResponse;
+    use axum::response::sse::Sse;
+    use http_body_util::BodyExt;
+
+    fn delta(text: &str) -> Event {
+        Event::Delta {
+            reasoning: String::new(),
+            content: text.into(),
+            tool_calls: Vec::new(),
+            logprobs: Vec::new(),
+        }
+    }
+
+    /// A job whose channel closes before its finish (the engine went away) is an error, in a
+    /// whole answer and in a stream, never a normal "stop".
+    #[tokio::test]
+    async fn a_job_dropped_unfinished_is_an_error() {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tx.send(delta("partial")).unwrap();
+        drop(tx);
+        let error = collect(rx).await.unwrap_err();
+        assert_eq!(error.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(error.message, ENGINE_GONE);
+
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tx.send(delta("partial")).unwrap();
+        drop(tx);
+        let chunks = Chunks::new(rx, "id".into(), "m".into(), 0, false, false, false);
+        let body = Sse::new(chunks).into_response().into_body();
+        let text = String::from_utf8(body.collect().await.unwrap().to_bytes().to_vec()).unwrap();
+        let data: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .collect();
+        assert_eq!(data.len(), 3, "{text}");
+        assert!(data[0].contains("partial"));
+        let error: Value = serde_json::from_str(data[1]).unwrap();
+        assert_eq!(error["error"]["message"], ENGINE_GONE);
+        assert_eq!(data[2], "[DONE]");
+    }
+}
