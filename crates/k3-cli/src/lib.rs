@@ -2,7 +2,8 @@
 //! [`Flag`]s (name, aliases, value kind, default, group, help), a parser over it ([`parse`])
 //! that accepts `--flag value`, `--flag=value`, short and long aliases and repeated flags where
 //! the table allows them, grouped `--help` text ([`render_help`]), and the flags of the
-//! libraries' options with the code that applies them ([`library`]).
+//! libraries' options with the code that applies them ([`library`]), and the checks a binary's
+//! tests run on its table ([`table_problems`], [`flags_not_named_in`]).
 //!
 //! The parser checks each value against its flag's [`Kind`] while parsing, so every usage
 //! error (one line, naming the flag and the bad value, or the unknown flag with a "did you
@@ -10,12 +11,14 @@
 //! passes its arguments and, for flags with an environment variable, a lookup
 //! ([`Parsed::fill_from_env`]).
 
+mod check;
 mod flag;
 mod help;
 pub mod library;
 mod parse;
 mod suggest;
 
+pub use check::{flags_not_named_in, table_problems};
 pub use flag::{Flag, Group, Kind, all_spellings, is_flag_spelling};
 pub use help::{flags_in_help, groups, render_help, render_version, spelled};
 pub use library::{apply_library_flags, library_flags};

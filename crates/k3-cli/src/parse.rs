@@ -124,7 +124,7 @@ impl Parsed {
     }
 
     /// Fills each flag of `table` that has an environment variable and was not given, from
-    /// `lookup(var)` (the binary passes `|v| std::env::var(v).ok()`). An empty variable
+    /// `lookup(var)` (the binary passes a lookup of its environment). An empty variable
     /// counts as unset. The value is checked like one from the command line, and an error
     /// names the variable.
     pub fn fill_from_env(

@@ -207,23 +207,46 @@ fn the_help_lists_the_table() {
 
 #[test]
 fn the_library_table_is_consistent() {
-    let table = library_flags();
-    let mut spellings: Vec<String> = all_spellings(&table).collect();
-    let n = spellings.len();
-    spellings.sort();
-    spellings.dedup();
-    assert_eq!(spellings.len(), n, "a spelling names two flags");
-    for flag in &table {
-        assert!(
-            !flag.help.ends_with('.') && !flag.help.is_empty(),
-            "{}",
-            flag.help
-        );
-        assert!(flag.help.starts_with(|c: char| !c.is_uppercase()));
-        assert_eq!(flag.takes_value(), !flag.value_name.is_empty());
-    }
+    assert_eq!(table_problems(&table()), Vec::<String>::new());
     let tiers: Vec<&str> = mxfp4_kernels::Tier::ALL.iter().map(|t| t.name()).collect();
     assert_eq!(library::KERNEL_TIERS, tiers);
+}
+
+/// The checks find what they look for.
+#[test]
+fn the_table_checks_find_their_problems() {
+    let bad = vec![
+        Flag::switch("numa", TEST, "Capitalised."),
+        Flag {
+            value_name: "",
+            ..Flag::value("threads", "N", Kind::Count, "", TEST, "no value name").aliases(&["t"])
+        },
+        Flag::switch("fast", TEST, "ok").aliases(&["--numa"]),
+    ];
+    let problems = table_problems(&bad);
+    for expected in [
+        "--numa names two flags",
+        "--numa: help \"Capitalised.\" is empty or ends with '.'",
+        "--numa: help \"Capitalised.\" is capitalised",
+        "--threads: no default",
+        "--threads: value name \"\"",
+        "--threads: alias \"t\" without its dashes",
+    ] {
+        assert!(
+            problems.iter().any(|p| p == expected),
+            "{expected} in {problems:?}"
+        );
+    }
+    assert_eq!(problems.len(), 6, "{problems:?}");
+    let doc = "use `--numa-fake N` or -t/--threads, [--steps N]";
+    let table = [
+        Flag::switch("numa", TEST, "a"),
+        Flag::value("numa-fake", "N", Kind::Count, "1", TEST, "b"),
+        Flag::value("threads", "N", Kind::Count, "1", TEST, "c"),
+        Flag::value("steps", "N", Kind::Count, "1", TEST, "d"),
+        Flag::switch("profile", TEST, "e"),
+    ];
+    assert_eq!(flags_not_named_in(doc, &table), ["--numa", "--profile"]);
 }
 
 #[test]
