@@ -6,10 +6,13 @@
 //!
 //! `cargo run --release -p k3-model --example teacher_forced_decode_bench -- --model DIR
 //!  [--tokens 5,17,42,...] [--steps N] [--threads N] [--prefill-chunk N] [--kernel-tier T]
-//!  [--logits-out FILE] [--resident-trunk]`
+//!  [--logits-out FILE] [--resident-trunk]`; `--help` lists every flag with its default. The
+//! flags are parsed by `k3-cli` (the library flags are k3-serve's too), and the engine is
+//! assembled by `k3_model::builder`, as the server's is.
 //!
 //! `--resident-trunk` copies every text tensor but the routed experts out of the file mapping
-//! into huge-page memory before decoding (`Checkpoint::make_resident`); the logits are the same.
+//! into huge-page memory before decoding, each domain's rows of every matrix bound to its NUMA
+//! node; the logits are the same.
 //!
 //! Routed experts: by default they are read through the file mapping. `--expert-cache N`
 //! (experts per layer; 0 reads every expert on use), `--expert-cache-gb G` or
@@ -44,126 +47,194 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use expert_store::{Checkpoint, ExpertStore};
-use k3_model::checkpoint::{trunk_tensor_names, validate};
+use expert_store::store::PreloadProgress;
+use k3_cli::{Flag, Group, Kind, Outcome, UsageError};
+use k3_model::builder::{BuildSink, Engine, EngineOptions};
 use k3_model::config::K3Config;
-use k3_model::experts::{ExpertOptions, stats_report};
+use k3_model::experts::stats_report;
 use k3_model::inventory::BytePlan;
 use k3_model::model::{ExpertPlacement, Model, fingerprint};
 use k3_model::profile::{Bucket, Profile};
 use k3_model::synth::{Preset, SynthOptions, generate};
-use mxfp4_kernels::{Kernels, Tier};
 
+const BINARY: &str = "teacher_forced_decode_bench";
+
+/// The section of `--help` for the bench's own flags.
+const BENCH: Group = Group::new("Benchmark");
+
+/// The presets `--preset` generates.
+const PRESETS: &[&str] = &["tiny", "k3-0.40b", "k3-wide"];
+
+/// Every flag the bench takes: its own, then the library flags (`--threads` defaulting to 1),
+/// then `--expert-placement`.
+fn bench_flags() -> Vec<Flag> {
+    use Kind::*;
+    let mut table = vec![
+        Flag::value(
+            "model",
+            "DIR",
+            Text,
+            "a checkpoint of --preset, generated into a temporary directory",
+            BENCH,
+            "checkpoint directory: config.json and *.safetensors",
+        ),
+        Flag::value(
+            "preset",
+            "NAME",
+            Choice(PRESETS),
+            "k3-0.40b",
+            BENCH,
+            "the synthetic checkpoint generated without --model: tiny, k3-0.40b or k3-wide",
+        ),
+        Flag::value(
+            "tokens",
+            "IDS",
+            Text,
+            "--steps ids of a fixed seeded sequence",
+            BENCH,
+            "the token ids consumed, comma-separated",
+        ),
+        Flag::value(
+            "steps",
+            "N",
+            Count,
+            "16",
+            BENCH,
+            "tokens consumed (without --tokens)",
+        ),
+        Flag::value(
+            "prefill-chunk",
+            "N",
+            Count,
+            "1",
+            BENCH,
+            "tokens consumed per forward pass (layer-major; the same bits for any N)",
+        ),
+        Flag::value(
+            "prefill",
+            "N",
+            Count,
+            "none: decode",
+            BENCH,
+            "time a prefill of the first N tokens (median of five) instead of decoding",
+        ),
+        Flag::value(
+            "logits-out",
+            "FILE",
+            Text,
+            "none",
+            BENCH,
+            "write every step's logits to FILE (f32, little-endian)",
+        ),
+        Flag::switch(
+            "profile",
+            BENCH,
+            "print where the timed steps' wall time went, by bucket",
+        ),
+    ];
+    table.extend(
+        k3_cli::library_flags()
+            .into_iter()
+            .map(|flag| match flag.name {
+                "threads" => flag.with_default("1"),
+                _ => flag,
+            }),
+    );
+    table.push(Flag::value(
+        "expert-placement",
+        "WHERE",
+        Choice(&["split", "home"]),
+        "split",
+        Group::NUMA,
+        "every routed expert's rows spread over the domains (split), or each whole on its home domain",
+    ));
+    table
+}
+
+#[derive(Debug)]
 struct Args {
     model: Option<PathBuf>,
     /// Generated when there is no `--model` (default `k3-0.40b`).
     preset: Preset,
     tokens: Option<Vec<usize>>,
     steps: usize,
-    threads: usize,
     prefill_chunk: usize,
-    tier: Option<Tier>,
     logits_out: Option<PathBuf>,
-    resident_trunk: bool,
-    experts: ExpertOptions,
     /// `--prefill N`: time a prefill of the first N tokens instead of decoding.
     prefill: Option<usize>,
-    placement: numa_sched::PoolOptions,
-    expert_placement: ExpertPlacement,
     /// `--profile`: print where the timed steps' wall time went, by bucket.
     profile: bool,
+    /// The library flags and `--expert-placement` (`ctx` is set once the tokens are known).
+    engine: EngineOptions,
 }
 
-fn parse() -> Result<Args> {
-    let mut args = Args {
-        model: None,
-        preset: Preset::K3_040B,
-        tokens: None,
-        steps: 16,
-        threads: 1,
-        prefill_chunk: 1,
-        tier: None,
-        logits_out: None,
-        resident_trunk: false,
-        experts: ExpertOptions::default(),
-        prefill: None,
-        placement: numa_sched::PoolOptions::default(),
-        expert_placement: ExpertPlacement::default(),
-        profile: false,
-    };
-    let mut preset = None;
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--model" => args.model = Some(PathBuf::from(value()?)),
-            "--preset" => preset = Some(value()?.parse::<Preset>().map_err(anyhow::Error::msg)?),
-            "--tokens" => {
-                args.tokens = Some(
-                    value()?
-                        .split(',')
-                        .map(|t| t.trim().parse().context("--tokens are comma-separated ids"))
-                        .collect::<Result<_>>()?,
-                )
-            }
-            "--steps" => args.steps = value()?.parse().context("--steps is a count")?,
-            "--threads" => args.threads = value()?.parse().context("--threads is a count")?,
-            "--prefill-chunk" => {
-                args.prefill_chunk = value()?.parse().context("--prefill-chunk is a count")?
-            }
-            "--kernel-tier" => args.tier = Some(value()?.parse()?),
-            "--logits-out" => args.logits_out = Some(PathBuf::from(value()?)),
-            "--resident-trunk" => args.resident_trunk = true,
-            "--profile" => args.profile = true,
-            "--prefill" => args.prefill = Some(value()?.parse().context("--prefill is a count")?),
-            "--expert-placement" => {
-                args.expert_placement = match value()?.as_str() {
-                    "split" => ExpertPlacement::Split,
-                    "home" => ExpertPlacement::Home,
-                    other => bail!("--expert-placement is split or home, not {other:?}"),
-                }
-            }
-            "-h" | "--help" => {
-                println!(
-                    "usage: teacher_forced_decode_bench [--model DIR | --preset tiny|k3-0.40b|k3-wide] [--tokens IDS] [--steps N] [--threads N] [--prefill-chunk N] [--kernel-tier T] [--logits-out FILE] [--resident-trunk] [--expert-cache N | --expert-cache-gb G] [--preload-experts] [--mlock] [--no-usage-cache] [--usage-file F] [--expert-policy lru|usage] [--io-threads N] [--prefill N] [--numa | --numa-fake N] [--numa-threads N] [--hyperthreads] [--expert-placement split|home] [--profile]"
-                );
-                std::process::exit(0);
-            }
-            other => {
-                let value = || it.next();
-                let known = args
-                    .experts
-                    .apply_flag(other, value)
-                    .map_err(anyhow::Error::msg)?
-                    || args
-                        .placement
-                        .apply_flag(other, || it.next())
-                        .map_err(anyhow::Error::msg)?;
-                if !known {
-                    bail!("unknown flag {other:?} (see --help)");
-                }
-            }
+/// The command line as [`Args`]; `None` when `--help` or `--version` was printed.
+fn parse(
+    table: &[Flag],
+    args: impl IntoIterator<Item = String>,
+) -> Result<Option<Args>, UsageError> {
+    let p = match k3_cli::parse(table, args)? {
+        Outcome::Run(parsed) => parsed,
+        Outcome::Help => {
+            print!(
+                "{}",
+                k3_cli::render_help(table, BINARY, env!("CARGO_PKG_VERSION"))
+            );
+            return Ok(None);
         }
+        Outcome::Version => {
+            print!(
+                "{}",
+                k3_cli::render_version(BINARY, env!("CARGO_PKG_VERSION"))
+            );
+            return Ok(None);
+        }
+    };
+    let mut engine = EngineOptions::default();
+    k3_cli::apply_library_flags(&p, &mut engine)?;
+    engine
+        .pool
+        .threads
+        .get_or_insert(p.get_or_default(table, "threads")?);
+    engine.expert_placement = match p.get_str("expert-placement") {
+        Some("home") => ExpertPlacement::Home,
+        _ => ExpertPlacement::Split,
+    };
+    let model = p.get_str("model").map(PathBuf::from);
+    if model.is_some() && p.has("preset") {
+        return Err(UsageError::Other(
+            "--preset generates a checkpoint; it cannot go with --model".into(),
+        ));
     }
-    match (preset, &args.model) {
-        (Some(_), Some(_)) => bail!("--preset generates a checkpoint; it cannot go with --model"),
-        (Some(preset), None) => args.preset = preset,
-        _ => {}
-    }
-    if args.threads == 0 {
-        bail!("--threads must be at least 1");
-    }
-    args.placement.threads = Some(args.threads);
-    if args.prefill_chunk == 0 {
-        bail!("--prefill-chunk must be at least 1");
-    }
-    if args.experts.cache_experts.is_some() && args.experts.cache_bytes.is_some() {
-        bail!("--expert-cache and --expert-cache-gb cannot both be given");
-    }
-    if args.experts.io_threads == 0 {
-        bail!("--io-threads must be at least 1");
-    }
-    Ok(args)
+    let tokens = p
+        .get_str("tokens")
+        .map(|ids| {
+            ids.split(',')
+                .map(|t| {
+                    t.trim().parse().map_err(|_| UsageError::BadValue {
+                        flag: "--tokens".into(),
+                        value: ids.to_owned(),
+                        want: "comma-separated token ids".into(),
+                    })
+                })
+                .collect::<Result<Vec<usize>, _>>()
+        })
+        .transpose()?;
+    Ok(Some(Args {
+        model,
+        preset: p
+            .get_str("preset")
+            .unwrap_or("k3-0.40b")
+            .parse()
+            .map_err(UsageError::Other)?,
+        tokens,
+        steps: p.get_or_default(table, "steps")?,
+        prefill_chunk: p.get_or_default(table, "prefill-chunk")?,
+        logits_out: p.get_str("logits-out").map(PathBuf::from),
+        prefill: p.get_usize("prefill")?,
+        profile: p.switch("profile"),
+        engine,
+    }))
 }
 
 /// Timed steps between two read-bandwidth probes.
@@ -224,7 +295,16 @@ fn main() -> Result<()> {
         .filter_level(log::LevelFilter::Warn)
         .format_timestamp(None)
         .init();
-    let args = parse()?;
+    let table = bench_flags();
+    let args = match parse(&table, std::env::args().skip(1)) {
+        Ok(Some(args)) => args,
+        Ok(None) => return Ok(()),
+        Err(e) => {
+            // A usage error: one line, exit 2 (as k3-serve).
+            eprintln!("{BINARY}: {e}");
+            std::process::exit(2);
+        }
+    };
     let mut generated = None;
     let model_dir = match &args.model {
         Some(dir) => dir.clone(),
@@ -246,92 +326,24 @@ fn main() -> Result<()> {
             scratch.0.clone()
         }
     };
-    let kernels = match args.tier {
-        Some(tier) => Kernels::new(tier)?,
-        None => Kernels::detect(),
-    };
-    let pool = Arc::new(args.placement.build()?);
-    eprintln!("{}", pool.topology().describe());
-    eprintln!(
-        "kernel tier: {}, threads: {} ({} per domain)",
-        kernels.tier(),
-        pool.threads(),
-        (0..pool.domains())
-            .map(|d| pool.domain_threads(d).to_string())
-            .collect::<Vec<_>>()
-            .join("/")
-    );
     let config_text =
         std::fs::read_to_string(model_dir.join("config.json")).context("reading config.json")?;
     let config = K3Config::from_json(&config_text)?;
-    let mut ckpt = Checkpoint::open(&model_dir)?;
-    validate(&ckpt, &config)?;
-    // Everything this run allocates against the memory it may use, before allocating it.
-    let run = k3_model::budget::RunShape {
-        resident_trunk: args.resident_trunk,
-        max_batch: 1,
+    // The KV cache the memory plan counts: one sequence of every token consumed.
+    let options = EngineOptions {
         ctx: args.tokens.as_ref().map_or(args.steps, Vec::len),
+        ..args.engine.clone()
     };
-    let plan = k3_model::budget::MemoryPlan::new(&ckpt, &config, &args.experts, run)?
-        .check(expert_store::io::memory_budget())?;
-    eprintln!("memory plan: {}", plan.describe());
-    if args.resident_trunk {
-        // Stored names, whatever the format (an MXFP4 linear is two tensors).
-        let trunk = trunk_tensor_names(&ckpt, &config);
-        let start = Instant::now();
-        // Each domain's rows of every matrix on its node (real NUMA only), as it reads them.
-        let nodes: Vec<Option<usize>> = pool.topology().domains.iter().map(|d| d.node).collect();
-        let bytes = ckpt.make_resident_placed(
-            |stored| trunk.contains(stored),
-            |_, shape, bytes| {
-                if let [rows, _] = shape {
-                    numa_sched::memory::bind_row_split(bytes, *rows, &nodes);
-                }
-            },
-        )?;
-        eprintln!(
-            "resident trunk: {:.2} GB copied in {:.1} s",
-            bytes as f64 / 1e9,
-            start.elapsed().as_secs_f64()
-        );
-    }
-    let store = args
-        .experts
-        .open(&ckpt, &config, expert_store::io::memory_available())?
-        .map(Arc::new);
-    if let Some(store) = &store {
-        eprintln!(
-            "expert store: {:?}, {} I/O threads, {}",
-            store,
-            args.experts.io_threads,
-            if store.is_direct() {
-                "O_DIRECT reads"
-            } else {
-                "buffered reads"
-            }
-        );
-        // Experts get home domains (balanced by the usage file's counts) before any load.
-        store.place(
-            pool.topology().domains.iter().map(|d| d.node).collect(),
-            args.expert_placement == ExpertPlacement::Split,
-        );
-        if args.experts.preload {
-            preload(store)?;
-        }
-    }
-    let model = match &store {
-        Some(store) => Model::with_expert_store(&ckpt, &config, kernels, Arc::clone(store))?,
-        None => Model::new(&ckpt, &config, kernels)?,
-    }
-    .with_pool(Arc::clone(&pool))
-    .with_expert_placement(args.expert_placement);
+    let engine = Engine::build(&model_dir, config, &options, &mut Stderr::default())?;
+    let (config, pool, store) = (&engine.config, &engine.pool, &engine.store);
+    let model = engine.model()?;
     let profile = Arc::new(Profile::new());
     let model = if args.profile {
         model.with_profile(Arc::clone(&profile))
     } else {
         model
     };
-    let plan = BytePlan::new(&config);
+    let plan = BytePlan::new(config);
     let tokens: Vec<usize> = match args.tokens {
         Some(tokens) => tokens,
         None => {
@@ -483,13 +495,11 @@ fn main() -> Result<()> {
     }
     if let Some(store) = &store {
         print!("{}", stats_report(store, &store.stats(), tokens.len()));
-        if let Some(path) = args.experts.usage_path(&model_dir) {
-            // A read-only checkpoint directory only loses the next start's ordering.
-            match store.usage().save(&path) {
-                Ok(()) => eprintln!("expert usage saved to {}", path.display()),
-                Err(e) => eprintln!("warning: expert usage not saved: {e}"),
-            }
-        }
+    }
+    match engine.save_usage() {
+        Some((path, Ok(()))) => eprintln!("expert usage saved to {}", path.display()),
+        Some((_, Err(e))) => eprintln!("warning: expert usage not saved: {e}"),
+        None => {}
     }
     Ok(())
 }
@@ -557,25 +567,140 @@ fn print_profile(
     );
 }
 
-/// Fills the cache before decoding, with a progress bar (GB/s, ETA) and a final line.
-fn preload(store: &ExpertStore) -> Result<()> {
-    let bar = indicatif::ProgressBar::new(0).with_style(
-        indicatif::ProgressStyle::with_template(
-            "preloading experts {bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
-        )
-        .expect("a valid template"),
-    );
-    let report = store.preload(|p| {
-        bar.set_length(p.bytes_total);
-        bar.set_position(p.bytes_done);
-    })?;
-    bar.finish_and_clear();
-    eprintln!(
-        "preloaded {} experts, {:.2} GB in {:.1} s: {:.2} GB/s",
-        report.experts,
-        report.bytes as f64 / 1e9,
-        report.elapsed.as_secs_f64(),
-        report.gbps()
-    );
-    Ok(())
+/// The build's lines on stderr, and the expert preload's progress as a bar (GB/s, ETA),
+/// cleared by the next line.
+#[derive(Default)]
+struct Stderr {
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl BuildSink for Stderr {
+    fn line(&mut self, line: &str) {
+        if let Some(bar) = self.bar.take() {
+            bar.finish_and_clear();
+        }
+        eprintln!("{line}");
+    }
+
+    fn preload_progress(&mut self, progress: PreloadProgress) {
+        let bar = self.bar.get_or_insert_with(|| {
+            indicatif::ProgressBar::new(0).with_style(
+                indicatif::ProgressStyle::with_template(
+                    "preloading experts {bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+                )
+                .expect("a valid template"),
+            )
+        });
+        bar.set_length(progress.bytes_total);
+        bar.set_position(progress.bytes_done);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(args: &[&str]) -> Result<Option<Args>, UsageError> {
+        parse(&bench_flags(), args.iter().map(|a| a.to_string()))
+    }
+
+    /// `--help` lists every flag of the table, each on one line with its default.
+    #[test]
+    fn the_help_lists_every_flag() {
+        let table = bench_flags();
+        let help = k3_cli::render_help(&table, BINARY, "0.1.0");
+        let names: Vec<String> = table.iter().map(Flag::long).collect();
+        assert_eq!(k3_cli::flags_in_help(&help), names);
+        for flag in &table {
+            let line = help
+                .lines()
+                .find(|l| l.starts_with(&format!("  {} ", k3_cli::spelled(flag))))
+                .unwrap_or_else(|| panic!("{} in {help}", flag.long()));
+            assert!(
+                line.contains(&format!("[default: {}]", flag.default)),
+                "{line}"
+            );
+        }
+        assert!(help.contains("--threads N") && help.contains("[default: 1]"));
+    }
+
+    /// The README names every flag the bench accepts, and the table is consistent.
+    #[test]
+    fn the_readme_names_every_flag() {
+        let readme = include_str!("../../../README.md");
+        let missing = k3_cli::flags_not_named_in(readme, &bench_flags());
+        assert!(missing.is_empty(), "README.md does not name {missing:?}");
+        assert_eq!(k3_cli::table_problems(&bench_flags()), Vec::<String>::new());
+    }
+
+    /// The flags scripts pass keep their names and meaning; nothing given keeps the defaults.
+    #[test]
+    fn the_flags_scripts_pass_keep_their_meaning() {
+        let args = parsed(&[
+            "--preset",
+            "tiny",
+            "--steps",
+            "8",
+            "--threads",
+            "2",
+            "--prefill",
+            "4",
+            "--prefill-chunk",
+            "4",
+            "--logits-out",
+            "/tmp/l.f32",
+            "--tokens",
+            "1, 2,3",
+            "--resident-trunk",
+            "--profile",
+            "--expert-placement",
+            "home",
+            "--numa-fake",
+            "2",
+            "--expert-cache",
+            "3",
+            "--kernel-tier",
+            "scalar",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(args.preset, Preset::Tiny);
+        assert_eq!(
+            (args.steps, args.prefill, args.prefill_chunk),
+            (8, Some(4), 4)
+        );
+        assert_eq!(args.tokens, Some(vec![1, 2, 3]));
+        assert_eq!(args.logits_out, Some(PathBuf::from("/tmp/l.f32")));
+        assert!(args.profile && args.engine.resident_trunk);
+        assert_eq!(args.engine.pool.threads, Some(2));
+        assert_eq!(args.engine.pool.fake_domains, Some(2));
+        assert_eq!(args.engine.expert_placement, ExpertPlacement::Home);
+        assert_eq!(args.engine.experts.cache_experts, Some(3));
+        assert_eq!(args.engine.kernel_tier, Some(mxfp4_kernels::Tier::Scalar));
+
+        let args = parsed(&["--model", "/m"]).unwrap().unwrap();
+        assert_eq!(args.model, Some(PathBuf::from("/m")));
+        assert_eq!(
+            (args.steps, args.prefill_chunk, args.prefill),
+            (16, 1, None)
+        );
+        assert_eq!(args.engine.pool.threads, Some(1), "one thread unless told");
+        assert_eq!(args.engine.expert_placement, ExpertPlacement::Split);
+        assert!(!args.profile && !args.engine.resident_trunk && args.tokens.is_none());
+        assert_eq!(parsed(&[]).unwrap().unwrap().preset, Preset::K3_040B);
+        assert!(parsed(&["--help"]).unwrap().is_none());
+
+        let error = |args: &[&str]| parsed(args).unwrap_err().to_string();
+        assert!(error(&["--steps", "2", "--steps", "3"]).contains("given twice"));
+        assert!(error(&["--model", "/m", "--preset", "tiny"]).contains("cannot go with --model"));
+        assert!(error(&["--tokens", "1,x"]).starts_with("--tokens must be"));
+        assert!(error(&["--threads", "0"]).contains("at least 1"));
+        assert!(error(&["--preset", "huge"]).starts_with("--preset must be one of"));
+    }
+
+    #[test]
+    fn the_presets_are_the_synth_presets() {
+        let names: Vec<&str> = Preset::ALL.iter().map(|p| p.name()).collect();
+        assert_eq!(PRESETS, names);
+    }
 }

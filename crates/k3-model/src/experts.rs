@@ -1,6 +1,7 @@
 //! Routed-expert serving as the binaries set it up: the options behind their `--expert-cache`,
-//! `--expert-cache-gb`, `--preload-experts`, `--mlock` and `--no-usage-cache` flags, opening
-//! the [`ExpertStore`] from them, and the statistics lines they print.
+//! `--expert-cache-gb`, `--preload-experts`, `--mlock` and `--no-usage-cache` flags (parsed
+//! by the binaries, `k3-cli`), opening the [`ExpertStore`] from them (the engine builder does,
+//! [`crate::builder`]), and the statistics lines they print.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -63,57 +64,6 @@ pub enum ExpertOptionsError {
 }
 
 impl ExpertOptions {
-    /// Applies one of the expert flags both binaries take (`--expert-cache N`,
-    /// `--expert-cache-gb G`, `--preload-experts`, `--mlock`, `--no-usage-cache`,
-    /// `--usage-file F`, `--expert-policy lru|usage`, `--io-threads N`); `value` yields the
-    /// flag's argument. `Ok(false)`: not an expert flag. The binary reads its own arguments.
-    pub fn apply_flag(
-        &mut self,
-        flag: &str,
-        value: impl FnOnce() -> Option<String>,
-    ) -> Result<bool, String> {
-        let needs = |v: Option<String>| v.ok_or_else(|| format!("{flag} needs a value"));
-        match flag {
-            "--expert-cache" => {
-                let v = needs(value())?;
-                let n = v
-                    .parse()
-                    .map_err(|_| format!("--expert-cache is experts per layer, not {v:?}"))?;
-                self.cache_experts = Some(n);
-            }
-            "--expert-cache-gb" => {
-                let v = needs(value())?;
-                let gb: f64 = v
-                    .parse()
-                    .map_err(|_| format!("--expert-cache-gb is a size in GB, not {v:?}"))?;
-                if !(gb >= 0.0 && gb.is_finite()) {
-                    return Err(format!("--expert-cache-gb must be a size in GB, not {gb}"));
-                }
-                self.cache_bytes = Some((gb * 1e9) as u64);
-            }
-            "--preload-experts" => self.preload = true,
-            "--mlock" => self.mlock = true,
-            "--no-usage-cache" => self.usage_cache = false,
-            "--usage-file" => self.usage_file = Some(PathBuf::from(needs(value())?)),
-            "--expert-policy" => {
-                self.policy = Some(match needs(value())?.as_str() {
-                    "lru" => Policy::Lru,
-                    "usage" => Policy::UsageWeighted,
-                    other => return Err(format!("--expert-policy is lru or usage, not {other:?}")),
-                })
-            }
-            "--io-threads" => {
-                let v = needs(value())?;
-                match v.parse() {
-                    Ok(n) if n > 0 => self.io_threads = n,
-                    _ => return Err(format!("--io-threads is a count of at least 1, not {v:?}")),
-                }
-            }
-            _ => return Ok(false),
-        }
-        Ok(true)
-    }
-
     /// Whether the options ask for the store at all.
     pub fn wants_store(&self) -> bool {
         self.cache_experts.is_some() || self.cache_bytes.is_some() || self.preload

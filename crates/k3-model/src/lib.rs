@@ -9,6 +9,7 @@
 //! storage format and tensor class.
 
 pub mod budget;
+pub mod builder;
 pub mod census;
 pub mod chat;
 pub mod checkpoint;

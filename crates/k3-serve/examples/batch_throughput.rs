@@ -3,47 +3,100 @@
 //! tokens/s and the ratio.
 //!
 //! `cargo run --release -p k3-serve --example batch_throughput -- --model DIR [--threads 2]
-//!  [--streams 4] [--tokens 64] [--rounds 3]`
+//!  [--streams 4] [--tokens 64] [--rounds 3]`, and any of the library flags (`--help`).
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
+use k3_cli::{Flag, Group, Kind, Outcome};
+use k3_model::builder::EngineOptions;
 use k3_model::experts::ExpertOptions;
 use k3_model::sampling::SamplingParams;
 use k3_serve::api::{Prompt, ValidRequest};
 use k3_serve::engine::{EngineConfig, EngineHandle, Event, Job, prompt_ids, spawn, wait_ready};
 
+const BINARY: &str = "batch_throughput";
+
+/// The example's flags, then the library flags (`--threads` defaulting to 2).
+fn flags() -> Vec<Flag> {
+    let group = Group::new("Throughput");
+    let mut table = vec![
+        Flag::value(
+            "model",
+            "DIR",
+            Kind::Text,
+            "required",
+            group,
+            "checkpoint directory",
+        ),
+        Flag::value(
+            "streams",
+            "N",
+            Kind::Count,
+            "4",
+            group,
+            "concurrent greedy streams",
+        ),
+        Flag::value("tokens", "N", Kind::Count, "64", group, "tokens per stream"),
+        Flag::value(
+            "rounds",
+            "N",
+            Kind::Count,
+            "3",
+            group,
+            "one stream, then N, this often",
+        ),
+    ];
+    table.extend(
+        k3_cli::library_flags()
+            .into_iter()
+            .map(|flag| match flag.name {
+                "threads" => flag.with_default("2"),
+                _ => flag,
+            }),
+    );
+    table
+}
+
 fn main() -> Result<()> {
-    let mut model = None;
-    let (mut threads, mut streams, mut tokens, mut rounds) = (2, 4, 64, 3);
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--model" => model = Some(std::path::PathBuf::from(value()?)),
-            "--threads" => threads = value()?.parse()?,
-            "--streams" => streams = value()?.parse()?,
-            "--tokens" => tokens = value()?.parse()?,
-            "--rounds" => rounds = value()?.parse()?,
-            other => bail!("unknown flag {other:?}"),
+    let table = flags();
+    let parsed = match k3_cli::parse(&table, std::env::args().skip(1)) {
+        Ok(Outcome::Run(parsed)) => parsed,
+        Ok(_) => {
+            print!(
+                "{}",
+                k3_cli::render_help(&table, BINARY, env!("CARGO_PKG_VERSION"))
+            );
+            return Ok(());
         }
-    }
-    let model = model.context("--model DIR is required")?;
-    let (engine, _thread) = spawn(EngineConfig {
-        model_dir: model.clone(),
-        kernels: mxfp4_kernels::Kernels::detect(),
-        placement: numa_sched::PoolOptions {
-            threads: Some(threads),
-            ..Default::default()
-        },
+        Err(e) => {
+            eprintln!("{BINARY}: {e}");
+            std::process::exit(2);
+        }
+    };
+    let Some(model) = parsed.get_str("model").map(std::path::PathBuf::from) else {
+        eprintln!("{BINARY}: --model DIR is required");
+        std::process::exit(2);
+    };
+    let streams: usize = parsed.get_or_default(&table, "streams")?;
+    let tokens: usize = parsed.get_or_default(&table, "tokens")?;
+    let rounds: usize = parsed.get_or_default(&table, "rounds")?;
+    let mut options = EngineOptions {
         experts: ExpertOptions {
             usage_cache: false,
             ..ExpertOptions::default()
         },
-        max_batch: streams.max(1),
+        max_batch: streams,
         ctx: 4096,
+        ..EngineOptions::default()
+    };
+    k3_cli::apply_library_flags(&parsed, &mut options)?;
+    let threads: usize = parsed.get_or_default(&table, "threads")?;
+    options.pool.threads = Some(threads);
+    let (engine, _thread) = spawn(EngineConfig {
+        model_dir: model.clone(),
+        options,
         queue: 64,
-        scan: false,
         panic_on_prompt: None,
         prefill_chunk: 8,
     })?;

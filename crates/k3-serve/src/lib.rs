@@ -1,8 +1,10 @@
 //! The deployable k3 binary's library: OpenAI-compatible request validation ([`api`]), the
-//! engine thread that owns the model and runs batched decode ([`engine`]), the HTTP router
+//! engine thread that owns the model (assembled by `k3_model::builder`) and runs batched
+//! decode ([`engine`]), the HTTP router
 //! with SSE streaming ([`server`]), the connections under it with their deadlines and cap
 //! ([`conn`]), the `--api-key` check ([`auth`]), the served model names ([`naming`]) and the
-//! flag table with its parser and help ([`cli`]). `main.rs` is the CLI over them.
+//! flag table ([`cli`]: the server's flags and `k3-cli`'s library flags, parsed by `k3-cli`).
+//! `main.rs` is the CLI over them.
 
 pub mod api;
 pub mod auth;

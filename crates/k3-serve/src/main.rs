@@ -1,7 +1,8 @@
 //! `k3-serve`: one-shot generation (`--prompt`) or the OpenAI-compatible server (`--serve`).
 //!
 //! Every flag is in one table, `k3_serve::cli::k3_serve_flags` (`k3-serve --help` prints it
-//! with the defaults); `--flag value`, `--flag=value` and the llama-server / vLLM spellings
+//! with the defaults; the parser and the library flags are `k3-cli`'s, shared with the decode
+//! bench); `--flag value`, `--flag=value` and the llama-server / vLLM spellings
 //! (`-m`, `-t`, `--ctx-size`, ...) are accepted. A mistake on the command line prints one line
 //! and exits 2; a failure after that (a model that does not load) prints its report and
 //! exits 1.
@@ -16,8 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
+use k3_model::builder::EngineOptions;
 use k3_model::chat::ThinkingEffort;
-use k3_model::experts::ExpertOptions;
 use k3_serve::api::{ChatRequest, Limits};
 use k3_serve::auth::{ApiKey, require_api_key};
 use k3_serve::cli::{self, Flag, Outcome, Parsed, UsageError};
@@ -25,7 +26,6 @@ use k3_serve::conn::{ConnLimits, serve};
 use k3_serve::engine::{EngineConfig, Event, Job, prompt_ids, spawn};
 use k3_serve::naming;
 use k3_serve::server::{AppState, app};
-use mxfp4_kernels::{Kernels, Tier};
 use serde_json::{Value, json};
 
 const BINARY: &str = "k3-serve";
@@ -40,12 +40,9 @@ struct Args {
     serve: bool,
     host: String,
     port: u16,
-    placement: numa_sched::PoolOptions,
-    experts: ExpertOptions,
-    max_batch: usize,
-    ctx: usize,
+    /// What the engine is built with: the library flags, `--scan`, `--max-batch`, `--ctx`.
+    engine: EngineOptions,
     queue: usize,
-    tier: Option<Tier>,
     conn: ConnLimits,
     prompt: Option<String>,
     /// `--max-tokens`: the one-shot run's tokens, the server's default.
@@ -59,7 +56,6 @@ struct Args {
     thinking_effort: ThinkingEffort,
     api_key: Option<String>,
     served_model_names: Vec<String>,
-    scan: bool,
 }
 
 /// The command line (without the program name) as [`Args`]; `None` when `--help` or
@@ -80,9 +76,13 @@ fn parse(
         }
     };
     p.fill_from_env(table, |var| std::env::var(var).ok())?;
-    let mut placement = numa_sched::PoolOptions::default();
-    let mut experts = ExpertOptions::default();
-    cli::apply_library_flags(&p, &mut experts, &mut placement)?;
+    let mut engine = EngineOptions {
+        scan: p.switch("scan"),
+        max_batch: p.get_or_default(table, "max-batch")?,
+        ctx: p.get_or_default(table, "ctx")?,
+        ..EngineOptions::default()
+    };
+    cli::apply_library_flags(&p, &mut engine)?;
     let seconds = |name: &str| -> Result<Duration, UsageError> {
         Ok(Duration::from_secs_f64(p.get_or_default(table, name)?))
     };
@@ -91,18 +91,8 @@ fn parse(
         serve: p.switch("serve"),
         host: p.get_or_default(table, "host")?,
         port: p.get_or_default(table, "port")?,
-        placement,
-        experts,
-        max_batch: p.get_or_default(table, "max-batch")?,
-        ctx: p.get_or_default(table, "ctx")?,
+        engine,
         queue: p.get_or_default(table, "queue")?,
-        tier: p
-            .get_str("kernel-tier")
-            .map(|t| {
-                t.parse()
-                    .map_err(|e: mxfp4_kernels::Error| UsageError::Other(e.to_string()))
-            })
-            .transpose()?,
         conn: ConnLimits {
             header: seconds("header-timeout-s")?,
             body: seconds("body-timeout-s")?,
@@ -121,7 +111,6 @@ fn parse(
             .into_iter()
             .map(str::to_owned)
             .collect(),
-        scan: p.switch("scan"),
     };
     check_mode(&p, &a)?;
     Ok(Some(a))
@@ -229,29 +218,20 @@ fn main() -> Result<()> {
         Some(dir) => dir.clone(),
         None => default_model()?,
     };
-    let kernels = match args.tier {
-        Some(tier) => Kernels::new(tier)?,
-        None => Kernels::detect(),
-    };
-    log::info!("kernel tier {}", kernels.tier());
+    let ctx = args.engine.ctx;
     let (engine, engine_thread) = spawn(EngineConfig {
         model_dir: model_dir.clone(),
-        kernels,
-        placement: args.placement,
-        experts: args.experts.clone(),
-        max_batch: args.max_batch,
-        ctx: args.ctx,
+        options: args.engine.clone(),
         queue: args.queue,
         prefill_chunk: k3_model::model::PREFILL_CHUNK,
-        scan: args.scan,
         panic_on_prompt: None,
     })?;
     if let Some(max) = engine.max_positions
-        && args.ctx > max
+        && ctx > max
     {
         bail!(
             "--ctx {} exceeds the model's max_position_embeddings of {max}",
-            args.ctx
+            ctx
         );
     }
     // The config's model id, a Hugging Face cache path's repo, or the directory's name.
@@ -264,20 +244,20 @@ fn main() -> Result<()> {
         &args.served_model_names,
     );
     let max_tokens_default = args.max_tokens.unwrap_or(if args.serve {
-        SERVER_MAX_TOKENS.min(args.ctx.saturating_sub(1)).max(1)
+        SERVER_MAX_TOKENS.min(ctx.saturating_sub(1)).max(1)
     } else {
         ONE_SHOT_MAX_TOKENS
     });
-    if max_tokens_default >= args.ctx {
+    if max_tokens_default >= ctx {
         usage_exit(format!(
             "max_tokens {max_tokens_default} (--max-tokens) leaves no room for a prompt in --ctx {}; lower one or raise the other",
-            args.ctx
+            ctx
         ));
     }
     let limits = Limits {
         model_names,
         max_tokens_default,
-        context: args.ctx,
+        context: ctx,
         thinking_effort: args.thinking_effort,
         thinking: args.thinking,
         vocab_size: engine.config.vocab_size,

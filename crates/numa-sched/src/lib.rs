@@ -77,32 +77,6 @@ pub struct PoolOptions {
 }
 
 impl PoolOptions {
-    /// Applies one of the placement flags both binaries take (`--threads N`, `--numa`,
-    /// `--numa-fake N`, `--numa-threads N`, `--hyperthreads`); `value` yields the flag's
-    /// argument. `Ok(false)`: not a placement flag.
-    pub fn apply_flag(
-        &mut self,
-        flag: &str,
-        value: impl FnOnce() -> Option<String>,
-    ) -> Result<bool, String> {
-        let count = || -> Result<usize, String> {
-            let v = value().ok_or_else(|| format!("{flag} needs a value"))?;
-            match v.parse() {
-                Ok(n) if n > 0 => Ok(n),
-                _ => Err(format!("{flag} is a count of at least 1, not {v:?}")),
-            }
-        };
-        match flag {
-            "--threads" => self.threads = Some(count()?),
-            "--numa" => self.numa = true,
-            "--numa-fake" => self.fake_domains = Some(count()?),
-            "--numa-threads" => self.threads_per_domain = Some(count()?),
-            "--hyperthreads" => self.hyperthreads = true,
-            _ => return Ok(false),
-        }
-        Ok(true)
-    }
-
     /// The topology these options describe.
     pub fn topology(&self) -> Topology {
         let options = TopologyOptions {

@@ -46,6 +46,9 @@ fn help_is_the_flag_table_and_lists_every_flag() {
         let (code, stdout, stderr) = run(&os(&[spelling]), &[]);
         assert_eq!(code, Some(0), "{stderr}");
         assert_eq!(stdout, expected);
+        // Read back, the help lists exactly the table's flags, in its order.
+        let names: Vec<String> = table.iter().map(|f| f.long()).collect();
+        assert_eq!(k3_cli::flags_in_help(&stdout), names);
     }
     for flag in &table {
         // The line whose first column (`-m, --model DIR`) names the flag.
@@ -375,6 +378,29 @@ fn one_shot_marks_reasoning_and_honours_ctx() {
     );
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("exceeds --ctx 48"), "{stderr}");
+}
+
+/// `--resident-trunk` copies the trunk into memory at startup (the log says how much), and
+/// the greedy answer is the same text as from the file mapping; so is one with two synthetic
+/// NUMA domains, each binding its rows.
+#[test]
+fn resident_trunk_answers_the_same() {
+    let args = ["--prompt", "Hello", "--max-tokens", "8", "--no-think"];
+    let (code, mapped, stderr) = run(&on_tiny(&args), &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(!stderr.contains("resident trunk: "), "{stderr}");
+    for extra in [
+        &["--resident-trunk"][..],
+        &["--resident-trunk", "--numa-fake", "2"],
+    ] {
+        let mut with = args.to_vec();
+        with.extend(extra);
+        let (code, resident, stderr) = run(&on_tiny(&with), &[]);
+        assert_eq!(code, Some(0), "{stderr}");
+        assert!(stderr.contains("resident trunk: "), "{extra:?}: {stderr}");
+        assert!(!mapped.is_empty());
+        assert_eq!(resident, mapped, "{extra:?}");
+    }
 }
 
 /// `--scan` reads every weight at startup: a clean checkpoint loads (and says so), an

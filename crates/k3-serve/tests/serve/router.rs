@@ -7,6 +7,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
+use k3_model::builder::EngineOptions;
 use k3_model::experts::ExpertOptions;
 use k3_serve::api::Limits;
 use k3_serve::api::MAX_STOP_BYTES;
@@ -47,17 +48,18 @@ fn config(
 ) -> EngineConfig {
     EngineConfig {
         model_dir,
-        kernels: mxfp4_kernels::Kernels::detect(),
-        placement: numa_sched::PoolOptions {
-            threads: Some(1),
-            ..Default::default()
+        options: EngineOptions {
+            pool: numa_sched::PoolOptions {
+                threads: Some(1),
+                ..Default::default()
+            },
+            experts,
+            max_batch,
+            ctx: context,
+            ..EngineOptions::default()
         },
-        experts,
-        max_batch,
-        ctx: context,
         queue,
         prefill_chunk: 8,
-        scan: false,
         panic_on_prompt: None,
     }
 }

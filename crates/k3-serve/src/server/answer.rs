@@ -1,199 +1,23 @@
-//! The HTTP side: `app(state)` builds the router — `POST /v1/chat/completions` and
-//! `/v1/completions` (JSON or SSE), `GET /v1/models`, `/health`, `/metrics` — over an
-//! [`EngineHandle`]. Every error is OpenAI's error object with its status, 404 and 405
-//! included. Prompts are tokenized on the blocking pool, after a length check that needs no
-//! tokenizing, so no prompt holds up the async threads.
+//! A job's events as OpenAI's answer: gathered into one JSON body ([`collect`], [`Collected`])
+//! or streamed as SSE chunks ([`Chunks`]) ending in `[DONE]`; an engine that drops the job
+//! unfinished is an error either way.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{Method, StatusCode, Uri};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::http::StatusCode;
+use axum::response::sse::Event as SseEvent;
 use serde_json::{Value, json};
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::api::{ApiError, ChatRequest, CompletionRequest, Limits, ValidRequest};
-use crate::engine::{
-    EngineHandle, Event, Job, SubmitError, TokenLogprob, encode_segments, min_prompt_tokens,
-    prompt_segments,
-};
-
-/// Largest request body accepted (413 above).
-pub const MAX_BODY: usize = 4 << 20;
-
-/// What the handlers share.
-#[derive(Debug, Clone)]
-pub struct AppState {
-    pub engine: EngineHandle,
-    pub limits: Arc<Limits>,
-}
-
-/// The router over `state`.
-pub fn app(state: AppState) -> Router {
-    Router::new()
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(completions))
-        .route("/v1/models", get(models))
-        .route("/health", get(health))
-        .route("/metrics", get(metrics))
-        .fallback(|uri: Uri| async move {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                format!("no such route: {}", uri.path()),
-            )
-        })
-        .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
-            ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                format!("method {method} is not allowed on {}", uri.path()),
-            )
-        })
-        .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(state)
-}
-
-/// A JSON body or the error explaining why not (413 too large, 400 malformed, 422 wrong
-/// shape, 415 not declared as JSON: axum's own statuses).
-fn body<T>(parsed: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
-    parsed.map(|Json(v)| v).map_err(|rejection| {
-        ApiError::new(
-            rejection.status(),
-            format!("invalid request body: {}", rejection.body_text()),
-        )
-    })
-}
-
-/// 503 unless the engine serves.
-fn check_engine(engine: &EngineHandle) -> Result<(), ApiError> {
-    if !engine.alive.load(Ordering::Acquire) {
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the engine has stopped (see the server's log)",
-        ));
-    }
-    if !engine.ready.load(Ordering::Acquire) {
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the model is still loading",
-        ));
-    }
-    Ok(())
-}
-
-/// The prompt's tokens, on the blocking pool: first a bound from its byte length (so an
-/// over-long prompt is refused without tokenizing it), then the tokens, then the exact check.
-async fn tokenize(
-    state: &AppState,
-    request: ValidRequest,
-) -> Result<(ValidRequest, Vec<u32>), ApiError> {
-    let tokenizer = Arc::clone(&state.engine.tokenizer);
-    let context = state.limits.context;
-    let too_long = move |tokens: String, max_tokens: usize| {
-        ApiError::invalid(
-            "max_tokens",
-            format!(
-                "the prompt ({tokens} tokens) plus max_tokens ({max_tokens}) exceeds the context of {context} tokens"
-            ),
-        )
-    };
-    tokio::task::spawn_blocking(move || {
-        let segments = prompt_segments(&request.prompt);
-        let least = min_prompt_tokens(&tokenizer, &segments);
-        if least + request.max_tokens > context {
-            return Err(too_long(format!("at least {least}"), request.max_tokens));
-        }
-        let ids = encode_segments(&tokenizer, &segments);
-        if ids.is_empty() {
-            return Err(ApiError::invalid(
-                "prompt",
-                "the prompt has no tokens, and the tokenizer has no [BOS] token to begin from",
-            ));
-        }
-        if ids.len() + request.max_tokens > context {
-            return Err(too_long(ids.len().to_string(), request.max_tokens));
-        }
-        Ok((request, ids))
-    })
-    .await
-    .map_err(|e| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("tokenizing the prompt failed: {e}"),
-        )
-    })?
-}
-
-async fn chat(
-    State(state): State<AppState>,
-    parsed: Result<Json<ChatRequest>, JsonRejection>,
-) -> Result<Response, ApiError> {
-    let request = body(parsed)?.validate(&state.limits)?;
-    run(state, request, true).await
-}
-
-async fn completions(
-    State(state): State<AppState>,
-    parsed: Result<Json<CompletionRequest>, JsonRejection>,
-) -> Result<Response, ApiError> {
-    let request = body(parsed)?.validate(&state.limits)?;
-    run(state, request, false).await
-}
-
-/// Tokenizes, checks the context, queues, and answers as a stream or one JSON body.
-async fn run(state: AppState, request: ValidRequest, chat: bool) -> Result<Response, ApiError> {
-    check_engine(&state.engine)?;
-    let (request, ids) = tokenize(&state, request).await?;
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let stream = request.stream;
-    let include_usage = request.include_usage;
-    let logprobs = request.logprobs;
-    let id = format!("{}-{:x}", if chat { "chatcmpl" } else { "cmpl" }, unique());
-    state
-        .engine
-        .submit(Job {
-            request,
-            prompt_ids: ids,
-            events: tx,
-            log_id: Some(id.clone()),
-            submitted: std::time::Instant::now(),
-        })
-        .map_err(|e| match e {
-            SubmitError::Full => ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "the server is at capacity (admission queue full); retry later",
-            ),
-            SubmitError::Stopped => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped")
-            }
-        })?;
-    let model = state.limits.model_name().to_owned();
-    let created = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    if stream {
-        let chunks = Chunks::new(rx, id, model, created, chat, logprobs, include_usage);
-        Ok(Sse::new(chunks)
-            .keep_alive(KeepAlive::default())
-            .into_response())
-    } else {
-        let collected = collect(rx).await?;
-        Ok(Json(collected.body(&id, &model, created, chat, logprobs)).into_response())
-    }
-}
+use crate::api::ApiError;
+use crate::engine::{Event, TokenLogprob};
 
 /// All of a job's events. An error event is a 500, and so is the channel closing before the
 /// finish (the engine dropped the job): never a normal finish.
-async fn collect(mut events: UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
+pub(super) async fn collect(mut events: UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
     let mut collected = Collected::default();
     while let Some(event) = events.recv().await {
         if let Some(error) = collected.add(event) {
@@ -214,7 +38,7 @@ const ENGINE_GONE: &str = "the engine stopped before finishing this request";
 
 /// A job's SSE chunks: one per event, a usage chunk when asked, an error chunk if the engine
 /// drops the job unfinished, and `[DONE]` last.
-struct Chunks {
+pub(super) struct Chunks {
     events: UnboundedReceiver<Event>,
     queue: VecDeque<SseEvent>,
     id: String,
@@ -231,7 +55,7 @@ struct Chunks {
 }
 
 impl Chunks {
-    fn new(
+    pub(super) fn new(
         events: UnboundedReceiver<Event>,
         id: String,
         model: String,
@@ -334,11 +158,6 @@ fn error_chunk(message: &str) -> Value {
     json!({"error": {"message": message, "type": "server_error", "param": null, "code": "500"}})
 }
 
-fn unique() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed)
-}
-
 fn tool_calls_json(calls: &[k3_model::chat::ToolCall], first_index: usize) -> Value {
     Value::Array(
         calls
@@ -420,7 +239,7 @@ fn stream_chunk(
 
 /// A whole answer, gathered from events.
 #[derive(Debug, Default)]
-struct Collected {
+pub(super) struct Collected {
     reasoning: String,
     content: String,
     tool_calls: Vec<k3_model::chat::ToolCall>,
@@ -457,7 +276,14 @@ impl Collected {
         }
     }
 
-    fn body(&self, id: &str, model: &str, created: u64, chat: bool, logprobs: bool) -> Value {
+    pub(super) fn body(
+        &self,
+        id: &str,
+        model: &str,
+        created: u64,
+        chat: bool,
+        logprobs: bool,
+    ) -> Value {
         let (finish, prompt, completion) = self.finish.unwrap_or(("stop", 0, 0));
         let finish = if !self.tool_calls.is_empty() && finish == "stop" {
             "tool_calls"
@@ -487,120 +313,11 @@ impl Collected {
     }
 }
 
-/// Every name the model is served as (the reported one first), each with when the server
-/// started serving it.
-async fn models(State(state): State<AppState>) -> Json<Value> {
-    let limits = &state.limits;
-    let data: Vec<Value> = limits
-        .model_names
-        .iter()
-        .map(|name| {
-            json!({"id": name, "object": "model", "created": limits.created, "owned_by": "k3",
-                   "max_model_len": limits.context})
-        })
-        .collect();
-    Json(json!({"object": "list", "data": data}))
-}
-
-async fn health(State(state): State<AppState>) -> Response {
-    match check_engine(&state.engine) {
-        Ok(()) => (StatusCode::OK, Json(json!({"status": "ok"}))).into_response(),
-        Err(e) => e.into_response(),
-    }
-}
-
-/// Prometheus text format.
-async fn metrics(State(state): State<AppState>) -> Response {
-    let m = &state.engine.metrics;
-    let generated = m.generated_tokens.load(Ordering::Relaxed);
-    let decode_s = m.decode_ns.load(Ordering::Relaxed) as f64 / 1e9;
-    let mut text = String::new();
-    let mut metric = |name: &str, kind: &str, help: &str, value: String| {
-        text.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
-        ));
-    };
-    metric(
-        "k3_engine_up",
-        "gauge",
-        "1 while the engine serves; 0 while the model loads or after the engine stopped.",
-        u8::from(check_engine(&state.engine).is_ok()).to_string(),
-    );
-    metric(
-        "k3_requests_total",
-        "counter",
-        "Requests admitted to the engine.",
-        m.requests.load(Ordering::Relaxed).to_string(),
-    );
-    metric(
-        "k3_requests_rejected_total",
-        "counter",
-        "Requests refused with 429 (queue full).",
-        m.rejected.load(Ordering::Relaxed).to_string(),
-    );
-    metric(
-        "k3_prompt_tokens_total",
-        "counter",
-        "Prompt tokens prefilled.",
-        m.prompt_tokens.load(Ordering::Relaxed).to_string(),
-    );
-    metric(
-        "k3_generated_tokens_total",
-        "counter",
-        "Tokens generated.",
-        generated.to_string(),
-    );
-    metric(
-        "k3_decode_tokens_per_second",
-        "gauge",
-        "Generated tokens per second of decode-step time.",
-        format!(
-            "{:.3}",
-            if decode_s > 0.0 {
-                generated as f64 / decode_s
-            } else {
-                0.0
-            }
-        ),
-    );
-    metric(
-        "k3_queue_depth",
-        "gauge",
-        "Requests waiting for a batch slot.",
-        m.queue_depth.load(Ordering::Relaxed).to_string(),
-    );
-    metric(
-        "k3_active_sequences",
-        "gauge",
-        "Sequences in the running batch.",
-        m.active.load(Ordering::Relaxed).to_string(),
-    );
-    let store = *m.store.lock().unwrap_or_else(|p| p.into_inner());
-    let store = store.unwrap_or_default();
-    metric(
-        "k3_expert_cache_hits_total",
-        "counter",
-        "Routed-expert uses served from memory.",
-        store.hits.to_string(),
-    );
-    metric(
-        "k3_expert_cache_misses_total",
-        "counter",
-        "Routed-expert uses that needed a read.",
-        store.misses.to_string(),
-    );
-    metric(
-        "k3_expert_bytes_read_total",
-        "counter",
-        "Bytes of experts read from disk.",
-        store.bytes_read.to_string(),
-    );
-    ([("content-type", "text/plain; version=0.0.4")], text).into_response()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::response::IntoResponse;
+    use axum::response::sse::Sse;
     use http_body_util::BodyExt;
 
     fn delta(text: &str) -> Event {

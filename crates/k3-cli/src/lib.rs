@@ -1,0 +1,28 @@
+//! The k3 binaries' command line, shared by `k3-serve` and the decode bench: a table of
+//! [`Flag`]s (name, aliases, value kind, default, group, help), a parser over it ([`parse`])
+//! that accepts `--flag value`, `--flag=value`, short and long aliases and repeated flags where
+//! the table allows them, grouped `--help` text ([`render_help`]), and the flags of the
+//! libraries' options with the code that applies them ([`library`]), and the checks a binary's
+//! tests run on its table ([`table_problems`], [`flags_not_named_in`]).
+//!
+//! The parser checks each value against its flag's [`Kind`] while parsing, so every usage
+//! error (one line, naming the flag and the bad value, or the unknown flag with a "did you
+//! mean") surfaces before anything is loaded. Nothing here reads the environment: the binary
+//! passes its arguments and, for flags with an environment variable, a lookup
+//! ([`Parsed::fill_from_env`]).
+
+mod check;
+mod flag;
+mod help;
+pub mod library;
+mod parse;
+mod suggest;
+
+pub use check::{flags_not_named_in, table_problems};
+pub use flag::{Flag, Group, Kind, all_spellings, is_flag_spelling};
+pub use help::{flags_in_help, groups, render_help, render_version, spelled};
+pub use library::{apply_library_flags, library_flags};
+pub use parse::{Outcome, Parsed, UsageError, parse};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,188 @@
+//! The flags every binary takes for the libraries' options ([`library_flags`]: threads, kernel
+//! tier, resident trunk, the expert store's flags, NUMA placement) and the one place their
+//! values reach [`EngineOptions`] ([`apply_library_flags`]). The libraries themselves parse
+//! no flags.
+
+use std::path::PathBuf;
+
+use expert_store::Policy;
+use k3_model::builder::EngineOptions;
+
+use crate::{Flag, Group, Kind, Parsed, UsageError};
+
+/// The kernel tiers `--kernel-tier` accepts (the names `Tier` parses).
+pub const KERNEL_TIERS: &[&str] = &["scalar", "avx512", "avx512-bf16", "avx512-vnni"];
+
+/// The expert cache's eviction policies `--expert-policy` accepts.
+pub const EXPERT_POLICIES: &[&str] = &["lru", "usage"];
+
+/// The library flags, grouped Performance, Experts, NUMA. `--threads` defaults to every
+/// physical core here; a binary with another default says so with [`Flag::with_default`].
+pub fn library_flags() -> Vec<Flag> {
+    use Kind::*;
+    let (performance, experts, numa) = (Group::PERFORMANCE, Group::EXPERTS, Group::NUMA);
+    let non_negative = Number {
+        min: 0.0,
+        max: f64::INFINITY,
+    };
+    vec![
+        // Performance.
+        Flag::value(
+            "threads",
+            "N",
+            Count,
+            "the physical cores this process may use",
+            performance,
+            "compute threads in all (hyperthread siblings are not counted)",
+        )
+        .aliases(&["-t"]),
+        Flag::value(
+            "kernel-tier",
+            "TIER",
+            Choice(KERNEL_TIERS),
+            "the best this CPU supports",
+            performance,
+            "kernel tier for MXFP4: scalar, avx512, avx512-bf16 or avx512-vnni",
+        ),
+        Flag::switch(
+            "resident-trunk",
+            performance,
+            "copy every weight but the routed experts into huge-page memory at startup, each NUMA domain's rows on its node",
+        ),
+        // Experts.
+        Flag::value(
+            "expert-cache",
+            "N",
+            Whole,
+            "none: experts are read through the file mapping",
+            experts,
+            "experts per layer kept resident (0: read on every use)",
+        ),
+        Flag::value(
+            "expert-cache-gb",
+            "G",
+            non_negative,
+            "none: experts are read through the file mapping",
+            experts,
+            "gigabytes of experts kept resident, over all layers (instead of --expert-cache)",
+        ),
+        Flag::switch(
+            "preload-experts",
+            experts,
+            "fill the expert cache at startup, most used experts first",
+        ),
+        Flag::switch("mlock", experts, "pin resident experts in memory"),
+        Flag::switch(
+            "no-usage-cache",
+            experts,
+            "neither read nor write the expert usage file (the policy is then lru)",
+        ),
+        Flag::value(
+            "usage-file",
+            "FILE",
+            Text,
+            "k3-expert-usage.json in the model directory",
+            experts,
+            "where expert usage counts are read at startup and written at exit",
+        ),
+        Flag::value(
+            "expert-policy",
+            "POLICY",
+            Choice(EXPERT_POLICIES),
+            "usage while the usage cache is on, else lru",
+            experts,
+            "expert cache eviction: lru or usage (usage-weighted)",
+        ),
+        Flag::value(
+            "io-threads",
+            "N",
+            Count,
+            "16",
+            experts,
+            "expert reads in flight at once",
+        ),
+        // NUMA.
+        Flag::switch(
+            "numa",
+            numa,
+            "one worker pool per NUMA node, weights placed on the node that uses them",
+        ),
+        Flag::value(
+            "numa-fake",
+            "N",
+            Count,
+            "none",
+            numa,
+            "split the CPUs into N synthetic domains (testing NUMA code on one node)",
+        ),
+        Flag::value(
+            "numa-threads",
+            "N",
+            Count,
+            "none: --threads split over the domains",
+            numa,
+            "threads per domain",
+        ),
+        Flag::switch(
+            "hyperthreads",
+            numa,
+            "count hyperthread siblings as CPUs (default: one per physical core)",
+        ),
+    ]
+}
+
+/// Sets the options the library flags of `parsed` give (flags absent leave the options as
+/// they are; the values were checked against their kinds by the parser).
+pub fn apply_library_flags(parsed: &Parsed, options: &mut EngineOptions) -> Result<(), UsageError> {
+    if parsed.has("expert-cache") && parsed.has("expert-cache-gb") {
+        return Err(UsageError::Other(
+            "--expert-cache and --expert-cache-gb cannot both be given".into(),
+        ));
+    }
+    let experts = &mut options.experts;
+    if let Some(n) = parsed.get_usize("expert-cache")? {
+        experts.cache_experts = Some(n);
+    }
+    if let Some(gb) = parsed.get_f64("expert-cache-gb")? {
+        experts.cache_bytes = Some((gb * 1e9) as u64);
+    }
+    experts.preload |= parsed.switch("preload-experts");
+    experts.mlock |= parsed.switch("mlock");
+    experts.usage_cache &= !parsed.switch("no-usage-cache");
+    if let Some(path) = parsed.get_str("usage-file") {
+        experts.usage_file = Some(PathBuf::from(path));
+    }
+    match parsed.get_str("expert-policy") {
+        Some("lru") => experts.policy = Some(Policy::Lru),
+        Some("usage") => experts.policy = Some(Policy::UsageWeighted),
+        Some(other) => {
+            return Err(UsageError::Other(format!(
+                "--expert-policy must be lru or usage, got {other:?}"
+            )));
+        }
+        None => {}
+    }
+    if let Some(n) = parsed.get_usize("io-threads")? {
+        experts.io_threads = n;
+    }
+    let pool = &mut options.pool;
+    if let Some(n) = parsed.get_usize("threads")? {
+        pool.threads = Some(n);
+    }
+    pool.numa |= parsed.switch("numa");
+    if let Some(n) = parsed.get_usize("numa-fake")? {
+        pool.fake_domains = Some(n);
+    }
+    if let Some(n) = parsed.get_usize("numa-threads")? {
+        pool.threads_per_domain = Some(n);
+    }
+    pool.hyperthreads |= parsed.switch("hyperthreads");
+    options.resident_trunk |= parsed.switch("resident-trunk");
+    if let Some(tier) = parsed.get_str("kernel-tier") {
+        options.kernel_tier = Some(
+            tier.parse()
+                .map_err(|e: mxfp4_kernels::Error| UsageError::Other(e.to_string()))?,
+        );
+    }
+    Ok(())
+}

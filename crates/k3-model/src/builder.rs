@@ -1,0 +1,412 @@
+//! The one place an engine is assembled: config + checkpoint directory + [`EngineOptions`] →
+//! a ready [`Engine`] (checkpoint opened and validated, optionally scanned, the memory plan
+//! checked against the budget, the worker pool built, the trunk optionally copied resident with
+//! each domain's rows on its node, the expert store opened, placed and preloaded), from which
+//! [`Engine::model`] makes the [`Model`] on the pool. Every binary (server, decode bench,
+//! examples) builds through here, so they cannot drift apart.
+//!
+//! It prints nothing: what it did goes to the caller's [`BuildSink`] as lines.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use expert_store::io::MemoryBudget;
+use expert_store::scan::ScanError;
+use expert_store::store::PreloadProgress;
+use expert_store::usage::UsageError;
+use expert_store::{Checkpoint, CheckpointError, ExpertStore, StoreError};
+use mxfp4_kernels::{Kernels, Tier};
+use numa_sched::{Pool, PoolOptions};
+
+use crate::budget::{MemoryPlan, OverBudget, RunShape};
+use crate::checkpoint::{trunk_tensor_names, validate};
+use crate::config::K3Config;
+use crate::experts::{ExpertOptions, ExpertOptionsError};
+use crate::model::{ExpertPlacement, Model, ModelError};
+
+/// Everything an engine is built from besides the config and the checkpoint.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// The kernel tier (`None`: the best this CPU supports).
+    pub kernel_tier: Option<Tier>,
+    /// Domains and workers.
+    pub pool: PoolOptions,
+    /// Whether routed experts come from the expert store, and how it is set up.
+    pub experts: ExpertOptions,
+    /// How routed experts are spread over the domains (results do not depend on it).
+    pub expert_placement: ExpertPlacement,
+    /// Copy every text tensor but the routed experts into huge-page memory, each domain's rows
+    /// of every matrix bound to its node (on real NUMA), before anything runs.
+    pub resident_trunk: bool,
+    /// Read every weight once first: a NaN/Inf in a float tensor or a 0xFF E8M0 scale fails
+    /// the build, naming the tensors.
+    pub scan: bool,
+    /// Sequences decoded together at most (sizes the KV cache in the memory plan).
+    pub max_batch: usize,
+    /// Tokens a sequence may hold (sizes the KV cache in the memory plan).
+    pub ctx: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            kernel_tier: None,
+            pool: PoolOptions::default(),
+            experts: ExpertOptions::default(),
+            expert_placement: ExpertPlacement::default(),
+            resident_trunk: false,
+            scan: false,
+            max_batch: 1,
+            ctx: 4096,
+        }
+    }
+}
+
+/// Where the build reports what it did: one line per step, and the preload's progress.
+/// A closure `FnMut(&str)` is a sink that takes the lines and ignores the progress.
+pub trait BuildSink {
+    /// One line saying what was done (no trailing newline).
+    fn line(&mut self, line: &str);
+    /// The expert preload's progress, as it goes.
+    fn preload_progress(&mut self, _progress: PreloadProgress) {}
+}
+
+impl<F: FnMut(&str)> BuildSink for F {
+    fn line(&mut self, line: &str) {
+        self(line)
+    }
+}
+
+/// Why an engine could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error("--scan: {0}")]
+    Scan(#[from] ScanError),
+    #[error(transparent)]
+    OverBudget(#[from] Box<OverBudget>),
+    #[error(transparent)]
+    Kernel(#[from] mxfp4_kernels::Error),
+    #[error("worker pool: {0}")]
+    Pool(#[from] numa_sched::Error),
+    #[error(transparent)]
+    Experts(#[from] ExpertOptionsError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// An assembled engine: what a [`Model`] is made from, and what the binaries report on.
+#[derive(Debug)]
+pub struct Engine {
+    pub config: K3Config,
+    pub checkpoint: Checkpoint,
+    pub kernels: Kernels,
+    pub pool: Arc<Pool>,
+    /// The expert store, where the options ask for one (placed, and preloaded if asked).
+    pub store: Option<Arc<ExpertStore>>,
+    /// The memory plan the budget was checked against.
+    pub plan: MemoryPlan,
+    expert_placement: ExpertPlacement,
+    /// Where the store's usage counts are saved ([`Engine::save_usage`]).
+    usage_path: Option<PathBuf>,
+}
+
+impl Engine {
+    /// Builds the engine over the checkpoint in `dir`, its memory plan checked against
+    /// [`expert_store::io::memory_budget`].
+    pub fn build(
+        dir: &Path,
+        config: K3Config,
+        options: &EngineOptions,
+        sink: &mut dyn BuildSink,
+    ) -> Result<Self, BuildError> {
+        Self::build_within(
+            dir,
+            config,
+            options,
+            expert_store::io::memory_budget(),
+            sink,
+        )
+    }
+
+    /// [`Engine::build`] against a given budget (`None`: unknown, nothing is refused).
+    pub fn build_within(
+        dir: &Path,
+        config: K3Config,
+        options: &EngineOptions,
+        budget: Option<MemoryBudget>,
+        sink: &mut dyn BuildSink,
+    ) -> Result<Self, BuildError> {
+        let mut checkpoint = Checkpoint::open(dir)?;
+        validate(&checkpoint, &config)?;
+        if options.scan {
+            let started = Instant::now();
+            let report = expert_store::scan::require_finite(&checkpoint)?;
+            sink.line(&format!(
+                "--scan: {} tensors read, none holds NaN, Inf or a 0xFF scale ({:.1} s)",
+                report.tensors.len(),
+                started.elapsed().as_secs_f64()
+            ));
+        }
+        // Everything the run allocates against the memory it may use, before allocating it.
+        let run = RunShape {
+            resident_trunk: options.resident_trunk,
+            max_batch: options.max_batch,
+            ctx: options.ctx,
+        };
+        let plan = MemoryPlan::new(&checkpoint, &config, &options.experts, run)?.check(budget)?;
+        sink.line(&format!("memory plan: {}", plan.describe()));
+        let kernels = match options.kernel_tier {
+            Some(tier) => Kernels::new(tier)?,
+            None => Kernels::detect(),
+        };
+        let pool = Arc::new(options.pool.build()?);
+        sink.line(&pool.topology().describe());
+        sink.line(&format!(
+            "kernel tier {}, {} compute threads ({} per domain)",
+            kernels.tier(),
+            pool.threads(),
+            (0..pool.domains())
+                .map(|d| pool.domain_threads(d).to_string())
+                .collect::<Vec<_>>()
+                .join("/")
+        ));
+        let nodes: Vec<Option<usize>> = pool.topology().domains.iter().map(|d| d.node).collect();
+        if options.resident_trunk {
+            // Stored names, whatever the format (an MXFP4 linear is two tensors).
+            let trunk = trunk_tensor_names(&checkpoint, &config);
+            let started = Instant::now();
+            // Each domain's rows of every matrix on its node (real NUMA only), as it reads them.
+            let bytes = checkpoint.make_resident_placed(
+                |stored| trunk.contains(stored),
+                |_, shape, bytes| {
+                    if let [rows, _] = shape {
+                        numa_sched::memory::bind_row_split(bytes, *rows, &nodes);
+                    }
+                },
+            )?;
+            sink.line(&format!(
+                "resident trunk: {:.2} GB copied in {:.1} s",
+                bytes as f64 / 1e9,
+                started.elapsed().as_secs_f64()
+            ));
+        }
+        let store = options
+            .experts
+            .open(&checkpoint, &config, expert_store::io::memory_available())?
+            .map(Arc::new);
+        if let Some(store) = &store {
+            sink.line(&format!(
+                "expert store: {:?}, {} I/O threads, {}",
+                store,
+                options.experts.io_threads,
+                if store.is_direct() {
+                    "O_DIRECT reads"
+                } else {
+                    "buffered reads"
+                }
+            ));
+            // Experts get home domains (balanced by the usage file's counts) before any load.
+            store.place(nodes, options.expert_placement == ExpertPlacement::Split);
+            if options.experts.preload {
+                let report = store.preload(|p| sink.preload_progress(p))?;
+                sink.line(&format!(
+                    "preloaded {} experts, {:.2} GB in {:.1} s ({:.2} GB/s)",
+                    report.experts,
+                    report.bytes as f64 / 1e9,
+                    report.elapsed.as_secs_f64(),
+                    report.gbps()
+                ));
+            }
+        }
+        Ok(Self {
+            usage_path: store.as_ref().and(options.experts.usage_path(dir)),
+            config,
+            checkpoint,
+            kernels,
+            pool,
+            store,
+            plan,
+            expert_placement: options.expert_placement,
+        })
+    }
+
+    /// The model over this engine: its experts from the store where there is one (else
+    /// through the file mapping), its work on the pool, experts placed as the options said.
+    pub fn model(&self) -> Result<Model<'_>, ModelError> {
+        let model = match &self.store {
+            Some(store) => Model::with_expert_store(
+                &self.checkpoint,
+                &self.config,
+                self.kernels,
+                Arc::clone(store),
+            )?,
+            None => Model::new(&self.checkpoint, &self.config, self.kernels)?,
+        };
+        Ok(model
+            .with_pool(Arc::clone(&self.pool))
+            .with_expert_placement(self.expert_placement))
+    }
+
+    /// Saves the store's expert use counts for the next start's preload order and policy:
+    /// `None` without a store or with the usage cache off, else the file and the outcome (a
+    /// read-only checkpoint directory only loses the next start's ordering).
+    pub fn save_usage(&self) -> Option<(&Path, Result<(), UsageError>)> {
+        let (store, path) = (self.store.as_ref()?, self.usage_path.as_deref()?);
+        Some((path, store.usage().save(path)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::fingerprint;
+    use crate::synth::{Preset, SynthOptions, generate};
+
+    /// A fresh `tiny` checkpoint in its own directory (removed on drop) and its config.
+    struct Tiny(PathBuf, K3Config);
+
+    impl Tiny {
+        fn new(name: &str) -> Self {
+            let dir =
+                std::env::temp_dir().join(format!("k3-builder-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            generate(&dir, &SynthOptions::new(Preset::Tiny)).unwrap();
+            let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+            Self(dir, K3Config::from_json(&text).unwrap())
+        }
+
+        fn build(&self, options: &EngineOptions) -> (Engine, Vec<String>) {
+            let mut lines = Vec::new();
+            let engine =
+                Engine::build_within(&self.0, self.1.clone(), options, None, &mut |line: &str| {
+                    lines.push(line.to_owned())
+                })
+                .unwrap();
+            (engine, lines)
+        }
+    }
+
+    impl Drop for Tiny {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// The fingerprints of the logits after each of a few teacher-forced tokens.
+    fn fingerprints(engine: &Engine) -> Vec<u64> {
+        let model = engine.model().unwrap();
+        let mut session = model.session();
+        let tokens = [5, 17, 42, 7, 300, 2];
+        model
+            .score(&mut session, &tokens, 1)
+            .unwrap()
+            .iter()
+            .map(|logits| fingerprint(logits))
+            .collect()
+    }
+
+    fn options(threads: usize) -> EngineOptions {
+        let mut options = EngineOptions::default();
+        options.pool.threads = Some(threads);
+        options.experts.usage_cache = false;
+        options
+    }
+
+    /// A resident trunk (bound per domain, two synthetic domains) and a preloaded expert store
+    /// change where the weights live, never the logits' bits; the sink hears each step.
+    #[test]
+    fn residency_and_placement_keep_the_logits_bits() {
+        let tiny = Tiny::new("bits");
+        let (mapped, lines) = tiny.build(&options(1));
+        assert!(mapped.store.is_none() && mapped.plan.resident_trunk == 0);
+        assert!(
+            lines.iter().any(|l| l.starts_with("memory plan: ")),
+            "{lines:?}"
+        );
+        assert!(
+            lines.iter().any(|l| l.contains("1 compute threads")),
+            "{lines:?}"
+        );
+        assert!(
+            !lines.iter().any(|l| l.starts_with("resident trunk")),
+            "{lines:?}"
+        );
+        let expected = fingerprints(&mapped);
+        drop(mapped);
+
+        let mut resident = options(2);
+        resident.pool.fake_domains = Some(2);
+        resident.resident_trunk = true;
+        resident.experts.preload = true;
+        let (engine, lines) = tiny.build(&resident);
+        assert!(engine.plan.resident_trunk > 0, "{:?}", engine.plan);
+        assert!(engine.store.is_some());
+        for start in ["resident trunk: ", "expert store: ", "preloaded "] {
+            assert!(
+                lines.iter().any(|l| l.starts_with(start)),
+                "{start} in {lines:?}"
+            );
+        }
+        assert_eq!(fingerprints(&engine), expected);
+        // The usage cache is off: nothing to save.
+        assert!(engine.save_usage().is_none());
+    }
+
+    /// A plan one byte over the budget is refused with the plan's numbers and the budget's
+    /// source; at the budget exactly it is built.
+    #[test]
+    fn a_budget_too_small_is_refused_with_numbers() {
+        let tiny = Tiny::new("budget");
+        let mut options = options(1);
+        options.resident_trunk = true;
+        let (engine, _) = tiny.build(&options);
+        let plan = engine.plan;
+        drop(engine);
+        let budget = |bytes| {
+            Some(MemoryBudget {
+                bytes,
+                source: "a test budget".into(),
+            })
+        };
+        let build = |bytes| {
+            Engine::build_within(
+                &tiny.0,
+                tiny.1.clone(),
+                &options,
+                budget(bytes),
+                &mut |_: &str| {},
+            )
+        };
+        let error = build(plan.total() - 1).unwrap_err();
+        let BuildError::OverBudget(over) = &error else {
+            panic!("{error}")
+        };
+        assert_eq!(over.plan, plan);
+        let message = error.to_string();
+        assert!(message.contains(&plan.describe()), "{message}");
+        assert!(message.contains("a test budget"), "{message}");
+        assert!(message.contains("or drop --resident-trunk"), "{message}");
+        assert!(build(plan.total()).is_ok());
+    }
+
+    /// With the store and the usage cache on, the counts go to the usage file at the path
+    /// the options give.
+    #[test]
+    fn usage_is_saved_to_the_options_path() {
+        let tiny = Tiny::new("usage");
+        let mut options = options(1);
+        options.experts.usage_cache = true;
+        options.experts.cache_experts = Some(2);
+        let path = tiny.0.join("usage-here.json");
+        options.experts.usage_file = Some(path.clone());
+        let (engine, _) = tiny.build(&options);
+        fingerprints(&engine);
+        let (saved, outcome) = engine.save_usage().expect("a store with the usage cache");
+        assert_eq!(saved, path);
+        outcome.unwrap();
+        assert!(path.exists());
+    }
+}

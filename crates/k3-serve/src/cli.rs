@@ -1,0 +1,344 @@
+//! `k3-serve`'s command line: its own flags (model, server, sampling) in one table with the
+//! library flags of `k3-cli` ([`k3_serve_flags`]); the parser and `--help` are `k3-cli`'s,
+//! re-exported here for `main.rs`.
+
+pub use k3_cli::{
+    Flag, Group, Kind, Outcome, Parsed, UsageError, apply_library_flags, parse, render_help,
+    render_version,
+};
+
+use k3_cli::library_flags;
+
+/// The sections of `--help` for `k3-serve`'s own flags (the library flags' follow).
+pub const MODEL: Group = Group::new("Model");
+pub const SERVER: Group = Group::new("Server");
+pub const SAMPLING: Group = Group::new("Sampling and one-shot generation");
+
+/// The chat templates `--chat-template` accepts: only the built-in renderer exists.
+pub const CHAT_TEMPLATES: &[&str] = &["kimi-k3"];
+
+/// Everything `k3-serve` accepts: its own flags, then the library flags.
+pub fn k3_serve_flags() -> Vec<Flag> {
+    use Kind::*;
+    let temperature = Number { min: 0.0, max: 2.0 };
+    let mut table = vec![
+        // Model.
+        Flag::value(
+            "model",
+            "DIR",
+            Text,
+            "the synthetic tiny checkpoint, generated into ~/.cache/k3/tiny",
+            MODEL,
+            "checkpoint directory: config.json, tokenizer files and *.safetensors",
+        )
+        .aliases(&["-m"]),
+        Flag::value(
+            "served-model-name",
+            "NAME",
+            Text,
+            "the config's model id, else the repo or directory name",
+            MODEL,
+            "a name requests may give as `model`; repeat for more (the first is reported)",
+        )
+        .repeatable(),
+        Flag::value(
+            "chat-template",
+            "NAME",
+            Choice(CHAT_TEMPLATES),
+            "kimi-k3",
+            MODEL,
+            "chat template: only the built-in kimi-k3 renderer exists (no Jinja files)",
+        ),
+        Flag::value(
+            "ctx",
+            "N",
+            Count,
+            "4096",
+            MODEL,
+            "context length per sequence: prompt plus generated tokens",
+        )
+        .aliases(&["-c", "--ctx-size", "--max-model-len"]),
+        Flag::switch(
+            "scan",
+            MODEL,
+            "read every weight once at startup: NaN/Inf counts and the E8M0 scale scan",
+        ),
+        // Server.
+        Flag::switch(
+            "serve",
+            SERVER,
+            "start the OpenAI-compatible server (without it: one-shot --prompt)",
+        ),
+        Flag::value(
+            "host",
+            "HOST",
+            Text,
+            "127.0.0.1",
+            SERVER,
+            "address to listen on",
+        ),
+        Flag::value("port", "PORT", Port, "8000", SERVER, "port to listen on"),
+        Flag::value(
+            "api-key",
+            "KEY",
+            Text,
+            "none: the API is open",
+            SERVER,
+            "require `Authorization: Bearer KEY` on /v1 routes (/health, /metrics stay open)",
+        )
+        .env("K3_API_KEY"),
+        Flag::value(
+            "max-batch",
+            "N",
+            Count,
+            "8",
+            SERVER,
+            "sequences decoded together in one batch",
+        ),
+        Flag::value(
+            "queue",
+            "N",
+            Count,
+            "64",
+            SERVER,
+            "requests waiting beyond the batch before 429 answers",
+        ),
+        Flag::value(
+            "max-connections",
+            "N",
+            Count,
+            "4096",
+            SERVER,
+            "open connections at once; over it a client gets 503",
+        ),
+        Flag::value(
+            "header-timeout-s",
+            "S",
+            Seconds,
+            "10",
+            SERVER,
+            "seconds a client has to send a request's headers",
+        ),
+        Flag::value(
+            "body-timeout-s",
+            "S",
+            Seconds,
+            "30",
+            SERVER,
+            "seconds a client has to send a request's body",
+        ),
+        Flag::value(
+            "idle-timeout-s",
+            "S",
+            Seconds,
+            "60",
+            SERVER,
+            "seconds an idle keep-alive connection stays open",
+        ),
+        // Sampling and one-shot generation.
+        Flag::value(
+            "prompt",
+            "TEXT",
+            Text,
+            "none",
+            SAMPLING,
+            "one-shot: answer TEXT as a user message, print the reply and exit",
+        )
+        .aliases(&["-p"]),
+        Flag::value(
+            "max-tokens",
+            "N",
+            Count,
+            "one-shot 32, server 256",
+            SAMPLING,
+            "tokens to generate (a request's max_tokens overrides the server's)",
+        )
+        .aliases(&["-n", "--n-predict"]),
+        Flag::value(
+            "temperature",
+            "T",
+            temperature,
+            "one-shot 0 (greedy), server 1",
+            SAMPLING,
+            "sampling temperature in [0, 2] (the server takes a request's temperature)",
+        )
+        .aliases(&["--temp"]),
+        Flag::value(
+            "seed",
+            "S",
+            Whole,
+            "one-shot 0; server: a request's seed",
+            SAMPLING,
+            "sampling seed: the same seed and prompt give the same text",
+        ),
+        Flag::switch(
+            "no-think",
+            SAMPLING,
+            "thinking off (it is on by default; a request's chat_template_kwargs.thinking overrides)",
+        ),
+        Flag::value(
+            "thinking-effort",
+            "EFFORT",
+            Choice(&["low", "high", "max"]),
+            "max",
+            SAMPLING,
+            "thinking effort the chat template announces: low, high or max",
+        ),
+    ];
+    table.extend(library_flags());
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k3_cli::{flags_in_help, groups, is_flag_spelling, spelled};
+
+    fn run(args: &[&str]) -> Result<Parsed, UsageError> {
+        match parse(&k3_serve_flags(), args.iter().map(|a| a.to_string()))? {
+            Outcome::Run(parsed) => Ok(parsed),
+            other => panic!("{args:?} parsed as {other:?}"),
+        }
+    }
+
+    /// A value each kind accepts.
+    fn sample(flag: &Flag) -> Option<&'static str> {
+        match flag.kind {
+            Kind::Switch => None,
+            Kind::Text => Some("x"),
+            Kind::Count | Kind::Whole | Kind::Port | Kind::Seconds => Some("2"),
+            Kind::Number { .. } => Some("1"),
+            Kind::Choice(words) => Some(words[0]),
+        }
+    }
+
+    #[test]
+    fn every_flag_is_in_the_help_with_its_default_on_one_line() {
+        let table = k3_serve_flags();
+        let help = render_help(&table, "k3-serve", "0.1.0");
+        let names: Vec<String> = table.iter().map(Flag::long).collect();
+        assert_eq!(flags_in_help(&help), names);
+        for flag in &table {
+            let lines: Vec<&str> = help
+                .lines()
+                .filter(|l| l.starts_with(&format!("  {} ", spelled(flag))))
+                .collect();
+            assert_eq!(lines.len(), 1, "{} in {help}", flag.long());
+            assert!(lines[0].contains(&format!("[default: {}]", flag.default)));
+            assert!(lines[0].contains(flag.help), "{}", lines[0]);
+        }
+        let titles: Vec<&str> = groups(&table).iter().map(|g| g.title).collect();
+        assert_eq!(
+            titles,
+            [
+                "Model",
+                "Server",
+                "Sampling and one-shot generation",
+                "Performance",
+                "Experts",
+                "NUMA"
+            ]
+        );
+        assert!(help.contains("[env: K3_API_KEY]"));
+        // Defaults that differ between one-shot and server say both.
+        for name in ["max-tokens", "temperature"] {
+            let flag = table.iter().find(|f| f.name == name).unwrap();
+            assert!(flag.default.contains("one-shot") && flag.default.contains("server"));
+        }
+    }
+
+    /// The README names every flag the binary accepts.
+    #[test]
+    fn the_readme_names_every_flag() {
+        let readme = include_str!("../../../README.md");
+        let missing = k3_cli::flags_not_named_in(readme, &k3_serve_flags());
+        assert!(missing.is_empty(), "README.md does not name {missing:?}");
+    }
+
+    #[test]
+    fn the_table_is_consistent_and_aliases_map_to_their_flag() {
+        let table = k3_serve_flags();
+        assert_eq!(k3_cli::table_problems(&table), Vec::<String>::new());
+        for flag in &table {
+            for alias in flag.aliases {
+                let mut args = vec![*alias];
+                args.extend(sample(flag));
+                assert!(run(&args).unwrap().has(flag.name), "{alias}");
+            }
+        }
+        let p = run(&["-m", "/models/k3", "-t", "8", "--max-model-len", "8192"]).unwrap();
+        assert_eq!(p.get_str("model"), Some("/models/k3"));
+        assert_eq!(p.get_usize("ctx").unwrap(), Some(8192));
+        assert_eq!(
+            run(&["--chat-template", "chatml"]).unwrap_err().to_string(),
+            "--chat-template must be kimi-k3 (the only one there is), got \"chatml\""
+        );
+    }
+
+    /// `main.rs` handles no flag outside the table: no `"--flag"` literal there is unknown,
+    /// and every name it reads (`get_str("port")`, `switch("serve")`, ...) is in the table;
+    /// the defaults it takes from the table parse and agree with the code's.
+    #[test]
+    fn main_reads_table_flags_and_the_help_defaults_are_the_ones_used() {
+        let table = k3_serve_flags();
+        let main = include_str!("main.rs");
+        for (at, _) in main.match_indices("\"--") {
+            let rest = &main[at + 1..];
+            let end = rest[2..]
+                .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'))
+                .map_or(rest.len(), |e| e + 2);
+            if rest[end..].starts_with('"') {
+                let literal = &rest[..end];
+                assert!(
+                    is_flag_spelling(&table, literal),
+                    "{literal} is not in the table"
+                );
+            }
+        }
+        let mut read = 0;
+        for getter in [
+            "get_str(\"",
+            "switch(\"",
+            "get_usize(\"",
+            "get_u64(\"",
+            "get_f32(\"",
+            "all(\"",
+            "has(\"",
+            "get_or_default(table, \"",
+            "seconds(\"",
+        ] {
+            for (at, _) in main.match_indices(getter) {
+                let rest = &main[at + getter.len()..];
+                let name = &rest[..rest.find('"').unwrap()];
+                read += 1;
+                assert!(
+                    table.iter().any(|f| f.name == name),
+                    "main.rs reads --{name}, which is not in the table"
+                );
+            }
+        }
+        assert!(read >= 20, "only {read} flag reads found in main.rs");
+        let none = Parsed::default();
+        let conn = crate::conn::ConnLimits::default();
+        let secs = |name| none.get_or_default::<f64>(&table, name).unwrap();
+        assert_eq!(secs("header-timeout-s"), conn.header.as_secs_f64());
+        assert_eq!(secs("body-timeout-s"), conn.body.as_secs_f64());
+        assert_eq!(secs("idle-timeout-s"), conn.idle.as_secs_f64());
+        assert_eq!(
+            none.get_or_default::<usize>(&table, "max-connections")
+                .unwrap(),
+            conn.max_connections
+        );
+        assert_eq!(none.get_or_default::<u16>(&table, "port").unwrap(), 8000);
+        for name in ["ctx", "max-batch", "queue"] {
+            assert!(none.get_or_default::<usize>(&table, name).unwrap() >= 1);
+        }
+        assert_eq!(
+            none.get_or_default::<k3_model::chat::ThinkingEffort>(&table, "thinking-effort")
+                .unwrap(),
+            k3_model::chat::ThinkingEffort::Max
+        );
+        let given = run(&["--port=9"]).unwrap();
+        assert_eq!(given.get_or_default::<u16>(&table, "port").unwrap(), 9);
+    }
+}

@@ -1,0 +1,44 @@
+//! A validated request's prompt as tokens: its segments, the fewest tokens they can encode to
+//! (a length check before tokenizing), and their encoding.
+
+use k3_model::chat::Segment;
+use k3_model::tokenizer::Tokenizer;
+
+use crate::api::Prompt;
+
+/// A validated request's prompt as the pieces that are encoded each on its own (chat messages
+/// rendered; plain text is one piece in which special-token strings are ordinary text).
+pub fn prompt_segments(prompt: &Prompt) -> Vec<Segment> {
+    match prompt {
+        Prompt::Chat { segments, .. } => segments.clone(),
+        Prompt::Text(text) => vec![Segment {
+            text: text.clone(),
+            special: false,
+        }],
+    }
+}
+
+/// The fewest tokens `segments` can encode to (see [`Tokenizer::min_tokens`]): a prompt can be
+/// refused on its length before it is tokenized.
+pub fn min_prompt_tokens(tokenizer: &Tokenizer, segments: &[Segment]) -> usize {
+    segments
+        .iter()
+        .map(|s| tokenizer.min_tokens(s.text.len()))
+        .sum()
+}
+
+/// The tokens of `segments`. A prompt with no tokens (an empty completion prompt) starts from
+/// `[BOS]` where the tokenizer has one, as a document does: OpenAI's and llama.cpp's servers
+/// answer an empty prompt that way. Without `[BOS]` it stays empty (the server refuses it).
+pub fn encode_segments(tokenizer: &Tokenizer, segments: &[Segment]) -> Vec<u32> {
+    let ids = k3_model::chat::encode(tokenizer, segments);
+    if ids.is_empty() {
+        return tokenizer.special("[BOS]").into_iter().collect();
+    }
+    ids
+}
+
+/// The tokens of a validated request's prompt.
+pub fn prompt_ids(tokenizer: &Tokenizer, prompt: &Prompt) -> Vec<u32> {
+    encode_segments(tokenizer, &prompt_segments(prompt))
+}

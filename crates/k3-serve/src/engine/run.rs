@@ -1,0 +1,162 @@
+//! The engine thread's loop: build the engine (`k3_model::builder`), then admit jobs while
+//! there is room, prefill each on its own, and advance every active sequence one token per
+//! batched decode step, catching a panic in one job's work so the others carry on.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::time::Instant;
+
+use anyhow::Result;
+use k3_model::builder::Engine;
+use k3_model::config::K3Config;
+use k3_model::model::Session;
+use k3_model::tokenizer::Tokenizer;
+
+use super::sequence::Sequence;
+use super::{EngineConfig, Event, Job, Metrics};
+use crate::api::Prompt;
+
+pub(super) fn run(
+    config: EngineConfig,
+    model_config: &K3Config,
+    tokenizer: &Tokenizer,
+    queue: mpsc::Receiver<Job>,
+    loaded: impl FnOnce(),
+    metrics: &Metrics,
+) -> Result<()> {
+    let engine = Engine::build(
+        &config.model_dir,
+        model_config.clone(),
+        &config.options,
+        &mut |line: &str| log::info!("{line}"),
+    )?;
+    let model = engine.model()?;
+    let store = &engine.store;
+    let ends: Vec<u32> = ["<|end_of_msg|>", "[EOS]"]
+        .iter()
+        .filter_map(|s| tokenizer.special(s))
+        .collect();
+    loaded();
+    log::info!("model loaded from {}", config.model_dir.display());
+
+    let mut active: Vec<Sequence> = Vec::new();
+    loop {
+        // Admit: block only when idle.
+        while active.len() < config.options.max_batch.max(1) {
+            let job = if active.is_empty() {
+                match queue.recv() {
+                    Ok(job) => job,
+                    Err(_) => {
+                        // The server is gone: keep this run's expert use counts for the next
+                        // start's preload order (unless --no-usage-cache).
+                        match engine.save_usage() {
+                            Some((path, Ok(()))) => {
+                                log::info!("expert usage saved to {}", path.display())
+                            }
+                            Some((_, Err(e))) => log::warn!("expert usage not saved: {e}"),
+                            None => {}
+                        }
+                        return Ok(());
+                    }
+                }
+            } else {
+                match queue.try_recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                }
+            };
+            metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+            metrics.requests.fetch_add(1, Ordering::Relaxed);
+            metrics
+                .prompt_tokens
+                .fetch_add(job.prompt_ids.len() as u64, Ordering::Relaxed);
+            let events = job.events.clone();
+            if job.prompt_ids.is_empty() {
+                // Nothing to prefill, so nothing to sample from (the server never sends one).
+                let _ = events.send(Event::Error("the prompt has no tokens".into()));
+                continue;
+            }
+            let panic_at = config
+                .panic_on_prompt
+                .as_ref()
+                .filter(|(text, _)| matches!(&job.request.prompt, Prompt::Text(t) if t == text))
+                .map(|&(_, at)| at);
+            // One job's prefill and first token: a panic fails this job alone.
+            let admitted = catch_unwind(AssertUnwindSafe(|| {
+                let mut sequence = Sequence::new(job, &model, tokenizer, &ends);
+                sequence.panic_at = panic_at;
+                let tokens: Vec<usize> = sequence.prompt.iter().map(|&t| t as usize).collect();
+                match model.prefill(&mut sequence.session, &tokens, config.prefill_chunk) {
+                    Ok(logits) => sequence.advance(&logits, tokenizer, metrics),
+                    Err(e) => sequence.fail(&e.to_string()),
+                }
+                sequence
+            }));
+            match admitted {
+                Ok(sequence) if !sequence.finished => active.push(sequence),
+                Ok(_) => {}
+                Err(panic) => {
+                    let _ = events.send(Event::Error(internal_error("prefill", &*panic)));
+                }
+            }
+        }
+        metrics.active.store(active.len() as i64, Ordering::Relaxed);
+        if active.is_empty() {
+            continue;
+        }
+        let start = Instant::now();
+        // A panic in the batched step cannot be laid at one job's door: it fails the jobs
+        // that shared the step (their states may be half-advanced), and the engine goes on.
+        let step = catch_unwind(AssertUnwindSafe(|| {
+            let mut steps: Vec<(&mut Session, usize)> = active
+                .iter_mut()
+                .map(|s| (&mut s.session, s.last as usize))
+                .collect();
+            model.decode_batch(&mut steps)
+        }));
+        match step {
+            Ok(Ok(logits)) => {
+                for (sequence, logits) in active.iter_mut().zip(logits) {
+                    let advanced = catch_unwind(AssertUnwindSafe(|| {
+                        sequence.advance(&logits, tokenizer, metrics)
+                    }));
+                    if let Err(panic) = advanced {
+                        sequence.fail(&internal_error("sampling", &*panic));
+                    }
+                }
+            }
+            Ok(Err(e)) => {
+                for sequence in &mut active {
+                    sequence.fail(&e.to_string());
+                }
+            }
+            Err(panic) => {
+                let message = internal_error("a decode step", &*panic);
+                for sequence in &mut active {
+                    sequence.fail(&message);
+                }
+            }
+        }
+        metrics
+            .decode_ns
+            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if let Some(store) = &store {
+            *metrics.store.lock().unwrap_or_else(|p| p.into_inner()) = Some(store.stats());
+        }
+        active.retain(|s| !s.finished);
+        metrics.active.store(active.len() as i64, Ordering::Relaxed);
+    }
+}
+
+/// An error event's text for a panic in `stage` (the panic's own message included; the panic
+/// hook has already printed it with its location on stderr).
+fn internal_error(stage: &str, panic: &(dyn std::any::Any + Send)) -> String {
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into());
+    log::error!("a request failed: internal error in {stage}: {message}");
+    format!("internal error in {stage}: {message}")
+}

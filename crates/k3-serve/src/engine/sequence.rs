@@ -1,0 +1,257 @@
+//! One job in flight ([`Sequence`]): its session and sampler, the output parser, stop strings
+//! matched on reasoning and content as they stream ([`Channel`]), its events and its one log
+//! line.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use k3_model::chat::{Delta, OutputParser};
+use k3_model::model::{Model, Session};
+use k3_model::sampling::{Sampler, StopStrings};
+use k3_model::tokenizer::Tokenizer;
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::{Event, Job, Metrics, TokenLogprob};
+use crate::api::Prompt;
+
+/// Visible text of one kind (reasoning or content) on its way out: stop strings are matched
+/// in it as it comes, and a tail that may begin one is held back.
+struct Channel {
+    stops: StopStrings,
+    held: String,
+}
+
+impl Channel {
+    /// Adds `text`, moving what may be sent to `out`; true when a stop string ended the
+    /// text (it and everything after it are dropped).
+    fn push(&mut self, text: &str, out: &mut String) -> bool {
+        let base = self.held.len();
+        self.held.push_str(text);
+        if let Some((end, len)) = self.stops.scan(text) {
+            // `held` keeps every byte a stop in progress may have begun at.
+            self.held.truncate(base + end - len);
+            out.push_str(&std::mem::take(&mut self.held));
+            return true;
+        }
+        let send = self.held.len() - self.stops.pending().min(self.held.len());
+        out.push_str(&self.held[..send]);
+        self.held.drain(..send);
+        false
+    }
+
+    /// Sends what is held: this text is over (the other kind began, or the output ended), so
+    /// no stop can complete it any more.
+    fn flush(&mut self, out: &mut String) {
+        out.push_str(&std::mem::take(&mut self.held));
+        self.stops.reset();
+    }
+}
+
+/// One job in flight.
+pub(super) struct Sequence {
+    pub(super) session: Session,
+    sampler: Sampler,
+    parser: Option<OutputParser>,
+    reasoning: Channel,
+    content: Channel,
+    pub(super) prompt: Vec<u32>,
+    events: UnboundedSender<Event>,
+    ends: Vec<u32>,
+    max_tokens: usize,
+    logprobs: bool,
+    generated: usize,
+    pub(super) last: u32,
+    /// Output bytes not yet whole characters (plain completions).
+    pending: Vec<u8>,
+    pub(super) finished: bool,
+    log_id: Option<String>,
+    submitted: Instant,
+    admitted: Instant,
+    prefilled: Option<Instant>,
+    /// Fault injection (tests): panic in sampling once this many tokens are generated.
+    pub(super) panic_at: Option<usize>,
+}
+
+impl Sequence {
+    pub(super) fn new(job: Job, model: &Model<'_>, tokenizer: &Tokenizer, ends: &[u32]) -> Self {
+        let Job {
+            request,
+            prompt_ids,
+            events,
+            log_id,
+            submitted,
+        } = job;
+        let parser = match &request.prompt {
+            Prompt::Chat { thinking, .. } => OutputParser::new(tokenizer, *thinking),
+            Prompt::Text(_) => None,
+        };
+        Self {
+            session: model.session(),
+            sampler: Sampler::new(request.sampling.clone(), &prompt_ids),
+            parser,
+            reasoning: Channel {
+                stops: StopStrings::new(request.stop.clone()),
+                held: String::new(),
+            },
+            content: Channel {
+                stops: StopStrings::new(request.stop.clone()),
+                held: String::new(),
+            },
+            prompt: prompt_ids,
+            events,
+            ends: ends.iter().chain(&request.stop_tokens).copied().collect(),
+            max_tokens: request.max_tokens,
+            logprobs: request.logprobs,
+            generated: 0,
+            last: 0,
+            pending: Vec::new(),
+            finished: false,
+            log_id,
+            submitted,
+            admitted: Instant::now(),
+            prefilled: None,
+            panic_at: None,
+        }
+    }
+
+    pub(super) fn fail(&mut self, message: &str) {
+        let _ = self.events.send(Event::Error(message.to_owned()));
+        self.log_end("error");
+        self.finished = true;
+    }
+
+    /// The request's one log line (see [`Job::log_id`]).
+    fn log_end(&self, how: &str) {
+        let Some(id) = &self.log_id else { return };
+        let ttft = self.prefilled.map_or("none".to_owned(), |t| {
+            format!("{:.3} s", (t - self.submitted).as_secs_f64())
+        });
+        let rate = match self.prefilled {
+            // The first token comes with the prefill; the rest are decode steps.
+            Some(t) if self.generated > 1 => format!(
+                "{:.2} tokens/s",
+                (self.generated - 1) as f64 / t.elapsed().as_secs_f64().max(1e-9)
+            ),
+            _ => "no decode steps".to_owned(),
+        };
+        log::info!(
+            "{id}: {how}; {} prompt tokens, {} output tokens, time to first token {ttft}, {rate}",
+            self.prompt.len(),
+            self.generated,
+        );
+    }
+
+    fn finish(&mut self, reason: &'static str) {
+        self.log_end(reason);
+        let prefilled = self.prefilled.unwrap_or(self.admitted);
+        let _ = self.events.send(Event::Done {
+            finish_reason: reason,
+            prompt_tokens: self.prompt.len(),
+            completion_tokens: self.generated,
+            prefill: prefilled - self.admitted,
+            decode: prefilled.elapsed(),
+        });
+        self.finished = true;
+    }
+
+    /// Samples the next token from `logits` and sends what it adds.
+    pub(super) fn advance(&mut self, logits: &[f32], tokenizer: &Tokenizer, metrics: &Metrics) {
+        if self.events.is_closed() {
+            self.log_end("cancelled (the client went away)");
+            self.finished = true;
+            return;
+        }
+        self.prefilled.get_or_insert_with(Instant::now);
+        if self.panic_at == Some(self.generated) {
+            panic!("injected fault after {} tokens", self.generated);
+        }
+        let sampled = self.sampler.sample(logits);
+        self.generated += 1;
+        self.last = sampled.token;
+        metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
+        let text = |id: u32| tokenizer.decode(&[id]);
+        let logprobs = if self.logprobs {
+            vec![TokenLogprob {
+                token: text(sampled.token),
+                logprob: sampled.logprob,
+                top: sampled.top.iter().map(|&(id, lp)| (text(id), lp)).collect(),
+            }]
+        } else {
+            Vec::new()
+        };
+        if self.ends.contains(&sampled.token) {
+            self.flush_held(logprobs);
+            return self.finish("stop");
+        }
+        let bytes = tokenizer.decode_bytes(&[sampled.token]);
+        let deltas = match &mut self.parser {
+            Some(parser) => parser.push(sampled.token, &bytes),
+            None => {
+                self.pending.extend_from_slice(&bytes);
+                let valid = match std::str::from_utf8(&self.pending) {
+                    Ok(_) => self.pending.len(),
+                    Err(e) => e.valid_up_to(),
+                };
+                let content = String::from_utf8_lossy(&self.pending[..valid]).into_owned();
+                self.pending.drain(..valid);
+                vec![Delta::Content(content)]
+            }
+        };
+        // Stop strings apply to reasoning and content alike, each on its own (a stop does not
+        // span the switch from one to the other): cut at the first, hold back a possible start.
+        let (mut reasoning, mut content, mut tool_calls) =
+            (String::new(), String::new(), Vec::new());
+        let mut stop = false;
+        for delta in deltas {
+            stop = match delta {
+                Delta::Reasoning(t) => {
+                    self.content.flush(&mut content);
+                    self.reasoning.push(&t, &mut reasoning)
+                }
+                Delta::Content(t) => {
+                    self.reasoning.flush(&mut reasoning);
+                    self.content.push(&t, &mut content)
+                }
+                Delta::ToolCall(c) => {
+                    tool_calls.push(c);
+                    false
+                }
+            };
+            if stop {
+                break;
+            }
+        }
+        if !(reasoning.is_empty()
+            && content.is_empty()
+            && tool_calls.is_empty()
+            && logprobs.is_empty())
+        {
+            let _ = self.events.send(Event::Delta {
+                reasoning,
+                content,
+                tool_calls,
+                logprobs,
+            });
+        }
+        if stop {
+            self.finish("stop");
+        } else if self.generated >= self.max_tokens {
+            self.flush_held(Vec::new());
+            self.finish("length");
+        }
+    }
+
+    fn flush_held(&mut self, logprobs: Vec<TokenLogprob>) {
+        let (mut reasoning, mut content) = (String::new(), String::new());
+        self.reasoning.flush(&mut reasoning);
+        self.content.flush(&mut content);
+        if !reasoning.is_empty() || !content.is_empty() || !logprobs.is_empty() {
+            let _ = self.events.send(Event::Delta {
+                reasoning,
+                content,
+                tool_calls: Vec::new(),
+                logprobs,
+            });
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! `/metrics`: the engine's counters in Prometheus text format.
+
+use std::sync::atomic::Ordering;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+
+use super::{AppState, check_engine};
+
+/// Prometheus text format.
+pub(super) async fn metrics(State(state): State<AppState>) -> Response {
+    let m = &state.engine.metrics;
+    let generated = m.generated_tokens.load(Ordering::Relaxed);
+    let decode_s = m.decode_ns.load(Ordering::Relaxed) as f64 / 1e9;
+    let mut text = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, value: String| {
+        text.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
+        ));
+    };
+    metric(
+        "k3_engine_up",
+        "gauge",
+        "1 while the engine serves; 0 while the model loads or after the engine stopped.",
+        u8::from(check_engine(&state.engine).is_ok()).to_string(),
+    );
+    metric(
+        "k3_requests_total",
+        "counter",
+        "Requests admitted to the engine.",
+        m.requests.load(Ordering::Relaxed).to_string(),
+    );
+    metric(
+        "k3_requests_rejected_total",
+        "counter",
+        "Requests refused with 429 (queue full).",
+        m.rejected.load(Ordering::Relaxed).to_string(),
+    );
+    metric(
+        "k3_prompt_tokens_total",
+        "counter",
+        "Prompt tokens prefilled.",
+        m.prompt_tokens.load(Ordering::Relaxed).to_string(),
+    );
+    metric(
+        "k3_generated_tokens_total",
+        "counter",
+        "Tokens generated.",
+        generated.to_string(),
+    );
+    metric(
+        "k3_decode_tokens_per_second",
+        "gauge",
+        "Generated tokens per second of decode-step time.",
+        format!(
+            "{:.3}",
+            if decode_s > 0.0 {
+                generated as f64 / decode_s
+            } else {
+                0.0
+            }
+        ),
+    );
+    metric(
+        "k3_queue_depth",
+        "gauge",
+        "Requests waiting for a batch slot.",
+        m.queue_depth.load(Ordering::Relaxed).to_string(),
+    );
+    metric(
+        "k3_active_sequences",
+        "gauge",
+        "Sequences in the running batch.",
+        m.active.load(Ordering::Relaxed).to_string(),
+    );
+    let store = *m.store.lock().unwrap_or_else(|p| p.into_inner());
+    let store = store.unwrap_or_default();
+    metric(
+        "k3_expert_cache_hits_total",
+        "counter",
+        "Routed-expert uses served from memory.",
+        store.hits.to_string(),
+    );
+    metric(
+        "k3_expert_cache_misses_total",
+        "counter",
+        "Routed-expert uses that needed a read.",
+        store.misses.to_string(),
+    );
+    metric(
+        "k3_expert_bytes_read_total",
+        "counter",
+        "Bytes of experts read from disk.",
+        store.bytes_read.to_string(),
+    );
+    ([("content-type", "text/plain; version=0.0.4")], text).into_response()
+}

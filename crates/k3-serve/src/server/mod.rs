@@ -1,0 +1,222 @@
+//! The HTTP side: `app(state)` builds the router — `POST /v1/chat/completions` and
+//! `/v1/completions` (JSON or SSE), `GET /v1/models`, `/health`, `/metrics` — over an
+//! [`EngineHandle`]. Every error is OpenAI's error object with its status, 404 and 405
+//! included. Prompts are tokenized on the blocking pool, after a length check that needs no
+//! tokenizing, so no prompt holds up the async threads.
+//!
+//! This file holds the router and the request handlers; `answer` turns a job's events into
+//! OpenAI's JSON (one body, or SSE chunks), `metrics` the Prometheus text.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{Method, StatusCode, Uri};
+use axum::response::sse::{KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+use crate::api::{ApiError, ChatRequest, CompletionRequest, Limits, ValidRequest};
+use crate::engine::{
+    EngineHandle, Job, SubmitError, encode_segments, min_prompt_tokens, prompt_segments,
+};
+
+mod answer;
+mod metrics;
+
+use answer::{Chunks, collect};
+use metrics::metrics;
+
+/// Largest request body accepted (413 above).
+pub const MAX_BODY: usize = 4 << 20;
+
+/// What the handlers share.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub limits: Arc<Limits>,
+}
+
+/// The router over `state`.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(|uri: Uri| async move {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("no such route: {}", uri.path()),
+            )
+        })
+        .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("method {method} is not allowed on {}", uri.path()),
+            )
+        })
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+/// A JSON body or the error explaining why not (413 too large, 400 malformed, 422 wrong
+/// shape, 415 not declared as JSON: axum's own statuses).
+fn body<T>(parsed: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
+    parsed.map(|Json(v)| v).map_err(|rejection| {
+        ApiError::new(
+            rejection.status(),
+            format!("invalid request body: {}", rejection.body_text()),
+        )
+    })
+}
+
+/// 503 unless the engine serves.
+fn check_engine(engine: &EngineHandle) -> Result<(), ApiError> {
+    if !engine.alive.load(Ordering::Acquire) {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the engine has stopped (see the server's log)",
+        ));
+    }
+    if !engine.ready.load(Ordering::Acquire) {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the model is still loading",
+        ));
+    }
+    Ok(())
+}
+
+/// The prompt's tokens, on the blocking pool: first a bound from its byte length (so an
+/// over-long prompt is refused without tokenizing it), then the tokens, then the exact check.
+async fn tokenize(
+    state: &AppState,
+    request: ValidRequest,
+) -> Result<(ValidRequest, Vec<u32>), ApiError> {
+    let tokenizer = Arc::clone(&state.engine.tokenizer);
+    let context = state.limits.context;
+    let too_long = move |tokens: String, max_tokens: usize| {
+        ApiError::invalid(
+            "max_tokens",
+            format!(
+                "the prompt ({tokens} tokens) plus max_tokens ({max_tokens}) exceeds the context of {context} tokens"
+            ),
+        )
+    };
+    tokio::task::spawn_blocking(move || {
+        let segments = prompt_segments(&request.prompt);
+        let least = min_prompt_tokens(&tokenizer, &segments);
+        if least + request.max_tokens > context {
+            return Err(too_long(format!("at least {least}"), request.max_tokens));
+        }
+        let ids = encode_segments(&tokenizer, &segments);
+        if ids.is_empty() {
+            return Err(ApiError::invalid(
+                "prompt",
+                "the prompt has no tokens, and the tokenizer has no [BOS] token to begin from",
+            ));
+        }
+        if ids.len() + request.max_tokens > context {
+            return Err(too_long(ids.len().to_string(), request.max_tokens));
+        }
+        Ok((request, ids))
+    })
+    .await
+    .map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("tokenizing the prompt failed: {e}"),
+        )
+    })?
+}
+
+async fn chat(
+    State(state): State<AppState>,
+    parsed: Result<Json<ChatRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let request = body(parsed)?.validate(&state.limits)?;
+    run(state, request, true).await
+}
+
+async fn completions(
+    State(state): State<AppState>,
+    parsed: Result<Json<CompletionRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let request = body(parsed)?.validate(&state.limits)?;
+    run(state, request, false).await
+}
+
+/// Tokenizes, checks the context, queues, and answers as a stream or one JSON body.
+async fn run(state: AppState, request: ValidRequest, chat: bool) -> Result<Response, ApiError> {
+    check_engine(&state.engine)?;
+    let (request, ids) = tokenize(&state, request).await?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let stream = request.stream;
+    let include_usage = request.include_usage;
+    let logprobs = request.logprobs;
+    let id = format!("{}-{:x}", if chat { "chatcmpl" } else { "cmpl" }, unique());
+    state
+        .engine
+        .submit(Job {
+            request,
+            prompt_ids: ids,
+            events: tx,
+            log_id: Some(id.clone()),
+            submitted: std::time::Instant::now(),
+        })
+        .map_err(|e| match e {
+            SubmitError::Full => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "the server is at capacity (admission queue full); retry later",
+            ),
+            SubmitError::Stopped => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped")
+            }
+        })?;
+    let model = state.limits.model_name().to_owned();
+    let created = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if stream {
+        let chunks = Chunks::new(rx, id, model, created, chat, logprobs, include_usage);
+        Ok(Sse::new(chunks)
+            .keep_alive(KeepAlive::default())
+            .into_response())
+    } else {
+        let collected = collect(rx).await?;
+        Ok(Json(collected.body(&id, &model, created, chat, logprobs)).into_response())
+    }
+}
+
+fn unique() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Every name the model is served as (the reported one first), each with when the server
+/// started serving it.
+async fn models(State(state): State<AppState>) -> Json<Value> {
+    let limits = &state.limits;
+    let data: Vec<Value> = limits
+        .model_names
+        .iter()
+        .map(|name| {
+            json!({"id": name, "object": "model", "created": limits.created, "owned_by": "k3",
+                   "max_model_len": limits.context})
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+async fn health(State(state): State<AppState>) -> Response {
+    match check_engine(&state.engine) {
+        Ok(()) => (StatusCode::OK, Json(json!({"status": "ok"}))).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
