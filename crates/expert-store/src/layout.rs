@@ -270,7 +270,7 @@ impl ExpertLayout {
     /// Tensor `i` of an expert: matrix `i / 2`'s codes (`i` even) or scales (`i` odd).
     pub fn tensor(&self, i: usize) -> &NamePattern {
         let matrix = &self.matrices[i / 2];
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             &matrix.codes
         } else {
             &matrix.scales
