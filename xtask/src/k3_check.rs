@@ -25,7 +25,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     Tokenizer::from_dir(&dir).context("loading the tokenizer")?;
     let ckpt = Checkpoint::open(&dir)?;
     let validated = validate(&ckpt, &config)?;
-    let table = ckpt.expert_table()?;
+    let table = ckpt.expert_table(&k3_model::inventory::expert_layout(&config))?;
     let contiguous = table.values().filter(|l| l.contiguous).count();
     let spanning = table.values().filter(|l| l.spans_shards()).count();
     println!("format census (bytes per format and class):");

@@ -202,7 +202,7 @@ fn check_fixture(synth_dir: &Path, fixture_dir: &Path, config: &K3Config) -> Res
         replaced == 6 * n_experts,
         "{replaced} expert tensors replaced, expected 6 for each of {n_experts} experts"
     );
-    let table = fixture.expert_table()?;
+    let table = fixture.expert_table(&k3_model::inventory::expert_layout(&config))?;
     ensure!(
         table.len() == n_experts && table.values().all(|l| l.contiguous),
         "expected {n_experts} experts each stored contiguously, found {} ({} contiguous)",

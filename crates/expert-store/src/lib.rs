@@ -2,6 +2,8 @@
 //!
 //! - [`checkpoint`]: the read side of a checkpoint directory (mapped shards, typed views, the
 //!   expert table).
+//! - [`layout`]: a routed expert's matrices and their tensor names, supplied by the caller
+//!   (the store knows no model's names).
 //! - [`store`]: the routed-expert residency cache over it ([`ExpertStore`]); [`io`] reads
 //!   experts from their shards; [`usage`] keeps use counts across runs.
 //! - [`scan`]: every weight read once for NaN/Inf and 0xFF E8M0 scales.
@@ -9,14 +11,16 @@
 
 pub mod checkpoint;
 pub mod io;
+pub mod layout;
 pub mod scan;
 pub mod store;
 pub mod usage;
 pub mod writer;
 
+pub use layout::{ExpertLayout, LayoutError, MatrixLayout, NamePattern};
 pub use store::{
-    Capacity, Expert, ExpertShape, ExpertStore, Policy, PreloadProgress, PreloadReport, Request,
-    StoreConfig, StoreError, StoreStats,
+    Capacity, Expert, ExpertStore, Policy, PreloadProgress, PreloadReport, Request, StoreConfig,
+    StoreError, StoreStats,
 };
 pub use usage::UsageHistory;
 

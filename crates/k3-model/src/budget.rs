@@ -81,7 +81,7 @@ impl MemoryPlan {
             0
         };
         let (expert_cache, io_buffers) = if experts.wants_store() {
-            expert_bytes(ckpt, experts)?
+            expert_bytes(ckpt, config, experts)?
         } else {
             (0, 0)
         };
@@ -154,8 +154,12 @@ impl MemoryPlan {
 
 /// The expert cache at its capacity and the store's I/O buffers, from the expert table (each
 /// expert's buffer as the store reads it: its pieces rounded out to 4 KiB).
-fn expert_bytes(ckpt: &Checkpoint, experts: &ExpertOptions) -> Result<(u64, u64), CheckpointError> {
-    let table = ckpt.expert_table()?;
+fn expert_bytes(
+    ckpt: &Checkpoint,
+    config: &K3Config,
+    experts: &ExpertOptions,
+) -> Result<(u64, u64), CheckpointError> {
+    let table = ckpt.expert_table(&crate::inventory::expert_layout(config))?;
     let largest = table
         .values()
         .map(expert_store::store::buffer_bytes)

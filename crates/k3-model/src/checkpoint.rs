@@ -14,7 +14,7 @@ use std::collections::HashSet;
 use expert_store::checkpoint::{Checkpoint, CheckpointError, Dtype, LinearStorage};
 
 use crate::config::K3Config;
-use crate::inventory::{Role, TensorClass, text_tensors};
+use crate::inventory::{A_LOG, KdaNames, Role, TensorClass, expert_layout, text_tensors};
 
 /// A checkpoint that matches its config.
 #[derive(Debug)]
@@ -56,7 +56,7 @@ pub fn validate<'a>(
                 format!("{:?}", t.dtype),
             ));
         }
-        if spec.name.ends_with("self_attn.A_log") {
+        if spec.name.ends_with(A_LOG) {
             let heads = config.kda.num_heads;
             let len = match t.shape {
                 [len] => *len,
@@ -108,17 +108,16 @@ pub fn validate_expert_scales(
     checkpoint: &Checkpoint,
     config: &K3Config,
 ) -> Result<usize, CheckpointError> {
-    let io = config.moe.expert_io(config.hidden_size);
-    let inter = config.moe.expert_intermediate;
+    let layout = expert_layout(config);
     let mut checked = 0;
     for (i, layer) in config.layers.iter().enumerate() {
         if layer.ffn != crate::config::FfnKind::Moe {
             continue;
         }
         for e in 0..config.moe.num_experts {
-            let base = format!("model.layers.{i}.block_sparse_moe.experts.{e}");
-            for (w, rows, cols) in [("w1", inter, io), ("w2", io, inter), ("w3", inter, io)] {
-                checkpoint.mxfp4_matrix(&format!("{base}.{w}"), rows, cols)?;
+            for m in layout.matrices() {
+                let (codes, scales) = (m.codes.name(i, e), m.scales.name(i, e));
+                checkpoint.mxfp4_tensors(&codes, &scales, m.rows, m.cols)?;
                 checked += 1;
             }
         }
@@ -133,7 +132,7 @@ pub fn a_log(
     config: &K3Config,
     layer: usize,
 ) -> Result<Vec<f32>, CheckpointError> {
-    let name = format!("model.layers.{layer}.self_attn.A_log");
+    let name = KdaNames::new(layer).a_log;
     let stored = checkpoint
         .require(&name)?
         .shape
@@ -168,4 +167,3 @@ pub fn trunk_tensor_names(checkpoint: &Checkpoint, config: &K3Config) -> HashSet
     }
     names
 }
-

@@ -33,7 +33,7 @@ mod x86;
 
 pub use activations::{Activations, MAX_TOKENS};
 pub use error::{Error, Result};
-pub use expert::ExpertScratch;
+pub use expert::{ExpertScratch, GluActivation};
 pub use situ::Situ;
 pub use tier::{Kernels, Tier};
 pub use view::{

@@ -11,8 +11,8 @@ use crate::io::AlignedBuf;
 /// An expert's bytes in memory, validated once when it landed.
 #[derive(Debug)]
 pub(super) struct ExpertData {
-    /// gate, up, down over `buf`.
-    pub(super) views: [MxFp4Matrix<'static>; 3],
+    /// The layout's matrices over `buf`, in its order.
+    pub(super) views: Vec<MxFp4Matrix<'static>>,
     /// Owns the bytes `views` borrow; never moved or mutated while they live, and handed
     /// back to `free` only when this drops (no view can outlive it: see `Expert`).
     pub(super) buf: Option<AlignedBuf>,
@@ -78,9 +78,9 @@ impl FreeBuffers {
 pub struct Expert(pub(super) Arc<ExpertData>);
 
 impl Expert {
-    /// gate (`w1`), up (`w3`) and down (`w2`).
-    pub fn matrices(&self) -> [MxFp4Matrix<'_>; 3] {
+    /// The expert's matrices, in the order of the layout the store was opened with.
+    pub fn matrices(&self) -> &[MxFp4Matrix<'_>] {
         // 'static shortens to the guard's borrow: the buffer outlives it.
-        self.0.views
+        &self.0.views
     }
 }

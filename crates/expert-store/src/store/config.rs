@@ -4,13 +4,6 @@ use std::path::PathBuf;
 
 use crate::usage::UsageHistory;
 
-/// The shapes of a routed expert: gate and up are `[intermediate, io]`, down `[io, intermediate]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ExpertShape {
-    pub intermediate: usize,
-    pub io: usize,
-}
-
 /// How much the cache may hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Capacity {

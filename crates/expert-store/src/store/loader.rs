@@ -9,7 +9,6 @@ use mxfp4_kernels::MxFp4Matrix;
 
 use super::buffer::{Expert, ExpertData, buffer_bytes};
 use super::config::{Result, StoreError};
-use super::layout::{EXPERT_MATRICES, ExpertMatrix};
 use super::{ExpertCache, ExpertStore, Shared};
 use crate::checkpoint::ExpertLocation;
 use crate::io::{AlignedBuf, ShardReader, memlock_limit, read_pieces};
@@ -20,8 +19,9 @@ pub(super) struct Located {
     /// The file ranges read, in file order, as (reader, range): one per run of tensors stored
     /// back to back in one file (one in the release's layout).
     pub(super) segments: Vec<(usize, Range<usize>)>,
-    /// Each tensor's position as (segment, offset from the segment's start, length).
-    pub(super) tensors: [(usize, usize, usize); 6],
+    /// Each tensor's position as (segment, offset from the segment's start, length), in the
+    /// layout's tensor order.
+    pub(super) tensors: Vec<(usize, usize, usize)>,
     /// Buffer bytes a resident copy takes (segments rounded out to 4 KiB).
     pub(super) bytes: u64,
 }
@@ -168,20 +168,22 @@ impl Shared {
             // the duration of a borrow of itself, which keeps the buffer alive.
             unsafe { std::slice::from_raw_parts(buf[at..at + len].as_ptr(), len) }
         };
-        let view = |matrix: &ExpertMatrix| {
-            let (rows, cols) = self.shape.dims(matrix);
-            let (codes, scales) = (part(matrix.codes), part(matrix.codes + 1));
-            MxFp4Matrix::with_name(matrix.what, codes, scales, rows, cols).map_err(|e| {
-                StoreError::Read {
-                    path: self.readers[located.first_reader()].path.clone(),
-                    layer,
-                    expert,
-                    reason: e.to_string(),
-                }
+        let views = self
+            .layout
+            .matrices()
+            .iter()
+            .enumerate()
+            .map(|(m, matrix)| {
+                let (codes, scales) = (part(2 * m), part(2 * m + 1));
+                MxFp4Matrix::with_name(matrix.what, codes, scales, matrix.rows, matrix.cols)
+                    .map_err(|e| StoreError::Read {
+                        path: self.readers[located.first_reader()].path.clone(),
+                        layer,
+                        expert,
+                        reason: e.to_string(),
+                    })
             })
-        };
-        let [gate, up, down] = &EXPERT_MATRICES;
-        let views = [view(gate)?, view(up)?, view(down)?];
+            .collect::<Result<Vec<_>>>()?;
         Ok(Arc::new(ExpertData {
             views,
             buf: Some(buf),
@@ -202,11 +204,12 @@ pub(super) fn locate(readers: &[usize], loc: &ExpertLocation) -> Located {
         .collect();
     Located {
         bytes: buffer_bytes(loc),
-        tensors: std::array::from_fn(|i| {
-            let piece = loc.tensor_piece[i];
-            let t = &loc.tensors[i];
-            (piece, t.start - loc.pieces[piece].range.start, t.len())
-        }),
+        tensors: loc
+            .tensors
+            .iter()
+            .zip(&loc.tensor_piece)
+            .map(|(t, &piece)| (piece, t.start - loc.pieces[piece].range.start, t.len()))
+            .collect(),
         segments,
     }
 }

@@ -14,24 +14,28 @@
 //!
 //! Loads. A request names all of a layer's selected experts at once; hits come back at once,
 //! misses are sent to the I/O threads in file-offset order and come back as they land. Each
-//! miss is one `pread` per run of its tensors stored back to back in one file: one when the
-//! six tensors are contiguous (the release's layout), several when a re-sharded checkpoint
-//! splits them over shards; with `O_DIRECT` where the filesystem allows it. A failed read fails the requests that
-//! wanted that expert, naming the file and the expert; nothing else is affected.
+//! miss is one `pread` per run of its tensors stored back to back in one file: one when an
+//! expert's tensors are contiguous (as in K3's release), several when a re-sharded checkpoint
+//! splits them over shards; with `O_DIRECT` where the filesystem allows it. A failed read fails
+//! the requests that wanted that expert, naming the file and the expert; nothing else is
+//! affected.
+//!
+//! Layout. Which tensors make up an expert and each matrix's shape come from the caller's
+//! [`ExpertLayout`]: the store finds experts by its names and validates every landed expert
+//! against its shapes.
 //!
 //! Determinism. The store decides only when bytes arrive, never what they are: the forward
 //! pass writes each expert's output to a slot fixed by the router and sums in a fixed order.
 //!
 //! Files. `config` (capacity, policy, errors), `cache` (the residency cache: a pure type, no
 //! I/O or threads, with the eviction order's unit tests), `buffer` (expert buffers, guards, the
-//! free list), `layout` (the K3 expert layout), `loader` (reads on the I/O threads),
+//! free list), `loader` (reads on the I/O threads),
 //! `placement` (NUMA homes and binding), `preload`, `request`, `stats`; this file opens the
 //! store and holds the state the I/O threads share.
 
 mod buffer;
 mod cache;
 mod config;
-mod layout;
 mod loader;
 mod placement;
 mod preload;
@@ -55,10 +59,11 @@ use stats::Busy;
 
 use crate::checkpoint::Checkpoint;
 use crate::io::ShardReader;
+use crate::layout::ExpertLayout;
 use crate::usage::UsageHistory;
 
 pub use buffer::{Expert, buffer_bytes, io_buffers};
-pub use config::{Capacity, ExpertShape, Policy, Result, StoreConfig, StoreError};
+pub use config::{Capacity, Policy, Result, StoreConfig, StoreError};
 pub use preload::{PreloadProgress, PreloadReport};
 pub use request::Request;
 pub use stats::StoreStats;
@@ -67,7 +72,7 @@ pub use stats::StoreStats;
 type ExpertCache = Cache<Arc<ExpertData>, (Sender<Landed>, usize)>;
 
 struct Shared {
-    shape: ExpertShape,
+    layout: ExpertLayout,
     /// Checkpoint layer index -> position in `order`/`uses`.
     layer_pos: BTreeMap<usize, usize>,
     experts_per_layer: Vec<usize>,
@@ -111,16 +116,23 @@ impl std::fmt::Debug for ExpertStore {
 }
 
 impl ExpertStore {
-    /// Builds the store over `checkpoint`'s routed experts (from its headers; no expert byte
-    /// is read here). Refuses a capacity larger than `config.memory_limit`.
-    pub fn open(checkpoint: &Checkpoint, shape: ExpertShape, config: StoreConfig) -> Result<Self> {
+    /// Builds the store over `checkpoint`'s routed experts, found by `layout`'s tensor names
+    /// (from the headers; no expert byte is read here). Refuses a capacity larger than
+    /// `config.memory_limit`.
+    pub fn open(
+        checkpoint: &Checkpoint,
+        layout: ExpertLayout,
+        config: StoreConfig,
+    ) -> Result<Self> {
         if config.io_threads == 0 {
             return Err(StoreError::NoIoThreads);
         }
-        let table = checkpoint.expert_table().map_err(|e| StoreError::Open {
-            path: checkpoint.dir().to_owned(),
-            reason: e.to_string(),
-        })?;
+        let table = checkpoint
+            .expert_table(&layout)
+            .map_err(|e| StoreError::Open {
+                path: checkpoint.dir().to_owned(),
+                reason: e.to_string(),
+            })?;
         let mut paths: Vec<PathBuf> = Vec::new();
         let mut located = HashMap::new();
         let mut experts_per_layer: BTreeMap<usize, usize> = BTreeMap::new();
@@ -182,7 +194,7 @@ impl ExpertStore {
             });
         }
         let shared = Arc::new(Shared {
-            shape,
+            layout,
             uses: counts
                 .iter()
                 .map(|&n| (0..n).map(|_| AtomicU64::new(0)).collect())
@@ -250,9 +262,9 @@ impl ExpertStore {
         self.shared.home(layer, expert)
     }
 
-    /// The expert shapes the store validates each landed expert against.
-    pub fn shape(&self) -> ExpertShape {
-        self.shared.shape
+    /// The layout the store finds experts by and validates each landed expert against.
+    pub fn layout(&self) -> &ExpertLayout {
+        &self.shared.layout
     }
 
     /// Whether the capacity holds every expert (nothing is ever evicted).

@@ -1,6 +1,5 @@
 //! NUMA placement: each expert's home domain, and binding its buffer's pages to nodes.
 
-use super::layout::EXPERT_MATRICES;
 use super::loader::Located;
 use super::{ExpertStore, Shared};
 
@@ -96,10 +95,10 @@ impl Shared {
             }
             return;
         }
-        for matrix in &EXPERT_MATRICES {
+        for (m, matrix) in self.layout.matrices().iter().enumerate() {
             // Codes and scales both split by the matrix's rows.
-            let (rows, _) = self.shape.dims(matrix);
-            for i in [matrix.codes, matrix.codes + 1] {
+            let rows = matrix.rows;
+            for i in [2 * m, 2 * m + 1] {
                 let (segment, offset, len) = located.tensors[i];
                 let at = starts[segment] + offset;
                 numa_sched::memory::bind_row_split(&mut buf[at..at + len], rows, &placement.nodes);

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use expert_store::checkpoint::{Checkpoint, CheckpointError, Dtype};
+use expert_store::layout::{ExpertLayout, MatrixLayout};
 use expert_store::writer::{TensorOut, write_safetensors};
 use proptest::prelude::{ProptestConfig, any, proptest};
 
@@ -31,6 +32,28 @@ impl Drop for Scratch {
 }
 
 pub(crate) const EXPERTS: usize = 12;
+
+/// The layout `write_checkpoint` writes its experts in (K3's names, as test data): gate `w1`,
+/// up `w3`, down `w2`, each `[64, 64]` MXFP4.
+pub(crate) fn layout() -> ExpertLayout {
+    let base = "model.layers.{layer}.block_sparse_moe.experts.{expert}";
+    let matrix = |what, w: &str| {
+        MatrixLayout::new(
+            what,
+            &format!("{base}.{w}.weight_packed"),
+            &format!("{base}.{w}.weight_scale"),
+            64,
+            64,
+        )
+        .unwrap()
+    };
+    ExpertLayout::new(vec![
+        matrix("expert w1 (gate)", "w1"),
+        matrix("expert w3 (up)", "w3"),
+        matrix("expert w2 (down)", "w2"),
+    ])
+    .unwrap()
+}
 
 fn tensor(name: &str, dtype: Dtype, shape: &[usize]) -> TensorOut {
     TensorOut {
@@ -134,7 +157,7 @@ fn reads_shards_views_and_expert_table() {
             Err(CheckpointError::Missing { .. })
         ));
 
-        let table = ckpt.expert_table().unwrap();
+        let table = ckpt.expert_table(&layout()).unwrap();
         assert_eq!(table.len(), EXPERTS);
         let expert_bytes = 3 * (64 * 32 + 64 * 2);
         let mut offsets: Vec<(usize, usize)> = Vec::new();
@@ -161,6 +184,50 @@ fn reads_shards_views_and_expert_table() {
             .unwrap();
         assert_eq!(packed.offset, loc.offset, "w1.weight_packed sorts first");
     }
+}
+
+/// An expert with some but not all of the layout's tensors is an error naming what is
+/// missing; a layout naming other tensors finds nothing.
+#[test]
+fn an_expert_missing_a_layout_tensor_is_an_error_naming_it() {
+    let scratch = Scratch::new("missing");
+    write_checkpoint(&scratch.0, "language_model.");
+    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let mut matrices = layout().matrices().to_vec();
+    let base = "model.layers.{layer}.block_sparse_moe.experts.{expert}";
+    matrices.push(
+        MatrixLayout::new(
+            "w4",
+            &format!("{base}.w4.weight_packed"),
+            &format!("{base}.w4.weight_scale"),
+            64,
+            64,
+        )
+        .unwrap(),
+    );
+    let err = ckpt
+        .expert_table(&ExpertLayout::new(matrices).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("8 expert tensors")
+            && err.contains("found 6 tensors")
+            && err.contains("model.layers.1.block_sparse_moe.experts.0.w4.weight_packed")
+            && err.contains("model.layers.1.block_sparse_moe.experts.0.w4.weight_scale"),
+        "{err}"
+    );
+    let other = ExpertLayout::new(vec![
+        MatrixLayout::new(
+            "up",
+            "blk.{layer}.up.{expert}.q",
+            "blk.{layer}.up.{expert}.s",
+            64,
+            64,
+        )
+        .unwrap(),
+    ])
+    .unwrap();
+    assert!(ckpt.expert_table(&other).unwrap().is_empty());
 }
 
 #[test]
@@ -440,7 +507,7 @@ proptest! {
         if let Ok(ckpt) = Checkpoint::open(&scratch.0) {
             let _ = ckpt.bf16_matrix("lm_head.weight", 32, 64);
             let _ = ckpt.f32_values("model.layers.0.self_attn.A_log", &[8]);
-            let _ = ckpt.expert_table();
+            let _ = ckpt.expert_table(&layout());
         }
     }
 }
@@ -454,7 +521,10 @@ fn absent_vision_only_shards_are_skipped_and_absent_text_shards_are_errors() {
     let dir = &scratch.0;
     let mut map = write_checkpoint(dir, "language_model.");
     let vision = "model-00003-of-000003.safetensors";
-    for name in ["vision_tower.blocks.0.attn.qkv.weight", "mm_projector.proj.weight"] {
+    for name in [
+        "vision_tower.blocks.0.attn.qkv.weight",
+        "mm_projector.proj.weight",
+    ] {
         map.insert(name.to_owned(), vision.to_owned());
     }
     // No total_size: the absent shard's bytes could not be checked anyway.
@@ -465,7 +535,10 @@ fn absent_vision_only_shards_are_skipped_and_absent_text_shards_are_errors() {
     assert!(ckpt.tensor("model.norm.weight").is_some());
 
     // The same absent file, now also said to hold a text tensor: refused, naming the file.
-    map.insert("language_model.model.layers.2.mlp.gate.weight".into(), vision.into());
+    map.insert(
+        "language_model.model.layers.2.mlp.gate.weight".into(),
+        vision.into(),
+    );
     let index = serde_json::json!({ "weight_map": map });
     std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
     match Checkpoint::open(dir) {

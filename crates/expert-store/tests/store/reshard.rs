@@ -3,9 +3,9 @@
 //! read per run) — the bytes the mapping hands out.
 
 use expert_store::writer::{ReshardLayout, reshard};
-use expert_store::{Capacity, Checkpoint, ExpertShape, ExpertStore, StoreConfig};
+use expert_store::{Capacity, Checkpoint, ExpertStore, StoreConfig};
 
-use crate::checkpoint::{EXPERTS, Scratch, write_checkpoint};
+use crate::checkpoint::{EXPERTS, Scratch, layout, write_checkpoint};
 
 /// Every tensor of the source is in the copy with the same dtype, shape and bytes.
 fn same_tensors(a: &Checkpoint, b: &Checkpoint) {
@@ -44,7 +44,7 @@ fn experts_split_over_shards_are_read_piece_by_piece() {
     let copy = Checkpoint::open(&dst.0).unwrap();
     same_tensors(&source, &copy);
 
-    let table = copy.expert_table().unwrap();
+    let table = copy.expert_table(&layout()).unwrap();
     assert_eq!(table.len(), EXPERTS);
     let spanning = table.values().filter(|l| l.spans_shards()).count();
     assert!(
@@ -79,14 +79,10 @@ fn experts_split_over_shards_are_read_piece_by_piece() {
         }
     }
 
-    let shape = ExpertShape {
-        intermediate: 64,
-        io: 64,
-    };
     for direct_io in [true, false] {
         let store = ExpertStore::open(
             &copy,
-            shape,
+            layout(),
             StoreConfig {
                 capacity: Capacity::PerLayer(0),
                 io_threads: 2,
@@ -142,6 +138,6 @@ fn name_order_with_large_shards_keeps_experts_whole() {
     assert_eq!(report.shards, 1);
     let copy = Checkpoint::open(&dst.0).unwrap();
     same_tensors(&Checkpoint::open(&src.0).unwrap(), &copy);
-    let table = copy.expert_table().unwrap();
+    let table = copy.expert_table(&layout()).unwrap();
     assert!(table.values().all(|l| l.contiguous && !l.spans_shards()));
 }

@@ -19,7 +19,7 @@
 use std::sync::Arc;
 
 use expert_store::checkpoint::CheckpointError;
-use expert_store::{Checkpoint, ExpertShape, ExpertStore, StoreError};
+use expert_store::{Checkpoint, ExpertStore, StoreError};
 use mxfp4_kernels::{Kernels, MAX_TOKENS, Situ, WeightMatrix};
 use numa_sched::Pool;
 
@@ -42,11 +42,8 @@ pub enum ModelError {
     /// be reset); the model and other sessions carry on.
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error("the expert store's experts are {store:?}, the config's {config:?}")]
-    StoreShape {
-        store: ExpertShape,
-        config: ExpertShape,
-    },
+    #[error("the expert store's experts are {store}, the config's {config}")]
+    StoreLayout { store: String, config: String },
 }
 
 type Result<T, E = ModelError> = std::result::Result<T, E>;
@@ -115,13 +112,8 @@ pub enum ExpertPlacement {
     Home,
 }
 
-/// The routed-expert shapes `config` implies (what an `ExpertStore` is opened with).
-pub fn expert_shape(config: &K3Config) -> ExpertShape {
-    ExpertShape {
-        intermediate: config.moe.expert_intermediate,
-        io: config.moe.expert_io(config.hidden_size),
-    }
-}
+/// The routed-expert layout `config` implies (what an `ExpertStore` is opened with).
+pub use crate::inventory::expert_layout;
 
 impl std::fmt::Debug for Model<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -181,7 +173,7 @@ impl<'a> Model<'a> {
     }
 
     /// Builds the model with its routed experts served by `store` (opened over the same
-    /// checkpoint with [`expert_shape`]); no expert byte is touched here. Logits are the same
+    /// checkpoint with [`expert_layout`]); no expert byte is touched here. Logits are the same
     /// bits as [`Model::new`]'s, whatever the store's capacity, policy or preload.
     pub fn with_expert_store(
         ckpt: &'a Checkpoint,
@@ -189,17 +181,18 @@ impl<'a> Model<'a> {
         kernels: Kernels,
         store: Arc<ExpertStore>,
     ) -> Result<Self> {
-        if store.shape() != expert_shape(config) {
-            return Err(ModelError::StoreShape {
-                store: store.shape(),
-                config: expert_shape(config),
+        let layout = expert_layout(config);
+        if *store.layout() != layout {
+            return Err(ModelError::StoreLayout {
+                store: store.layout().to_string(),
+                config: layout.to_string(),
             });
         }
         Self::with_expert_source(ckpt, config, kernels, Box::new(StoreExperts(store)))
     }
 
     /// Builds the model with its routed experts supplied by `experts`, which must hold the
-    /// experts of this checkpoint in [`expert_shape`]'s shapes ([`Model::with_expert_store`]
+    /// experts of this checkpoint in [`expert_layout`]'s layout ([`Model::with_expert_store`]
     /// checks that for a store); no expert byte is touched here.
     pub fn with_expert_source(
         ckpt: &'a Checkpoint,

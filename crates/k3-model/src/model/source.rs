@@ -71,14 +71,24 @@ impl ExpertSource for MappedExperts<'_> {
     }
 }
 
-/// Routed experts served by an [`ExpertStore`] (opened with [`super::expert_shape`]).
+/// Routed experts served by an [`ExpertStore`] (opened with [`super::expert_layout`]).
 pub struct StoreExperts(pub Arc<ExpertStore>);
 
 impl std::fmt::Debug for StoreExperts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StoreExperts")
-            .field("shape", &self.0.shape())
+            .field("layout", &self.0.layout())
             .finish_non_exhaustive()
+    }
+}
+
+impl StoreExperts {
+    /// The error for a store whose experts are not K3's three matrices.
+    fn not_k3(&self) -> super::ModelError {
+        super::ModelError::StoreLayout {
+            store: self.0.layout().to_string(),
+            config: "K3's 3 MXFP4 matrices (gate, up, down)".to_owned(),
+        }
     }
 }
 
@@ -106,8 +116,13 @@ impl ExpertSource for StoreExperts {
                 .into_iter()
                 .map(|(i, expert)| Ok((needed[i], expert?)))
                 .collect::<Result<Vec<_>>>()?;
-            let experts: Vec<(usize, [MxFp4Matrix<'_>; 3])> =
-                guards.iter().map(|(e, g)| (*e, g.matrices())).collect();
+            let experts = guards
+                .iter()
+                .map(|(e, g)| {
+                    let matrices = <[MxFp4Matrix<'_>; 3]>::try_from(g.matrices());
+                    Ok((*e, matrices.map_err(|_| self.not_k3())?))
+                })
+                .collect::<Result<Vec<_>>>()?;
             (hooks.run)(&experts)?;
         }
         Ok(())
@@ -122,7 +137,7 @@ mod tests {
     use mxfp4_kernels::Kernels;
 
     use super::*;
-    use crate::model::{Model, expert_shape, fingerprint};
+    use crate::model::{Model, expert_layout, fingerprint};
     use crate::synth::{Preset, SynthOptions, generate};
 
     /// A source of its own, plugged in through [`Model::with_expert_source`]: it wraps a store
@@ -182,7 +197,7 @@ mod tests {
                 .collect()
         };
         let mapped = run(&Model::new(&ckpt, &config, kernels).unwrap());
-        let store = ExpertStore::open(&ckpt, expert_shape(&config), StoreConfig::default());
+        let store = ExpertStore::open(&ckpt, expert_layout(&config), StoreConfig::default());
         let source = Arc::new(OneByOneReversed {
             inner: StoreExperts(Arc::new(store.unwrap())),
             handed: Mutex::new(Vec::new()),

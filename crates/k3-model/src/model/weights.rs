@@ -1,9 +1,10 @@
-//! The weights as the forward pass holds them, and their loading from the checkpoint.
+//! The weights as the forward pass holds them, and their loading from the checkpoint by the
+//! inventory's names ([`crate::inventory`] spells every K3 tensor name once).
 
 use std::sync::Arc;
 
-use expert_store::Checkpoint;
-use mxfp4_kernels::{Kernels, Situ, WeightMatrix};
+use expert_store::{Checkpoint, ExpertLayout};
+use mxfp4_kernels::{Kernels, MxFp4Matrix, Situ, WeightMatrix};
 use numa_sched::Pool;
 
 use super::dispatch::PARALLEL_MIN_BYTES;
@@ -11,6 +12,10 @@ use super::source::{ExpertSource, MappedExperts};
 use super::{ExpertPlacement, Model, ModelError, Result};
 use crate::checkpoint::a_log;
 use crate::config::{AttentionKind, FfnKind, K3Config};
+use crate::inventory::{
+    EMBED_TOKENS, FINAL_NORM, KdaNames, LM_HEAD, LayerNames, MlaNames, MlpNames, MoeNames,
+    OUTPUT_RES_NORM, OUTPUT_RES_PROJ, expert_layout,
+};
 
 pub(super) struct Kda<'a> {
     pub(super) q: WeightMatrix<'a>,
@@ -100,135 +105,103 @@ impl<'a> Model<'a> {
         let mut layers = Vec::with_capacity(c.num_layers());
         // By checkpoint layer: the mapped experts (none for dense layers or with a `source`).
         let mut mapped = Vec::with_capacity(c.num_layers());
+        let expert_layout = expert_layout(c);
         for (i, spec) in c.layers.iter().enumerate() {
-            let p = format!("model.layers.{i}.");
             let attention = match spec.attention {
                 AttentionKind::Kda => {
+                    let n = KdaNames::new(i);
                     let (h, k) = (c.kda.num_heads, c.kda.head_dim);
                     let w = c.kda_width();
                     let taps = c.kda.conv_kernel;
-                    let conv = |name: &str| {
-                        ckpt.f32_values(&format!("{p}self_attn.{name}.weight"), &[w, 1, taps])
-                    };
+                    let conv = |name: &str| ckpt.f32_values(name, &[w, 1, taps]);
                     Attention::Kda(Kda {
-                        q: linear(&format!("{p}self_attn.q_proj.weight"), w, d)?,
-                        k: linear(&format!("{p}self_attn.k_proj.weight"), w, d)?,
-                        v: linear(&format!("{p}self_attn.v_proj.weight"), w, d)?,
-                        g: linear(&format!("{p}self_attn.g_proj.weight"), w, d)?,
-                        o: linear(&format!("{p}self_attn.o_proj.weight"), d, w)?,
-                        conv: [conv("q_conv1d")?, conv("k_conv1d")?, conv("v_conv1d")?],
-                        f_a: linear(&format!("{p}self_attn.f_a_proj.weight"), k, d)?,
-                        f_b: linear(&format!("{p}self_attn.f_b_proj.weight"), w, k)?,
-                        b: linear(&format!("{p}self_attn.b_proj.weight"), h, d)?,
+                        q: linear(&n.q, w, d)?,
+                        k: linear(&n.k, w, d)?,
+                        v: linear(&n.v, w, d)?,
+                        g: linear(&n.g, w, d)?,
+                        o: linear(&n.o, d, w)?,
+                        conv: [conv(&n.conv[0])?, conv(&n.conv[1])?, conv(&n.conv[2])?],
+                        f_a: linear(&n.f_a, k, d)?,
+                        f_b: linear(&n.f_b, w, k)?,
+                        b: linear(&n.b, h, d)?,
                         a_log: a_log(ckpt, c, i)?,
-                        dt_bias: vec(&format!("{p}self_attn.dt_bias"), w)?,
-                        o_norm: vec(&format!("{p}self_attn.o_norm.weight"), k)?,
+                        dt_bias: vec(&n.dt_bias, w)?,
+                        o_norm: vec(&n.o_norm, k)?,
                     })
                 }
                 AttentionKind::Mla => {
+                    let n = MlaNames::new(i);
                     let m = &c.mla;
                     let qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
                     let kv_rows = m.num_heads * (m.qk_nope_head_dim + m.v_head_dim);
-                    let kv_b_view = linear(
-                        &format!("{p}self_attn.kv_b_proj.weight"),
-                        kv_rows,
-                        m.kv_lora_rank,
-                    )?;
+                    let kv_b_view = linear(&n.kv_b, kv_rows, m.kv_lora_rank)?;
                     let mut kv_b = vec![0.0; kv_rows * m.kv_lora_rank];
                     kernels.dequant(&kv_b_view, 0..kv_rows, &mut kv_b)?;
                     let v_width = m.num_heads * m.v_head_dim;
                     Attention::Mla(Mla {
-                        q_a: linear(&format!("{p}self_attn.q_a_proj.weight"), m.q_lora_rank, d)?,
-                        q_a_norm: vec(
-                            &format!("{p}self_attn.q_a_layernorm.weight"),
-                            m.q_lora_rank,
-                        )?,
-                        q_b: linear(
-                            &format!("{p}self_attn.q_b_proj.weight"),
-                            m.num_heads * qk,
-                            m.q_lora_rank,
-                        )?,
-                        kv_a: linear(
-                            &format!("{p}self_attn.kv_a_proj_with_mqa.weight"),
-                            m.kv_lora_rank + m.qk_rope_head_dim,
-                            d,
-                        )?,
-                        kv_a_norm: vec(
-                            &format!("{p}self_attn.kv_a_layernorm.weight"),
-                            m.kv_lora_rank,
-                        )?,
+                        q_a: linear(&n.q_a, m.q_lora_rank, d)?,
+                        q_a_norm: vec(&n.q_a_norm, m.q_lora_rank)?,
+                        q_b: linear(&n.q_b, m.num_heads * qk, m.q_lora_rank)?,
+                        kv_a: linear(&n.kv_a, m.kv_lora_rank + m.qk_rope_head_dim, d)?,
+                        kv_a_norm: vec(&n.kv_a_norm, m.kv_lora_rank)?,
                         kv_b,
                         g: if m.output_gate {
-                            Some(linear(&format!("{p}self_attn.g_proj.weight"), v_width, d)?)
+                            Some(linear(&n.g, v_width, d)?)
                         } else {
                             None
                         },
-                        o: linear(&format!("{p}self_attn.o_proj.weight"), d, v_width)?,
+                        o: linear(&n.o, d, v_width)?,
                     })
                 }
             };
-            let mlp = |prefix: &str, width: usize| -> Result<Mlp<'a>> {
+            let mlp = |n: &MlpNames, width: usize| -> Result<Mlp<'a>> {
                 Ok(Mlp {
-                    gate: linear(&format!("{prefix}gate_proj.weight"), width, d)?,
-                    up: linear(&format!("{prefix}up_proj.weight"), width, d)?,
-                    down: linear(&format!("{prefix}down_proj.weight"), d, width)?,
+                    gate: linear(&n.gate, width, d)?,
+                    up: linear(&n.up, width, d)?,
+                    down: linear(&n.down, d, width)?,
                 })
             };
             let mut layer_experts = Vec::new();
             let ffn = match spec.ffn {
-                FfnKind::Dense => Ffn::Dense(mlp(&format!("{p}mlp."), c.dense_intermediate)?),
+                FfnKind::Dense => Ffn::Dense(mlp(&MlpNames::dense(i), c.dense_intermediate)?),
                 FfnKind::Moe => {
+                    let n = MoeNames::new(i);
                     let moe = &c.moe;
-                    let q = format!("{p}block_sparse_moe.");
-                    let io = moe.expert_io(d);
-                    let inter = moe.expert_intermediate;
                     let latent = match moe.latent {
                         None => None,
                         Some(l) => Some((
-                            linear(&format!("{q}routed_expert_down_proj.weight"), l.hidden, d)?,
+                            linear(&n.latent_down, l.hidden, d)?,
                             if l.use_norm {
-                                Some(vec(&format!("{q}routed_expert_norm.weight"), l.hidden)?)
+                                Some(vec(&n.latent_norm, l.hidden)?)
                             } else {
                                 None
                             },
-                            linear(&format!("{q}routed_expert_up_proj.weight"), d, l.hidden)?,
+                            linear(&n.latent_up, d, l.hidden)?,
                         )),
                     };
                     let shared = match moe.shared_intermediate() {
                         0 => None,
-                        width => Some(mlp(&format!("{q}shared_experts."), width)?),
+                        width => Some(mlp(&n.shared, width)?),
                     };
                     let count = if source.is_some() { 0 } else { moe.num_experts };
                     layer_experts = (0..count)
-                        .map(|e| {
-                            let base = format!("{q}experts.{e}.");
-                            Ok([
-                                ckpt.mxfp4_matrix(&format!("{base}w1"), inter, io)?,
-                                ckpt.mxfp4_matrix(&format!("{base}w3"), inter, io)?,
-                                ckpt.mxfp4_matrix(&format!("{base}w2"), io, inter)?,
-                            ])
-                        })
+                        .map(|e| mapped_expert(ckpt, &expert_layout, i, e))
                         .collect::<Result<Vec<_>>>()?;
                     Ffn::Moe(Moe {
-                        router: linear(&format!("{q}gate.weight"), moe.num_experts, d)?,
-                        bias: vec(&format!("{q}gate.e_score_correction_bias"), moe.num_experts)?,
+                        router: linear(&n.router, moe.num_experts, d)?,
+                        bias: vec(&n.router_bias, moe.num_experts)?,
                         latent,
                         shared,
                         layer: i,
                     })
                 }
             };
+            let n = LayerNames::new(i);
             layers.push(Layer {
-                input_norm: vec(&format!("{p}input_layernorm.weight"), d)?,
-                post_norm: vec(&format!("{p}post_attention_layernorm.weight"), d)?,
-                attn_res_score: fold(
-                    vec(&format!("{p}self_attention_res_norm.weight"), d)?,
-                    row(&format!("{p}self_attention_res_proj.weight"), d)?,
-                ),
-                mlp_res_score: fold(
-                    vec(&format!("{p}mlp_res_norm.weight"), d)?,
-                    row(&format!("{p}mlp_res_proj.weight"), d)?,
-                ),
+                input_norm: vec(&n.input_norm, d)?,
+                post_norm: vec(&n.post_norm, d)?,
+                attn_res_score: fold(vec(&n.attn_res_norm, d)?, row(&n.attn_res_proj, d)?),
+                mlp_res_score: fold(vec(&n.mlp_res_norm, d)?, row(&n.mlp_res_proj, d)?),
                 attention,
                 ffn,
             });
@@ -243,17 +216,34 @@ impl<'a> Model<'a> {
                 beta: c.situ.beta,
                 linear_beta: c.situ.linear_beta,
             },
-            embed: linear("model.embed_tokens.weight", c.vocab_size, d)?,
-            lm_head: linear("lm_head.weight", c.vocab_size, d)?,
-            final_norm: vec("model.norm.weight", d)?,
-            output_res_score: fold(
-                vec("model.output_attn_res_norm.weight", d)?,
-                row("model.output_attn_res_proj.weight", d)?,
-            ),
+            embed: linear(EMBED_TOKENS, c.vocab_size, d)?,
+            lm_head: linear(LM_HEAD, c.vocab_size, d)?,
+            final_norm: vec(FINAL_NORM, d)?,
+            output_res_score: fold(vec(OUTPUT_RES_NORM, d)?, row(OUTPUT_RES_PROJ, d)?),
             layers,
             experts: source.unwrap_or_else(|| Box::new(MappedExperts { layers: mapped })),
             expert_placement: ExpertPlacement::default(),
             profile: None,
         })
     }
+}
+
+/// Routed expert `expert` of checkpoint layer `layer` through the checkpoint's mapping, its
+/// matrices in `layout`'s order (gate, up, down for K3's).
+fn mapped_expert<'a>(
+    ckpt: &'a Checkpoint,
+    layout: &ExpertLayout,
+    layer: usize,
+    expert: usize,
+) -> Result<[MxFp4Matrix<'a>; 3]> {
+    let view = |m: usize| {
+        let m = &layout.matrices()[m];
+        ckpt.mxfp4_tensors(
+            &m.codes.name(layer, expert),
+            &m.scales.name(layer, expert),
+            m.rows,
+            m.cols,
+        )
+    };
+    Ok([view(0)?, view(1)?, view(2)?])
 }

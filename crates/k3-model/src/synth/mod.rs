@@ -20,6 +20,7 @@ pub use formats::{FloatFormat, SynthFormats};
 use std::path::Path;
 
 use expert_store::checkpoint::{CheckpointError, Dtype};
+use expert_store::ExpertLayout;
 use expert_store::writer::{TensorOut, write_safetensors};
 use std::collections::HashMap;
 
@@ -27,7 +28,7 @@ use mxfp4_kernels::codes::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, qua
 use serde_json::{Value, json};
 
 use crate::config::{ConfigError, K3Config};
-use crate::inventory::{DType, Role, TensorSpec, text_tensors};
+use crate::inventory::{DType, Role, TensorSpec, expert_layout, text_tensors};
 use formats::{exact_in_bf16_and_f16, mxfp4_round_trip};
 
 /// The release config, the template every preset edits.
@@ -312,6 +313,7 @@ pub fn generate_with(
     }
     let mut weight_map = serde_json::Map::new();
     let (mut bytes, mut tensors) = (0, 0);
+    let layout = expert_layout(&config);
     let prefix = expert_store::checkpoint::TEXT_PREFIX;
     for (k, specs) in by_shard.into_iter().enumerate() {
         let file = shard_name(k + 1);
@@ -379,7 +381,7 @@ pub fn generate_with(
             let (i, part) = parts[&t.name];
             let spec = &specs[i];
             match part {
-                Part::Expert => expert_fill(options.seed, spec, buf),
+                Part::Expert => expert_fill(options.seed, &layout, spec, buf),
                 Part::Whole(format) => {
                     let mut values = float_values(&config, options, spec);
                     match spec.role() {
@@ -440,19 +442,17 @@ pub fn generate_with(
     })
 }
 
-/// Appends the bytes of one routed-expert tensor.
-fn expert_fill(seed: u64, spec: &TensorSpec, buf: &mut Vec<u8>) {
-    let last = spec.name.rsplit('.').next().unwrap_or("");
-    if last == "weight_packed" {
-        // Quantise whole rows: regenerate the matching random weights, group by group.
-        // The scale tensor of the same matrix draws the same values (same seed base).
-        let (rows, cols) = (spec.shape[0], spec.shape[1] * 2);
-        expert_codes(seed, &spec.name, rows, cols, buf, true);
-    } else {
-        let (rows, cols) = (spec.shape[0], spec.shape[1] * 32);
-        let packed_name = spec.name.replace("weight_scale", "weight_packed");
-        expert_codes(seed, &packed_name, rows, cols, buf, false);
-    }
+/// Appends the bytes of one routed-expert tensor (one of `layout`'s).
+fn expert_fill(seed: u64, layout: &ExpertLayout, spec: &TensorSpec, buf: &mut Vec<u8>) {
+    let ((layer, expert), tensor) = layout
+        .parse(&spec.name)
+        .expect("the inventory's expert tensors are the layout's");
+    // Quantise whole rows: regenerate the matrix's random weights, group by group. The codes
+    // and the scales of one matrix draw the same values (seeded by the codes' name).
+    let matrix = &layout.matrices()[tensor / 2];
+    let codes = matrix.codes.name(layer, expert);
+    let is_codes = tensor % 2 == 0;
+    expert_codes(seed, &codes, matrix.rows, matrix.cols, buf, is_codes);
 }
 
 /// The values of one float tensor (the release's BF16 ones are BF16-exact), drawn from the seed

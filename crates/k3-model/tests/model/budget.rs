@@ -65,7 +65,7 @@ fn every_class_is_counted_from_the_checkpoint_and_the_run() {
     // A full cache holds what a full preload reads; the store's buffers are 3 per I/O thread.
     let store = ExpertStore::open(
         &ckpt,
-        k3_model::model::expert_shape(&cfg),
+        k3_model::model::expert_layout(&cfg),
         expert_store::StoreConfig::default(),
     )
     .unwrap();
@@ -73,7 +73,7 @@ fn every_class_is_counted_from_the_checkpoint_and_the_run() {
     assert_eq!(plan.expert_cache, report.bytes);
     // Buffers are counted at the largest expert's size (experts straddle 3 or 4 pages).
     let one = ckpt
-        .expert_table()
+        .expert_table(&k3_model::model::expert_layout(&cfg))
         .unwrap()
         .values()
         .map(expert_store::store::buffer_bytes)

@@ -51,7 +51,9 @@ fn compressed_tensors_checkpoint_loads_and_decodes_bit_for_bit() {
         .collect();
     assert_eq!(moe_layers, [1], "the fixture has one MoE layer");
     assert_eq!(config.moe.num_experts, 4);
-    let table = ckpt.expert_table().unwrap();
+    let table = ckpt
+        .expert_table(&k3_model::model::expert_layout(&config))
+        .unwrap();
     let keys: Vec<(usize, usize)> = table.keys().copied().collect();
     assert_eq!(keys, [(1, 0), (1, 1), (1, 2), (1, 3)]);
     for (key, location) in &table {

@@ -13,7 +13,7 @@ use expert_store::checkpoint::Dtype;
 use expert_store::{Capacity, Checkpoint, ExpertStore, Policy, StoreConfig};
 use k3_model::checkpoint::{trunk_tensor_names, validate};
 use k3_model::config::K3Config;
-use k3_model::model::{Model, expert_shape, fingerprint};
+use k3_model::model::{Model, expert_layout, fingerprint};
 use k3_model::synth::{FloatFormat, Preset, SynthFormats, SynthOptions, generate_with};
 use mxfp4_kernels::Kernels;
 
@@ -72,7 +72,7 @@ fn logits_every_path(dir: &std::path::Path, config: &K3Config, kernels: Kernels)
     let store = Arc::new(
         ExpertStore::open(
             &ckpt,
-            expert_shape(config),
+            expert_layout(config),
             StoreConfig {
                 capacity: Capacity::PerLayer(1),
                 policy: Policy::Lru,

@@ -52,7 +52,7 @@ fn load_and_decode(dir: &Path) -> Result<(), String> {
     }
     let store = ExpertStore::open(
         &ckpt,
-        k3_model::model::expert_shape(&config),
+        k3_model::model::expert_layout(&config),
         StoreConfig {
             capacity: Capacity::PerLayer(2),
             policy: Policy::Lru,
@@ -289,8 +289,7 @@ fn mutate(dir: &Path, kind: Kind, rng: &mut fastrand::Rng) -> String {
                     // The index names a file that is not there.
                     let path = dir.join("model.safetensors.index.json");
                     let text = std::fs::read_to_string(&path).unwrap();
-                    std::fs::write(&path, text.replacen(&name, "missing.safetensors", 1))
-                        .unwrap();
+                    std::fs::write(&path, text.replacen(&name, "missing.safetensors", 1)).unwrap();
                 }
                 1 => {
                     // An index entry dropped.
@@ -387,5 +386,8 @@ fn mutated_checkpoints_never_panic() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     // Both outcomes occur: the mutations reach past the first check, and most are refused.
-    assert!(refused > 0 && loaded > 0, "refused {refused}, loaded {loaded}");
+    assert!(
+        refused > 0 && loaded > 0,
+        "refused {refused}, loaded {loaded}"
+    );
 }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use expert_store::{Capacity, Checkpoint, ExpertStore, StoreConfig};
-use k3_model::model::{ExpertPlacement, Model, expert_shape, fingerprint};
+use k3_model::model::{ExpertPlacement, Model, expert_layout, fingerprint};
 use k3_model::synth::{Preset, SynthOptions, generate};
 use mxfp4_kernels::Kernels;
 use numa_sched::{Pool, Threads, Topology};
@@ -62,7 +62,7 @@ fn fake_domains_and_thread_counts_give_the_same_bits() {
             );
             let store = ExpertStore::open(
                 &ckpt,
-                expert_shape(&config),
+                expert_layout(&config),
                 StoreConfig {
                     capacity: Capacity::PerLayer(3),
                     io_threads: 2,

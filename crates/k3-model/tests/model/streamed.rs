@@ -9,7 +9,7 @@ use expert_store::{
     Capacity, Checkpoint, ExpertStore, Policy, StoreConfig, StoreError, UsageHistory,
 };
 use k3_model::config::K3Config;
-use k3_model::model::{Model, expert_shape, fingerprint};
+use k3_model::model::{Model, expert_layout, fingerprint};
 use k3_model::synth::{Preset, SynthOptions, generate};
 use mxfp4_kernels::Kernels;
 
@@ -87,7 +87,7 @@ fn every_cache_capacity_gives_the_mapped_bits() {
     for (capacity, policy, preload) in cases {
         for threads in [1, 2] {
             let store = Arc::new(
-                ExpertStore::open(&ckpt, expert_shape(&cfg), config(capacity, policy)).unwrap(),
+                ExpertStore::open(&ckpt, expert_layout(&cfg), config(capacity, policy)).unwrap(),
             );
             if preload {
                 store.preload(|_| {}).unwrap();
@@ -141,7 +141,7 @@ fn preload_takes_the_hottest_experts_of_an_earlier_run() {
     let ckpt = Checkpoint::open(&scratch.0).unwrap();
     let store = ExpertStore::open(
         &ckpt,
-        expert_shape(&cfg),
+        expert_layout(&cfg),
         config(Capacity::PerLayer(2), Policy::UsageWeighted),
     )
     .unwrap();
@@ -156,7 +156,7 @@ fn preload_takes_the_hottest_experts_of_an_earlier_run() {
     let history = UsageHistory::load(&path).unwrap().unwrap();
     let store = ExpertStore::open(
         &ckpt,
-        expert_shape(&cfg),
+        expert_layout(&cfg),
         StoreConfig {
             history: Some(history.clone()),
             ..config(Capacity::PerLayer(2), Policy::UsageWeighted)
@@ -189,7 +189,7 @@ fn a_bad_read_fails_that_request_and_the_store_carries_on() {
     let (scratch, cfg) = tiny("badread", 0.0);
     let ckpt = Checkpoint::open(&scratch.0).unwrap();
     // The expert stored last in the last file: every other expert lies before it.
-    let table = ckpt.expert_table().unwrap();
+    let table = ckpt.expert_table(&expert_layout(&cfg)).unwrap();
     let ((layer, expert), last) = table
         .iter()
         .max_by_key(|(_, loc)| (loc.path.clone(), loc.offset))
@@ -197,7 +197,7 @@ fn a_bad_read_fails_that_request_and_the_store_carries_on() {
         .unwrap();
     let store = ExpertStore::open(
         &ckpt,
-        expert_shape(&cfg),
+        expert_layout(&cfg),
         config(Capacity::PerLayer(0), Policy::Lru),
     )
     .unwrap();
@@ -252,7 +252,7 @@ fn a_cache_larger_than_memory_is_refused_with_the_numbers() {
     let ckpt = Checkpoint::open(&scratch.0).unwrap();
     let err = ExpertStore::open(
         &ckpt,
-        expert_shape(&cfg),
+        expert_layout(&cfg),
         StoreConfig {
             memory_limit: Some(100_000),
             ..config(Capacity::PerLayer(8), Policy::Lru)
@@ -272,10 +272,9 @@ fn a_cache_larger_than_memory_is_refused_with_the_numbers() {
         "{text}"
     );
     // A store whose shapes disagree with the config is refused by the model.
-    let wrong = expert_store::ExpertShape {
-        intermediate: 32,
-        io: 96,
-    };
+    let mut other = cfg.clone();
+    other.moe.expert_intermediate = 32;
+    let wrong = expert_layout(&other);
     let store = Arc::new(ExpertStore::open(&ckpt, wrong, StoreConfig::default()).unwrap());
     assert!(Model::with_expert_store(&ckpt, &cfg, Kernels::detect(), store).is_err());
 }
@@ -300,7 +299,7 @@ fn a_resharded_checkpoint_with_experts_across_shards_gives_the_same_bits() {
     )
     .unwrap();
     let resharded = Checkpoint::open(&copy.0).unwrap();
-    let table = resharded.expert_table().unwrap();
+    let table = resharded.expert_table(&expert_layout(&cfg)).unwrap();
     let spanning = table.values().filter(|l| l.spans_shards()).count();
     assert!(
         spanning * 2 > table.len(),
@@ -318,7 +317,7 @@ fn a_resharded_checkpoint_with_experts_across_shards_gives_the_same_bits() {
         let store = Arc::new(
             ExpertStore::open(
                 &resharded,
-                expert_shape(&cfg),
+                expert_layout(&cfg),
                 config(capacity, Policy::Lru),
             )
             .unwrap(),

@@ -127,7 +127,9 @@ fn tiny_round_trips_through_the_loader() {
     assert_eq!(per_head.len(), 3);
     assert!(per_head.iter().all(|&v| v != 0.0), "{per_head:?}");
     // Every expert is one contiguous range and decodes (no 0xFF scale).
-    let table = ckpt.expert_table().unwrap();
+    let table = ckpt
+        .expert_table(&k3_model::model::expert_layout(&config))
+        .unwrap();
     let moe_layers: Vec<usize> = (0..config.num_layers())
         .filter(|&i| config.layers[i].ffn == FfnKind::Moe)
         .collect();

@@ -325,7 +325,10 @@ async fn an_unloadable_expert_is_a_500_and_the_server_carries_on() {
     // which the store's validation of a landed expert refuses. (Truncating a shard would pull
     // the mapped trunk tensors that follow the experts out from under the model.)
     let ckpt = expert_store::Checkpoint::open(&dir).unwrap();
-    for loc in ckpt.expert_table().unwrap().values() {
+    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let layout =
+        k3_model::inventory::expert_layout(&k3_model::K3Config::from_json(&config).unwrap());
+    for loc in ckpt.expert_table(&layout).unwrap().values() {
         use std::os::unix::fs::FileExt;
         std::fs::OpenOptions::new()
             .write(true)

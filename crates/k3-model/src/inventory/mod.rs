@@ -6,7 +6,15 @@
 //! Names are relative to the text model (`model.layers.3.self_attn.q_proj.weight`,
 //! `lm_head.weight`); the release prefixes them with `language_model.`. The loader validates a
 //! checkpoint against this list, the synthetic generator writes it, and the byte plan sums it,
-//! so all three agree by construction.
+//! so all three agree by construction. Every name is spelled once, in `names`, which the model's
+//! loader reads too.
+
+mod names;
+
+pub use names::{
+    A_LOG, EMBED_TOKENS, FINAL_NORM, KdaNames, LM_HEAD, LayerNames, MlaNames, MlpNames, MoeNames,
+    OUTPUT_RES_NORM, OUTPUT_RES_PROJ, expert_layout,
+};
 
 use crate::config::{AttentionKind, FfnKind, K3Config};
 
@@ -163,24 +171,12 @@ pub fn text_tensors(config: &K3Config) -> Vec<TensorSpec> {
         layer: None,
         expert: None,
     };
+    out.push(global(EMBED_TOKENS, vec![v, d], TensorClass::Embedding));
+    out.push(global(LM_HEAD, vec![v, d], TensorClass::LmHead));
+    out.push(global(FINAL_NORM, vec![d], TensorClass::OutputNorms));
+    out.push(global(OUTPUT_RES_NORM, vec![d], TensorClass::OutputNorms));
     out.push(global(
-        "model.embed_tokens.weight",
-        vec![v, d],
-        TensorClass::Embedding,
-    ));
-    out.push(global("lm_head.weight", vec![v, d], TensorClass::LmHead));
-    out.push(global(
-        "model.norm.weight",
-        vec![d],
-        TensorClass::OutputNorms,
-    ));
-    out.push(global(
-        "model.output_attn_res_norm.weight",
-        vec![d],
-        TensorClass::OutputNorms,
-    ));
-    out.push(global(
-        "model.output_attn_res_proj.weight",
+        OUTPUT_RES_PROJ,
         vec![1, d],
         TensorClass::OutputNorms,
     ));
@@ -198,9 +194,9 @@ fn layer_tensors(
     out: &mut Vec<TensorSpec>,
 ) {
     let d = c.hidden_size;
-    let mut push = |suffix: &str, shape: Vec<usize>, dtype: DType, class: TensorClass| {
+    let mut push = |name: &str, shape: Vec<usize>, dtype: DType, class: TensorClass| {
         out.push(TensorSpec {
-            name: format!("model.layers.{i}.{suffix}"),
+            name: name.to_owned(),
             shape,
             dtype,
             class,
@@ -210,99 +206,62 @@ fn layer_tensors(
     };
     use DType::{Bf16, F32};
     use TensorClass as C;
+    let n = LayerNames::new(i);
     for norm in [
-        "input_layernorm",
-        "post_attention_layernorm",
-        "self_attention_res_norm",
-        "mlp_res_norm",
+        &n.input_norm,
+        &n.post_norm,
+        &n.attn_res_norm,
+        &n.mlp_res_norm,
     ] {
-        push(&format!("{norm}.weight"), vec![d], Bf16, C::LayerNorms);
+        push(norm, vec![d], Bf16, C::LayerNorms);
     }
-    for proj in ["self_attention_res_proj", "mlp_res_proj"] {
-        push(&format!("{proj}.weight"), vec![1, d], Bf16, C::LayerNorms);
+    for proj in [&n.attn_res_proj, &n.mlp_res_proj] {
+        push(proj, vec![1, d], Bf16, C::LayerNorms);
     }
     match attention {
         AttentionKind::Kda => {
             let k = &c.kda;
+            let n = KdaNames::new(i);
             let width = c.kda_width();
             let class = C::KdaAttention;
-            for proj in ["q_proj", "k_proj", "v_proj", "g_proj"] {
-                push(
-                    &format!("self_attn.{proj}.weight"),
-                    vec![width, d],
-                    Bf16,
-                    class,
-                );
+            for proj in [&n.q, &n.k, &n.v, &n.g] {
+                push(proj, vec![width, d], Bf16, class);
             }
-            push("self_attn.o_proj.weight", vec![d, width], Bf16, class);
-            for conv in ["q_conv1d", "k_conv1d", "v_conv1d"] {
-                push(
-                    &format!("self_attn.{conv}.weight"),
-                    vec![width, 1, k.conv_kernel],
-                    F32,
-                    class,
-                );
+            push(&n.o, vec![d, width], Bf16, class);
+            for conv in &n.conv {
+                push(conv, vec![width, 1, k.conv_kernel], F32, class);
             }
             // The decay gate's low-rank factor has rank head_dim (128 in K3).
-            push(
-                "self_attn.f_a_proj.weight",
-                vec![k.head_dim, d],
-                Bf16,
-                class,
-            );
-            push(
-                "self_attn.f_b_proj.weight",
-                vec![width, k.head_dim],
-                Bf16,
-                class,
-            );
-            push("self_attn.b_proj.weight", vec![k.num_heads, d], Bf16, class);
-            push(
-                "self_attn.A_log",
-                vec![a_log_stored_len(k.num_heads)],
-                F32,
-                class,
-            );
-            push("self_attn.dt_bias", vec![width], F32, class);
-            push("self_attn.o_norm.weight", vec![k.head_dim], F32, class);
+            push(&n.f_a, vec![k.head_dim, d], Bf16, class);
+            push(&n.f_b, vec![width, k.head_dim], Bf16, class);
+            push(&n.b, vec![k.num_heads, d], Bf16, class);
+            push(&n.a_log, vec![a_log_stored_len(k.num_heads)], F32, class);
+            push(&n.dt_bias, vec![width], F32, class);
+            push(&n.o_norm, vec![k.head_dim], F32, class);
         }
         AttentionKind::Mla => {
             let m = &c.mla;
+            let n = MlaNames::new(i);
             let class = C::MlaAttention;
             let qk_head = m.qk_nope_head_dim + m.qk_rope_head_dim;
             let v_width = m.num_heads * m.v_head_dim;
+            push(&n.q_a, vec![m.q_lora_rank, d], Bf16, class);
+            push(&n.q_a_norm, vec![m.q_lora_rank], Bf16, class);
             push(
-                "self_attn.q_a_proj.weight",
-                vec![m.q_lora_rank, d],
-                Bf16,
-                class,
-            );
-            push(
-                "self_attn.q_a_layernorm.weight",
-                vec![m.q_lora_rank],
-                Bf16,
-                class,
-            );
-            push(
-                "self_attn.q_b_proj.weight",
+                &n.q_b,
                 vec![m.num_heads * qk_head, m.q_lora_rank],
                 Bf16,
                 class,
             );
             push(
-                "self_attn.kv_a_proj_with_mqa.weight",
+                &n.kv_a,
                 vec![m.kv_lora_rank + m.qk_rope_head_dim, d],
                 Bf16,
                 class,
             );
+            push(&n.kv_a_norm, vec![m.kv_lora_rank], Bf16, class);
             push(
-                "self_attn.kv_a_layernorm.weight",
-                vec![m.kv_lora_rank],
-                Bf16,
-                class,
-            );
-            push(
-                "self_attn.kv_b_proj.weight",
+                &n.kv_b,
                 vec![
                     m.num_heads * (m.qk_nope_head_dim + m.v_head_dim),
                     m.kv_lora_rank,
@@ -311,88 +270,52 @@ fn layer_tensors(
                 class,
             );
             if m.output_gate {
-                push("self_attn.g_proj.weight", vec![v_width, d], Bf16, class);
+                push(&n.g, vec![v_width, d], Bf16, class);
             }
-            push("self_attn.o_proj.weight", vec![d, v_width], Bf16, class);
+            push(&n.o, vec![d, v_width], Bf16, class);
         }
     }
+    let mlp = |n: &MlpNames, width: usize| {
+        [
+            (n.gate.clone(), vec![width, d]),
+            (n.up.clone(), vec![width, d]),
+            (n.down.clone(), vec![d, width]),
+        ]
+    };
     match ffn {
         FfnKind::Dense => {
-            let n = c.dense_intermediate;
-            push("mlp.gate_proj.weight", vec![n, d], Bf16, C::DenseMlp);
-            push("mlp.up_proj.weight", vec![n, d], Bf16, C::DenseMlp);
-            push("mlp.down_proj.weight", vec![d, n], Bf16, C::DenseMlp);
+            for (name, shape) in mlp(&MlpNames::dense(i), c.dense_intermediate) {
+                push(&name, shape, Bf16, C::DenseMlp);
+            }
         }
         FfnKind::Moe => {
             let moe = &c.moe;
-            let p = "block_sparse_moe";
-            push(
-                &format!("{p}.gate.weight"),
-                vec![moe.num_experts, d],
-                Bf16,
-                C::Router,
-            );
-            push(
-                &format!("{p}.gate.e_score_correction_bias"),
-                vec![moe.num_experts],
-                F32,
-                C::Router,
-            );
+            let n = MoeNames::new(i);
+            push(&n.router, vec![moe.num_experts, d], Bf16, C::Router);
+            push(&n.router_bias, vec![moe.num_experts], F32, C::Router);
             if let Some(latent) = moe.latent {
                 let class = C::LatentProjections;
-                push(
-                    &format!("{p}.routed_expert_down_proj.weight"),
-                    vec![latent.hidden, d],
-                    Bf16,
-                    class,
-                );
+                push(&n.latent_down, vec![latent.hidden, d], Bf16, class);
                 if latent.use_norm {
-                    push(
-                        &format!("{p}.routed_expert_norm.weight"),
-                        vec![latent.hidden],
-                        Bf16,
-                        class,
-                    );
+                    push(&n.latent_norm, vec![latent.hidden], Bf16, class);
                 }
-                push(
-                    &format!("{p}.routed_expert_up_proj.weight"),
-                    vec![d, latent.hidden],
-                    Bf16,
-                    class,
-                );
+                push(&n.latent_up, vec![d, latent.hidden], Bf16, class);
             }
             let shared = moe.shared_intermediate();
             if shared > 0 {
-                let class = C::SharedExperts;
-                push(
-                    &format!("{p}.shared_experts.gate_proj.weight"),
-                    vec![shared, d],
-                    Bf16,
-                    class,
-                );
-                push(
-                    &format!("{p}.shared_experts.up_proj.weight"),
-                    vec![shared, d],
-                    Bf16,
-                    class,
-                );
-                push(
-                    &format!("{p}.shared_experts.down_proj.weight"),
-                    vec![d, shared],
-                    Bf16,
-                    class,
-                );
+                for (name, shape) in mlp(&n.shared, shared) {
+                    push(&name, shape, Bf16, C::SharedExperts);
+                }
             }
-            let io = moe.expert_io(d);
-            let inter = moe.expert_intermediate;
+            let layout = expert_layout(c);
             for e in 0..moe.num_experts {
-                for (w, rows, cols) in [("w1", inter, io), ("w2", io, inter), ("w3", inter, io)] {
-                    for (part, shape) in [
-                        ("weight_packed", vec![rows, cols / 2]),
-                        ("weight_scale", vec![rows, cols / 32]),
+                for m in layout.matrices() {
+                    for (pattern, shape) in [
+                        (&m.codes, vec![m.rows, m.cols / 2]),
+                        (&m.scales, vec![m.rows, m.cols / 32]),
                     ] {
                         out.push(TensorSpec {
-                            name: format!("model.layers.{i}.{p}.experts.{e}.{w}.{part}"),
+                            name: pattern.name(i, e),
                             shape,
                             dtype: DType::U8,
                             class: C::RoutedExperts,
@@ -408,10 +331,7 @@ fn layer_tensors(
 
 /// Bytes of one routed expert (its six tensors).
 pub fn expert_bytes(config: &K3Config) -> usize {
-    let io = config.moe.expert_io(config.hidden_size);
-    let inter = config.moe.expert_intermediate;
-    // w1, w3: [inter, io]; w2: [io, inter]; packed = n/2 bytes, scales = n/32 bytes.
-    3 * inter * io / 2 + 3 * inter * io / 32
+    expert_layout(config).expert_bytes()
 }
 
 /// Byte accounting of a checkpoint's text tensors (`cargo xtask k3-plan`).
