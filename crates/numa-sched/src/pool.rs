@@ -1,0 +1,444 @@
+//! The worker pools, one per domain, and the dispatcher: `map_on` runs a flat list of tasks, each on the domain it is tagged with, and returns their results in task order.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Condvar, Mutex};
+
+use crate::hot::Mailbox;
+use crate::{Error, Threads, Topology};
+
+/// One domain's workers.
+pub(crate) struct DomainPool {
+    pool: Option<rayon::ThreadPool>,
+    pub(crate) threads: usize,
+}
+
+/// Counts live workers so `Drop` can wait for them to exit.
+#[derive(Default)]
+struct Live {
+    count: Mutex<usize>,
+    gone: Condvar,
+}
+
+/// Worker pools, one per domain.
+pub struct Pool {
+    pub(crate) domains: Vec<DomainPool>,
+    topology: Topology,
+    live: Arc<Live>,
+    /// One per domain (index 0 unused): where `map_on` posts a domain's tasks while the
+    /// domain's workers spin inside [`Pool::install`].
+    pub(crate) mailboxes: Vec<Arc<Mailbox>>,
+    /// Set while `install` keeps the other domains' workers spinning on their mailboxes.
+    pub(crate) hot: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("domains", &self.domains.len())
+            .field("threads", &self.threads())
+            .finish()
+    }
+}
+
+impl Pool {
+    /// `threads` workers in one domain: worker `i` is pinned to the `i`-th CPU the process
+    /// may run on (modulo their number).
+    pub fn new(threads: usize) -> Result<Self, Error> {
+        if threads == 0 {
+            return Err(Error::NoThreads);
+        }
+        let mut cpus: Vec<usize> = core_affinity::get_core_ids()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        cpus.sort_unstable();
+        Self::with_topology(
+            Topology::split(&cpus, 1, Vec::new()),
+            Threads::Total(threads),
+        )
+    }
+
+    /// One pool per domain of `topology`, sized by `threads`; worker `i` of domain `d` is
+    /// pinned to the domain's `i`-th CPU (modulo their number).
+    pub fn with_topology(topology: Topology, threads: Threads) -> Result<Self, Error> {
+        if matches!(threads, Threads::Total(0) | Threads::PerDomain(0)) {
+            return Err(Error::NoThreads);
+        }
+        let live = Arc::new(Live::default());
+        let sizes = threads.split(topology.domains.len());
+        let domains = topology
+            .domains
+            .iter()
+            .zip(sizes)
+            .map(|(domain, threads)| {
+                let cpus = domain.cpus.clone();
+                let d = domain.index;
+                let exit = Arc::clone(&live);
+                // Counted before they start, so a drop can never miss one still starting.
+                *live.count.lock().unwrap_or_else(|p| p.into_inner()) += threads;
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(move |i| format!("k3-d{d}-w{i}"))
+                    .start_handler(move |i| {
+                        if let Some(&cpu) = cpus.get(i % cpus.len().max(1)) {
+                            core_affinity::set_for_current(core_affinity::CoreId { id: cpu });
+                        }
+                    })
+                    .exit_handler(move |_| {
+                        let mut count = exit.count.lock().unwrap_or_else(|p| p.into_inner());
+                        *count -= 1;
+                        exit.gone.notify_all();
+                    })
+                    .build()
+                    .map_err(|e| Error::Start(e.to_string()))?;
+                Ok(DomainPool {
+                    pool: Some(pool),
+                    threads,
+                })
+            })
+            .collect::<Result<Vec<_>, Error>>()?;
+        let mailboxes = (0..domains.len())
+            .map(|_| Arc::new(Mailbox::default()))
+            .collect();
+        Ok(Self {
+            domains,
+            topology,
+            live,
+            mailboxes,
+            hot: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Workers in all domains.
+    pub fn threads(&self) -> usize {
+        self.domains.iter().map(|d| d.threads).sum()
+    }
+
+    /// Number of domains.
+    pub fn domains(&self) -> usize {
+        self.domains.len()
+    }
+
+    /// Workers of domain `d`.
+    pub fn domain_threads(&self, d: usize) -> usize {
+        self.domains[d].threads
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    pub(crate) fn rayon(&self, d: usize) -> &rayon::ThreadPool {
+        self.domains[d]
+            .pool
+            .as_ref()
+            .expect("pools live until drop")
+    }
+
+    /// Runs `f` on one of domain 0's workers and returns its result. [`Pool::map_on`] called
+    /// inside `f` then starts on that worker at once while the others join, instead of waking
+    /// them all from the calling thread and sleeping until they finish.
+    ///
+    /// With several domains, the other domains' workers spin on their mailboxes while `f`
+    /// runs, so each `map_on` inside reaches them at once (they sleep again when `f` returns).
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        if self.threads() == 1 {
+            return f();
+        }
+        if self.domains.len() == 1 || self.hot.swap(true, Ordering::AcqRel) {
+            return self.rayon(0).install(f);
+        }
+        // The spin jobs own their Arcs; `hot` is cleared before we wait for them to stop.
+        let hot = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        for (d, mailbox) in self.mailboxes.iter().enumerate().skip(1) {
+            let workers = self.domains[d].threads;
+            mailbox.spinning.fetch_add(workers, Ordering::AcqRel);
+            let (mailbox, hot) = (Arc::clone(mailbox), Arc::clone(&hot));
+            self.rayon(d).spawn_broadcast(move |_| {
+                mailbox.spin(&hot);
+                mailbox.spinning.fetch_sub(1, Ordering::AcqRel);
+            });
+        }
+        let result = self.rayon(0).install(f);
+        hot.store(false, Ordering::Release);
+        for mailbox in &self.mailboxes[1..] {
+            while mailbox.spinning.load(Ordering::Acquire) > 0 {
+                std::thread::yield_now();
+            }
+        }
+        self.hot.store(false, Ordering::Release);
+        result
+    }
+
+    /// The domain that task `i` of `tasks` gets from [`Pool::map`]: contiguous, equal blocks
+    /// of tasks per domain (so a row-block split gives each domain its own rows).
+    pub fn block_domain(&self, i: usize, tasks: usize) -> usize {
+        i * self.domains.len() / tasks.max(1)
+    }
+
+    /// [`Pool::map_on`] with each task on [`Pool::block_domain`].
+    pub fn map<T: Send>(
+        &self,
+        tasks: usize,
+        task: impl Fn(usize) -> T + Sync + Send,
+    ) -> Result<Vec<T>, Error> {
+        self.map_on(tasks, |i| self.block_domain(i, tasks), task)
+    }
+
+    /// Runs `task(0..tasks)`, task `i` on domain `domain_of(i)`'s workers (stealing only
+    /// among them), and returns the results in task order. A panicking task is reported as
+    /// [`Error::TaskPanicked`]; the pool stays usable.
+    pub fn map_on<T: Send>(
+        &self,
+        tasks: usize,
+        domain_of: impl Fn(usize) -> usize,
+        task: impl Fn(usize) -> T + Sync + Send,
+    ) -> Result<Vec<T>, Error> {
+        let n = self.domains.len();
+        let mut by_domain: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for i in 0..tasks {
+            let d = domain_of(i);
+            if d >= n {
+                return Err(Error::NoDomain {
+                    task: i,
+                    domain: d,
+                    domains: n,
+                });
+            }
+            by_domain[d].push(i);
+        }
+        let slots: Vec<Mutex<Option<Result<T, Error>>>> =
+            (0..tasks).map(|_| Mutex::new(None)).collect();
+        let run = |i: usize, d: usize| {
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task(i)))
+                .map_err(|payload| Error::TaskPanicked {
+                    task: i,
+                    domain: d,
+                    message: panic_message(&*payload),
+                });
+            *slots[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
+        };
+        if self.threads() == 1 {
+            for (d, list) in by_domain.iter().enumerate() {
+                list.iter().for_each(|&i| run(i, d));
+            }
+        } else if self.hot.load(Ordering::Acquire) && self.domains.len() > 1 {
+            self.run_hot(&by_domain, &run);
+        } else {
+            self.run_domains(&by_domain, &run, 1);
+        }
+        slots
+            .into_iter()
+            .map(|slot| {
+                slot.into_inner()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .expect("every task ran")
+            })
+            .collect()
+    }
+
+    /// Domains `d..` each run their list inside their own pool (one scope per domain, nested
+    /// so they all run at once); domain 0's list runs last, innermost, on the calling side.
+    fn run_domains(
+        &self,
+        by_domain: &[Vec<usize>],
+        run: &(impl Fn(usize, usize) + Sync),
+        d: usize,
+    ) {
+        use rayon::prelude::*;
+        if d == by_domain.len() {
+            let list = &by_domain[0];
+            if !list.is_empty() {
+                self.rayon(0).install(|| {
+                    list.par_iter().with_max_len(1).for_each(|&i| run(i, 0));
+                });
+            }
+            return;
+        }
+        let list = &by_domain[d];
+        if list.is_empty() {
+            return self.run_domains(by_domain, run, d + 1);
+        }
+        self.rayon(d).in_place_scope(|scope| {
+            // One job into domain d's pool; inside it the list splits among d's workers.
+            scope.spawn(move |_| {
+                list.par_iter().with_max_len(1).for_each(|&i| run(i, d));
+            });
+            self.run_domains(by_domain, run, d + 1);
+        });
+    }
+}
+
+impl Drop for Pool {
+    /// Ends every worker and waits until they have exited.
+    fn drop(&mut self) {
+        for domain in &mut self.domains {
+            domain.pool = None;
+        }
+        let mut count = self.live.count.lock().unwrap_or_else(|p| p.into_inner());
+        while *count > 0 {
+            count = self
+                .live
+                .gone
+                .wait(count)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic payload".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake(domains: usize, threads: Threads) -> Pool {
+        Pool::with_topology(Topology::split(&[0, 1], domains, Vec::new()), threads).unwrap()
+    }
+
+    #[test]
+    fn results_come_back_in_task_order() {
+        for threads in [1, 2, 3] {
+            let pool = Pool::new(threads).unwrap();
+            let squares = pool.map(100, |i| i * i).unwrap();
+            assert_eq!(squares, (0..100).map(|i| i * i).collect::<Vec<_>>());
+        }
+        assert!(matches!(Pool::new(0), Err(Error::NoThreads)));
+    }
+
+    #[test]
+    fn workers_are_named_by_domain_and_index() {
+        let pool = Pool::new(2).unwrap();
+        let names = pool
+            .map(8, |_| std::thread::current().name().map(str::to_owned))
+            .unwrap();
+        assert!(
+            names
+                .iter()
+                .all(|n| n.as_deref().is_some_and(|n| n.starts_with("k3-d0-w"))),
+            "{names:?}"
+        );
+    }
+
+    #[test]
+    fn tasks_run_on_the_domain_they_are_tagged_with() {
+        for domains in [2, 3, 4] {
+            for threads in [
+                Threads::Total(2),
+                Threads::PerDomain(1),
+                Threads::PerDomain(2),
+            ] {
+                let pool = fake(domains, threads);
+                let tag = |i: usize| (i * 7) % domains;
+                let ran = pool
+                    .map_on(40, tag, |i| {
+                        (i, std::thread::current().name().map(str::to_owned))
+                    })
+                    .unwrap();
+                for (i, (j, name)) in ran.into_iter().enumerate() {
+                    assert_eq!(i, j);
+                    let name = name.unwrap_or_default();
+                    if pool.threads() > 1 {
+                        assert!(
+                            name.starts_with(&format!("k3-d{}-w", tag(i))),
+                            "task {i} on {name}, {domains} domains, {threads:?}"
+                        );
+                    }
+                }
+                // Blocks of tasks per domain for `map`.
+                assert_eq!(pool.block_domain(0, 40), 0);
+                assert_eq!(pool.block_domain(39, 40), domains - 1);
+            }
+        }
+        let pool = fake(2, Threads::Total(2));
+        assert!(matches!(
+            pool.map_on(3, |_| 5, |i| i),
+            Err(Error::NoDomain { domain: 5, .. })
+        ));
+    }
+
+    #[test]
+    fn thread_counts_split_over_domains() {
+        assert_eq!(Threads::Total(2).split(2), [1, 1]);
+        assert_eq!(Threads::Total(5).split(2), [2, 3]);
+        assert_eq!(Threads::Total(2).split(4), [1, 1, 1, 1]);
+        assert_eq!(Threads::PerDomain(3).split(2), [3, 3]);
+        assert_eq!(fake(3, Threads::Total(2)).threads(), 3);
+    }
+
+    #[test]
+    fn install_runs_on_a_worker_and_map_inside_keeps_task_order() {
+        let pool = Pool::new(2).unwrap();
+        let (name, squares) = pool.install(|| {
+            (
+                std::thread::current().name().map(str::to_owned),
+                pool.map(50, |i| i * i).unwrap(),
+            )
+        });
+        assert!(
+            name.as_deref().is_some_and(|n| n.starts_with("k3-d0-w")),
+            "{name:?}"
+        );
+        assert_eq!(squares, (0..50).map(|i| i * i).collect::<Vec<_>>());
+        // One thread: the caller runs it.
+        let one = Pool::new(1).unwrap();
+        assert_eq!(one.install(|| one.map(3, |i| i + 1).unwrap()), [1, 2, 3]);
+        // Several domains, from inside domain 0.
+        let multi = fake(3, Threads::PerDomain(1));
+        let got = multi.install(|| multi.map(30, |i| i + 1).unwrap());
+        assert_eq!(got, (1..=30).collect::<Vec<_>>());
+        // Inside install the other domains spin on their mailboxes: tasks still run on the
+        // domain they are tagged with, call after call, and a panic is still an error.
+        multi.install(|| {
+            for round in 0..200 {
+                let names = multi
+                    .map_on(
+                        9,
+                        |i| (i + round) % 3,
+                        |_| std::thread::current().name().map(str::to_owned),
+                    )
+                    .unwrap();
+                for (i, name) in names.iter().enumerate() {
+                    let want = format!("k3-d{}-w", (i + round) % 3);
+                    assert!(
+                        name.as_deref().is_some_and(|n| n.starts_with(&want)),
+                        "{name:?}"
+                    );
+                }
+            }
+            let err = multi.map_on(4, |i| i % 3, |i| assert!(i != 2, "task 2 failed"));
+            assert!(matches!(err, Err(Error::TaskPanicked { task: 2, .. })));
+        });
+        assert_eq!(multi.map(3, |i| i).unwrap(), [0, 1, 2]);
+    }
+
+    #[test]
+    fn a_panicking_task_is_an_error_and_the_pool_survives() {
+        for pool in [Pool::new(2).unwrap(), fake(2, Threads::Total(2))] {
+            let err = pool
+                .map(4, |i| if i == 2 { panic!("task 2 failed") } else { i })
+                .unwrap_err();
+            assert!(
+                matches!(&err, Error::TaskPanicked { task: 2, message, .. } if message == "task 2 failed"),
+                "{err}"
+            );
+            assert_eq!(pool.map(3, |i| i + 1).unwrap(), [1, 2, 3]);
+        }
+    }
+
+    #[test]
+    fn dropping_a_pool_joins_its_workers() {
+        let pool = fake(2, Threads::PerDomain(2));
+        let live = Arc::clone(&pool.live);
+        assert_eq!(pool.map(8, |i| i).unwrap().len(), 8);
+        drop(pool);
+        assert_eq!(*live.count.lock().unwrap(), 0);
+    }
+}
