@@ -1,7 +1,7 @@
 //! The worker pools, one per domain, and the dispatcher: `map_on` runs a flat list of tasks, each on the domain it is tagged with, and returns their results in task order.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use crate::hot::Mailbox;
 use crate::{Error, Threads, Topology};
@@ -20,6 +20,15 @@ struct Live {
 }
 
 /// Worker pools, one per domain.
+///
+/// Any number of threads may drive one pool at once (it is `Sync`, and `Arc`s of it are
+/// shared between the model and its callers). With several domains, [`Pool::install`] makes
+/// the other domains' workers wait on one mailbox each, which serves one caller at a time; so
+/// a call from outside the pool ([`Pool::install`], [`Pool::map_on`], [`Pool::map`]) first
+/// waits for the call in progress to return: callers take turns, a
+/// whole call at a time. A call made from inside a call (by `install`'s `f`, or by a task) is
+/// part of it and goes ahead. With one domain, rayon's own queues serve concurrent callers
+/// and nothing waits.
 pub struct Pool {
     pub(crate) domains: Vec<DomainPool>,
     topology: Topology,
@@ -29,6 +38,9 @@ pub struct Pool {
     pub(crate) mailboxes: Vec<Arc<Mailbox>>,
     /// Set while `install` keeps the other domains' workers spinning on their mailboxes.
     pub(crate) hot: std::sync::atomic::AtomicBool,
+    /// Held for a call from outside the pool while the pool has several domains (see
+    /// [`Pool::drive`]).
+    driver: Mutex<()>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -107,6 +119,7 @@ impl Pool {
             live,
             mailboxes,
             hot: std::sync::atomic::AtomicBool::new(false),
+            driver: Mutex::new(()),
         })
     }
 
@@ -136,6 +149,26 @@ impl Pool {
             .expect("pools live until drop")
     }
 
+    /// The single-caller rule of the mailboxes (see [`Pool`]): with several domains, a caller
+    /// outside the pool holds `driver` for its whole call; the pool's own workers run on
+    /// behalf of the holder and take nothing (taking it would deadlock a nested call).
+    fn drive(&self) -> Option<MutexGuard<'_, ()>> {
+        if self.domains.len() == 1 || self.is_own_worker() {
+            return None;
+        }
+        // A panic in another caller's call leaves nothing half-done that the lock guards.
+        Some(self.driver.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Whether the current thread is one of this pool's workers.
+    fn is_own_worker(&self) -> bool {
+        self.domains.iter().any(|d| {
+            d.pool
+                .as_ref()
+                .is_some_and(|p| p.current_thread_index().is_some())
+        })
+    }
+
     /// Runs `f` on one of domain 0's workers and returns its result. [`Pool::map_on`] called
     /// inside `f` then starts on that worker at once while the others join, instead of waking
     /// them all from the calling thread and sleeping until they finish.
@@ -146,6 +179,7 @@ impl Pool {
         if self.threads() == 1 {
             return f();
         }
+        let _driver = self.drive();
         if self.domains.len() == 1 || self.hot.swap(true, Ordering::AcqRel) {
             return self.rayon(0).install(f);
         }
@@ -195,6 +229,7 @@ impl Pool {
         domain_of: impl Fn(usize) -> usize,
         task: impl Fn(usize) -> T + Sync + Send,
     ) -> Result<Vec<T>, Error> {
+        let _driver = self.drive();
         let n = self.domains.len();
         let mut by_domain: Vec<Vec<usize>> = vec![Vec::new(); n];
         for i in 0..tasks {
@@ -430,6 +465,39 @@ mod tests {
                 "{err}"
             );
             assert_eq!(pool.map(3, |i| i + 1).unwrap(), [1, 2, 3]);
+        }
+    }
+
+    /// Two threads drive one pool at once, with and without `install`, over several domains
+    /// (where `install` makes the other domains' workers take posted lists from a mailbox
+    /// each): every call returns its own results, and none waits forever.
+    #[test]
+    fn several_threads_may_drive_one_pool() {
+        let pool = Arc::new(fake(3, Threads::PerDomain(1)));
+        let (done, finished) = std::sync::mpsc::channel();
+        for caller in 0..2usize {
+            let (pool, done) = (Arc::clone(&pool), done.clone());
+            // A test's own callers: they stand for two engine threads sharing the pool.
+            std::thread::spawn(move || {
+                for round in 0..300 {
+                    let want: Vec<usize> = (0..9).map(|i| i * 1000 + caller + round).collect();
+                    let task = |i: usize| i * 1000 + caller + round;
+                    let tag = |i: usize| (i + round) % 3;
+                    let got = if round % 2 == 0 {
+                        pool.install(|| pool.map_on(9, tag, task).unwrap())
+                    } else {
+                        pool.map_on(9, tag, task).unwrap()
+                    };
+                    assert_eq!(got, want, "caller {caller}, round {round}");
+                }
+                done.send(caller).unwrap();
+            });
+        }
+        for _ in 0..2 {
+            // Generous: the rounds take milliseconds; a missed post would wait forever.
+            finished
+                .recv_timeout(std::time::Duration::from_secs(60))
+                .expect("both callers finish: a caller failed or the pool deadlocked");
         }
     }
 
