@@ -24,8 +24,8 @@ struct Live {
 /// Any number of threads may drive one pool at once (it is `Sync`, and `Arc`s of it are
 /// shared between the model and its callers). With several domains, [`Pool::install`] makes
 /// the other domains' workers wait on one mailbox each, which serves one caller at a time; so
-/// a call from outside the pool ([`Pool::install`], [`Pool::map_on`], [`Pool::map`]) first
-/// waits for the call in progress to return: callers take turns, a
+/// a call from outside the pool ([`Pool::install`], [`Pool::map_on`], [`Pool::map`],
+/// [`Pool::broadcast`]) first waits for the call in progress to return: callers take turns, a
 /// whole call at a time. A call made from inside a call (by `install`'s `f`, or by a task) is
 /// part of it and goes ahead. With one domain, rayon's own queues serve concurrent callers
 /// and nothing waits.
@@ -203,6 +203,49 @@ impl Pool {
         }
         self.hot.store(false, Ordering::Release);
         result
+    }
+
+    /// Runs `f(worker)` once on every worker of every domain, all at once, and returns when
+    /// all have returned; `worker` counts `0..threads()`, domain 0's workers first. For work
+    /// that must give each pinned worker exactly one share (the read-bandwidth probe), which
+    /// `map_on`'s stealing does not promise.
+    ///
+    /// # Panics
+    ///
+    /// If `f` panics; and if called from inside [`Pool::install`] with several domains, where
+    /// the other domains' workers are busy on their mailboxes and could never take part.
+    pub fn broadcast(&self, f: impl Fn(usize) + Sync) {
+        let _driver = self.drive();
+        assert!(
+            self.domains.len() == 1 || !self.hot.load(Ordering::Acquire),
+            "Pool::broadcast called inside Pool::install with {} domains",
+            self.domains.len()
+        );
+        let firsts: Vec<usize> = self
+            .domains
+            .iter()
+            .scan(0, |first, d| {
+                let this = *first;
+                *first += d.threads;
+                Some(this)
+            })
+            .collect();
+        self.broadcast_from(0, &firsts, &f);
+    }
+
+    /// Domains `d..` each broadcast in their own pool, in nested scopes so all run at once.
+    fn broadcast_from(&self, d: usize, firsts: &[usize], f: &(impl Fn(usize) + Sync)) {
+        let here = |d: usize| {
+            self.rayon(d).broadcast(|ctx| f(firsts[d] + ctx.index()));
+        };
+        if d + 1 == self.domains.len() {
+            return here(d);
+        }
+        self.rayon(d).in_place_scope(|scope| {
+            // One job into domain d's pool: the worker that takes it joins its own broadcast.
+            scope.spawn(move |_| here(d));
+            self.broadcast_from(d + 1, firsts, f);
+        });
     }
 
     /// The domain that task `i` of `tasks` gets from [`Pool::map`]: contiguous, equal blocks
@@ -498,6 +541,50 @@ mod tests {
             finished
                 .recv_timeout(std::time::Duration::from_secs(60))
                 .expect("both callers finish: a caller failed or the pool deadlocked");
+        }
+    }
+
+    #[test]
+    fn broadcast_runs_once_on_every_worker() {
+        for (pool, domains) in [
+            (Pool::new(2).unwrap(), 1),
+            (fake(2, Threads::PerDomain(2)), 2),
+            (fake(3, Threads::Total(3)), 3),
+        ] {
+            let seen: Vec<Mutex<Vec<String>>> = (0..pool.threads())
+                .map(|_| Mutex::new(Vec::new()))
+                .collect();
+            pool.broadcast(|w| {
+                let name = std::thread::current().name().unwrap_or_default().to_owned();
+                seen[w].lock().unwrap().push(name);
+            });
+            let names: Vec<String> = seen
+                .into_iter()
+                .map(|s| {
+                    let mut runs = s.into_inner().unwrap();
+                    assert_eq!(runs.len(), 1, "worker ran {runs:?}");
+                    runs.pop().unwrap()
+                })
+                .collect();
+            // Worker indices count domain 0's workers first: each is its own pinned worker.
+            let mut want = Vec::new();
+            for d in 0..domains {
+                want.extend((0..pool.domain_threads(d)).map(|i| format!("k3-d{d}-w{i}")));
+            }
+            let mut sorted = names.clone();
+            sorted.sort();
+            want.sort();
+            assert_eq!(sorted, want);
+            for (w, name) in names.iter().enumerate() {
+                let d = (0..domains)
+                    .find(|&d| name.starts_with(&format!("k3-d{d}-")))
+                    .unwrap();
+                let first: usize = (0..d).map(|e| pool.domain_threads(e)).sum();
+                assert!(
+                    w >= first && w < first + pool.domain_threads(d),
+                    "{w} ran on {name}"
+                );
+            }
         }
     }
 
