@@ -297,7 +297,12 @@ fn main() -> Result<()> {
     }
     let store = args
         .experts
-        .open(&ckpt, &config, expert_store::io::memory_available())?
+        .open(
+            &ckpt,
+            &config,
+            expert_store::io::memory_available(),
+            &pool.topology().domains[0].cpus,
+        )?
         .map(Arc::new);
     if let Some(store) = &store {
         eprintln!(

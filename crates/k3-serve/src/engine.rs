@@ -248,6 +248,8 @@ pub fn spawn(config: EngineConfig) -> Result<(EngineHandle, std::thread::JoinHan
         load: Arc::clone(&handle.load),
     };
     let metrics = Arc::clone(&handle.metrics);
+    // Deliberately unpinned: the engine thread loads the model and drives the pool; each
+    // step's work runs inside `Pool::install` on the pinned workers, not on this thread.
     let thread = std::thread::Builder::new()
         .name("k3-engine".into())
         .spawn(move || {
@@ -297,7 +299,12 @@ fn run(
     log::info!("{} compute threads", pool.threads());
     let store = config
         .experts
-        .open(&ckpt, model_config, expert_store::io::memory_available())?
+        .open(
+            &ckpt,
+            model_config,
+            expert_store::io::memory_available(),
+            &pool.topology().domains[0].cpus,
+        )?
         .map(Arc::new);
     if let Some(store) = &store {
         store.place(
