@@ -39,7 +39,7 @@ impl Kernels {
         self.expert_gate_up(gate, up, situ, z, 0..inter, scratch, &mut hidden)?;
         let h = match scratch.hidden_act.take() {
             Some(mut h) => {
-                h.refill(self.tier(), &hidden, inter)?;
+                h.refill(self, &hidden, inter)?;
                 h
             }
             None => self.prepare(&hidden, inter)?,
