@@ -30,7 +30,7 @@ fn main() {
     eprintln!("generating ~2.2 GB of K3-shaped weights and the read probe ...");
     let w = Workloads::generate();
     for threads in [1, 2] {
-        let pool = Pool::new(threads);
+        let pool = Pool::new(threads).expect("a pinned pool");
         bench(&mut c, &mut read_case(&w, &pool));
         for k in Kernels::available() {
             for mut case in cases(&w, &pool, k) {

@@ -1,6 +1,7 @@
 //! Workloads shared by the criterion benches (`benches/kernels.rs`) and `cargo xtask
-//! bench-kernels`: K3-shaped weights, a STREAM-like read-bandwidth probe, and a pinned pool
-//! that splits rows (or experts) across threads the way a caller of the kernels does.
+//! bench-kernels`: K3-shaped weights and a STREAM-like read-bandwidth probe, run on the
+//! engine's pinned pool (`numa_sched::Pool`), splitting rows (or experts) across its workers
+//! the way a caller of the kernels does.
 
 pub mod cases;
 
@@ -230,36 +231,10 @@ pub fn split_rows(n: usize, parts: usize, part: usize) -> Range<usize> {
     start..end
 }
 
-/// A pool of `threads` workers pinned to cores 0..threads (the calling thread is worker 0),
-/// so two-thread figures do not depend on the scheduler moving threads.
-#[derive(Debug)]
-pub struct Pool {
-    pool: rayon::ThreadPool,
-}
-
-impl Pool {
-    pub fn new(threads: usize) -> Self {
-        let cores = core_affinity::get_core_ids().unwrap_or_default();
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("bench-w{i}"))
-            .start_handler(move |i| {
-                if let Some(core) = cores.get(i % cores.len().max(1)) {
-                    core_affinity::set_for_current(*core);
-                }
-            })
-            .build()
-            .expect("thread pool");
-        Self { pool }
-    }
-    pub fn threads(&self) -> usize {
-        self.pool.current_num_threads()
-    }
-    /// Runs `f(worker)` once on every worker and waits for all.
-    pub fn broadcast<F: Fn(usize) + Sync>(&self, f: F) {
-        self.pool.broadcast(|ctx| f(ctx.index()));
-    }
-}
+/// The engine's pool type: `Pool::new(threads)` pins worker `i` to the `i`-th CPU the process
+/// may run on, so two-thread figures do not depend on the scheduler moving threads, and
+/// [`Pool::broadcast`] gives each pinned worker one share, as the kernels' callers split rows.
+pub use numa_sched::Pool;
 
 /// A buffer far larger than the L3 (32 MiB here) for the read-bandwidth probe, in huge pages
 /// like the weights.
@@ -341,4 +316,22 @@ pub fn check_against_scalar(tier_exact: bool, got: &[f32], want: &[f32]) {
         worst <= allowed,
         "kernel disagrees with scalar: max |Δ| {worst} > {allowed}"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The probe reads every word exactly once, one share per pinned worker: its sum is the
+    /// serial sum whatever the thread count.
+    #[test]
+    fn read_all_reads_every_word_once() {
+        let buf = bandwidth_buffer(1 << 20);
+        let words: &[u64] = bytemuck::cast_slice(&buf[..]);
+        let serial = words.iter().fold(0u64, |a, &w| a.wrapping_add(w));
+        for threads in [1, 2, 3] {
+            let pool = Pool::new(threads).unwrap();
+            assert_eq!(read_all(&pool, &buf), serial, "{threads} threads");
+        }
+    }
 }

@@ -69,7 +69,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     );
     println!("|---|---|---|---|---|---|---|---|");
     for &n_threads in &threads {
-        let pool = Pool::new(n_threads);
+        let pool = Pool::new(n_threads)?;
         let mut probe = read_case(&w, &pool);
         for &k in &tiers {
             for mut case in cases(&w, &pool, k) {

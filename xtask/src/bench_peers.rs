@@ -122,7 +122,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     );
     let buffer = benches::bandwidth_buffer(512 << 20);
     for &t in &threads {
-        let pool = benches::Pool::new(t);
+        let pool = benches::Pool::new(t)?;
         // The median of three reads of the 512 MiB buffer.
         let probe = || {
             let mut reads: Vec<f64> = (0..3).map(|_| benches::read_rate(&pool, &buffer)).collect();

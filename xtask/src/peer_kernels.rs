@@ -177,7 +177,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut features = None;
     for &n_threads in &threads {
-        let pool = Pool::new(n_threads);
+        let pool = Pool::new(n_threads)?;
         let mut probe = read_case(&w, &pool);
         (probe.run)();
         // Our cases for every tier any peer needs; each peer takes its own out of them.

@@ -381,7 +381,7 @@ fn main() -> Result<()> {
     // paired with the bandwidth the machine gave at that moment (this host is shared: it
     // drifts by tens of percent within a minute). A probe flushes the caches and the next
     // step pays for it, so probing after every step would understate the decode.
-    let probe_pool = benches::Pool::new(pool.threads());
+    let probe_pool = benches::Pool::new(pool.threads())?;
     let buffer = benches::bandwidth_buffer(512 << 20);
     let probe = || benches::read_rate(&probe_pool, &buffer);
     probe(); // warm: the first pass also faults the buffer's pages in

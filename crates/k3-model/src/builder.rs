@@ -195,7 +195,13 @@ impl Engine {
         }
         let store = options
             .experts
-            .open(&checkpoint, &config, expert_store::io::memory_available())?
+            .open(
+                &checkpoint,
+                &config,
+                expert_store::io::memory_available(),
+                // The store's I/O threads run on domain 0's CPUs (contract 5: every thread placed).
+                &pool.topology().domains[0].cpus,
+            )?
             .map(Arc::new);
         if let Some(store) = &store {
             sink.line(&format!(

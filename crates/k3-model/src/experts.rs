@@ -89,12 +89,14 @@ impl ExpertOptions {
 
     /// Opens the store these options ask for (`None` when they ask for none), with the usage
     /// history read from [`Self::usage_path`] and the capacity checked against
-    /// `memory_limit`. Does not preload: call [`ExpertStore::preload`] with a progress sink.
+    /// `memory_limit`; its I/O threads run on `io_cpus` (the pool's domain 0 CPUs). Does not
+    /// preload: call [`ExpertStore::preload`] with a progress sink.
     pub fn open(
         &self,
         ckpt: &Checkpoint,
         config: &K3Config,
         memory_limit: Option<u64>,
+        io_cpus: &[usize],
     ) -> Result<Option<ExpertStore>, ExpertOptionsError> {
         if !self.wants_store() {
             return Ok(None);
@@ -117,6 +119,7 @@ impl ExpertOptions {
                 capacity,
                 policy: self.policy(),
                 io_threads: self.io_threads,
+                io_cpus: io_cpus.to_vec(),
                 direct_io: true,
                 mlock: self.mlock,
                 history,

@@ -119,7 +119,7 @@ pub fn attn_res_mix(candidates: &[&[f32]], score: &[f32], eps: f32, out: &mut [f
         })
         .collect();
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let exps: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
+    let exps: Vec<f32> = logits.iter().map(|&l| exp(l - max)).collect();
     let total: f32 = exps.iter().fold(0.0, |a, &e| a + e);
     out.fill(0.0);
     for (v, &e) in candidates.iter().zip(&exps) {

@@ -239,6 +239,9 @@ impl Sampler {
             order.swap(0, top);
         }
         let max = z[order[0]] / t;
+        // f64's own `exp` on purpose: the sampler works in f64 (module docs) and `vmath::exp`
+        // is the forward pass's f32 function; the logits are fixed bits by now, so this can
+        // move a seeded draw across a probability boundary at most, never a logit.
         let mut probs: Vec<f64> = order.iter().map(|&i| (z[i] / t - max).exp()).collect();
         let sum: f64 = probs.iter().sum();
         probs.iter_mut().for_each(|q| *q /= sum);

@@ -286,6 +286,8 @@ fn main() -> Result<()> {
     } else {
         log::info!("no --api-key: the API is open to anyone who can reach the port");
     }
+    // The HTTP runtime is deliberately unpinned: its two threads sleep on sockets and touch
+    // no weights, and the compute pool's CPUs are the ones worth keeping for compute.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

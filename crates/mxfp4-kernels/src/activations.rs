@@ -6,7 +6,9 @@
 
 use crate::codes::f32_to_bf16;
 use crate::error::{Error, Result};
-use crate::tier::Tier;
+#[cfg(target_arch = "x86_64")]
+use crate::tier::Avx512;
+use crate::tier::{Kernels, Tier};
 
 /// The most activation vectors one call takes. More than 4 run as groups of 2-4 over
 /// cache-sized stretches of rows, so a wider call costs no registers; it reads each weight from
@@ -42,9 +44,9 @@ pub struct Activations {
 }
 
 impl Activations {
-    pub(crate) fn new(tier: Tier, x: &[f32], cols: usize) -> Result<Self> {
+    pub(crate) fn new(kernels: &Kernels, x: &[f32], cols: usize) -> Result<Self> {
         let mut act = Self {
-            tier,
+            tier: kernels.tier(),
             cols: 0,
             tokens: 0,
             raw: Vec::new(),
@@ -55,12 +57,13 @@ impl Activations {
             q8_correction: Vec::new(),
             q8_step: Vec::new(),
         };
-        act.refill(tier, x, cols)?;
+        act.refill(kernels, x, cols)?;
         Ok(act)
     }
 
     /// Prepares new vectors into this value's buffers (no allocation once they are big enough).
-    pub(crate) fn refill(&mut self, tier: Tier, x: &[f32], cols: usize) -> Result<()> {
+    pub(crate) fn refill(&mut self, kernels: &Kernels, x: &[f32], cols: usize) -> Result<()> {
+        let tier = kernels.tier();
         if cols == 0 || x.is_empty() || !x.len().is_multiple_of(cols) || x.len() / cols > MAX_TOKENS
         {
             return Err(Error::ActivationLength {
@@ -81,9 +84,9 @@ impl Activations {
         self.q8.clear();
         self.q8_correction.clear();
         #[cfg(target_arch = "x86_64")]
-        if tier != Tier::Scalar {
-            // SAFETY: non-scalar tiers exist only on CPUs with avx512f/bw/vl (`Kernels::new`).
-            unsafe { self.fill_avx512() };
+        if let Some(token) = kernels.avx512() {
+            // SAFETY: the token proves avx512f/bw/vl were detected on this CPU.
+            unsafe { self.fill_avx512(token) };
             return Ok(());
         }
         self.fill();
@@ -94,7 +97,7 @@ impl Activations {
     /// lay out any tier's activations on a CPU without AVX-512 (the kernel model, `x86::model`).
     #[cfg(test)]
     pub(crate) fn portable(tier: Tier, x: &[f32], cols: usize) -> Self {
-        let mut act = Self::new(Tier::Scalar, x, cols).expect("valid test activations");
+        let mut act = Self::new(&Kernels::scalar(), x, cols).expect("valid test activations");
         act.tier = tier;
         act.fill();
         act
@@ -104,10 +107,10 @@ impl Activations {
     /// every operation is exactly rounded, so the values are those of the portable build.
     ///
     /// # Safety
-    /// The CPU must have avx512f, avx512bw and avx512vl.
+    /// The CPU must have avx512f, avx512bw and avx512vl: the token says it has.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn fill_avx512(&mut self) {
+    unsafe fn fill_avx512(&mut self, _: Avx512) {
         self.fill();
     }
 

@@ -61,7 +61,7 @@ impl Kernels {
         self.expert_gate_up(gate, up, act, z, 0..inter, scratch, &mut hidden)?;
         let h = match scratch.hidden_act.take() {
             Some(mut h) => {
-                h.refill(self.tier(), &hidden, inter)?;
+                h.refill(self, &hidden, inter)?;
                 h
             }
             None => self.prepare(&hidden, inter)?,

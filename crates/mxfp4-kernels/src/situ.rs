@@ -2,7 +2,7 @@
 //! so the scalar and AVX-512 forms run the very same IEEE operations and agree bit for bit.
 
 use crate::error::{Error, Result};
-use crate::tier::{Kernels, Tier};
+use crate::tier::Kernels;
 use crate::vmath::{sigmoid, tanh};
 
 /// SiTU betas. `linear_beta: None` passes the up projection through unchanged (as HF does when
@@ -48,12 +48,10 @@ impl Situ {
                 });
             }
         }
-        let done = match kernels.tier() {
-            Tier::Scalar => 0,
+        let done = match kernels.avx512() {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: a non-scalar `Kernels` exists only where avx512f/bw/vl were detected.
-            _ => unsafe { simd::apply(self, gate, up, out) },
-            #[cfg(not(target_arch = "x86_64"))]
+            // SAFETY: the token proves avx512f/bw/vl were detected on this CPU.
+            Some(token) => unsafe { simd::apply(token, self, gate, up, out) },
             _ => 0,
         };
         for i in done..out.len() {
@@ -70,14 +68,21 @@ mod simd {
     use core::arch::x86_64::*;
 
     use super::Situ;
+    use crate::tier::Avx512;
     use crate::vmath::simd::{sigmoid, tanh};
 
     /// Processes whole vectors of 16 and returns how many elements it did.
     ///
     /// # Safety
-    /// The CPU must have avx512f; slices of equal length.
+    /// The CPU must have avx512f (the token says it has); slices of equal length.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn apply(situ: &Situ, gate: &[f32], up: &[f32], out: &mut [f32]) -> usize {
+    pub(super) unsafe fn apply(
+        _: Avx512,
+        situ: &Situ,
+        gate: &[f32],
+        up: &[f32],
+        out: &mut [f32],
+    ) -> usize {
         let beta = _mm512_set1_ps(situ.beta);
         let whole = out.len() / 16 * 16;
         for i in (0..whole).step_by(16) {

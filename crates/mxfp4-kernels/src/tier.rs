@@ -103,25 +103,65 @@ impl FromStr for Tier {
     }
 }
 
+/// Proof that this CPU has avx512f, avx512bw and avx512vl: only [`Avx512::try_new`] makes one,
+/// after detecting them at runtime. The AVX-512 entry points outside the matmul dispatch
+/// (activation layout, `vmath`, `Situ`, dequant) take one, so their callers' SAFETY arguments
+/// cite a value the type system tracks instead of "the tier is not scalar".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) struct Avx512 {
+    _detected: (),
+}
+
+impl Avx512 {
+    /// The token, where this CPU has avx512f, avx512bw and avx512vl.
+    pub(crate) fn try_new() -> Option<Self> {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+        {
+            return Some(Self { _detected: () });
+        }
+        None
+    }
+}
+
 /// A capability token: holding one proves the CPU supports its tier, so the dispatch below may
 /// call that tier's `#[target_feature]` entry points. Cheap to copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Kernels {
     tier: Tier,
+    /// `Some` exactly when `tier` is not `Scalar` (every SIMD tier needs avx512f/bw/vl).
+    avx512: Option<Avx512>,
 }
 
 impl Kernels {
     /// Kernels of the given tier, or `TierUnavailable` naming the missing CPU feature.
     pub fn new(tier: Tier) -> Result<Self> {
         match tier.missing_feature() {
-            None => Ok(Self { tier }),
+            None => Ok(Self {
+                tier,
+                avx512: if tier == Tier::Scalar {
+                    None
+                } else {
+                    // `missing_feature` found avx512f/bw/vl, which is what this detects.
+                    Some(Avx512::try_new().ok_or(Error::TierUnavailable {
+                        tier,
+                        missing: "avx512f",
+                    })?)
+                },
+            }),
             Some(missing) => Err(Error::TierUnavailable { tier, missing }),
         }
     }
 
     /// The scalar oracle (always available).
     pub fn scalar() -> Self {
-        Self { tier: Tier::Scalar }
+        Self {
+            tier: Tier::Scalar,
+            avx512: None,
+        }
     }
 
     /// The default: the exact `avx512` tier where the CPU has it, else `scalar`. Never an
@@ -142,6 +182,11 @@ impl Kernels {
         self.tier
     }
 
+    /// The AVX-512 token of a SIMD tier (`None` for the scalar tier).
+    pub(crate) fn avx512(&self) -> Option<Avx512> {
+        self.avx512
+    }
+
     /// Dequantizes `rows` of `matrix` into `out` (`rows.len() * cols` f32, row-major).
     /// Every tier is bit-identical to scalar.
     pub fn dequant_mxfp4(
@@ -152,13 +197,13 @@ impl Kernels {
     ) -> Result<()> {
         check_rows(&rows, matrix.rows())?;
         check_out(rows.len() * matrix.cols(), out.len())?;
-        match self.tier {
-            Tier::Scalar => scalar::dequant_mxfp4(matrix, rows, out),
+        match self.avx512 {
+            None => scalar::dequant_mxfp4(matrix, rows, out),
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `self` exists only if `Kernels::new` found avx512f/bw/vl on this CPU.
-            _ => unsafe { crate::x86::exact::dequant_mxfp4(matrix, rows, out) },
+            // SAFETY: the token proves avx512f/bw/vl were detected on this CPU.
+            Some(token) => unsafe { crate::x86::exact::dequant_mxfp4(token, matrix, rows, out) },
             #[cfg(not(target_arch = "x86_64"))]
-            _ => unreachable!("non-scalar tiers cannot be constructed off x86_64"),
+            Some(_) => unreachable!("no Avx512 token exists off x86_64"),
         }
         Ok(())
     }
@@ -221,7 +266,7 @@ impl Kernels {
     /// Prepares `tokens = x.len() / cols` activation vectors (1..=16, token-major) for this
     /// tier. Prepare once, then run any number of row ranges against it.
     pub fn prepare(&self, x: &[f32], cols: usize) -> Result<Activations> {
-        Activations::new(self.tier, x, cols)
+        Activations::new(self, x, cols)
     }
 
     /// `out[t * rows.len() + (r - rows.start)] = Σ_c W[r, c] · x_t[c]` for every prepared token
@@ -389,4 +434,31 @@ fn check_out(expected: usize, found: usize) -> Result<()> {
         return Err(Error::OutputLength { expected, found });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The token is free to pass, exists exactly where the CPU has avx512f/bw/vl, and a
+    /// `Kernels` carries one exactly when its tier is a SIMD tier.
+    #[test]
+    fn an_avx512_token_exists_only_where_detected() {
+        assert_eq!(std::mem::size_of::<Avx512>(), 0);
+        #[cfg(target_arch = "x86_64")]
+        let detected = std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl");
+        #[cfg(not(target_arch = "x86_64"))]
+        let detected = false;
+        assert_eq!(Avx512::try_new().is_some(), detected);
+        assert_eq!(Kernels::scalar().avx512(), None);
+        for tier in Tier::ALL {
+            match Kernels::new(tier) {
+                Ok(k) => assert_eq!(k.avx512().is_some(), tier != Tier::Scalar, "{tier}"),
+                Err(_) => assert!(tier != Tier::Scalar),
+            }
+        }
+        assert_eq!(Kernels::detect().avx512().is_some(), detected);
+    }
 }

@@ -9,7 +9,7 @@
 //! x^17 for |a| < 0.55 (no cancellation near 0), else `1 - 2/(e^{2|a|} + 1)` with the sign of
 //! `a`. Measured against f64 in the tests: a few ulp.
 
-use crate::tier::{Kernels, Tier};
+use crate::tier::Kernels;
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 const LN2_HI: f32 = 0.693_359_4; // 0x3f318000: few mantissa bits, so n * LN2_HI is exact
@@ -128,12 +128,10 @@ macro_rules! in_place {
     ($(#[$doc:meta])* $name:ident, $scalar:ident) => {
         $(#[$doc])*
         pub fn $name(&self, x: &mut [f32]) {
-            let done = match self.tier() {
-                Tier::Scalar => 0,
+            let done = match self.avx512() {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: a non-scalar `Kernels` exists only where avx512f/bw/vl were detected.
-                _ => unsafe { simd::$name(x) },
-                #[cfg(not(target_arch = "x86_64"))]
+                // SAFETY: the token proves avx512f/bw/vl were detected on this CPU.
+                Some(token) => unsafe { simd::$name(token, x) },
                 _ => 0,
             };
             x[done..].iter_mut().for_each(|v| *v = $scalar(*v));
@@ -166,6 +164,7 @@ pub(crate) mod simd {
     use core::arch::x86_64::*;
 
     use super::*;
+    use crate::tier::Avx512;
 
     /// `$f` over the whole vectors of 16 of `$x` in place; evaluates to how many elements it
     /// did. A macro, not a function taking a closure: the closure would not inline the
@@ -185,23 +184,23 @@ pub(crate) mod simd {
     }
 
     /// # Safety
-    /// The CPU must have avx512f.
+    /// The CPU must have avx512f: the token says it has.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn exp_in_place(x: &mut [f32]) -> usize {
+    pub(super) unsafe fn exp_in_place(_: Avx512, x: &mut [f32]) -> usize {
         map_in_place!(x, exp)
     }
 
     /// # Safety
-    /// The CPU must have avx512f.
+    /// The CPU must have avx512f: the token says it has.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn sigmoid_in_place(x: &mut [f32]) -> usize {
+    pub(super) unsafe fn sigmoid_in_place(_: Avx512, x: &mut [f32]) -> usize {
         map_in_place!(x, sigmoid)
     }
 
     /// # Safety
-    /// The CPU must have avx512f.
+    /// The CPU must have avx512f: the token says it has.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn softplus_in_place(x: &mut [f32]) -> usize {
+    pub(super) unsafe fn softplus_in_place(_: Avx512, x: &mut [f32]) -> usize {
         map_in_place!(x, softplus)
     }
 

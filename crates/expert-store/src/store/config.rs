@@ -30,6 +30,10 @@ pub struct StoreConfig {
     /// Threads issuing reads (the queue depth the disk sees; default 16, a K3 layer's top-k, so
     /// every miss of a layer is in flight at once).
     pub io_threads: usize,
+    /// The CPUs the I/O threads run on, from before their first read (so the buffers they
+    /// first touch are local to them): an engine passes its pool's domain 0 CPUs. Empty (the
+    /// default): the threads are not placed, for tools and tests without a pool.
+    pub io_cpus: Vec<usize>,
     /// Read with `O_DIRECT` where the filesystem allows it.
     pub direct_io: bool,
     /// `mlock` every resident buffer (a failure is logged once and pinning stops).
@@ -46,6 +50,7 @@ impl Default for StoreConfig {
             capacity: Capacity::PerLayer(usize::MAX),
             policy: Policy::Lru,
             io_threads: 16,
+            io_cpus: Vec::new(),
             direct_io: true,
             mlock: false,
             history: None,

@@ -237,7 +237,7 @@ impl ExpertStore {
             .map(|i| {
                 let queue = queue.clone();
                 let shared = Arc::clone(&shared);
-                numa_sched::spawn_io_thread(i, move || {
+                numa_sched::spawn_io_thread(i, &config.io_cpus, move || {
                     for job in queue {
                         shared.load(job.key);
                     }

@@ -3,5 +3,6 @@
 
 mod budget;
 mod checkpoint;
+mod io_threads;
 mod reshard;
 mod scan;

@@ -75,7 +75,10 @@ impl Model<'_> {
                     })
                     .collect();
                 let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let exps: Vec<f32> = scores.iter().map(|&s| (s - max).exp()).collect();
+                let exps: Vec<f32> = scores
+                    .iter()
+                    .map(|&s| mxfp4_kernels::vmath::exp(s - max))
+                    .collect();
                 let total = exps.iter().fold(0.0f32, |a, &e| a + e);
                 let mut ctx_latent = vec![0.0f32; rank];
                 for (p, &e) in exps.iter().enumerate() {

@@ -248,6 +248,8 @@ pub fn spawn(config: EngineConfig) -> Result<(EngineHandle, std::thread::JoinHan
         load: Arc::clone(&handle.load),
     };
     let metrics = Arc::clone(&handle.metrics);
+    // Deliberately unpinned: the engine thread loads the model and drives the pool; each
+    // step's work runs inside `Pool::install` on the pinned workers, not on this thread.
     let thread = std::thread::Builder::new()
         .name("k3-engine".into())
         .spawn(move || {

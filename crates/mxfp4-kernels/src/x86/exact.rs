@@ -19,13 +19,19 @@ use super::{
 };
 use crate::activations::Activations;
 use crate::codes::{E2M1_VALUES, E8M0_TO_F32};
+use crate::tier::Avx512;
 use crate::view::{Bf16Matrix, GROUP, GROUP_BYTES, MxFp4Matrix};
 
 /// # Safety
-/// The CPU must have avx512f, avx512bw and avx512vl; `rows` must lie inside `matrix` and
-/// `out` hold `rows.len() * cols` f32 (checked by `Kernels`).
+/// The CPU must have avx512f, avx512bw and avx512vl (the token says it has); `rows` must lie
+/// inside `matrix` and `out` hold `rows.len() * cols` f32 (checked by `Kernels`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(crate) unsafe fn dequant_mxfp4(matrix: &MxFp4Matrix<'_>, rows: Range<usize>, out: &mut [f32]) {
+pub(crate) unsafe fn dequant_mxfp4(
+    _: Avx512,
+    matrix: &MxFp4Matrix<'_>,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
     let table = e2m1_table();
     // Interleave low (even column) and high (odd column) lanes back into column order.
     // SAFETY: both index tables are 16 i32 (64 bytes).
