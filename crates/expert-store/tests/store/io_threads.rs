@@ -1,8 +1,8 @@
 //! The store's I/O threads run on the CPUs its config names (an engine's domain 0).
 
-use expert_store::{Checkpoint, ExpertShape, ExpertStore, StoreConfig};
+use expert_store::{Checkpoint, ExpertStore, StoreConfig};
 
-use crate::checkpoint::{Scratch, write_checkpoint};
+use crate::checkpoint::{Scratch, layout, write_checkpoint};
 
 /// `Cpus_allowed_list` of a task's `status` file: `"0-3,8"` style.
 fn allowed(status: &str) -> Option<String> {
@@ -43,13 +43,9 @@ fn io_threads_run_on_the_cpus_the_config_names() {
     let dir = Scratch::new("io-cpus");
     write_checkpoint(&dir.0, "language_model.");
     let ckpt = Checkpoint::open(&dir.0).unwrap();
-    let shape = ExpertShape {
-        intermediate: 64,
-        io: 64,
-    };
     let store = ExpertStore::open(
         &ckpt,
-        shape,
+        layout(),
         StoreConfig {
             io_threads: 2,
             io_cpus: vec![last],
