@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::cgroup::{Hierarchy, MemoryGroup, Outcome, group_name};
+use crate::cgroup::{Hierarchy, Mark, MemoryGroup, Outcome, group_name};
 
 /// Where the two engines are and how to call them.
 #[derive(Debug)]
@@ -172,6 +172,8 @@ struct Run {
     failure: Option<String>,
     /// Our combined logits fingerprint.
     fingerprint: Option<String>,
+    /// Bytes read from disk per timed token: after the mark, over the tokens after it.
+    disk_per_token: Option<f64>,
     outcome: Outcome,
 }
 
@@ -202,6 +204,7 @@ fn run_one(
     ours: bool,
     mut command: Command,
     files: &[PathBuf],
+    tokens: usize,
 ) -> Result<Run> {
     let mut warm = 0;
     for f in files {
@@ -216,17 +219,37 @@ fn run_one(
     }
     std::thread::sleep(std::time::Duration::from_secs(1));
     let group = MemoryGroup::create(h, &group_name(if ours { "ours" } else { "llama" }), budget)?;
-    let outcome = group.run(&mut command)?;
+    // Where the timed decode starts: after our step 0 (the step whose time the mean leaves
+    // out), at llama-bench's timed generation run (after loading and its warm-up token).
+    let mark = if ours {
+        Mark {
+            stderr: false,
+            text: "step    0 ",
+        }
+    } else {
+        Mark {
+            stderr: true,
+            text: "generation run",
+        }
+    };
+    let outcome = group.run(&mut command, Some(mark))?;
     drop(group);
+    // What the engine said last, to tell where it died.
+    let last = outcome
+        .stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .to_owned();
     let (seconds, failure) = if outcome.oom_killed() {
-        (None, Some("killed by the OOM killer".to_string()))
+        (
+            None,
+            Some(format!(
+                "killed by the OOM killer (its last line: {last:?})"
+            )),
+        )
     } else if !outcome.status.success() {
-        let last = outcome
-            .stderr
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("");
         (None, Some(format!("{}: {last}", outcome.status)))
     } else {
         (Some(seconds_per_token(ours, &outcome.stdout)?), None)
@@ -236,24 +259,38 @@ fn run_one(
         .split("combined fingerprint ")
         .nth(1)
         .map(|s| s.split_whitespace().next().unwrap_or("").to_string());
+    // Our step 0 is before the mark; llama-bench's warm-up token is not in its timed run.
+    let timed = if ours { tokens - 1 } else { tokens };
+    let disk_per_token = outcome
+        .read_bytes_at_mark
+        .filter(|_| seconds.is_some() && timed > 0)
+        .map(|at| outcome.read_bytes.saturating_sub(at) as f64 / timed as f64);
     Ok(Run {
         seconds,
         failure,
         fingerprint,
+        disk_per_token,
         outcome,
     })
 }
 
-fn describe(name: &str, run: &Run, tokens: usize) -> String {
+fn describe(name: &str, run: &Run) -> String {
     let o = &run.outcome;
     let speed = match (run.seconds, &run.failure) {
         (Some(s), _) => format!("{s:.4} s/token ({:.2} tokens/s)", 1.0 / s),
         (None, Some(why)) => why.clone(),
         (None, None) => "no result".into(),
     };
+    let disk = match (run.disk_per_token, o.read_bytes_at_mark) {
+        (Some(d), Some(at)) => format!(
+            "{:.3} GB read from disk per timed token, {:.3} GB before them (load, warm-up)",
+            d / 1e9,
+            at as f64 / 1e9
+        ),
+        _ => "no timed tokens".into(),
+    };
     format!(
-        "{name}: {speed}; {:.3} GB read from disk per token ({:.2} GB in {:.1} s, load included); peak {:.3} GB",
-        o.read_bytes as f64 / tokens as f64 / 1e9,
+        "{name}: {speed}; {disk}; {:.3} GB from disk in all in {:.1} s; peak {:.3} GB",
         o.read_bytes as f64 / 1e9,
         o.wall.as_secs_f64(),
         o.peak as f64 / 1e9,
@@ -261,13 +298,13 @@ fn describe(name: &str, run: &Run, tokens: usize) -> String {
 }
 
 /// min / median / max of `v` (sorted here), or "n/a".
-fn spread(v: &mut [f64]) -> String {
+fn spread(v: &mut [f64], digits: usize) -> String {
     if v.is_empty() {
         return "n/a".into();
     }
     v.sort_by(f64::total_cmp);
     format!(
-        "min {:.2} median {:.2} max {:.2}",
+        "min {:.digits$} median {:.digits$} max {:.digits$}",
         v[0],
         v[v.len() / 2],
         v[v.len() - 1]
@@ -314,9 +351,9 @@ pub(crate) fn run(model: &Path, engines: &Engines, sweep: &Sweep, files: &[PathB
                             "-t",
                             &t.to_string(),
                         ]);
-                        c.args(["-r", "1", "-o", "json"]);
-                        let run = run_one(&h, *budget, false, c, files)?;
-                        println!("  {}", describe("llama.cpp", &run, sweep.tokens));
+                        c.args(["-r", "1", "-o", "json", "--progress"]);
+                        let run = run_one(&h, *budget, false, c, files, sweep.tokens)?;
+                        println!("  {}", describe("llama.cpp", &run));
                         Some(run)
                     }
                     None => None,
@@ -330,8 +367,8 @@ pub(crate) fn run(model: &Path, engines: &Engines, sweep: &Sweep, files: &[PathB
                     &sweep.tokens.to_string(),
                 ]);
                 c.args(&engines.ours_args);
-                let ours = run_one(&h, *budget, true, c, files)?;
-                println!("  {}", describe("ours", &ours, sweep.tokens));
+                let ours = run_one(&h, *budget, true, c, files, sweep.tokens)?;
+                println!("  {}", describe("ours", &ours));
                 if let Some(fp) = &ours.fingerprint {
                     fingerprints.push(fp.clone());
                 }
@@ -344,22 +381,32 @@ pub(crate) fn run(model: &Path, engines: &Engines, sweep: &Sweep, files: &[PathB
                 .iter()
                 .filter_map(|(p, o)| Some(p.as_ref()?.seconds? / o.seconds?))
                 .collect();
-            let mut ours_s: Vec<f64> = rows.iter().filter_map(|(_, o)| o.seconds).collect();
-            let mut peer_s: Vec<f64> = rows
-                .iter()
-                .filter_map(|(p, _)| p.as_ref()?.seconds)
-                .collect();
-            let ooms = |f: &dyn Fn(&(Option<Run>, Run)) -> Option<bool>| {
-                rows.iter().filter(|r| f(r) == Some(true)).count()
+            // Per engine (false: llama.cpp, true: ours): s/token, GB from disk per timed
+            // token, OOM kills.
+            let engine = |ours: bool| {
+                let runs: Vec<&Run> = rows
+                    .iter()
+                    .filter_map(|(p, o)| if ours { Some(o) } else { p.as_ref() })
+                    .collect();
+                let mut s: Vec<f64> = runs.iter().filter_map(|r| r.seconds).collect();
+                let mut d: Vec<f64> = runs.iter().filter_map(|r| r.disk_per_token).collect();
+                d.iter_mut().for_each(|b| *b /= 1e9);
+                let ooms = runs.iter().filter(|r| r.outcome.oom_killed()).count();
+                format!(
+                    "s/token {}, GB from disk per token {} ({ooms} of {} runs OOM-killed)",
+                    spread(&mut s, 4),
+                    spread(&mut d, 3),
+                    runs.len()
+                )
             };
-            println!(
-                "budget {label}, {t} threads: ours s/token {} ({} OOM kills); llama.cpp s/token {} ({} OOM kills); ours / llama.cpp tokens/s {}",
-                spread(&mut ours_s),
-                ooms(&|(_, o)| Some(o.outcome.oom_killed())),
-                spread(&mut peer_s),
-                ooms(&|(p, _)| Some(p.as_ref()?.outcome.oom_killed())),
-                spread(&mut ratios),
-            );
+            println!("budget {label}, {t} threads, ours: {}", engine(true));
+            if engines.peer.is_some() {
+                println!("budget {label}, {t} threads, llama.cpp: {}", engine(false));
+                println!(
+                    "budget {label}, {t} threads, ours / llama.cpp tokens/s: {}",
+                    spread(&mut ratios, 2)
+                );
+            }
         }
     }
     disk("after")?;

@@ -5,7 +5,7 @@
 //! The group is removed when its [`MemoryGroup`] is dropped, on error too.
 
 use std::fs::{self, OpenOptions};
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -175,6 +175,25 @@ pub(crate) struct Outcome {
     /// `read_bytes` of `/proc/PID/io`, as `wait4`'s `ru_inblock` (512-byte units) gives it
     /// at exit. Page-cache hits are not counted.
     pub(crate) read_bytes: u64,
+    /// `read_bytes` when the [`Mark`]'s line first appeared (`None`: no mark, or it never
+    /// did): what was read before it (loading, warm-up) and, subtracted, after it.
+    pub(crate) read_bytes_at_mark: Option<u64>,
+}
+
+/// A line to watch for in the command's output (the first line containing `text`, on stderr
+/// or stdout): when it appears, the command's `read_bytes` so far is noted.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Mark<'a> {
+    pub(crate) stderr: bool,
+    pub(crate) text: &'a str,
+}
+
+/// `read_bytes` of `/proc/PID/io` (bytes this process has made the kernel read from storage).
+fn proc_read_bytes(pid: u32) -> Option<u64> {
+    counter(
+        &fs::read_to_string(format!("/proc/{pid}/io")).ok()?,
+        "read_bytes:",
+    )
 }
 
 impl Outcome {
@@ -264,8 +283,8 @@ impl MemoryGroup {
     }
 
     /// Runs `command` inside the group (it joins in `pre_exec`, so everything it allocates
-    /// is charged here) with stdin closed and stdout and stderr captured.
-    pub(crate) fn run(&self, command: &mut Command) -> Result<Outcome> {
+    /// is charged here) with stdin closed and stdout and stderr captured, watching for `mark`.
+    pub(crate) fn run(&self, command: &mut Command, mark: Option<Mark<'_>>) -> Result<Outcome> {
         let procs_path = self.dir.join("cgroup.procs");
         // Opened here (std sets O_CLOEXEC): the child only writes to it.
         let procs = OpenOptions::new()
@@ -284,24 +303,43 @@ impl MemoryGroup {
             .spawn()
             .with_context(|| format!("starting {command:?} in {}", self.dir.display()))?;
         drop(procs);
-        let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        let pid = child.id();
+        // Each pipe read line by line; the watched one notes read_bytes at the mark's line.
+        let drain = |pipe: Option<Box<dyn Read + Send>>, watch: Option<String>| {
             std::thread::spawn(move || {
-                let mut text = Vec::new();
-                if let Some(mut pipe) = pipe {
-                    let _ = pipe.read_to_end(&mut text);
+                let (mut text, mut at_mark) = (Vec::new(), None);
+                if let Some(pipe) = pipe {
+                    let mut pipe = BufReader::new(pipe);
+                    let mut line = Vec::new();
+                    while pipe.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+                        if let Some(watch) = &watch
+                            && at_mark.is_none()
+                            && String::from_utf8_lossy(&line).contains(watch.as_str())
+                        {
+                            at_mark = proc_read_bytes(pid);
+                        }
+                        text.append(&mut line);
+                    }
                 }
-                String::from_utf8_lossy(&text).into_owned()
+                (String::from_utf8_lossy(&text).into_owned(), at_mark)
             })
         };
-        let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
-        let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
+        let watch = |on_stderr: bool| {
+            mark.filter(|m| m.stderr == on_stderr)
+                .map(|m| m.text.to_owned())
+        };
+        let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _), watch(false));
+        let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _), watch(true));
         let (status, usage) = wait4(child.id())?;
         let wall = start.elapsed();
+        let (stdout, out_mark) = stdout.join().unwrap_or_default();
+        let (stderr, err_mark) = stderr.join().unwrap_or_default();
         Ok(Outcome {
             status,
             wall,
-            stdout: stdout.join().unwrap_or_default(),
-            stderr: stderr.join().unwrap_or_default(),
+            stdout,
+            stderr,
+            read_bytes_at_mark: out_mark.or(err_mark),
             peak: self.peak()?,
             oom_kills: self.oom_kills()?,
             read_bytes: u64::try_from(usage.ru_inblock).unwrap_or(0) * 512,
@@ -463,6 +501,8 @@ mod tests {
         assert_eq!(counter(v2, "oom_kill"), Some(1));
         assert_eq!(counter(v2, "oom"), Some(2));
         assert_eq!(counter("oom_kill_disable 0\n", "oom_kill"), None);
+        let io = "rchar: 900\nwchar: 0\nread_bytes: 4096\nwrite_bytes: 0\n";
+        assert_eq!(counter(io, "read_bytes:"), Some(4096));
     }
 
     #[test]
@@ -519,7 +559,10 @@ mod tests {
         let dir = group.dir().to_owned();
         assert_eq!(group.limit().unwrap(), 64 * MB);
         let out = group
-            .run(Command::new("dd").args(["if=/dev/zero", "of=/dev/null", "bs=16M", "count=1"]))
+            .run(
+                Command::new("dd").args(["if=/dev/zero", "of=/dev/null", "bs=16M", "count=1"]),
+                None,
+            )
             .unwrap();
         assert!(out.status.success(), "{out:?}");
         assert!(!out.oom_killed());
@@ -530,7 +573,7 @@ mod tests {
             out.peak
         );
         let inside = group
-            .run(&mut Command::new("cat").arg("/proc/self/cgroup"))
+            .run(&mut Command::new("cat").arg("/proc/self/cgroup"), None)
             .unwrap();
         let name = dir.file_name().unwrap().to_str().unwrap();
         assert!(inside.stdout.contains(name), "{}", inside.stdout);
@@ -544,7 +587,10 @@ mod tests {
         let Some(h) = real_hierarchy() else { return };
         let group = MemoryGroup::create(&h, &group_name("test"), 64 * MB).unwrap();
         let out = group
-            .run(Command::new("dd").args(["if=/dev/zero", "of=/dev/null", "bs=200M", "count=1"]))
+            .run(
+                Command::new("dd").args(["if=/dev/zero", "of=/dev/null", "bs=200M", "count=1"]),
+                None,
+            )
             .unwrap();
         assert!(out.oom_killed(), "{out:?}");
         assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{out:?}");
@@ -559,24 +605,47 @@ mod tests {
         let path = exe.with_file_name(format!("{}.readtest", group_name("file")));
         fs::write(&path, vec![7u8; 32 * MB as usize]).unwrap();
         fs::File::open(&path).unwrap().sync_all().unwrap();
-        let read_it = || {
+        // `sh -c SCRIPT` with the file as $0; the mark is the line "mark".
+        let read_it = |script: &str| {
             let group = MemoryGroup::create(&h, &group_name("test"), 256 * MB).unwrap();
-            let mut dd = Command::new("dd");
-            dd.arg(format!("if={}", path.display()))
-                .args(["of=/dev/null", "bs=1M"]);
-            group.run(&mut dd).unwrap()
+            let mut sh = Command::new("sh");
+            sh.args(["-c", script]).arg(&path);
+            let mark = Mark {
+                stderr: false,
+                text: "mark",
+            };
+            group.run(&mut sh, Some(mark)).unwrap()
         };
-        expert_store::io::drop_page_cache(&fs::File::open(&path).unwrap(), 0, 0).unwrap();
-        let cold = read_it();
-        let warm = read_it();
+        let cold = || {
+            expert_store::io::drop_page_cache(&fs::File::open(&path).unwrap(), 0, 0).unwrap();
+        };
+        let dd = "dd if=\"$0\" of=/dev/null bs=1M 2>/dev/null";
+        cold();
+        let before_mark = read_it(&format!("{dd}; echo mark; sleep 0.2"));
+        let warm = read_it(&format!("{dd}; echo mark"));
+        cold();
+        let after_mark = read_it(&format!("echo mark; sleep 0.2; {dd}"));
         fs::remove_file(&path).unwrap();
-        assert!(cold.status.success(), "{cold:?}");
-        // Readahead may read a little past what dd asked for, never less than the file.
+        assert!(before_mark.status.success(), "{before_mark:?}");
+        // Readahead may read a little past what dd asked for, never less than the file; the
+        // shell and dd themselves are in the page cache after the first run.
+        let (total, at) = (
+            before_mark.read_bytes,
+            before_mark.read_bytes_at_mark.unwrap(),
+        );
+        assert!(total >= 32 * MB, "cold read {total} bytes");
         assert!(
-            cold.read_bytes >= 32 * MB,
-            "cold read {} bytes",
-            cold.read_bytes
+            at >= 32 * MB && total - at < MB,
+            "{at} of {total} bytes before the mark"
         );
         assert!(warm.read_bytes < MB, "warm read {} bytes", warm.read_bytes);
+        let (total, at) = (
+            after_mark.read_bytes,
+            after_mark.read_bytes_at_mark.unwrap(),
+        );
+        assert!(
+            at < MB && total - at >= 32 * MB,
+            "{at} of {total} bytes before the mark"
+        );
     }
 }
