@@ -573,7 +573,7 @@ mod tests {
             out.peak
         );
         let inside = group
-            .run(&mut Command::new("cat").arg("/proc/self/cgroup"), None)
+            .run(Command::new("cat").arg("/proc/self/cgroup"), None)
             .unwrap();
         let name = dir.file_name().unwrap().to_str().unwrap();
         assert!(inside.stdout.contains(name), "{}", inside.stdout);
