@@ -12,6 +12,10 @@
 //! expert it can touch (`min(experts, prompt x top_k)` per MoE layer), so its roofline shows
 //! how far a compute-bound prefill sits from the bandwidth floor.
 //!
+//! `--memory-gb G[,..]` or `--memory-fraction F[,..]` (of the model size) instead runs both
+//! engines' decode inside memory cgroups of each budget (see `bench_memory`); `--no-peer`
+//! there measures our engine alone.
+//!
 //! `--kernels` instead compares the GEMV kernels with ggml's (see `peer_kernels`).
 
 use std::path::{Path, PathBuf};
@@ -40,6 +44,9 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             "prompt",
             "venv",
             "kernel-tier",
+            "memory-gb",
+            "memory-fraction",
+            "no-peer!",
         ],
     )?;
     let mut extra: Vec<String> = match o.get("kernel-tier") {
@@ -66,6 +73,9 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     );
     let work = from_root(WORK_DIR);
     std::fs::create_dir_all(&work)?;
+    if o.get("memory-gb").is_some() || o.get("memory-fraction").is_some() {
+        return memory_mode(&o, &model, &work, extra, threads, pairs, tokens);
+    }
     let source = fetch_sdist(&work)?;
     let llama_bench = build_llama_bench(&work, &source)?;
     let gguf = convert(
@@ -74,15 +84,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         &model,
         &from_root(o.get("venv").unwrap_or(DEFAULT_VENV)),
     )?;
-    run_checked(Command::new("cargo").args([
-        "build",
-        "--release",
-        "-p",
-        "k3-model",
-        "--example",
-        "teacher_forced_decode_bench",
-    ]))?;
-    let ours = from_root("target/release/examples/teacher_forced_decode_bench");
+    let ours = build_ours()?;
     let config = K3Config::from_json(
         &std::fs::read_to_string(model.join("config.json")).context("reading config.json")?,
     )?;
@@ -208,6 +210,70 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// `--memory-gb` / `--memory-fraction`: both engines in memory cgroups (`bench_memory`).
+fn memory_mode(
+    o: &Options,
+    model: &Path,
+    work: &Path,
+    ours_args: Vec<String>,
+    threads: Vec<usize>,
+    pairs: usize,
+    tokens: usize,
+) -> Result<()> {
+    let (bytes, embedding) = crate::bench_memory::model_size(model)?;
+    let size = bytes - embedding;
+    println!(
+        "model size (the decode's working set): {:.3} GB = {:.3} GB of tensors less the {:.3} GB embedding table",
+        size as f64 / 1e9,
+        bytes as f64 / 1e9,
+        embedding as f64 / 1e9
+    );
+    let budgets = crate::bench_memory::budgets(o.get("memory-gb"), o.get("memory-fraction"), size)?;
+    let mut files = shard_files(model)?;
+    let peer = if o.flag("no-peer") {
+        println!("--no-peer: our engine alone");
+        None
+    } else {
+        let source = fetch_sdist(work)?;
+        let bench = build_llama_bench(work, &source)?;
+        let gguf = convert(
+            work,
+            &source,
+            model,
+            &from_root(o.get("venv").unwrap_or(DEFAULT_VENV)),
+        )?;
+        files.push(gguf.clone());
+        Some((bench, gguf))
+    };
+    let engines = crate::bench_memory::Engines {
+        ours: build_ours()?,
+        ours_args,
+        peer,
+    };
+    let sweep = crate::bench_memory::Sweep {
+        budgets,
+        threads,
+        pairs,
+        tokens,
+    };
+    crate::bench_memory::run(model, &engines, &sweep, &files)
+}
+
+/// Our decode bench, built in release.
+fn build_ours() -> Result<PathBuf> {
+    run_checked(Command::new("cargo").args([
+        "build",
+        "--release",
+        "-p",
+        "k3-model",
+        "--example",
+        "teacher_forced_decode_bench",
+    ]))?;
+    Ok(from_root(
+        "target/release/examples/teacher_forced_decode_bench",
+    ))
+}
+
 /// The checkpoint's safetensors shards.
 fn shard_files(model: &Path) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
@@ -221,7 +287,7 @@ fn shard_files(model: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Asks the kernel to drop `path`'s pages from the page cache (`POSIX_FADV_DONTNEED`).
-fn drop_page_cache(path: &Path) -> Result<()> {
+pub(crate) fn drop_page_cache(path: &Path) -> Result<()> {
     let file = std::fs::File::open(path).with_context(|| path.display().to_string())?;
     expert_store::io::drop_page_cache(&file, 0, 0)
         .with_context(|| format!("posix_fadvise on {}", path.display()))
@@ -327,7 +393,7 @@ fn line_with<'t>(text: &'t str, marker: &str) -> Result<&'t str> {
 }
 
 /// The number in `line` between `after` and the next `before`.
-fn between(line: &str, after: &str, before: &str) -> Option<f64> {
+pub(crate) fn between(line: &str, after: &str, before: &str) -> Option<f64> {
     let rest = &line[line.find(after)? + after.len()..];
     rest[..rest.find(before)?].trim().parse().ok()
 }

@@ -4,7 +4,9 @@
 //! task, write `fn run(args: &[String]) -> Result<()>` in a new module and list it there.
 
 mod bench_kernels;
+mod bench_memory;
 mod bench_peers;
+mod cgroup;
 mod k3_check;
 mod k3_plan;
 mod k3_synth;
@@ -40,7 +42,7 @@ const TASKS: &[Task] = &[
     },
     Task {
         name: "bench-peers",
-        usage: "--model DIR [--threads 1,2] [--pairs N] [--tokens N] [--prompt N] [--venv DIR]",
+        usage: "--model DIR [--threads 1,2] [--pairs N] [--tokens N] [--prompt N] [--venv DIR] [--memory-gb G,.. | --memory-fraction F,.. [--no-peer]]",
         about: "decode and prefill side by side with llama.cpp's Kimi-K3 on the same checkpoint \
                 (GGUF with a BF16 trunk and MXFP4 experts), alternating A B A B; ratios per pair",
         run: bench_peers::run,

@@ -1,0 +1,494 @@
+//! `cargo xtask bench-peers --memory-gb G[,..]` (or `--memory-fraction F[,..]` of the model
+//! size): both engines decode the same checkpoint, each run inside a fresh memory cgroup of
+//! the budget (`cgroup`), alternating pairs, every run from a cold page cache. Per run:
+//! s/token, tokens/s, bytes read from disk per token, the group's peak memory, whether the OOM
+//! killer fired; per budget the ratio ours / llama.cpp of each pair (min / median / max);
+//! before and after, the disk's own `O_DIRECT` sequential read rate.
+//!
+//! "Model size" is the decode's working set (issue 17): the checkpoint's tensor bytes less
+//! the embedding table, of which a token reads one row. Our bench runs with no memory flags:
+//! its budget comes from the cgroup it finds itself in.
+
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail, ensure};
+
+use crate::cgroup::{Hierarchy, Mark, MemoryGroup, Outcome, group_name};
+
+/// Where the two engines are and how to call them.
+#[derive(Debug)]
+pub(crate) struct Engines {
+    /// `teacher_forced_decode_bench`.
+    pub(crate) ours: PathBuf,
+    /// Extra arguments for ours (the kernel tier only: never memory flags).
+    pub(crate) ours_args: Vec<String>,
+    /// `llama-bench` and the GGUF; `None`: our engine alone (`--no-peer`).
+    pub(crate) peer: Option<(PathBuf, PathBuf)>,
+}
+
+/// What to run: the budgets (bytes, and how they were asked for), thread counts, pairs and
+/// decoded tokens per run.
+#[derive(Debug)]
+pub(crate) struct Sweep {
+    pub(crate) budgets: Vec<(u64, String)>,
+    pub(crate) threads: Vec<usize>,
+    pub(crate) pairs: usize,
+    pub(crate) tokens: usize,
+}
+
+/// The checkpoint's tensor bytes and its embedding table's bytes.
+pub(crate) fn model_size(model: &Path) -> Result<(u64, u64)> {
+    let ckpt = expert_store::Checkpoint::open(model)?;
+    let embedding = ckpt.require("model.embed_tokens.weight")?.bytes.len();
+    Ok((ckpt.data_bytes() as u64, embedding as u64))
+}
+
+/// The budgets of `--memory-gb G,..` (decimal GB) or `--memory-fraction F,..` (of `model`
+/// bytes), in the order given.
+pub(crate) fn budgets(
+    gb: Option<&str>,
+    fraction: Option<&str>,
+    model: u64,
+) -> Result<Vec<(u64, String)>> {
+    let list = |text: &str, flag: &str| -> Result<Vec<f64>> {
+        text.split(',')
+            .map(|v| {
+                let x: f64 = v
+                    .trim()
+                    .parse()
+                    .with_context(|| format!("--{flag} {v:?} is not a number"))?;
+                ensure!(x > 0.0 && x.is_finite(), "--{flag} {v:?} must be above 0");
+                Ok(x)
+            })
+            .collect()
+    };
+    Ok(match (gb, fraction) {
+        (Some(_), Some(_)) => bail!("--memory-gb and --memory-fraction cannot both be given"),
+        (Some(gb), None) => list(gb, "memory-gb")?
+            .into_iter()
+            .map(|g| {
+                (
+                    (g * 1e9) as u64,
+                    format!("{g} GB ({:.2}x the model)", g * 1e9 / model as f64),
+                )
+            })
+            .collect(),
+        (None, Some(f)) => list(f, "memory-fraction")?
+            .into_iter()
+            .map(|f| {
+                let bytes = (f * model as f64) as u64;
+                (
+                    bytes,
+                    format!("{f}x the model ({:.3} GB)", bytes as f64 / 1e9),
+                )
+            })
+            .collect(),
+        (None, None) => bail!("no budget: give --memory-gb or --memory-fraction"),
+    })
+}
+
+/// The disk's sequential read rate with `O_DIRECT` (bytes/s) over the first `max` bytes of
+/// `path`, in 8 MiB requests one at a time (as `dd iflag=direct bs=8M`).
+pub(crate) fn direct_read_rate(path: &Path, max: u64) -> Result<f64> {
+    const CHUNK: usize = 8 << 20;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .with_context(|| format!("opening {} with O_DIRECT", path.display()))?;
+    let layout = std::alloc::Layout::from_size_align(CHUNK, 4096).expect("a valid layout");
+    // SAFETY: the layout has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc(layout) };
+    ensure!(
+        !ptr.is_null(),
+        "cannot allocate {CHUNK} bytes for O_DIRECT reads"
+    );
+    // SAFETY: ptr is a fresh allocation of CHUNK bytes, freed only below, after its last use.
+    let buf = unsafe { std::slice::from_raw_parts_mut(ptr, CHUNK) };
+    let end = max.min(file.metadata()?.len()) / CHUNK as u64 * CHUNK as u64;
+    let start = Instant::now();
+    let mut at = 0u64;
+    let result = loop {
+        if at >= end {
+            break Ok(());
+        }
+        match file.read_at(buf, at) {
+            Ok(0) => break Ok(()),
+            Ok(n) => at += n as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => break Err(e),
+        }
+    };
+    let elapsed = start.elapsed().as_secs_f64();
+    // SAFETY: allocated above with this layout; `buf` is not used after this.
+    unsafe { std::alloc::dealloc(ptr, layout) };
+    result.with_context(|| format!("O_DIRECT read of {} at byte {at}", path.display()))?;
+    ensure!(
+        at > 0,
+        "{} is smaller than one {CHUNK}-byte read",
+        path.display()
+    );
+    Ok(at as f64 / elapsed)
+}
+
+/// Bytes of `path` now in the page cache (`mincore` over a read-only mapping).
+fn resident_bytes(path: &Path) -> Result<u64> {
+    let file = std::fs::File::open(path).with_context(|| path.display().to_string())?;
+    let len = file.metadata()?.len() as usize;
+    if len == 0 {
+        return Ok(0);
+    }
+    // SAFETY: a fresh read-only shared mapping of an open file; unmapped below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            0,
+        )
+    };
+    ensure!(map != libc::MAP_FAILED, "cannot map {}", path.display());
+    let page = 4096;
+    let mut pages = vec![0u8; len.div_ceil(page)];
+    // SAFETY: map covers len bytes; pages has one byte per 4 KiB page of it.
+    let rc = unsafe { libc::mincore(map, len, pages.as_mut_ptr()) };
+    // SAFETY: map and len are the mapping made above, not used after this.
+    unsafe { libc::munmap(map, len) };
+    ensure!(rc == 0, "mincore on {} failed", path.display());
+    Ok(pages.iter().filter(|&&p| p & 1 == 1).count() as u64 * page as u64)
+}
+
+/// One engine's run in one group.
+#[derive(Debug)]
+struct Run {
+    /// Seconds per decoded token; `None`: it did not finish (see `failure`).
+    seconds: Option<f64>,
+    /// Why it did not finish: the OOM killer, or the engine's own error.
+    failure: Option<String>,
+    /// Our combined logits fingerprint.
+    fingerprint: Option<String>,
+    /// Bytes read from disk per timed token: after the mark, over the tokens after it.
+    disk_per_token: Option<f64>,
+    outcome: Outcome,
+}
+
+/// The decode time per token out of a finished run's output.
+fn seconds_per_token(ours: bool, stdout: &str) -> Result<f64> {
+    if ours {
+        let line = stdout
+            .lines()
+            .find(|l| l.contains("steps: median"))
+            .context("our bench printed no \"steps: median\" line")?;
+        let ms = crate::bench_peers::between(line, "after the first ", " ms/token")
+            .context("no mean after the first step")?;
+        Ok(ms / 1e3)
+    } else {
+        let json: serde_json::Value =
+            serde_json::from_str(stdout).context("llama-bench did not print JSON")?;
+        let rate = json[0]["avg_ts"]
+            .as_f64()
+            .context("llama-bench printed no avg_ts")?;
+        Ok(1.0 / rate)
+    }
+}
+
+/// Runs one engine in a fresh group of `budget` bytes, from a cold page cache of `files`.
+fn run_one(
+    h: &Hierarchy,
+    budget: u64,
+    ours: bool,
+    mut command: Command,
+    files: &[PathBuf],
+    tokens: usize,
+) -> Result<Run> {
+    let mut warm = 0;
+    for f in files {
+        crate::bench_peers::drop_page_cache(f)?;
+        warm += resident_bytes(f)?;
+    }
+    if warm > 0 {
+        println!(
+            "  note: {:.1} MB of the weight files stayed in the page cache",
+            warm as f64 / 1e6
+        );
+    }
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let group = MemoryGroup::create(h, &group_name(if ours { "ours" } else { "llama" }), budget)?;
+    // Where the timed decode starts: after our step 0 (the step whose time the mean leaves
+    // out), at llama-bench's timed generation run (after loading and its warm-up token).
+    let mark = if ours {
+        Mark {
+            stderr: false,
+            text: "step    0 ",
+        }
+    } else {
+        Mark {
+            stderr: true,
+            text: "generation run",
+        }
+    };
+    let outcome = group.run(&mut command, Some(mark))?;
+    drop(group);
+    // What the engine said last, to tell where it died.
+    let last = outcome
+        .stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .to_owned();
+    let (seconds, failure) = if outcome.oom_killed() {
+        (
+            None,
+            Some(format!(
+                "killed by the OOM killer (its last line: {last:?})"
+            )),
+        )
+    } else if !outcome.status.success() {
+        (None, Some(format!("{}: {last}", outcome.status)))
+    } else {
+        (Some(seconds_per_token(ours, &outcome.stdout)?), None)
+    };
+    let fingerprint = outcome
+        .stdout
+        .split("combined fingerprint ")
+        .nth(1)
+        .map(|s| s.split_whitespace().next().unwrap_or("").to_string());
+    // Our step 0 is before the mark; llama-bench's warm-up token is not in its timed run.
+    let timed = if ours { tokens - 1 } else { tokens };
+    let disk_per_token = outcome
+        .read_bytes_at_mark
+        .filter(|_| seconds.is_some() && timed > 0)
+        .map(|at| outcome.read_bytes.saturating_sub(at) as f64 / timed as f64);
+    Ok(Run {
+        seconds,
+        failure,
+        fingerprint,
+        disk_per_token,
+        outcome,
+    })
+}
+
+fn describe(name: &str, run: &Run) -> String {
+    let o = &run.outcome;
+    let speed = match (run.seconds, &run.failure) {
+        (Some(s), _) => format!("{s:.4} s/token ({:.2} tokens/s)", 1.0 / s),
+        (None, Some(why)) => why.clone(),
+        (None, None) => "no result".into(),
+    };
+    let disk = match (run.disk_per_token, o.read_bytes_at_mark) {
+        (Some(d), Some(at)) => format!(
+            "{:.3} GB read from disk per timed token, {:.3} GB before them (load, warm-up)",
+            d / 1e9,
+            at as f64 / 1e9
+        ),
+        _ => "no timed tokens".into(),
+    };
+    format!(
+        "{name}: {speed}; {disk}; {:.3} GB from disk in all in {:.1} s; peak {:.3} GB",
+        o.read_bytes as f64 / 1e9,
+        o.wall.as_secs_f64(),
+        o.peak as f64 / 1e9,
+    )
+}
+
+/// min / median / max of `v` (sorted here), or "n/a".
+fn spread(v: &mut [f64], digits: usize) -> String {
+    if v.is_empty() {
+        return "n/a".into();
+    }
+    v.sort_by(f64::total_cmp);
+    format!(
+        "min {:.digits$} median {:.digits$} max {:.digits$}",
+        v[0],
+        v[v.len() / 2],
+        v[v.len() - 1]
+    )
+}
+
+pub(crate) fn run(model: &Path, engines: &Engines, sweep: &Sweep, files: &[PathBuf]) -> Result<()> {
+    let h = Hierarchy::detect()?;
+    println!(
+        "memory cgroups: {:?} under {}",
+        h.version,
+        h.parent.display()
+    );
+    let largest = files
+        .iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "safetensors"))
+        .max_by_key(|f| f.metadata().map_or(0, |m| m.len()))
+        .context("the checkpoint has no safetensors shard")?;
+    let disk = |when: &str| -> Result<()> {
+        let rate = direct_read_rate(largest, 2 << 30)?;
+        println!(
+            "disk, O_DIRECT sequential 8 MiB reads of {} ({when}): {:.2} GB/s",
+            largest.display(),
+            rate / 1e9
+        );
+        Ok(())
+    };
+    disk("before")?;
+    let mut fingerprints: Vec<String> = Vec::new();
+    for (budget, label) in &sweep.budgets {
+        for &t in &sweep.threads {
+            let mut rows: Vec<(Option<Run>, Run)> = Vec::new();
+            for pair in 0..sweep.pairs {
+                println!("budget {label}, {t} threads, pair {pair}:");
+                let peer = match &engines.peer {
+                    Some((bench, gguf)) => {
+                        let mut c = Command::new(bench);
+                        c.arg("-m").arg(gguf);
+                        c.args([
+                            "-p",
+                            "0",
+                            "-n",
+                            &sweep.tokens.to_string(),
+                            "-t",
+                            &t.to_string(),
+                        ]);
+                        c.args(["-r", "1", "-o", "json", "--progress"]);
+                        let run = run_one(&h, *budget, false, c, files, sweep.tokens)?;
+                        println!("  {}", describe("llama.cpp", &run));
+                        Some(run)
+                    }
+                    None => None,
+                };
+                let mut c = Command::new(&engines.ours);
+                c.arg("--model").arg(model);
+                c.args([
+                    "--threads",
+                    &t.to_string(),
+                    "--steps",
+                    &sweep.tokens.to_string(),
+                ]);
+                c.args(&engines.ours_args);
+                let ours = run_one(&h, *budget, true, c, files, sweep.tokens)?;
+                println!("  {}", describe("ours", &ours));
+                if let Some(fp) = &ours.fingerprint {
+                    fingerprints.push(fp.clone());
+                }
+                if let (Some(p), Some(o)) = (peer.as_ref().and_then(|p| p.seconds), ours.seconds) {
+                    println!("  ours / llama.cpp tokens/s: {:.2}x", p / o);
+                }
+                rows.push((peer, ours));
+            }
+            let mut ratios: Vec<f64> = rows
+                .iter()
+                .filter_map(|(p, o)| Some(p.as_ref()?.seconds? / o.seconds?))
+                .collect();
+            // Per engine (false: llama.cpp, true: ours): s/token, GB from disk per timed
+            // token, OOM kills.
+            let engine = |ours: bool| {
+                let runs: Vec<&Run> = rows
+                    .iter()
+                    .filter_map(|(p, o)| if ours { Some(o) } else { p.as_ref() })
+                    .collect();
+                let mut s: Vec<f64> = runs.iter().filter_map(|r| r.seconds).collect();
+                let mut d: Vec<f64> = runs.iter().filter_map(|r| r.disk_per_token).collect();
+                d.iter_mut().for_each(|b| *b /= 1e9);
+                let ooms = runs.iter().filter(|r| r.outcome.oom_killed()).count();
+                format!(
+                    "s/token {}, GB from disk per token {} ({ooms} of {} runs OOM-killed)",
+                    spread(&mut s, 4),
+                    spread(&mut d, 3),
+                    runs.len()
+                )
+            };
+            println!("budget {label}, {t} threads, ours: {}", engine(true));
+            if engines.peer.is_some() {
+                println!("budget {label}, {t} threads, llama.cpp: {}", engine(false));
+                println!(
+                    "budget {label}, {t} threads, ours / llama.cpp tokens/s: {}",
+                    spread(&mut ratios, 2)
+                );
+            }
+        }
+    }
+    disk("after")?;
+    fingerprints.sort();
+    fingerprints.dedup();
+    match fingerprints.len() {
+        0 => println!("ours: no finished run to compare logits"),
+        1 => println!(
+            "ours: the same combined logits fingerprint {} in every finished run",
+            fingerprints[0]
+        ),
+        _ => println!(
+            "ours: logits DIFFER between runs: fingerprints {}",
+            fingerprints.join(", ")
+        ),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budgets_in_gb_and_as_fractions_of_the_model() {
+        let gb = budgets(Some("1.5,0.25"), None, 1_000_000_000).unwrap();
+        assert_eq!(
+            gb.iter().map(|b| b.0).collect::<Vec<_>>(),
+            [1_500_000_000, 250_000_000]
+        );
+        assert!(gb[0].1.contains("1.50x the model"), "{}", gb[0].1);
+        let f = budgets(None, Some("1.2,0.5"), 3_000_000_000).unwrap();
+        assert_eq!(
+            f.iter().map(|b| b.0).collect::<Vec<_>>(),
+            [3_600_000_000, 1_500_000_000]
+        );
+    }
+
+    #[test]
+    fn bad_budgets_are_refused_with_the_value() {
+        let e = budgets(Some("2,x"), None, 1).unwrap_err().to_string();
+        assert!(e.contains("\"x\""), "{e}");
+        assert!(budgets(None, Some("0"), 1).is_err());
+        assert!(budgets(Some("1"), Some("1"), 1).is_err());
+        assert!(budgets(None, None, 1).is_err());
+    }
+
+    #[test]
+    fn decode_times_from_both_engines_output() {
+        let ours = "step 1 ...\n8 steps: median 12.000 ms/token, mean after the first 20.000 ms/token; 5 weight bytes per token; combined fingerprint 00ff\n";
+        assert_eq!(seconds_per_token(true, ours).unwrap(), 0.02);
+        let peer = r#"[{"avg_ts": 4.0, "n_gen": 32}]"#;
+        assert_eq!(seconds_per_token(false, peer).unwrap(), 0.25);
+        assert!(seconds_per_token(true, "no such line").is_err());
+    }
+
+    #[test]
+    fn a_file_just_read_is_resident_and_dropped_is_not() {
+        let exe = std::env::current_exe().unwrap();
+        let path = exe.with_file_name(format!("{}.resident", group_name("file")));
+        std::fs::write(&path, vec![1u8; 1 << 20]).unwrap();
+        std::fs::File::open(&path).unwrap().sync_all().unwrap();
+        let _ = std::fs::read(&path).unwrap();
+        let before = resident_bytes(&path).unwrap();
+        crate::bench_peers::drop_page_cache(&path).unwrap();
+        let after = resident_bytes(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(before, 1 << 20);
+        assert_eq!(after, 0);
+    }
+
+    #[test]
+    fn the_direct_read_rate_reads_the_file() {
+        let exe = std::env::current_exe().unwrap();
+        let path = exe.with_file_name(format!("{}.direct", group_name("file")));
+        std::fs::write(&path, vec![3u8; 16 << 20]).unwrap();
+        let rate = direct_read_rate(&path, u64::MAX);
+        std::fs::remove_file(&path).unwrap();
+        match rate {
+            Ok(r) => assert!(r > 0.0 && r.is_finite(), "{r}"),
+            // Some filesystems (tmpfs) refuse O_DIRECT: that is an error naming the file.
+            Err(e) => assert!(format!("{e:#}").contains("O_DIRECT"), "{e:#}"),
+        }
+    }
+}
