@@ -365,6 +365,9 @@ pub(crate) fn run(model: &Path, engines: &Engines, sweep: &Sweep, files: &[PathB
                     &t.to_string(),
                     "--steps",
                     &sweep.tokens.to_string(),
+                    // The read probe's buffer would count against the group's budget.
+                    "--probe-mb",
+                    "0",
                 ]);
                 c.args(&engines.ours_args);
                 let ours = run_one(&h, *budget, true, c, files, sweep.tokens)?;

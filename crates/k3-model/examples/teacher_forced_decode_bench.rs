@@ -126,6 +126,15 @@ fn bench_flags() -> Vec<Flag> {
             BENCH,
             "write every step's logits to FILE (f32, little-endian)",
         ),
+        Flag::value(
+            "probe-mb",
+            "N",
+            Whole,
+            "512",
+            BENCH,
+            "MiB the read-bandwidth probe streams between steps (0: no probe, e.g. inside a \
+             memory cgroup, where its buffer would count against the budget)",
+        ),
         Flag::switch(
             "profile",
             BENCH,
@@ -160,6 +169,8 @@ struct Args {
     steps: usize,
     prefill_chunk: usize,
     logits_out: Option<PathBuf>,
+    /// `--probe-mb N`: the read probe's buffer in MiB (0: no probe).
+    probe_mb: usize,
     /// `--prefill N`: time a prefill of the first N tokens instead of decoding.
     prefill: Option<usize>,
     /// `--profile`: print where the timed steps' wall time went, by bucket.
@@ -231,6 +242,7 @@ fn parse(
         steps: p.get_or_default(table, "steps")?,
         prefill_chunk: p.get_or_default(table, "prefill-chunk")?,
         logits_out: p.get_str("logits-out").map(PathBuf::from),
+        probe_mb: p.get_or_default(table, "probe-mb")?,
         prefill: p.get_usize("prefill")?,
         profile: p.switch("profile"),
         engine,
@@ -381,9 +393,10 @@ fn main() -> Result<()> {
     // paired with the bandwidth the machine gave at that moment (this host is shared: it
     // drifts by tens of percent within a minute). A probe flushes the caches and the next
     // step pays for it, so probing after every step would understate the decode.
+    // `--probe-mb 0` turns it off (its buffer would count against a memory cgroup's budget).
     let probe_pool = benches::Pool::new(pool.threads())?;
-    let buffer = benches::bandwidth_buffer(512 << 20);
-    let probe = || benches::read_rate(&probe_pool, &buffer);
+    let buffer = (args.probe_mb > 0).then(|| benches::bandwidth_buffer(args.probe_mb << 20));
+    let probe = || buffer.as_ref().map(|b| benches::read_rate(&probe_pool, b));
     probe(); // warm: the first pass also faults the buffer's pages in
     if let Some(store) = &store {
         store.reset_stats(); // the preload's reads are not the decode's
@@ -423,13 +436,17 @@ fn main() -> Result<()> {
         };
         pending.extend(std::iter::repeat_n(per_token, chunk.len()));
         if pending.len() >= PROBE_EVERY || step + chunk.len() == tokens.len() {
-            let read = probe();
-            reads.push(read);
-            ratios.extend(
-                pending
-                    .drain(..)
-                    .map(|t| plan.bytes_per_token as f64 / t / read),
-            );
+            match probe() {
+                Some(read) => {
+                    reads.push(read);
+                    ratios.extend(
+                        pending
+                            .drain(..)
+                            .map(|t| plan.bytes_per_token as f64 / t / read),
+                    );
+                }
+                None => pending.clear(),
+            }
         }
         for (&token, logits) in chunk.iter().zip(&rows) {
             times.push(per_token);
@@ -462,26 +479,34 @@ fn main() -> Result<()> {
         times[0]
     };
     let median_time = median(&mut times);
-    let median_read = median(&mut reads);
-    let median_ratio = median(&mut ratios);
+    let probed = !reads.is_empty();
+    let median_read = if probed { median(&mut reads) } else { 0.0 };
+    let median_ratio = if probed { median(&mut ratios) } else { 0.0 };
     let combined_fp = combined.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     });
+    let fraction = if probed {
+        println!(
+            "read bandwidth, measured after every {PROBE_EVERY} steps ({} threads): median {:.2} GB/s, range {:.2}-{:.2}",
+            pool.threads(),
+            median_read / 1e9,
+            reads[0] / 1e9,
+            reads[reads.len() - 1] / 1e9,
+        );
+        format!(
+            "{:.0}% of the read bandwidth (median of per-step ratios to the read measured next)",
+            100.0 * median_ratio
+        )
+    } else {
+        "no read probe (--probe-mb 0)".to_owned()
+    };
     println!(
-        "read bandwidth, measured after every {PROBE_EVERY} steps ({} threads): median {:.2} GB/s, range {:.2}-{:.2}",
-        pool.threads(),
-        median_read / 1e9,
-        reads[0] / 1e9,
-        reads[reads.len() - 1] / 1e9,
-    );
-    println!(
-        "{} steps: median {:.3} ms/token, mean after the first {:.3} ms/token; {} weight bytes per token; {:.2} GB/s; {:.0}% of the read bandwidth (median of per-step ratios to the read measured next); combined fingerprint {combined_fp:016x}",
+        "{} steps: median {:.3} ms/token, mean after the first {:.3} ms/token; {} weight bytes per token; {:.2} GB/s; {fraction}; combined fingerprint {combined_fp:016x}",
         tokens.len(),
         median_time * 1e3,
         mean_time * 1e3,
         plan.bytes_per_token,
         plan.bytes_per_token as f64 / median_time / 1e9,
-        100.0 * median_ratio,
     );
     if args.profile {
         let first = tokens.len().min(args.prefill_chunk);
@@ -490,7 +515,7 @@ fn main() -> Result<()> {
             profiled,
             tokens.len() - first,
             "decode profile over the steps after the first chunk",
-            Some((&plan, median_read)),
+            probed.then_some((&plan, median_read)),
         );
     }
     if let Some(store) = &store {
