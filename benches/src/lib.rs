@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use mxfp4_kernels::codes::f32_to_bf16;
 use mxfp4_kernels::{Activations, Bf16Matrix, ExpertScratch, Kernels, MxFp4Matrix, Situ};
 
-/// K3's routed expert: gate/up `[3072, 3584]`, down `[3584, 3072]` (K3_SPEC §3.3).
+/// K3's routed expert: gate/up `[3072, 3584]`, down `[3584, 3072]` (docs/MODEL.md §3.3).
 pub const EXPERT_INTER: usize = 3072;
 pub const EXPERT_LATENT: usize = 3584;
 /// KDA q/k/v/g projections `[12288, 7168]`.
@@ -166,7 +166,7 @@ impl Expert {
             down: MxOwned::random(rng, EXPERT_LATENT, EXPERT_INTER),
         }
     }
-    /// 17,547,264 bytes, as K3_SPEC §3.4.
+    /// 17,547,264 bytes, as docs/MODEL.md §3.4.
     pub fn bytes(&self) -> usize {
         self.gate.bytes() + self.up.bytes() + self.down.bytes()
     }

@@ -9,7 +9,7 @@ use k3_model::inventory::BytePlan;
 
 use crate::{Options, from_root};
 
-/// The release's vision tower and projector (K3_SPEC §3.5): not text, not in the inventory.
+/// The release's vision tower and projector (docs/MODEL.md §3.5): not text, not in the inventory.
 const VISION_BYTES: usize = 894_717_952;
 
 pub(crate) fn run(args: &[String]) -> Result<()> {

@@ -133,7 +133,7 @@ const THREAD_ALLOW: &[Allowed] = &[
         path: "crates/k3-serve/src/main.rs",
         pattern: "runtime::Builder::new_multi_thread(",
         reason: "the HTTP runtime: two threads asleep on sockets that touch no weights \
-                 (DESIGN.md contract 5 names it)",
+                 (docs/ARCHITECTURE.md contract 5 names it)",
     },
     Allowed {
         path: "crates/k3-serve/src/main.rs",

@@ -1,5 +1,5 @@
 //! The forward pass's element-wise and per-head primitives, in the engine's canonical f32 order
-//! (K3_SPEC §5, §6, §8.2): RMSNorm, the KDA L2 norm, the AttnRes depth mix, the sigmoid router,
+//! (docs/MODEL.md §5, §6, §8.2): RMSNorm, the KDA L2 norm, the AttnRes depth mix, the sigmoid router,
 //! both KDA decay-gate forms, the causal depthwise conv step and the KDA delta-rule step.
 //!
 //! Canonical order: every reduction over a vector runs in a fixed order: interleaved partial
@@ -94,7 +94,7 @@ pub fn inv_rms(x: &[f32], eps: f32) -> f32 {
 }
 
 /// KDA's L2 norm of one head, in place: `x · 1/sqrt(Σx² + 1e-6)` (fla's eps inside the sqrt;
-/// K3_SPEC §5 follows fla over llama.cpp's 1e-5).
+/// docs/MODEL.md §5 follows fla over llama.cpp's 1e-5).
 #[inline(always)]
 pub fn l2_norm(x: &mut [f32]) {
     let inv = (1.0 / (sum_squares(x) + 1e-6).sqrt()) as f32;
@@ -130,7 +130,7 @@ pub fn attn_res_mix(candidates: &[&[f32]], score: &[f32], eps: f32, out: &mut [f
     }
 }
 
-/// The router's choice for one token (K3_SPEC §8.2): sigmoid scores, the selection bias added
+/// The router's choice for one token (docs/MODEL.md §8.2): sigmoid scores, the selection bias added
 /// for choosing only, the `top_k` highest (ties to the lower expert id), weights from the raw
 /// scores, renormalised (`+ 1e-20`, when `renormalize` and `top_k > 1`) and scaled. Returns
 /// `(expert ids in descending choice order, weights)`.
@@ -182,7 +182,7 @@ pub fn silu_in_place(kernels: &Kernels, x: &mut [f32]) {
 }
 
 /// The KDA log-decay of one channel from `z = f + dt_bias` and its head's `A_log`
-/// (K3_SPEC §6.3): K3's bounded form `lb · sigmoid(exp(A_log) · z)`, or Kimi-Linear's
+/// (docs/MODEL.md §6.3): K3's bounded form `lb · sigmoid(exp(A_log) · z)`, or Kimi-Linear's
 /// `-exp(A_log) · softplus(z)`. The decay itself is `exp(g)`.
 pub fn kda_log_decay(gate: KdaGate, a_log: f32, z: f32) -> f32 {
     match gate {
@@ -247,7 +247,7 @@ pub fn conv_step(input: &[f32], weights: &[f32], taps: usize, window: &mut [f32]
     }
 }
 
-/// One KDA delta-rule step for one head (K3_SPEC §6.5), in the order decay → read → write →
+/// One KDA delta-rule step for one head (docs/MODEL.md §6.5), in the order decay → read → write →
 /// output from the updated state. `state` is `[K][V]` row-major; `q` already carries the
 /// `K^-0.5` scale; `alpha` is the per-key decay `exp(g)`; `beta` the head's write strength.
 #[inline(always)]

@@ -1,11 +1,11 @@
-//! The K3 tokenizer (K3_SPEC §10.1): tiktoken's rank-based byte-pair encoding over
+//! The K3 tokenizer (docs/MODEL.md §10.1): tiktoken's rank-based byte-pair encoding over
 //! `tiktoken.model`, the Kimi pre-tokenizer regex, and the special tokens of
 //! `tokenizer_config.json`, recognised only where the caller allows them.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-/// The Kimi pre-tokenizer split pattern, alternatives in order (K3_SPEC §10.1; the `(?!\S)`
+/// The Kimi pre-tokenizer split pattern, alternatives in order (docs/MODEL.md §10.1; the `(?!\S)`
 /// lookahead is why this is `fancy_regex`).
 pub const KIMI_PATTERN: &str = concat!(
     r"[\p{Han}]+",

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use super::{CheckpointError, Result};
 
-/// Prefixes of the vision tower's and projector's tensors in the release (K3_SPEC §3.2).
+/// Prefixes of the vision tower's and projector's tensors in the release (docs/MODEL.md §3.2).
 const VISION_PREFIXES: [&str; 2] = ["vision_tower.", "mm_projector."];
 
 /// Whether every tensor the index places in `file` belongs to the vision tower or projector.

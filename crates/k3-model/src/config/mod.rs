@@ -76,7 +76,7 @@ pub enum KdaGate {
     /// as in the public 0.40B model).
     Softplus,
     /// K3's bounded form selected by `gate_lower_bound` (-5.0 in the release); the value is a
-    /// parameter of the gate function, not a clamp (K3_SPEC §6.3).
+    /// parameter of the gate function, not a clamp (docs/MODEL.md §6.3).
     LowerBound(f32),
 }
 

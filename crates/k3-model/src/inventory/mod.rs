@@ -1,7 +1,7 @@
 //! Every text tensor a K3 checkpoint holds, derived from the config: name, stored shape
-//! (`[out, in]`), the release's dtype, class (K3_SPEC §3.3, generalised to the config's
+//! (`[out, in]`), the release's dtype, class (docs/MODEL.md §3.3, generalised to the config's
 //! dimensions) and role, which says what other formats a checkpoint may use for it
-//! ([`TensorSpec::role`]: DESIGN.md contract 3, formats accepted by tensor, not by name).
+//! ([`TensorSpec::role`]: docs/ARCHITECTURE.md contract 3, formats accepted by tensor, not by name).
 //!
 //! Names are relative to the text model (`model.layers.3.self_attn.q_proj.weight`,
 //! `lm_head.weight`); the release prefixes them with `language_model.`. The loader validates a
@@ -150,7 +150,7 @@ impl TensorSpec {
 }
 
 /// Stored length of a KDA layer's `A_log`. The release stores `[128]` for 96 heads (96 values
-/// and 32 exact zeros, K3_SPEC §6.4); the 0.40B model presumably stores `[8]` for 8 heads.
+/// and 32 exact zeros, docs/MODEL.md §6.4); the 0.40B model presumably stores `[8]` for 8 heads.
 /// [UNCERTAIN: the padding rule is not documented; the next power of two reproduces both and
 /// the release's byte total, so the plan and the generator use it. The loader accepts any
 /// length >= num_heads whose tail is zero.]

@@ -17,7 +17,7 @@ pub const FINAL_NORM: &str = "model.norm.weight";
 pub const OUTPUT_RES_NORM: &str = "model.output_attn_res_norm.weight";
 pub const OUTPUT_RES_PROJ: &str = "model.output_attn_res_proj.weight";
 
-/// The leaf name of a KDA layer's `A_log` (the one vector stored padded, K3_SPEC §6.4).
+/// The leaf name of a KDA layer's `A_log` (the one vector stored padded, docs/MODEL.md §6.4).
 pub const A_LOG: &str = "self_attn.A_log";
 
 fn layer_prefix(layer: usize) -> String {
@@ -201,7 +201,7 @@ mod tests {
     use crate::inventory::{TensorClass, text_tensors};
     use crate::synth::{Preset, preset_config};
 
-    /// The release's spelling of a few names (K3_SPEC §3), pinned.
+    /// The release's spelling of a few names (docs/MODEL.md §3), pinned.
     #[test]
     fn names_are_the_releases() {
         assert_eq!(KdaNames::new(3).a_log, "model.layers.3.self_attn.A_log");

@@ -1,4 +1,4 @@
-//! Kimi Delta Attention over a chunk of several sequences' tokens (K3_SPEC §6).
+//! Kimi Delta Attention over a chunk of several sequences' tokens (docs/MODEL.md §6).
 
 use super::weights::Kda;
 use super::wide::wide;

@@ -1,11 +1,11 @@
-//! Gated MLA in the absorbed form over a chunk of several sequences' tokens (K3_SPEC §7).
+//! Gated MLA in the absorbed form over a chunk of several sequences' tokens (docs/MODEL.md §7).
 
 use super::weights::Mla;
 use super::wide::wide;
 use super::{MlaCache, Model, Result};
 use crate::ops::{dot, rms_norm};
 
-/// The MLA low-rank norms use 1e-6 (HF's default), not `rms_norm_eps` (K3_SPEC §7.1).
+/// The MLA low-rank norms use 1e-6 (HF's default), not `rms_norm_eps` (docs/MODEL.md §7.1).
 const MLA_NORM_EPS: f32 = 1e-6;
 
 impl Model<'_> {
@@ -55,7 +55,7 @@ impl Model<'_> {
                 cache.k_pe.extend_from_slice(&ckv[rank..rank + rope]);
             }
             let cache = &*cache;
-            // One head's context for token t (the absorbed form, K3_SPEC §7.3).
+            // One head's context for token t (the absorbed form, docs/MODEL.md §7.3).
             let head_context = |t: usize, head: usize, out: &mut [f32]| {
                 let positions = first_position + (t - span.start) + 1;
                 let qh = &qs[t][head * (nope + rope)..(head + 1) * (nope + rope)];

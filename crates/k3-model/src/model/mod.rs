@@ -1,4 +1,4 @@
-//! The K3 forward pass (K3_SPEC §6-§9), layer-major over a chunk of tokens (a decode step is a
+//! The K3 forward pass (docs/MODEL.md §6-§9), layer-major over a chunk of tokens (a decode step is a
 //! chunk of one), its row blocks and expert tasks spread over a `numa_sched::Pool`:
 //! embedding, per layer the AttnRes mixes, KDA or gated MLA, dense MLP or latent MoE, then the
 //! output mix, final norm and lm_head. `Session` holds one sequence's state.

@@ -177,7 +177,7 @@ pub fn preset_config(preset: Preset, layers: Option<usize>, experts: Option<usiz
         Preset::K3Wide => 2,
     };
     let layers = layers.unwrap_or(default_layers);
-    // Special-token ids sit in the top 256 ids (K3_SPEC §10.1): move them with the vocabulary.
+    // Special-token ids sit in the top 256 ids (docs/MODEL.md §10.1): move them with the vocabulary.
     let vocab = root["text_config"]["vocab_size"]
         .as_u64()
         .expect("vocab_size");
@@ -467,7 +467,7 @@ fn float_values(config: &K3Config, options: &SynthOptions, spec: &TensorSpec) ->
         DType::F32 => {
             let values: Vec<f32> = match last {
                 "A_log" => {
-                    // One value per head, then zero padding (K3_SPEC §6.4): exp(A_log) in [1, 8].
+                    // One value per head, then zero padding (docs/MODEL.md §6.4): exp(A_log) in [1, 8].
                     let heads = config.kda.num_heads;
                     (0..n)
                         .map(|i| {

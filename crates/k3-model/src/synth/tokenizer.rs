@@ -5,7 +5,7 @@
 
 use serde_json::{Value, json};
 
-/// Special slots at the top of the vocabulary (K3_SPEC §10.1).
+/// Special slots at the top of the vocabulary (docs/MODEL.md §10.1).
 pub const SPECIAL_SLOTS: usize = 256;
 
 /// K3's named special tokens and their offsets from the first special id (163584 in K3).

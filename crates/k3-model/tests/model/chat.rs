@@ -1,4 +1,4 @@
-//! XTML rendering (K3_SPEC §10.2) against llama.cpp's Kimi-K3 chat template, rendered by
+//! XTML rendering (docs/MODEL.md §10.2) against llama.cpp's Kimi-K3 chat template, rendered by
 //! jinja2 and frozen by `cargo xtask oracle-chat` (`tests/data/chat/`): every conversation
 //! byte for byte, and every assistant turn in it back through the output parser. Plus the
 //! segment rules (markers only in control segments) and the parser on streamed tokens.

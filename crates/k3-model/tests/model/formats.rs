@@ -1,4 +1,4 @@
-//! Checkpoint formats by tensor, not by name (DESIGN.md contract 3), on copies of the `tiny`
+//! Checkpoint formats by tensor, not by name (docs/ARCHITECTURE.md contract 3), on copies of the `tiny`
 //! preset written in other formats: an F32 trunk of the BF16 values decodes to the BF16
 //! checkpoint's bits; an F16 trunk to the bits of the F32 checkpoint of its widened values, and
 //! near the BF16 one; float vectors (conv taps, `A_log`, `dt_bias`, `o_norm`, norms) in F32,

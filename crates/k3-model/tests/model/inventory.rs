@@ -1,4 +1,4 @@
-//! The tensor inventory reproduces the release's byte accounting (K3_SPEC §3.5) exactly.
+//! The tensor inventory reproduces the release's byte accounting (docs/MODEL.md §3.5) exactly.
 
 use k3_model::config::{AttentionKind as A, FfnKind as F, K3Config};
 use k3_model::inventory::{BytePlan, TensorClass, text_tensors};
@@ -6,7 +6,7 @@ use k3_model::inventory::{BytePlan, TensorClass, text_tensors};
 const REAL: &str = include_str!("../../configs/Kimi-K3.config.json");
 const TINY: &str = include_str!("../../configs/Kimi-K3-0.40B.config.json");
 
-/// The release's vision tower and projector, which a text engine skips (K3_SPEC §3.5).
+/// The release's vision tower and projector, which a text engine skips (docs/MODEL.md §3.5).
 const VISION_BYTES: usize = 894_717_952;
 
 #[test]

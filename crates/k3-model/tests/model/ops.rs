@@ -1,4 +1,4 @@
-//! The forward-pass primitives against straightforward f64 transcriptions of K3_SPEC's
+//! The forward-pass primitives against straightforward f64 transcriptions of docs/MODEL.md's
 //! formulas, plus the properties the spec calls out (identity mix, bias for selection only,
 //! ties to the lower id, the gate ranges).
 

@@ -15,7 +15,7 @@ fn encodes_like_tiktoken_on_the_frozen_vector() {
         serde_json::from_slice(&read_frozen("tiktoken", "vector.json", COMMAND)).unwrap();
     assert_eq!(
         vector["pattern"], KIMI_PATTERN,
-        "the oracle's split pattern (from K3_SPEC) differs from ours"
+        "the oracle's split pattern (from docs/MODEL.md §10.1) differs from ours"
     );
     let digest: String = <sha2::Sha256 as sha2::Digest>::digest(&model)
         .iter()
