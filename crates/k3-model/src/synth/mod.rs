@@ -19,8 +19,8 @@ pub use formats::{FloatFormat, SynthFormats};
 
 use std::path::Path;
 
-use expert_store::checkpoint::{CheckpointError, Dtype};
 use expert_store::ExpertLayout;
+use expert_store::checkpoint::{CheckpointError, Dtype};
 use expert_store::writer::{TensorOut, write_safetensors};
 use std::collections::HashMap;
 

@@ -218,7 +218,9 @@ fn mutated_requests_get_an_answer_or_an_error_object_and_the_server_keeps_servin
                 *statuses.entry(status).or_insert(0) += 1;
                 if let Err(why) = check(status, &text) {
                     let text: String = text.chars().take(300).collect();
-                    failures.push(format!("case {case}: {why}: {status} {text}\n  body {shown}"));
+                    failures.push(format!(
+                        "case {case}: {why}: {status} {text}\n  body {shown}"
+                    ));
                 }
             }
             Err(e) => failures.push(format!("case {case}: no answer ({e})\n  body {shown}")),
