@@ -372,3 +372,26 @@ async fn a_tiny_budget_evicts_and_stays_within_it() {
     }
     assert!(metric(&tight, "k3_prompt_cache_evictions_total").await > 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cache_holds_the_system_block_prompt_and_answer_states() {
+    let warm = warm(PLAIN);
+    let answer = chat(&warm, &turn_one()).await;
+    let prompt = answer["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+    let generated = answer["usage"]["completion_tokens"].as_u64().unwrap() as usize;
+    assert!(
+        generated > 1,
+        "the answer must have been fed to the session: {answer}"
+    );
+    let system = system_tokens(&warm, &turn_one());
+    let config = &warm.engine.config;
+    // Snapshots at the end of the system block, of the prompt, and of the answer (every
+    // token but the last sampled one was fed), each of the size the config gives.
+    let expected = state_bytes(config, system)
+        + state_bytes(config, prompt)
+        + state_bytes(config, prompt + generated - 1);
+    assert_eq!(
+        metric(&warm, "k3_prompt_cache_bytes").await as usize,
+        expected
+    );
+}
