@@ -55,6 +55,10 @@ impl EngineCache {
         Self { cache: Some(cache) }
     }
 
+    pub(super) fn is_on(&self) -> bool {
+        self.cache.is_some()
+    }
+
     pub(super) fn stats(&self) -> Option<PromptCacheStats> {
         self.cache.as_ref().map(PromptCache::stats)
     }

@@ -103,7 +103,7 @@ pub(super) fn run(
                 // A system block not cached yet: prefill to its end first and keep a snapshot
                 // there (the same bits as one prefill: chunking never changes them).
                 let system = sequence.system_tokens;
-                if system > start && system < tokens.len() {
+                if cache.is_on() && system > start && system < tokens.len() {
                     let chunk = config.prefill_chunk;
                     if let Err(e) =
                         model.prefill(&mut sequence.session, &tokens[start..system], chunk)
