@@ -364,6 +364,19 @@ pub fn render(
     tools: Option<&Value>,
     options: &ChatOptions,
 ) -> Result<Vec<Segment>, ChatError> {
+    render_split(messages, tools, options).map(|(segments, _)| segments)
+}
+
+/// [`render`], and how many of its first segments are the system block: the tool
+/// declaration, the thinking-effort message and the leading system messages. Two
+/// conversations with the same system messages, tools and options share those segments.
+pub fn render_split(
+    messages: &[Message],
+    tools: Option<&Value>,
+    options: &ChatOptions,
+) -> Result<(Vec<Segment>, usize), ChatError> {
+    let leading_system = messages.iter().take_while(|m| m.role == "system").count();
+    let mut system_block = None;
     let mut w = Writer::default();
     if let Some(tools) = tools.filter(|t| truthy(t)) {
         w.tool_declaration(tools, false);
@@ -383,6 +396,9 @@ pub fn render(
     let mut calls: &[ToolCall] = &[];
     let mut tool_index = 0usize;
     for (i, m) in messages.iter().enumerate() {
+        if i == leading_system {
+            system_block = Some(w.segments.len());
+        }
         match m.role.as_str() {
             "system" if m.tools.as_ref().is_some_and(truthy) => {
                 if let Some(tools) = &m.tools {
@@ -443,6 +459,7 @@ pub fn render(
             _ => {}
         }
     }
+    let system_block = system_block.unwrap_or(w.segments.len());
     match options.tool_choice {
         ToolChoice::Required => w.system(
             "tool-choice",
@@ -480,7 +497,7 @@ pub fn render(
         },
         &[],
     );
-    Ok(w.segments)
+    Ok((w.segments, system_block))
 }
 
 /// `role`, and `name` when the message has a non-empty one.

@@ -99,6 +99,7 @@ fn main() -> Result<()> {
         queue: 64,
         panic_on_prompt: None,
         prefill_chunk: 8,
+        prompt_cache: Default::default(),
     })?;
     if !wait_ready(&engine, Duration::from_secs(600)) {
         bail!("the model did not load");
@@ -159,6 +160,7 @@ fn run(engine: &EngineHandle, streams: usize, tokens: usize) -> Result<(f64, f64
             .submit(Job {
                 request,
                 prompt_ids: ids,
+                system_tokens: 0,
                 events: tx,
                 log_id: None,
                 submitted: Instant::now(),

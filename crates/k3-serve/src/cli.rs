@@ -135,6 +135,25 @@ pub fn k3_serve_flags() -> Vec<Flag> {
             SERVER,
             "seconds an idle keep-alive connection stays open",
         ),
+        Flag::value(
+            "prompt-cache-gb",
+            "G",
+            Number {
+                min: 0.0,
+                max: 1e6,
+            },
+            "a tenth of the memory budget at startup",
+            SERVER,
+            "size in GiB of the session snapshots kept in RAM to resume prompts that extend a cached prefix; 0 turns the cache off",
+        ),
+        Flag::value(
+            "prompt-cache-dir",
+            "DIR",
+            Text,
+            "none: RAM only",
+            SERVER,
+            "spill prompt-cache snapshots to DIR (up to 4x the RAM budget); a restart finds them again",
+        ),
         // Sampling and one-shot generation.
         Flag::value(
             "prompt",

@@ -23,7 +23,7 @@ use k3_serve::api::{ChatRequest, Limits};
 use k3_serve::auth::{ApiKey, require_api_key};
 use k3_serve::cli::{self, Flag, Outcome, Parsed, UsageError};
 use k3_serve::conn::{ConnLimits, serve};
-use k3_serve::engine::{EngineConfig, Event, Job, prompt_ids, spawn};
+use k3_serve::engine::{EngineConfig, Event, Job, PromptCacheOptions, prompt_ids, spawn};
 use k3_serve::naming;
 use k3_serve::server::{AppState, app};
 use serde_json::{Value, json};
@@ -56,6 +56,9 @@ struct Args {
     thinking_effort: ThinkingEffort,
     api_key: Option<String>,
     served_model_names: Vec<String>,
+    /// `--prompt-cache-gb` (`None`: the default share of the memory budget).
+    prompt_cache_gb: Option<f64>,
+    prompt_cache_dir: Option<PathBuf>,
 }
 
 /// The command line (without the program name) as [`Args`]; `None` when `--help` or
@@ -111,6 +114,8 @@ fn parse(
             .into_iter()
             .map(str::to_owned)
             .collect(),
+        prompt_cache_gb: p.get_f64("prompt-cache-gb")?,
+        prompt_cache_dir: p.get_str("prompt-cache-dir").map(PathBuf::from),
     };
     check_mode(&p, &a)?;
     Ok(Some(a))
@@ -136,7 +141,15 @@ fn check_mode(p: &Parsed, a: &Args) -> Result<(), UsageError> {
             Ok(())
         }
         (false, Some(_)) => {
-            for name in ["served-model-name", "host", "port", "max-connections", "queue"] {
+            for name in [
+                "served-model-name",
+                "host",
+                "port",
+                "max-connections",
+                "queue",
+                "prompt-cache-gb",
+                "prompt-cache-dir",
+            ] {
                 if p.has(name) {
                     log::warn!("--{name} applies to the server (--serve) and is ignored by a one-shot run");
                 }
@@ -174,6 +187,42 @@ fn raise_open_files_limit() -> Option<u64> {
         }
     }
     Some(limit.rlim_cur)
+}
+
+/// The prompt cache `--prompt-cache-gb` and `--prompt-cache-dir` ask for; without
+/// `--prompt-cache-gb`, a tenth of the memory this process may allocate at startup (1 GiB
+/// where that cannot be read). The choice is logged.
+fn prompt_cache_options(args: &Args) -> PromptCacheOptions {
+    const GIB: f64 = (1u64 << 30) as f64;
+    let (budget_bytes, why) = match args.prompt_cache_gb {
+        Some(gb) => ((gb * GIB) as usize, "--prompt-cache-gb".to_owned()),
+        None => match expert_store::io::memory_budget() {
+            Some(budget) => (
+                (budget.bytes / 10) as usize,
+                format!(
+                    "a tenth of the {:.1} GiB memory budget ({})",
+                    budget.bytes as f64 / GIB,
+                    budget.source
+                ),
+            ),
+            None => (1 << 30, "the memory budget is unknown".to_owned()),
+        },
+    };
+    if budget_bytes == 0 {
+        log::info!("prompt cache off (--prompt-cache-gb 0)");
+    } else {
+        log::info!(
+            "prompt cache: {:.2} GiB of snapshots in memory ({why}){}",
+            budget_bytes as f64 / GIB,
+            args.prompt_cache_dir
+                .as_ref()
+                .map_or(String::new(), |d| format!(", spilled to {}", d.display()))
+        );
+    }
+    PromptCacheOptions {
+        budget_bytes,
+        dir: args.prompt_cache_dir.clone(),
+    }
 }
 
 /// The cached `tiny` checkpoint, generated on first use.
@@ -224,6 +273,11 @@ fn main() -> Result<()> {
         options: args.engine.clone(),
         queue: args.queue,
         prefill_chunk: k3_model::model::PREFILL_CHUNK,
+        prompt_cache: if args.serve {
+            prompt_cache_options(&args)
+        } else {
+            PromptCacheOptions::default()
+        },
         panic_on_prompt: None,
     })?;
     if let Some(max) = engine.max_positions
@@ -393,6 +447,7 @@ fn one_shot(engine: &k3_serve::engine::EngineHandle, limits: &Limits, args: &Arg
         .submit(Job {
             request,
             prompt_ids: ids,
+            system_tokens: 0,
             events: tx,
             log_id: None,
             submitted: start,
@@ -440,6 +495,7 @@ fn one_shot(engine: &k3_serve::engine::EngineHandle, limits: &Limits, args: &Arg
                 prompt_tokens,
                 prefill,
                 decode,
+                ..
             } => {
                 tokens = completion_tokens;
                 if in_reasoning {

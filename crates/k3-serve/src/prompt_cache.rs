@@ -118,6 +118,14 @@ impl PromptCache {
         self.budget_bytes
     }
 
+    /// Whether a snapshot after exactly `tokens` is cached (in RAM or on disk); no use is
+    /// counted.
+    pub fn contains(&self, tokens: &[usize]) -> bool {
+        self.index
+            .get(&PrefixHash::of(tokens))
+            .is_some_and(|ids| ids.iter().any(|id| self.entries[id].tokens == tokens))
+    }
+
     /// The cached snapshot covering the longest prefix of `tokens` (all of `tokens` at most:
     /// a caller that needs the logits of the prompt's last token passes the prompt without
     /// it). A spilled entry is read back (and kept in RAM if it fits); one whose file fails

@@ -9,9 +9,13 @@
 //! step. The load's outcome is reported once ([`EngineHandle::wait_loaded`]), and `alive`
 //! falls when the thread ends for any reason, so nothing waits on a dead engine.
 //!
+//! A job whose prompt extends a prefix in the prompt cache resumes from its snapshot and
+//! prefills only the rest (`cache`); snapshots are kept at the end of each prompt, of each
+//! answer, and of a chat's system block.
+//!
 //! This file holds the types the server sees and the thread's start; `run` the thread's loop
 //! (the engine is assembled by `k3_model::builder`), `sequence` one job in flight, `prompt`
-//! a request's prompt as tokens.
+//! a request's prompt as tokens, `cache` the prompt cache's use.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -27,12 +31,17 @@ use k3_model::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::api::ValidRequest;
+use crate::prompt_cache::PromptCacheStats;
 
+mod cache;
 mod prompt;
 mod run;
 mod sequence;
 
-pub use prompt::{encode_segments, min_prompt_tokens, prompt_ids, prompt_segments};
+pub use cache::PromptCacheOptions;
+pub use prompt::{
+    encode_segments, encode_split, min_prompt_tokens, prompt_ids, prompt_segments, system_segments,
+};
 
 /// How the engine is set up (from the CLI).
 #[derive(Debug, Clone)]
@@ -45,6 +54,8 @@ pub struct EngineConfig {
     /// Jobs waiting for a slot at most (more are refused: 429).
     pub queue: usize,
     pub prefill_chunk: usize,
+    /// The prompt cache (off when its budget is 0).
+    pub prompt_cache: PromptCacheOptions,
     /// Fault injection for tests: a text prompt equal to `.0` panics in its sampling step
     /// once `.1` tokens have been generated (0: right after its prefill). `None` in use.
     #[doc(hidden)]
@@ -74,6 +85,8 @@ pub enum Event {
         finish_reason: &'static str,
         prompt_tokens: usize,
         completion_tokens: usize,
+        /// Prompt tokens restored from the prompt cache instead of prefilled.
+        cached_tokens: usize,
         /// Wall time of the prefill, and from its end to the last token.
         prefill: Duration,
         decode: Duration,
@@ -86,6 +99,9 @@ pub enum Event {
 pub struct Job {
     pub request: ValidRequest,
     pub prompt_ids: Vec<u32>,
+    /// How many of the first prompt tokens are a chat's system block (0: none known): the
+    /// engine keeps a snapshot there for other conversations with the same system block.
+    pub system_tokens: usize,
     pub events: UnboundedSender<Event>,
     /// The request's id for the one info line logged when it ends (prompt and output token
     /// counts, time to first token, tokens/s, how it ended; never the prompt's text). `None`:
@@ -107,6 +123,8 @@ pub struct Metrics {
     /// Nanoseconds spent in decode steps (tokens/s = generated / this).
     pub decode_ns: AtomicU64,
     pub store: Mutex<Option<StoreStats>>,
+    /// The prompt cache's counters (`None`: the cache is off).
+    pub prompt_cache: Mutex<Option<PromptCacheStats>>,
 }
 
 /// The server's side of the engine.

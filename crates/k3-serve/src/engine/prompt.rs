@@ -38,6 +38,34 @@ pub fn encode_segments(tokenizer: &Tokenizer, segments: &[Segment]) -> Vec<u32> 
     ids
 }
 
+/// The tokens of `segments`, and how many of them the first `system_segments` segments encode
+/// to (each segment is encoded on its own, so those tokens are a prefix of the whole).
+pub fn encode_split(
+    tokenizer: &Tokenizer,
+    segments: &[Segment],
+    system_segments: usize,
+) -> (Vec<u32>, usize) {
+    let (system, rest) = segments.split_at(system_segments.min(segments.len()));
+    let mut ids = k3_model::chat::encode(tokenizer, system);
+    let system_tokens = ids.len();
+    ids.extend(k3_model::chat::encode(tokenizer, rest));
+    if ids.is_empty() {
+        // An empty prompt begins from `[BOS]` (see `encode_segments`): no system block.
+        return (encode_segments(tokenizer, segments), 0);
+    }
+    (ids, system_tokens)
+}
+
+/// How many segments of a validated request's prompt are its system block.
+pub fn system_segments(prompt: &Prompt) -> usize {
+    match prompt {
+        Prompt::Chat {
+            system_segments, ..
+        } => *system_segments,
+        Prompt::Text(_) => 0,
+    }
+}
+
 /// The tokens of a validated request's prompt.
 pub fn prompt_ids(tokenizer: &Tokenizer, prompt: &Prompt) -> Vec<u32> {
     encode_segments(tokenizer, &prompt_segments(prompt))

@@ -1,6 +1,8 @@
 //! The engine thread's loop: build the engine (`k3_model::builder`), then admit jobs while
-//! there is room, prefill each on its own, and advance every active sequence one token per
-//! batched decode step, catching a panic in one job's work so the others carry on.
+//! there is room, prefill each on its own (from the longest prefix in the prompt cache), and
+//! advance every active sequence one token per batched decode step, catching a panic in one
+//! job's work so the others carry on. Snapshots go to the prompt cache at the end of a chat's
+//! system block, of each prompt and of each answer.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::Ordering;
@@ -11,8 +13,10 @@ use anyhow::Result;
 use k3_model::builder::Engine;
 use k3_model::config::K3Config;
 use k3_model::model::Session;
+use k3_model::model::snapshot::file::Identity;
 use k3_model::tokenizer::Tokenizer;
 
+use super::cache::EngineCache;
 use super::sequence::Sequence;
 use super::{EngineConfig, Event, Job, Metrics};
 use crate::api::Prompt;
@@ -37,6 +41,13 @@ pub(super) fn run(
         .iter()
         .filter_map(|s| tokenizer.special(s))
         .collect();
+    let mut cache = EngineCache::open(&config.prompt_cache, || {
+        Identity::of(&engine.checkpoint, model_config)
+    });
+    *metrics
+        .prompt_cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = cache.stats();
     loaded();
     log::info!("model loaded from {}", config.model_dir.display());
 
@@ -87,8 +98,31 @@ pub(super) fn run(
                 let mut sequence = Sequence::new(job, &model, tokenizer, &ends);
                 sequence.panic_at = panic_at;
                 let tokens: Vec<usize> = sequence.prompt.iter().map(|&t| t as usize).collect();
-                match model.prefill(&mut sequence.session, &tokens, config.prefill_chunk) {
-                    Ok(logits) => sequence.advance(&logits, tokenizer, metrics),
+                let mut start = cache.resume(&model, &mut sequence.session, &tokens);
+                sequence.cached_tokens = start;
+                // A system block not cached yet: prefill to its end first and keep a snapshot
+                // there (the same bits as one prefill: chunking never changes them).
+                let system = sequence.system_tokens;
+                if cache.is_on() && system > start && system < tokens.len() {
+                    let chunk = config.prefill_chunk;
+                    if let Err(e) =
+                        model.prefill(&mut sequence.session, &tokens[start..system], chunk)
+                    {
+                        sequence.fail(&e.to_string());
+                        return sequence;
+                    }
+                    cache.save(&tokens[..system], &sequence.session);
+                    start = system;
+                }
+                match model.prefill(
+                    &mut sequence.session,
+                    &tokens[start..],
+                    config.prefill_chunk,
+                ) {
+                    Ok(logits) => {
+                        sequence.advance(&logits, tokenizer, metrics);
+                        cache.save(&tokens, &sequence.session);
+                    }
                     Err(e) => sequence.fail(&e.to_string()),
                 }
                 sequence
@@ -102,6 +136,10 @@ pub(super) fn run(
             }
         }
         metrics.active.store(active.len() as i64, Ordering::Relaxed);
+        *metrics
+            .prompt_cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = cache.stats();
         if active.is_empty() {
             continue;
         }
@@ -144,6 +182,14 @@ pub(super) fn run(
         if let Some(store) = &store {
             *metrics.store.lock().unwrap_or_else(|p| p.into_inner()) = Some(store.stats());
         }
+        // The end of each answer: the next turn of its chat resumes here.
+        for sequence in active.iter().filter(|s| s.completed && s.output.len() > 1) {
+            cache.save(&sequence.fed(), &sequence.session);
+        }
+        *metrics
+            .prompt_cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = cache.stats();
         active.retain(|s| !s.finished);
         metrics.active.store(active.len() as i64, Ordering::Relaxed);
     }

@@ -55,6 +55,14 @@ pub(super) struct Sequence {
     reasoning: Channel,
     content: Channel,
     pub(super) prompt: Vec<u32>,
+    /// How many first prompt tokens are a chat's system block (0: none known).
+    pub(super) system_tokens: usize,
+    /// Prompt tokens restored from the prompt cache.
+    pub(super) cached_tokens: usize,
+    /// The tokens sampled so far (all but the last have been fed to the session).
+    pub(super) output: Vec<u32>,
+    /// Ended with a `Done` event (not an error or a cancel): its session is whole.
+    pub(super) completed: bool,
     events: UnboundedSender<Event>,
     ends: Vec<u32>,
     max_tokens: usize,
@@ -77,6 +85,7 @@ impl Sequence {
         let Job {
             request,
             prompt_ids,
+            system_tokens,
             events,
             log_id,
             submitted,
@@ -98,6 +107,10 @@ impl Sequence {
                 held: String::new(),
             },
             prompt: prompt_ids,
+            system_tokens,
+            cached_tokens: 0,
+            output: Vec::new(),
+            completed: false,
             events,
             ends: ends.iter().chain(&request.stop_tokens).copied().collect(),
             max_tokens: request.max_tokens,
@@ -135,8 +148,9 @@ impl Sequence {
             _ => "no decode steps".to_owned(),
         };
         log::info!(
-            "{id}: {how}; {} prompt tokens, {} output tokens, time to first token {ttft}, {rate}",
+            "{id}: {how}; {} prompt tokens ({} cached), {} output tokens, time to first token {ttft}, {rate}",
             self.prompt.len(),
+            self.cached_tokens,
             self.generated,
         );
     }
@@ -148,10 +162,22 @@ impl Sequence {
             finish_reason: reason,
             prompt_tokens: self.prompt.len(),
             completion_tokens: self.generated,
+            cached_tokens: self.cached_tokens,
             prefill: prefilled - self.admitted,
             decode: prefilled.elapsed(),
         });
         self.finished = true;
+        self.completed = true;
+    }
+
+    /// The tokens fed to the session: the prompt and every output token but the last.
+    pub(super) fn fed(&self) -> Vec<usize> {
+        let output = &self.output[..self.output.len().saturating_sub(1)];
+        self.prompt
+            .iter()
+            .chain(output)
+            .map(|&t| t as usize)
+            .collect()
     }
 
     /// Samples the next token from `logits` and sends what it adds.
@@ -168,6 +194,7 @@ impl Sequence {
         let sampled = self.sampler.sample(logits);
         self.generated += 1;
         self.last = sampled.token;
+        self.output.push(sampled.token);
         metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
         let text = |id: u32| tokenizer.decode(&[id]);
         let logprobs = if self.logprobs {

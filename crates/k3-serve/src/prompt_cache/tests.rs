@@ -197,6 +197,9 @@ fn the_longest_cached_prefix_is_chosen() {
     for t in [&short, &mid, &long, &other] {
         cache.insert(t, f.snap(t));
     }
+    // `contains` is exact and counts no use.
+    assert!(cache.contains(&mid) && !cache.contains(&[1, 2, 3]) && !cache.contains(&[]));
+    assert_eq!(cache.stats().hits + cache.stats().misses, 0);
     assert_eq!(found(&mut cache, &[1, 2, 3, 4, 5, 7]), Some(4));
     assert_eq!(found(&mut cache, &[1, 2, 3]), Some(2));
     assert_eq!(found(&mut cache, &[1, 2, 3, 4, 5, 6, 8]), Some(6));

@@ -111,6 +111,7 @@ impl Chunks {
             Event::Done {
                 prompt_tokens,
                 completion_tokens,
+                cached_tokens,
                 ..
             } => {
                 self.ended = true;
@@ -123,7 +124,7 @@ impl Chunks {
                     self.push(
                         json!({"id": self.id, "object": object, "created": self.created,
                         "model": self.model, "choices": [],
-                        "usage": usage_json(prompt_tokens, completion_tokens)}),
+                        "usage": usage_json(prompt_tokens, completion_tokens, cached_tokens)}),
                     );
                 }
             }
@@ -150,8 +151,11 @@ impl tokio_stream::Stream for Chunks {
     }
 }
 
-fn usage_json(prompt: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+/// OpenAI's `usage`, with `prompt_tokens_details.cached_tokens`: prompt tokens restored from
+/// the prompt cache.
+fn usage_json(prompt: usize, completion: usize, cached: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+           "prompt_tokens_details": {"cached_tokens": cached}})
 }
 
 fn error_chunk(message: &str) -> Value {
@@ -244,7 +248,8 @@ pub(super) struct Collected {
     content: String,
     tool_calls: Vec<k3_model::chat::ToolCall>,
     logprobs: Vec<TokenLogprob>,
-    finish: Option<(&'static str, usize, usize)>,
+    /// How it ended, prompt, completion and cached tokens.
+    finish: Option<(&'static str, usize, usize, usize)>,
 }
 
 impl Collected {
@@ -267,9 +272,15 @@ impl Collected {
                 finish_reason,
                 prompt_tokens,
                 completion_tokens,
+                cached_tokens,
                 ..
             } => {
-                self.finish = Some((finish_reason, prompt_tokens, completion_tokens));
+                self.finish = Some((
+                    finish_reason,
+                    prompt_tokens,
+                    completion_tokens,
+                    cached_tokens,
+                ));
                 None
             }
             Event::Error(message) => Some(message),
@@ -284,7 +295,7 @@ impl Collected {
         chat: bool,
         logprobs: bool,
     ) -> Value {
-        let (finish, prompt, completion) = self.finish.unwrap_or(("stop", 0, 0));
+        let (finish, prompt, completion, cached) = self.finish.unwrap_or(("stop", 0, 0, 0));
         let finish = if !self.tool_calls.is_empty() && finish == "stop" {
             "tool_calls"
         } else {
@@ -309,7 +320,7 @@ impl Collected {
         };
         json!({"id": id, "object": if chat { "chat.completion" } else { "text_completion" },
                "created": created, "model": model, "choices": [choice],
-               "usage": usage_json(prompt, completion)})
+               "usage": usage_json(prompt, completion, cached)})
     }
 }
 

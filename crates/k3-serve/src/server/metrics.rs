@@ -39,7 +39,7 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Response {
     metric(
         "k3_prompt_tokens_total",
         "counter",
-        "Prompt tokens prefilled.",
+        "Prompt tokens of admitted requests (cached ones included).",
         m.prompt_tokens.load(Ordering::Relaxed).to_string(),
     );
     metric(
@@ -92,6 +92,38 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Response {
         "counter",
         "Bytes of experts read from disk.",
         store.bytes_read.to_string(),
+    );
+    let cache = *m.prompt_cache.lock().unwrap_or_else(|p| p.into_inner());
+    let cache = cache.unwrap_or_default();
+    metric(
+        "k3_prompt_cache_hits_total",
+        "counter",
+        "Requests that resumed from a cached prompt prefix.",
+        cache.hits.to_string(),
+    );
+    metric(
+        "k3_prompt_cache_misses_total",
+        "counter",
+        "Requests that found no cached prompt prefix.",
+        cache.misses.to_string(),
+    );
+    metric(
+        "k3_prompt_cache_cached_tokens_total",
+        "counter",
+        "Prompt tokens restored from the prompt cache instead of prefilled.",
+        cache.cached_tokens_served.to_string(),
+    );
+    metric(
+        "k3_prompt_cache_bytes",
+        "gauge",
+        "Bytes of session snapshots the prompt cache holds in memory.",
+        cache.bytes_held.to_string(),
+    );
+    metric(
+        "k3_prompt_cache_evictions_total",
+        "counter",
+        "Snapshots dropped from memory to stay within --prompt-cache-gb.",
+        cache.evictions.to_string(),
     );
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }

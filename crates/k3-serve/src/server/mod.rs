@@ -22,7 +22,8 @@ use serde_json::{Value, json};
 
 use crate::api::{ApiError, ChatRequest, CompletionRequest, Limits, ValidRequest};
 use crate::engine::{
-    EngineHandle, Job, SubmitError, encode_segments, min_prompt_tokens, prompt_segments,
+    EngineHandle, Job, SubmitError, encode_split, min_prompt_tokens, prompt_segments,
+    system_segments,
 };
 
 mod answer;
@@ -98,7 +99,7 @@ fn check_engine(engine: &EngineHandle) -> Result<(), ApiError> {
 async fn tokenize(
     state: &AppState,
     request: ValidRequest,
-) -> Result<(ValidRequest, Vec<u32>), ApiError> {
+) -> Result<(ValidRequest, Vec<u32>, usize), ApiError> {
     let tokenizer = Arc::clone(&state.engine.tokenizer);
     let context = state.limits.context;
     let too_long = move |tokens: String, max_tokens: usize| {
@@ -115,7 +116,8 @@ async fn tokenize(
         if least + request.max_tokens > context {
             return Err(too_long(format!("at least {least}"), request.max_tokens));
         }
-        let ids = encode_segments(&tokenizer, &segments);
+        let (ids, system_tokens) =
+            encode_split(&tokenizer, &segments, system_segments(&request.prompt));
         if ids.is_empty() {
             return Err(ApiError::invalid(
                 "prompt",
@@ -125,7 +127,7 @@ async fn tokenize(
         if ids.len() + request.max_tokens > context {
             return Err(too_long(ids.len().to_string(), request.max_tokens));
         }
-        Ok((request, ids))
+        Ok((request, ids, system_tokens))
     })
     .await
     .map_err(|e| {
@@ -155,7 +157,7 @@ async fn completions(
 /// Tokenizes, checks the context, queues, and answers as a stream or one JSON body.
 async fn run(state: AppState, request: ValidRequest, chat: bool) -> Result<Response, ApiError> {
     check_engine(&state.engine)?;
-    let (request, ids) = tokenize(&state, request).await?;
+    let (request, ids, system_tokens) = tokenize(&state, request).await?;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let stream = request.stream;
     let include_usage = request.include_usage;
@@ -166,6 +168,7 @@ async fn run(state: AppState, request: ValidRequest, chat: bool) -> Result<Respo
         .submit(Job {
             request,
             prompt_ids: ids,
+            system_tokens,
             events: tx,
             log_id: Some(id.clone()),
             submitted: std::time::Instant::now(),

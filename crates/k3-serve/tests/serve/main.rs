@@ -4,6 +4,7 @@
 mod cli;
 mod e2e;
 mod fuzz;
+mod prompt_cache;
 mod router;
 
 use std::path::PathBuf;

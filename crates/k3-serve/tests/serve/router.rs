@@ -60,6 +60,7 @@ fn config(
         },
         queue,
         prefill_chunk: 8,
+        prompt_cache: Default::default(),
         panic_on_prompt: None,
     }
 }

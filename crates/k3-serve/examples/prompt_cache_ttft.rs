@@ -1,0 +1,251 @@
+//! Time to first token of a chat's third turn with and without the prompt cache, side by side
+//! in one run (no HTTP): the same greedy three-turn chat on an engine without the cache, then
+//! on one with it; prints each turn's prompt and cached tokens and time to first token, the
+//! speed-up of turn 3, whether the answers agree, and the cache's bytes against the state
+//! size computed from the config.
+//!
+//! `cargo run --release -p k3-serve --example prompt_cache_ttft -- --model DIR [--threads 2]
+//!  [--system-words 1900] [--user-words 60]`, and any of the library flags (`--help`).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k3_cli::{Flag, Group, Kind, Outcome};
+use k3_model::builder::EngineOptions;
+use k3_model::experts::ExpertOptions;
+use k3_model::model::snapshot::state_bytes;
+use k3_serve::api::{ChatRequest, Limits};
+use k3_serve::engine::{
+    EngineConfig, EngineHandle, Event, Job, PromptCacheOptions, encode_split, prompt_segments,
+    spawn, system_segments, wait_ready,
+};
+use serde_json::json;
+
+const BINARY: &str = "prompt_cache_ttft";
+const CONTEXT: usize = 8192;
+const ANSWER_TOKENS: usize = 16;
+
+fn flags() -> Vec<Flag> {
+    let group = Group::new("Prompt cache");
+    let mut table = vec![
+        Flag::value(
+            "model",
+            "DIR",
+            Kind::Text,
+            "required",
+            group,
+            "checkpoint directory",
+        ),
+        Flag::value(
+            "system-words",
+            "N",
+            Kind::Count,
+            "1900",
+            group,
+            "words in the system prompt",
+        ),
+        Flag::value(
+            "user-words",
+            "N",
+            Kind::Count,
+            "60",
+            group,
+            "words in each user turn",
+        ),
+    ];
+    table.extend(
+        k3_cli::library_flags()
+            .into_iter()
+            .map(|flag| match flag.name {
+                "threads" => flag.with_default("2"),
+                _ => flag,
+            }),
+    );
+    table
+}
+
+/// One turn's outcome.
+struct Turn {
+    prompt_tokens: usize,
+    cached_tokens: usize,
+    ttft: Duration,
+    answer: String,
+}
+
+fn main() -> Result<()> {
+    let table = flags();
+    let parsed = match k3_cli::parse(&table, std::env::args().skip(1)) {
+        Ok(Outcome::Run(parsed)) => parsed,
+        Ok(_) => {
+            print!(
+                "{}",
+                k3_cli::render_help(&table, BINARY, env!("CARGO_PKG_VERSION"))
+            );
+            return Ok(());
+        }
+        Err(e) => {
+            eprintln!("{BINARY}: {e}");
+            std::process::exit(2);
+        }
+    };
+    let Some(model) = parsed.get_str("model").map(std::path::PathBuf::from) else {
+        eprintln!("{BINARY}: --model DIR is required");
+        std::process::exit(2);
+    };
+    let words: (usize, usize) = (
+        parsed.get_or_default(&table, "system-words")?,
+        parsed.get_or_default(&table, "user-words")?,
+    );
+    let mut options = EngineOptions {
+        experts: ExpertOptions {
+            usage_cache: false,
+            ..ExpertOptions::default()
+        },
+        max_batch: 1,
+        ctx: CONTEXT,
+        ..EngineOptions::default()
+    };
+    k3_cli::apply_library_flags(&parsed, &mut options)?;
+    let threads: usize = parsed.get_or_default(&table, "threads")?;
+    options.pool.threads = Some(threads);
+    let mut results = Vec::new();
+    for budget_bytes in [0, 4 << 30] {
+        let (engine, _thread) = spawn(EngineConfig {
+            model_dir: model.clone(),
+            options: options.clone(),
+            queue: 4,
+            prefill_chunk: k3_model::model::PREFILL_CHUNK,
+            prompt_cache: PromptCacheOptions {
+                budget_bytes,
+                dir: None,
+            },
+            panic_on_prompt: None,
+        })?;
+        if !wait_ready(&engine, Duration::from_secs(600)) {
+            bail!("the model did not load");
+        }
+        let label = if budget_bytes == 0 {
+            "no cache"
+        } else {
+            "cache"
+        };
+        let turns = chat(&engine, words)?;
+        for (i, t) in turns.iter().enumerate() {
+            println!(
+                "{label}: turn {}: {} prompt tokens, {} cached, time to first token {:.3} s",
+                i + 1,
+                t.prompt_tokens,
+                t.cached_tokens,
+                t.ttft.as_secs_f64()
+            );
+        }
+        if let Some(stats) = *engine.metrics.prompt_cache.lock().unwrap() {
+            println!(
+                "{label}: {} snapshots, {} bytes held; {} hits, {} misses",
+                stats.entries, stats.bytes_held, stats.hits, stats.misses
+            );
+            let third = &turns[2];
+            println!(
+                "{label}: state_bytes at turn 3's prompt ({} tokens): {} bytes",
+                third.prompt_tokens,
+                state_bytes(&engine.config, third.prompt_tokens)
+            );
+        }
+        results.push(turns);
+    }
+    let (cold, warm) = (&results[0][2], &results[1][2]);
+    println!(
+        "turn 3 ({} prompt tokens, {} cached): time to first token {:.3} s without the cache, {:.3} s with it: {:.1}x",
+        warm.prompt_tokens,
+        warm.cached_tokens,
+        cold.ttft.as_secs_f64(),
+        warm.ttft.as_secs_f64(),
+        cold.ttft.as_secs_f64() / warm.ttft.as_secs_f64().max(1e-9)
+    );
+    let same = results[0]
+        .iter()
+        .zip(&results[1])
+        .all(|(a, b)| a.answer == b.answer);
+    println!("answers identical with and without the cache: {same}");
+    Ok(())
+}
+
+/// `words` words of filler text, different for each `seed`.
+fn filler(seed: usize, words: usize) -> String {
+    let vocabulary = [
+        "state", "cache", "token", "prefix", "layer", "kernel", "expert", "model", "turn",
+        "server", "latent", "window", "decode", "memory", "budget", "answer",
+    ];
+    (0..words)
+        .map(|i| vocabulary[(i * 7 + seed * 13 + i / 5) % vocabulary.len()])
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A three-turn greedy chat; each turn resends the conversation so far.
+fn chat(engine: &EngineHandle, (system_words, user_words): (usize, usize)) -> Result<Vec<Turn>> {
+    let limits = Limits {
+        model_names: vec!["k3".into()],
+        max_tokens_default: ANSWER_TOKENS,
+        context: CONTEXT,
+        thinking_effort: k3_model::chat::ThinkingEffort::Max,
+        thinking: false,
+        vocab_size: engine.config.vocab_size,
+        created: 0,
+    };
+    let mut messages = vec![json!({"role": "system", "content": filler(0, system_words)})];
+    let mut turns = Vec::new();
+    for turn in 1..=3 {
+        messages.push(json!({"role": "user", "content": filler(turn, user_words)}));
+        let request: ChatRequest = serde_json::from_value(json!({
+            "model": "k3", "messages": messages, "max_tokens": ANSWER_TOKENS, "temperature": 0,
+        }))?;
+        let request = request
+            .validate(&limits)
+            .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+        let segments = prompt_segments(&request.prompt);
+        let (ids, system_tokens) = encode_split(
+            &engine.tokenizer,
+            &segments,
+            system_segments(&request.prompt),
+        );
+        if ids.len() + ANSWER_TOKENS > CONTEXT {
+            bail!("turn {turn}'s prompt of {} tokens is too long", ids.len());
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let start = Instant::now();
+        engine
+            .submit(Job {
+                request,
+                prompt_ids: ids,
+                system_tokens,
+                events: tx,
+                log_id: None,
+                submitted: start,
+            })
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let mut answer = String::new();
+        let outcome = loop {
+            match rx.blocking_recv().context("the engine went away")? {
+                Event::Delta { content, .. } => answer.push_str(&content),
+                // The first token is sampled as the prefill ends: its time is the prefill's
+                // (the queue is empty, one request at a time).
+                Event::Done {
+                    prompt_tokens,
+                    cached_tokens,
+                    prefill,
+                    ..
+                } => break (prompt_tokens, cached_tokens, prefill),
+                Event::Error(e) => bail!("turn {turn} failed: {e}"),
+            }
+        };
+        messages.push(json!({"role": "assistant", "content": answer}));
+        turns.push(Turn {
+            prompt_tokens: outcome.0,
+            cached_tokens: outcome.1,
+            ttft: outcome.2,
+            answer: answer.clone(),
+        });
+    }
+    Ok(turns)
+}
