@@ -2,7 +2,7 @@
 
 The vocabulary is the synthetic checkpoints' (`tiktoken.model` and `tokenizer_config.json`,
 written by `cargo xtask oracle-tiktoken` next to the vector); the split pattern is the Kimi
-pre-tokenizer regex of K3_SPEC §10.1, written out here from the spec on its own. tiktoken
+pre-tokenizer regex of docs/MODEL.md §10.1, written out here from the spec on its own. tiktoken
 encodes a few hundred strings made from fragments that exercise every alternative of the
 pattern (contractions, digit runs, punctuation, newlines and whitespace runs, Han and other
 scripts, emoji, special-token strings), each once with special tokens allowed and once with

@@ -19,7 +19,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     )?;
     let path = from_root(
         o.get("config")
-            .unwrap_or("../shared/k3/Kimi-K3.config.json"),
+            .unwrap_or("crates/k3-model/configs/Kimi-K3.config.json"),
     );
     let config = K3Config::from_json(
         &std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?,

@@ -1,4 +1,4 @@
-//! K3's chat format, "XTML" (K3_SPEC §10.2): messages rendered as a list of segments, each
+//! K3's chat format, "XTML" (docs/MODEL.md §10.2): messages rendered as a list of segments, each
 //! encoded on its own (no BPE merge crosses a segment), special tokens only in the renderer's
 //! control segments; and the parser that splits generated tokens back into reasoning, content
 //! and tool calls as they stream, without ever emitting part of a marker.
@@ -243,7 +243,7 @@ pub enum ChatError {
 const OPEN: &str = "<|open|>";
 const CLOSE: &str = "<|close|>";
 const SEP: &str = "<|sep|>";
-/// The end-of-turn token (K3_SPEC §9.3), the default stop token.
+/// The end-of-turn token (docs/MODEL.md §9.3), the default stop token.
 pub const END_OF_MSG: &str = "<|end_of_msg|>";
 
 const TOOLS_HEADER: &str = "# Tools\nHere are the available tools, described in JSONSchema.\n\n";

@@ -138,10 +138,7 @@ pub fn k3_serve_flags() -> Vec<Flag> {
         Flag::value(
             "prompt-cache-gb",
             "G",
-            Number {
-                min: 0.0,
-                max: 1e6,
-            },
+            Number { min: 0.0, max: 1e6 },
             "a tenth of the memory budget at startup",
             SERVER,
             "size in GiB of the session snapshots kept in RAM to resume prompts that extend a cached prefix; 0 turns the cache off",

@@ -142,7 +142,7 @@ mod tests {
 
     #[test]
     fn the_release_configs_have_no_id_so_the_directory_names_the_model() {
-        // The release's config.json (as in /work/shared/k3) carries no `_name_or_path`.
+        // The release's config.json (as in crates/k3-model/configs) carries no `_name_or_path`.
         let config = json!({"model_type": "kimi_k3", "text_config": {"model_type": "kimi_linear"}});
         assert_eq!(
             default_served_name(Path::new("/models/Kimi-K3"), &config),
