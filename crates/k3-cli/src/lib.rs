@@ -22,7 +22,7 @@ pub use check::{flags_not_named_in, table_problems};
 pub use flag::{Flag, Group, Kind, all_spellings, is_flag_spelling};
 pub use help::{flags_in_help, groups, render_help, render_version, spelled};
 pub use library::{apply_library_flags, library_flags};
-pub use parse::{Outcome, Parsed, UsageError, parse};
+pub use parse::{Outcome, Parsed, UsageError, parse, parse_or_exit};
 
 #[cfg(test)]
 mod tests;

@@ -260,3 +260,31 @@ pub fn parse(
     }
     Ok(Outcome::Run(parsed))
 }
+
+/// What a binary does with its command line before anything else: [`parse`] it, and on
+/// `--help` / `--version` print [`crate::render_help`] / [`crate::render_version`] to stdout and
+/// exit 0, on a usage error print `binary: error` to stderr and exit 2 (the usual convention
+/// for usage errors). Returns the flags to run with. For a binary's `main` only: a library
+/// never exits.
+pub fn parse_or_exit(
+    table: &[Flag],
+    binary: &str,
+    version: &str,
+    args: impl IntoIterator<Item = String>,
+) -> Parsed {
+    match parse(table, args) {
+        Ok(Outcome::Run(parsed)) => parsed,
+        Ok(Outcome::Help) => {
+            print!("{}", crate::render_help(table, binary, version));
+            std::process::exit(0)
+        }
+        Ok(Outcome::Version) => {
+            print!("{}", crate::render_version(binary, version));
+            std::process::exit(0)
+        }
+        Err(e) => {
+            eprintln!("{binary}: {e}");
+            std::process::exit(2)
+        }
+    }
+}

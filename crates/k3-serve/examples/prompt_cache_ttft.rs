@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use k3_cli::{Flag, Group, Kind, Outcome};
+use k3_cli::{Flag, Group, Kind};
 use k3_model::builder::EngineOptions;
 use k3_model::experts::ExpertOptions;
 use k3_model::model::snapshot::state_bytes;
@@ -74,20 +74,12 @@ struct Turn {
 
 fn main() -> Result<()> {
     let table = flags();
-    let parsed = match k3_cli::parse(&table, std::env::args().skip(1)) {
-        Ok(Outcome::Run(parsed)) => parsed,
-        Ok(_) => {
-            print!(
-                "{}",
-                k3_cli::render_help(&table, BINARY, env!("CARGO_PKG_VERSION"))
-            );
-            return Ok(());
-        }
-        Err(e) => {
-            eprintln!("{BINARY}: {e}");
-            std::process::exit(2);
-        }
-    };
+    let parsed = k3_cli::parse_or_exit(
+        &table,
+        BINARY,
+        env!("CARGO_PKG_VERSION"),
+        std::env::args().skip(1),
+    );
     let Some(model) = parsed.get_str("model").map(std::path::PathBuf::from) else {
         eprintln!("{BINARY}: --model DIR is required");
         std::process::exit(2);
