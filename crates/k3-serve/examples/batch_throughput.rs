@@ -156,6 +156,7 @@ fn run(engine: &EngineHandle, streams: usize, tokens: usize) -> Result<(f64, f64
                 events: tx,
                 log_id: None,
                 submitted: Instant::now(),
+                state: Default::default(),
             })
             .map_err(|e| anyhow::anyhow!("{e:?}"))?;
         receivers.push(rx);

@@ -214,6 +214,7 @@ fn chat(engine: &EngineHandle, (system_words, user_words): (usize, usize)) -> Re
                 events: tx,
                 log_id: None,
                 submitted: start,
+                state: Default::default(),
             })
             .map_err(|e| anyhow::anyhow!("{e:?}"))?;
         let mut answer = String::new();

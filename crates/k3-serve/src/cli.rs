@@ -161,6 +161,27 @@ pub fn k3_serve_flags() -> Vec<Flag> {
             "one-shot: answer TEXT as a user message, print the reply and exit",
         )
         .aliases(&["-p"]),
+        Flag::switch(
+            "raw",
+            SAMPLING,
+            "one-shot: continue --prompt as plain text (no chat template, no BOS)",
+        ),
+        Flag::value(
+            "load-state",
+            "FILE",
+            Text,
+            "none",
+            SAMPLING,
+            "one-shot: start from a state --save-state wrote; the prompt must extend its tokens",
+        ),
+        Flag::value(
+            "save-state",
+            "FILE",
+            Text,
+            "none",
+            SAMPLING,
+            "one-shot: after the answer, write the session's state (prompt and answer) to FILE",
+        ),
         Flag::value(
             "max-tokens",
             "N",

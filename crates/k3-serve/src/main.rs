@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, bail};
 use k3_model::builder::EngineOptions;
 use k3_model::chat::ThinkingEffort;
-use k3_serve::api::{ChatRequest, Limits};
+use k3_serve::api::{ChatRequest, CompletionRequest, Limits};
 use k3_serve::auth::{ApiKey, require_api_key};
 use k3_serve::cli::{self, Flag, Outcome, Parsed, UsageError};
 use k3_serve::conn::{ConnLimits, serve};
@@ -45,6 +45,10 @@ struct Args {
     queue: usize,
     conn: ConnLimits,
     prompt: Option<String>,
+    /// `--raw`: the one-shot prompt is plain text, not a user message.
+    raw: bool,
+    /// `--load-state`, `--save-state` (one-shot only).
+    state: k3_serve::engine::StateFiles,
     /// `--max-tokens`: the one-shot run's tokens, the server's default.
     max_tokens: Option<usize>,
     /// One-shot only (the server takes each request's).
@@ -103,6 +107,11 @@ fn parse(
             max_connections: p.get_or_default(table, "max-connections")?,
         },
         prompt: p.get_str("prompt").map(str::to_owned),
+        raw: p.switch("raw"),
+        state: k3_serve::engine::StateFiles {
+            load: p.get_str("load-state").map(PathBuf::from),
+            save: p.get_str("save-state").map(PathBuf::from),
+        },
         max_tokens: p.get_usize("max-tokens")?,
         temperature: p.get_f32("temperature")?.unwrap_or(0.0),
         seed: p.get_u64("seed")?.unwrap_or(0),
@@ -131,7 +140,7 @@ fn check_mode(p: &Parsed, a: &Args) -> Result<(), UsageError> {
             "--prompt is for a one-shot run and --serve starts the server: give one of them".into(),
         )),
         (true, None) => {
-            for name in ["temperature", "seed"] {
+            for name in ["temperature", "seed", "raw", "load-state", "save-state"] {
                 if p.has(name) {
                     return Err(UsageError::Other(format!(
                         "--{name} is for a one-shot run; the server takes each request's {name}"
@@ -406,7 +415,9 @@ fn main() -> Result<()> {
 }
 
 /// The one-shot run: `--prompt` as a user message, validated as the server validates a chat
-/// request (the same `ChatRequest::validate`), checked against `--ctx`, then generated. The
+/// request (the same `ChatRequest::validate`), or with `--raw` as plain text (a completion
+/// request), checked against `--ctx`, then generated; from `--load-state`'s state when given,
+/// and with `--save-state` writing the state after the answer. The
 /// answer goes to stdout; the reasoning (marked `[reasoning]`, dimmed on a terminal), the
 /// `[answer]` mark and the timing line go to stderr, so `k3-serve --prompt ... > out.txt`
 /// keeps the answer alone.
@@ -418,8 +429,22 @@ fn one_shot(engine: &k3_serve::engine::EngineHandle, limits: &Limits, args: &Arg
         "seed": args.seed,
         "stream": true,
     });
-    let request: ChatRequest = serde_json::from_value(body).context("building the request")?;
-    let request = request.validate(limits).unwrap_or_else(|e| {
+    let request = if args.raw {
+        let mut body = body;
+        let object = body.as_object_mut().expect("a JSON object");
+        object.remove("messages");
+        object.insert(
+            "prompt".into(),
+            json!(args.prompt.clone().unwrap_or_default()),
+        );
+        let request: CompletionRequest =
+            serde_json::from_value(body).context("building the request")?;
+        request.validate(limits)
+    } else {
+        let request: ChatRequest = serde_json::from_value(body).context("building the request")?;
+        request.validate(limits)
+    };
+    let request = request.unwrap_or_else(|e| {
         let flag = match e.param.as_deref() {
             Some("max_tokens") => "--max-tokens",
             Some("temperature") => "--temperature",
@@ -451,6 +476,7 @@ fn one_shot(engine: &k3_serve::engine::EngineHandle, limits: &Limits, args: &Arg
             events: tx,
             log_id: None,
             submitted: start,
+            state: args.state.clone(),
         })
         .map_err(|e| anyhow::anyhow!("could not queue the prompt: {e:?}"))?;
     let mut out = std::io::stdout();
@@ -493,9 +519,9 @@ fn one_shot(engine: &k3_serve::engine::EngineHandle, limits: &Limits, args: &Arg
                 finish_reason,
                 completion_tokens,
                 prompt_tokens,
+                cached_tokens,
                 prefill,
                 decode,
-                ..
             } => {
                 tokens = completion_tokens;
                 if in_reasoning {
@@ -511,6 +537,12 @@ fn one_shot(engine: &k3_serve::engine::EngineHandle, limits: &Limits, args: &Arg
                 }
                 let total = start.elapsed().as_secs_f64();
                 let prefill = prefill.as_secs_f64();
+                // Tokens restored from --load-state instead of prefilled.
+                let prompt_tokens = if cached_tokens > 0 {
+                    format!("{prompt_tokens} ({cached_tokens} restored from --load-state)")
+                } else {
+                    prompt_tokens.to_string()
+                };
                 // The first token comes with the prefill; the rest are decode steps, so one
                 // token has no decode rate.
                 if completion_tokens <= 1 {

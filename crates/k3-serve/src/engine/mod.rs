@@ -37,11 +37,13 @@ mod cache;
 mod prompt;
 mod run;
 mod sequence;
+mod state;
 
 pub use cache::PromptCacheOptions;
 pub use prompt::{
     encode_segments, encode_split, min_prompt_tokens, prompt_ids, prompt_segments, system_segments,
 };
+pub use state::StateFiles;
 
 /// How the engine is set up (from the CLI).
 #[derive(Debug, Clone)]
@@ -109,6 +111,8 @@ pub struct Job {
     pub log_id: Option<String>,
     /// When the request arrived: the time to first token counts from here.
     pub submitted: Instant,
+    /// The one-shot run's `--load-state` / `--save-state` (the server's requests: none).
+    pub state: StateFiles,
 }
 
 /// Counters for `/metrics`.

@@ -18,7 +18,7 @@ use k3_model::tokenizer::Tokenizer;
 
 use super::cache::EngineCache;
 use super::sequence::Sequence;
-use super::{EngineConfig, Event, Job, Metrics};
+use super::{EngineConfig, Event, Job, Metrics, state};
 use crate::api::Prompt;
 
 pub(super) fn run(
@@ -41,6 +41,22 @@ pub(super) fn run(
         .iter()
         .filter_map(|s| tokenizer.special(s))
         .collect();
+    // The checkpoint's identity for state files, computed on first use (it hashes headers).
+    let identity_cell = std::cell::OnceCell::new();
+    let identity = || identity_cell.get_or_init(|| Identity::of(&engine.checkpoint, model_config));
+    // `--save-state`: once a job's answer is complete, its session's state goes to the file;
+    // a failure is the job's error (its answer has been sent; the one-shot run exits non-zero).
+    let save_state = |sequence: &Sequence| {
+        let Some(path) = sequence.state.save.as_ref().filter(|_| sequence.completed) else {
+            return;
+        };
+        match state::save(path, identity(), &sequence.session, &sequence.fed()) {
+            Ok(line) => log::info!("{line}"),
+            Err(message) => {
+                let _ = sequence.events.send(Event::Error(message));
+            }
+        }
+    };
     let mut cache = EngineCache::open(&config.prompt_cache, || {
         Identity::of(&engine.checkpoint, model_config)
     });
@@ -98,7 +114,20 @@ pub(super) fn run(
                 let mut sequence = Sequence::new(job, &model, tokenizer, &ends);
                 sequence.panic_at = panic_at;
                 let tokens: Vec<usize> = sequence.prompt.iter().map(|&t| t as usize).collect();
-                let mut start = cache.resume(&model, &mut sequence.session, &tokens);
+                let mut start = match sequence.state.load.clone() {
+                    // A state file named by the one-shot run: it, or a clear error.
+                    Some(path) => {
+                        match state::load(&path, identity(), &model, &mut sequence.session, &tokens)
+                        {
+                            Ok(n) => n,
+                            Err(message) => {
+                                sequence.fail(&message);
+                                return sequence;
+                            }
+                        }
+                    }
+                    None => cache.resume(&model, &mut sequence.session, &tokens),
+                };
                 sequence.cached_tokens = start;
                 // A system block not cached yet: prefill to its end first and keep a snapshot
                 // there (the same bits as one prefill: chunking never changes them).
@@ -122,6 +151,7 @@ pub(super) fn run(
                     Ok(logits) => {
                         sequence.advance(&logits, tokenizer, metrics);
                         cache.save(&tokens, &sequence.session);
+                        save_state(&sequence);
                     }
                     Err(e) => sequence.fail(&e.to_string()),
                 }
@@ -185,6 +215,9 @@ pub(super) fn run(
         // The end of each answer: the next turn of its chat resumes here.
         for sequence in active.iter().filter(|s| s.completed && s.output.len() > 1) {
             cache.save(&sequence.fed(), &sequence.session);
+        }
+        for sequence in active.iter().filter(|s| s.finished) {
+            save_state(sequence);
         }
         *metrics
             .prompt_cache

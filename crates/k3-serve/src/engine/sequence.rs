@@ -63,7 +63,7 @@ pub(super) struct Sequence {
     pub(super) output: Vec<u32>,
     /// Ended with a `Done` event (not an error or a cancel): its session is whole.
     pub(super) completed: bool,
-    events: UnboundedSender<Event>,
+    pub(super) events: UnboundedSender<Event>,
     ends: Vec<u32>,
     max_tokens: usize,
     logprobs: bool,
@@ -78,6 +78,8 @@ pub(super) struct Sequence {
     prefilled: Option<Instant>,
     /// Fault injection (tests): panic in sampling once this many tokens are generated.
     pub(super) panic_at: Option<usize>,
+    /// `--load-state` / `--save-state` of the one-shot run.
+    pub(super) state: super::StateFiles,
 }
 
 impl Sequence {
@@ -89,6 +91,7 @@ impl Sequence {
             events,
             log_id,
             submitted,
+            state,
         } = job;
         let parser = match &request.prompt {
             Prompt::Chat { thinking, .. } => OutputParser::new(tokenizer, *thinking),
@@ -124,6 +127,7 @@ impl Sequence {
             admitted: Instant::now(),
             prefilled: None,
             panic_at: None,
+            state,
         }
     }
 

@@ -172,6 +172,7 @@ async fn run(state: AppState, request: ValidRequest, chat: bool) -> Result<Respo
             events: tx,
             log_id: Some(id.clone()),
             submitted: std::time::Instant::now(),
+            state: Default::default(),
         })
         .map_err(|e| match e {
             SubmitError::Full => ApiError::new(

@@ -449,3 +449,51 @@ fn scan_refuses_a_checkpoint_with_an_infinity() {
         "{stderr}"
     );
 }
+
+/// `--save-state` writes the session's state after a one-shot answer; `--load-state` resumes
+/// a prompt that extends the saved tokens and answers as a cold run of that prompt does
+/// (greedy, so the same bits give the same tokens), and refuses a prompt that does not extend
+/// them or a damaged file, each with an error naming the file.
+#[test]
+fn a_saved_state_resumes_a_longer_prompt_as_a_cold_run() {
+    let dir = std::env::temp_dir().join(format!("k3-serve-state-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = dir.join("once.k3state");
+    let state_arg = state.to_str().unwrap();
+    let greedy = ["--raw", "--temperature", "0"];
+    let one_shot = |prompt: &str, tokens: &str, extra: &[&str]| {
+        let mut args = vec!["--prompt", prompt, "--max-tokens", tokens];
+        args.extend(greedy);
+        args.extend(extra);
+        run(&on_tiny(&args), &[])
+    };
+    // One token: the state saved covers exactly the prompt (the last output is not fed).
+    let (code, _, stderr) = one_shot("Once upon a time", "1", &["--save-state", state_arg]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("saved to"), "{stderr}");
+    let long = "Once upon a time there was a";
+    let (code, cold, stderr) = one_shot(long, "8", &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, warm, stderr) = one_shot(long, "8", &["--load-state", state_arg]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("restored from --load-state"), "{stderr}");
+    assert!(!cold.is_empty());
+    assert_eq!(warm, cold, "resumed and cold runs answer differently");
+
+    let (code, _, stderr) = one_shot("Twice upon a time", "2", &["--load-state", state_arg]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("does not extend the saved tokens") && stderr.contains(state_arg),
+        "{stderr}"
+    );
+
+    let mut bytes = std::fs::read(&state).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x10;
+    std::fs::write(&state, &bytes).unwrap();
+    let (code, _, stderr) = one_shot(long, "2", &["--load-state", state_arg]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains(state_arg), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
