@@ -65,6 +65,8 @@ pub struct Flag {
     pub repeatable: bool,
     /// An environment variable the binary reads when the flag is absent.
     pub env: Option<&'static str>,
+    /// The run needs it: [`crate::parse`] refuses a command line without it.
+    pub required: bool,
 }
 
 impl Flag {
@@ -88,6 +90,7 @@ impl Flag {
             help,
             repeatable: false,
             env: None,
+            required: false,
         }
     }
 
@@ -103,6 +106,7 @@ impl Flag {
             help,
             repeatable: false,
             env: None,
+            required: false,
         }
     }
 
@@ -118,6 +122,13 @@ impl Flag {
 
     pub fn env(mut self, var: &'static str) -> Self {
         self.env = Some(var);
+        self
+    }
+
+    /// A flag the run cannot go without (its default shows as `required`).
+    pub fn required(mut self) -> Self {
+        self.required = true;
+        self.default = "required";
         self
     }
 

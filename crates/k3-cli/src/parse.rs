@@ -35,6 +35,11 @@ pub enum UsageError {
         first: String,
         second: String,
     },
+    #[error("{flag} {value_name} is required; see --help")]
+    Required {
+        flag: String,
+        value_name: &'static str,
+    },
     #[error("{0}")]
     Other(String),
 }
@@ -257,6 +262,12 @@ pub fn parse(
             });
         }
         parsed.given.push((flag.name, Some(value)));
+    }
+    if let Some(flag) = table.iter().find(|f| f.required && !parsed.has(f.name)) {
+        return Err(UsageError::Required {
+            flag: format!("--{}", flag.name),
+            value_name: flag.value_name,
+        });
     }
     Ok(Outcome::Run(parsed))
 }

@@ -319,3 +319,26 @@ fn library_flags_reach_the_engine_options() {
         "--expert-cache and --expert-cache-gb cannot both be given"
     );
 }
+
+/// A required flag: its absence is a usage error naming it; `--help` still works without it.
+#[test]
+fn a_required_flag_must_be_given() {
+    let table = vec![
+        Flag::value("model", "DIR", Kind::Text, "", TEST, "a directory").required(),
+        Flag::switch("fast", TEST, "go fast"),
+    ];
+    let parse_args = |args: &[&str]| parse(&table, args.iter().map(|a| a.to_string()));
+    let message = parse_args(&["--fast"]).expect_err("no --model").to_string();
+    assert_eq!(message, "--model DIR is required; see --help");
+    assert!(matches!(parse_args(&["--help"]), Ok(Outcome::Help)));
+    match parse_args(&["--model", "/m"]) {
+        Ok(Outcome::Run(p)) => assert_eq!(p.get_str("model"), Some("/m")),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(table[0].default, "required");
+    assert!(
+        table_problems(&table).is_empty(),
+        "{:?}",
+        table_problems(&table)
+    );
+}

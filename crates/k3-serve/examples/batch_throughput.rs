@@ -25,10 +25,11 @@ fn flags() -> Vec<Flag> {
             "model",
             "DIR",
             Kind::Text,
-            "required",
+            "",
             group,
             "checkpoint directory",
-        ),
+        )
+        .required(),
         Flag::value(
             "streams",
             "N",
@@ -66,10 +67,7 @@ fn main() -> Result<()> {
         env!("CARGO_PKG_VERSION"),
         std::env::args().skip(1),
     );
-    let Some(model) = parsed.get_str("model").map(std::path::PathBuf::from) else {
-        eprintln!("{BINARY}: --model DIR is required");
-        std::process::exit(2);
-    };
+    let model = std::path::PathBuf::from(parsed.get_str("model").expect("a required flag"));
     let streams: usize = parsed.get_or_default(&table, "streams")?;
     let tokens: usize = parsed.get_or_default(&table, "tokens")?;
     let rounds: usize = parsed.get_or_default(&table, "rounds")?;

@@ -32,10 +32,11 @@ fn flags() -> Vec<Flag> {
             "model",
             "DIR",
             Kind::Text,
-            "required",
+            "",
             group,
             "checkpoint directory",
-        ),
+        )
+        .required(),
         Flag::value(
             "system-words",
             "N",
@@ -80,10 +81,7 @@ fn main() -> Result<()> {
         env!("CARGO_PKG_VERSION"),
         std::env::args().skip(1),
     );
-    let Some(model) = parsed.get_str("model").map(std::path::PathBuf::from) else {
-        eprintln!("{BINARY}: --model DIR is required");
-        std::process::exit(2);
-    };
+    let model = std::path::PathBuf::from(parsed.get_str("model").expect("a required flag"));
     let words: (usize, usize) = (
         parsed.get_or_default(&table, "system-words")?,
         parsed.get_or_default(&table, "user-words")?,
