@@ -16,6 +16,20 @@ pub const KERNEL_TIERS: &[&str] = &["scalar", "avx512", "avx512-bf16", "avx512-v
 /// The expert cache's eviction policies `--expert-policy` accepts.
 pub const EXPERT_POLICIES: &[&str] = &["lru", "usage"];
 
+/// `--model DIR` (`-m`), required: for tools that have no default checkpoint to fall back on.
+pub fn model_flag(group: Group) -> Flag {
+    Flag::value(
+        "model",
+        "DIR",
+        Kind::Text,
+        "",
+        group,
+        "checkpoint directory: config.json, the tokenizer files and *.safetensors",
+    )
+    .aliases(&["-m"])
+    .required()
+}
+
 /// The library flags, grouped Performance, Experts, NUMA. `--threads` defaults to every
 /// physical core here; a binary with another default says so with [`Flag::with_default`].
 pub fn library_flags() -> Vec<Flag> {

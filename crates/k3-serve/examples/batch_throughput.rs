@@ -21,15 +21,7 @@ const BINARY: &str = "batch_throughput";
 fn flags() -> Vec<Flag> {
     let group = Group::new("Throughput");
     let mut table = vec![
-        Flag::value(
-            "model",
-            "DIR",
-            Kind::Text,
-            "",
-            group,
-            "checkpoint directory",
-        )
-        .required(),
+        k3_cli::model_flag(group),
         Flag::value(
             "streams",
             "N",

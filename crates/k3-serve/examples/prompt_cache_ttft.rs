@@ -28,15 +28,7 @@ const ANSWER_TOKENS: usize = 16;
 fn flags() -> Vec<Flag> {
     let group = Group::new("Prompt cache");
     let mut table = vec![
-        Flag::value(
-            "model",
-            "DIR",
-            Kind::Text,
-            "",
-            group,
-            "checkpoint directory",
-        )
-        .required(),
+        k3_cli::model_flag(group),
         Flag::value(
             "system-words",
             "N",
