@@ -21,7 +21,7 @@ mod suggest;
 pub use check::{flags_not_named_in, table_problems};
 pub use flag::{Flag, Group, Kind, all_spellings, is_flag_spelling};
 pub use help::{flags_in_help, groups, render_help, render_version, spelled};
-pub use library::{apply_library_flags, library_flags, model_flag};
+pub use library::{apply_library_flags, library_flags, library_flags_with_threads, model_flag};
 pub use parse::{Outcome, Parsed, UsageError, parse, parse_or_exit};
 
 #[cfg(test)]

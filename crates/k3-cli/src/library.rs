@@ -30,6 +30,18 @@ pub fn model_flag(group: Group) -> Flag {
     .required()
 }
 
+/// [`library_flags`] with `--threads` defaulting to `threads` (a tool with a fixed default
+/// rather than every core, for reproducible runs).
+pub fn library_flags_with_threads(threads: &'static str) -> Vec<Flag> {
+    library_flags()
+        .into_iter()
+        .map(|flag| match flag.name {
+            "threads" => flag.with_default(threads),
+            _ => flag,
+        })
+        .collect()
+}
+
 /// The library flags, grouped Performance, Experts, NUMA. `--threads` defaults to every
 /// physical core here; a binary with another default says so with [`Flag::with_default`].
 pub fn library_flags() -> Vec<Flag> {

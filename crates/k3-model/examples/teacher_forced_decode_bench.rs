@@ -141,14 +141,7 @@ fn bench_flags() -> Vec<Flag> {
             "print where the timed steps' wall time went, by bucket",
         ),
     ];
-    table.extend(
-        k3_cli::library_flags()
-            .into_iter()
-            .map(|flag| match flag.name {
-                "threads" => flag.with_default("1"),
-                _ => flag,
-            }),
-    );
+    table.extend(k3_cli::library_flags_with_threads("1"));
     table.push(Flag::value(
         "expert-placement",
         "WHERE",

@@ -40,14 +40,7 @@ fn flags() -> Vec<Flag> {
             "one stream, then N, this often",
         ),
     ];
-    table.extend(
-        k3_cli::library_flags()
-            .into_iter()
-            .map(|flag| match flag.name {
-                "threads" => flag.with_default("2"),
-                _ => flag,
-            }),
-    );
+    table.extend(k3_cli::library_flags_with_threads("2"));
     table
 }
 
