@@ -5,7 +5,7 @@
 //! size computed from the config.
 //!
 //! `cargo run --release -p k3-serve --example prompt_cache_ttft -- --model DIR [--threads 2]
-//!  [--system-words 1900] [--user-words 60]`, and any of the library flags (`--help`).
+//!  [--system-words 1900] [--user-words 60] [--context 8192]`, and any of the library flags (`--help`).
 
 use std::time::{Duration, Instant};
 
@@ -22,7 +22,6 @@ use k3_serve::engine::{
 use serde_json::json;
 
 const BINARY: &str = "prompt_cache_ttft";
-const CONTEXT: usize = 8192;
 const ANSWER_TOKENS: usize = 16;
 
 fn flags() -> Vec<Flag> {
@@ -44,6 +43,14 @@ fn flags() -> Vec<Flag> {
             "60",
             group,
             "words in each user turn",
+        ),
+        Flag::value(
+            "context",
+            "N",
+            Kind::Count,
+            "8192",
+            group,
+            "context length the engine is built for (a 16k-token chat needs 20000)",
         ),
     ];
     table.extend(k3_cli::library_flags_with_threads("2"));
@@ -71,13 +78,14 @@ fn main() -> Result<()> {
         parsed.get_or_default(&table, "system-words")?,
         parsed.get_or_default(&table, "user-words")?,
     );
+    let context: usize = parsed.get_or_default(&table, "context")?;
     let mut options = EngineOptions {
         experts: ExpertOptions {
             usage_cache: false,
             ..ExpertOptions::default()
         },
         max_batch: 1,
-        ctx: CONTEXT,
+        ctx: context,
         ..EngineOptions::default()
     };
     k3_cli::apply_library_flags(&parsed, &mut options)?;
@@ -104,7 +112,7 @@ fn main() -> Result<()> {
         } else {
             "cache"
         };
-        let turns = chat(&engine, words)?;
+        let turns = chat(&engine, words, context)?;
         for (i, t) in turns.iter().enumerate() {
             println!(
                 "{label}: turn {}: {} prompt tokens, {} cached, time to first token {:.3} s",
@@ -158,11 +166,15 @@ fn filler(seed: usize, words: usize) -> String {
 }
 
 /// A three-turn greedy chat; each turn resends the conversation so far.
-fn chat(engine: &EngineHandle, (system_words, user_words): (usize, usize)) -> Result<Vec<Turn>> {
+fn chat(
+    engine: &EngineHandle,
+    (system_words, user_words): (usize, usize),
+    context: usize,
+) -> Result<Vec<Turn>> {
     let limits = Limits {
         model_names: vec!["k3".into()],
         max_tokens_default: ANSWER_TOKENS,
-        context: CONTEXT,
+        context,
         thinking_effort: k3_model::chat::ThinkingEffort::Max,
         thinking: false,
         vocab_size: engine.config.vocab_size,
@@ -184,7 +196,7 @@ fn chat(engine: &EngineHandle, (system_words, user_words): (usize, usize)) -> Re
             &segments,
             system_segments(&request.prompt),
         );
-        if ids.len() + ANSWER_TOKENS > CONTEXT {
+        if ids.len() + ANSWER_TOKENS > context {
             bail!("turn {turn}'s prompt of {} tokens is too long", ids.len());
         }
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
