@@ -5,9 +5,17 @@
 //! expert split too — simulates the busiest domain's share of the routed experts with a flat
 //! router (each token, each MoE layer: top-k distinct experts uniformly at random), and
 //! predicts s/token on 2 and 4 domains.
+//!
+//! Then hosts as domains (issue 19, ranks over MPI, `[--host-gbps G] [--link-latency-us U]`):
+//! for 2, 4 and 8 hosts over 100, 200 and 400 Gb/s links, each host reads 1/N of every
+//! row-split matrix, and the activations move the way `numa_sched::Ranks` moves them: one
+//! all-gather per dispatch of matrices (each rank receives the other ranks' rows), rank 0's
+//! attention outputs broadcast, one announcement per step. Predicted s/token = the host's
+//! weight bytes at its reached bandwidth + collectives x latency x ceil(log2 N) + the bytes a
+//! host receives at the link's rate (no overlap of the two assumed).
 
 use anyhow::{Context, Result};
-use k3_model::config::{FfnKind, K3Config};
+use k3_model::config::{AttentionKind, FfnKind, K3Config};
 use k3_model::inventory::{BytePlan, DType, TensorClass, text_tensors};
 
 use crate::{Options, from_root};
@@ -15,7 +23,15 @@ use crate::{Options, from_root};
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let o = Options::parse(
         args,
-        &["config", "socket-gbps", "link-gbps", "efficiency", "tokens"],
+        &[
+            "config",
+            "socket-gbps",
+            "link-gbps",
+            "efficiency",
+            "tokens",
+            "host-gbps",
+            "link-latency-us",
+        ],
     )?;
     let path = from_root(
         o.get("config")
@@ -149,7 +165,119 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             split_bytes / reach
         );
     }
+    // One 12-channel DDR5-4800 socket per host by default.
+    let host = number("host-gbps", 460.8)? * 1e9;
+    // RDMA (InfiniBand/RoCE) small-message latency is ~2-5 us; TCP over the same links ~20-50.
+    let latency = number("link-latency-us", 5.0)? * 1e-6;
+    hosts_table(&config, &plan, host * efficiency, latency);
     Ok(())
+}
+
+/// Collectives per decoded token in our MPI split, and the f32 values each covers: one
+/// all-gather per dispatch of matrices (`gemm_many`), per expert phase and per lm_head; one
+/// broadcast of each attention layer's output; one announcement.
+fn collectives(config: &K3Config) -> (usize, Vec<(usize, bool)>) {
+    let d = config.hidden_size;
+    let moe = &config.moe;
+    let top_k = moe.router.top_k;
+    let io = moe.expert_io(d);
+    // (values, broadcast?) of each collective.
+    let mut calls: Vec<(usize, bool)> = vec![(0, true)];
+    for layer in &config.layers {
+        match layer.attention {
+            AttentionKind::Kda => {
+                let w = config.kda_width();
+                let heads = config.kda.num_heads;
+                // q, k, v, g, f_a (rank), beta; f_b; the output broadcast; o.
+                calls.push((4 * w + config.kda.head_dim + heads, false));
+                calls.push((w, false));
+                calls.push((w, true));
+                calls.push((d, false));
+            }
+            AttentionKind::Mla => {
+                let m = &config.mla;
+                let qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+                let gate = if m.output_gate {
+                    m.num_heads * m.v_head_dim
+                } else {
+                    0
+                };
+                calls.push((
+                    m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim + gate,
+                    false,
+                ));
+                calls.push((m.num_heads * qk, false));
+                calls.push((m.num_heads * m.v_head_dim, true));
+                calls.push((d, false));
+            }
+        }
+        match layer.ffn {
+            FfnKind::Dense => {
+                calls.push((2 * config.dense_intermediate, false));
+                calls.push((d, false));
+            }
+            FfnKind::Moe => {
+                calls.push((moe.num_experts + io, false));
+                if moe.num_shared_experts > 0 {
+                    calls.push((2 * moe.shared_intermediate(), false));
+                    calls.push((d, false));
+                }
+                calls.push((top_k * moe.expert_intermediate, false));
+                calls.push((top_k * io, false));
+                if moe.latent.is_some() {
+                    calls.push((d, false));
+                }
+            }
+        }
+    }
+    calls.push((config.vocab_size, false));
+    (calls.len(), calls)
+}
+
+/// The multi-host table: predicted s/token for 2, 4, 8 hosts over 100/200/400 Gb/s links.
+fn hosts_table(config: &K3Config, plan: &BytePlan, reach: f64, latency: f64) {
+    let (count, calls) = collectives(config);
+    println!(
+        "\nhosts as domains (ranks over MPI): a host reaches {:.0} GB/s; {count} collectives per token; link latency {:.1} us per message\n",
+        reach / 1e9,
+        latency * 1e6
+    );
+    println!(
+        "| hosts | link | weight bytes per host per token | bytes a host receives per token | time in collectives | predicted s/token | tokens/s |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let one = plan.bytes_per_token as f64 / reach;
+    println!(
+        "| 1 | — | {:.1} GB | — | — | {one:.3} | {:.2} |",
+        plan.bytes_per_token as f64 / 1e9,
+        1.0 / one
+    );
+    for hosts in [2usize, 4, 8] {
+        let n = hosts as f64;
+        // An all-gather brings each host the other hosts' (n-1)/n of the values; a broadcast
+        // brings all of them to every host but rank 0.
+        let received: f64 = calls
+            .iter()
+            .map(|&(values, broadcast)| {
+                let share = if broadcast { 1.0 } else { (n - 1.0) / n };
+                values as f64 * 4.0 * share
+            })
+            .sum();
+        let steps = (hosts as f64).log2().ceil();
+        let weights = plan.bytes_per_token as f64 / n;
+        for gbit in [100.0, 200.0, 400.0] {
+            let link = gbit * 1e9 / 8.0;
+            let collective = count as f64 * latency * steps + received / link;
+            let total = weights / reach + collective;
+            println!(
+                "| {hosts} | {gbit:.0} Gb/s | {:.1} GB | {:.2} MB | {:.1} ms | {total:.3} | {:.2} |",
+                weights / 1e9,
+                received / 1e6,
+                collective * 1e3,
+                1.0 / total
+            );
+        }
+    }
 }
 
 /// Mean over tokens and MoE layers of the busiest domain's fraction of the `top_k` experts a

@@ -55,6 +55,7 @@ use k3_model::experts::stats_report;
 use k3_model::inventory::BytePlan;
 use k3_model::model::{ExpertPlacement, Model, fingerprint};
 use k3_model::profile::{Bucket, Profile};
+use k3_model::shares::RankShare;
 use k3_model::synth::{Preset, SynthOptions, generate};
 
 const BINARY: &str = "teacher_forced_decode_bench";
@@ -300,6 +301,8 @@ fn main() -> Result<()> {
         .filter_level(log::LevelFilter::Warn)
         .format_timestamp(None)
         .init();
+    let ranks = ranks::join()?;
+    let leader = ranks.is_leader();
     let table = bench_flags();
     let args = match parse(&table, std::env::args().skip(1)) {
         Ok(Some(args)) => args,
@@ -320,14 +323,14 @@ fn main() -> Result<()> {
             let options = SynthOptions::new(args.preset);
             let report =
                 generate(&scratch.0, &options).context("generating the synthetic checkpoint")?;
-            eprintln!(
+            (leader).then(|| eprintln!(
                 "no --model: generated a synthetic {} checkpoint ({:.2} GB, {} tensors) in {:.1} s at {}",
                 args.preset,
                 report.bytes as f64 / 1e9,
                 report.tensors,
                 start.elapsed().as_secs_f64(),
                 scratch.0.display()
-            );
+            ));
             scratch.0.clone()
         }
     };
@@ -337,11 +340,26 @@ fn main() -> Result<()> {
     // The KV cache the memory plan counts: one sequence of every token consumed.
     let options = EngineOptions {
         ctx: args.tokens.as_ref().map_or(args.steps, Vec::len),
+        ranks: Arc::clone(&ranks),
         ..args.engine.clone()
     };
-    let engine = Engine::build(&model_dir, config, &options, &mut Stderr::default())?;
+    // Under mpirun, ranks other than 0 print their startup line and errors only.
+    let mut quiet = |_: &str| {};
+    let sink: &mut dyn BuildSink = if leader {
+        &mut Stderr::default()
+    } else {
+        &mut quiet
+    };
+    let engine = Engine::build(&model_dir, config, &options, sink)?;
+    let share = RankShare::of(&engine.checkpoint, &ranks);
+    if ranks.size() > 1 {
+        eprintln!("{}", share.describe(&ranks));
+    }
     let (config, pool, store) = (&engine.config, &engine.pool, &engine.store);
     let model = engine.model()?;
+    if !leader {
+        return ranks::follow(model, &ranks, &model_dir, &share);
+    }
     let profile = Arc::new(Profile::new());
     let model = if args.profile {
         model.with_profile(Arc::clone(&profile))
@@ -366,13 +384,15 @@ fn main() -> Result<()> {
         }
     };
     if let Some(n) = args.prefill {
-        return time_prefill(
+        let timed = time_prefill(
             &model,
             &tokens,
             n,
             args.prefill_chunk,
             args.profile.then_some(&*profile),
         );
+        ranks::finish(model, &ranks, &model_dir, &share, None);
+        return timed;
     }
     let mut out = match &args.logits_out {
         Some(path) => Some(std::io::BufWriter::new(
@@ -395,6 +415,7 @@ fn main() -> Result<()> {
         store.reset_stats(); // the preload's reads are not the decode's
     }
     let mut session = model.session();
+    let collectives = ranks.stats();
     let mut times = Vec::with_capacity(tokens.len());
     let mut reads = Vec::with_capacity(tokens.len());
     let mut ratios = Vec::with_capacity(tokens.len());
@@ -460,6 +481,7 @@ fn main() -> Result<()> {
     if let Some(mut out) = out {
         out.flush()?;
     }
+    let collectives = ranks.stats().since(&collectives);
     let median = |values: &mut Vec<f64>| {
         values.sort_by(f64::total_cmp);
         values[values.len() / 2]
@@ -514,6 +536,13 @@ fn main() -> Result<()> {
     if let Some(store) = &store {
         print!("{}", stats_report(store, &store.stats(), tokens.len()));
     }
+    ranks::finish(
+        model,
+        &ranks,
+        &model_dir,
+        &share,
+        Some((collectives, tokens.len())),
+    );
     match engine.save_usage() {
         Some((path, Ok(()))) => eprintln!("expert usage saved to {}", path.display()),
         Some((_, Err(e))) => eprintln!("warning: expert usage not saved: {e}"),
@@ -613,6 +642,9 @@ impl BuildSink for Stderr {
         bar.set_position(progress.bytes_done);
     }
 }
+
+#[path = "teacher_forced_decode_bench/ranks.rs"]
+mod ranks;
 
 #[cfg(test)]
 #[path = "teacher_forced_decode_bench/tests.rs"]

@@ -17,7 +17,7 @@ use expert_store::store::PreloadProgress;
 use expert_store::usage::UsageError;
 use expert_store::{Checkpoint, CheckpointError, ExpertStore, StoreError};
 use mxfp4_kernels::{Kernels, Tier};
-use numa_sched::{Pool, PoolOptions};
+use numa_sched::{Pool, PoolOptions, Ranks, RanksError};
 
 use crate::budget::{MemoryPlan, OverBudget, RunShape};
 use crate::checkpoint::{trunk_tensor_names, validate};
@@ -46,6 +46,8 @@ pub struct EngineOptions {
     pub max_batch: usize,
     /// Tokens a sequence may hold (sizes the KV cache in the memory plan).
     pub ctx: usize,
+    /// The processes the engine's rows are split over (one, unless under `mpirun`).
+    pub ranks: Arc<Ranks>,
 }
 
 impl Default for EngineOptions {
@@ -59,6 +61,7 @@ impl Default for EngineOptions {
             scan: false,
             max_batch: 1,
             ctx: 4096,
+            ranks: Arc::new(Ranks::single()),
         }
     }
 }
@@ -91,6 +94,8 @@ pub enum BuildError {
     Kernel(#[from] mxfp4_kernels::Error),
     #[error("worker pool: {0}")]
     Pool(#[from] numa_sched::Error),
+    #[error(transparent)]
+    Ranks(#[from] RanksError),
     #[error(transparent)]
     Experts(#[from] ExpertOptionsError),
     #[error(transparent)]
@@ -141,6 +146,7 @@ impl Engine {
     ) -> Result<Self, BuildError> {
         let mut checkpoint = Checkpoint::open(dir)?;
         validate(&checkpoint, &config)?;
+        crate::shares::same_checkpoint(&checkpoint, &config, &options.ranks)?;
         if options.scan {
             let started = Instant::now();
             let report = expert_store::scan::require_finite(&checkpoint)?;
@@ -162,7 +168,7 @@ impl Engine {
             Some(tier) => Kernels::new(tier)?,
             None => Kernels::detect(),
         };
-        let pool = Arc::new(options.pool.build()?);
+        let pool = Arc::new(options.pool.build_for(Arc::clone(&options.ranks))?);
         sink.line(&pool.topology().describe());
         sink.line(&format!(
             "kernel tier {}, {} compute threads ({} per domain)",
@@ -203,6 +209,15 @@ impl Engine {
                 &pool.topology().domains[0].cpus,
             )?
             .map(Arc::new);
+        if store.is_some() && options.ranks.size() > 1 {
+            // The store's batches arrive as loads finish, in an order each rank sees
+            // differently; the ranks' collectives must match one for one.
+            return Err(RanksError::Unsupported {
+                what: "the expert store (--expert-cache, --expert-cache-gb, --preload-experts)",
+                ranks: options.ranks.size(),
+            }
+            .into());
+        }
         if let Some(store) = &store {
             sink.line(&format!(
                 "expert store: {:?}, {} I/O threads, {}",

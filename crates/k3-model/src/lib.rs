@@ -20,6 +20,7 @@ pub mod model;
 pub mod ops;
 pub mod profile;
 pub mod sampling;
+pub mod shares;
 pub mod synth;
 pub mod tokenizer;
 

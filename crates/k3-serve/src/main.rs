@@ -18,6 +18,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use k3_model::builder::EngineOptions;
+
+mod follower;
 use k3_model::chat::ThinkingEffort;
 use k3_serve::api::{ChatRequest, CompletionRequest, Limits};
 use k3_serve::auth::{ApiKey, require_api_key};
@@ -258,13 +260,19 @@ fn default_model() -> Result<PathBuf> {
 }
 
 fn main() -> Result<()> {
+    // Under mpirun: ranks other than 0 print their startup line and errors only.
+    let ranks = follower::join()?;
     // The libraries' log lines (an mlock failure, buffered expert reads, ...) on stderr.
     env_logger::Builder::new()
-        .filter_level(log::LevelFilter::Info)
+        .filter_level(if ranks.is_leader() {
+            log::LevelFilter::Info
+        } else {
+            log::LevelFilter::Error
+        })
         .format_timestamp(None)
         .init();
     let table = cli::k3_serve_flags();
-    let args = match parse(&table, std::env::args().skip(1)) {
+    let mut args = match parse(&table, std::env::args().skip(1)) {
         Ok(Some(args)) => args,
         Ok(None) => return Ok(()),
         Err(e) => usage_exit(e),
@@ -276,6 +284,10 @@ fn main() -> Result<()> {
         Some(dir) => dir.clone(),
         None => default_model()?,
     };
+    args.engine.ranks = Arc::clone(&ranks);
+    if !ranks.is_leader() {
+        return follower::follow(&model_dir, &args.engine);
+    }
     let ctx = args.engine.ctx;
     let (engine, engine_thread) = spawn(EngineConfig {
         model_dir: model_dir.clone(),

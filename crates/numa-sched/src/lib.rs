@@ -12,10 +12,12 @@ mod hot;
 pub mod libnuma;
 pub mod memory;
 mod pool;
+pub mod ranks;
 mod thread;
 pub mod topology;
 
 pub use pool::Pool;
+pub use ranks::{CollectiveStats, Ranks, RanksError};
 pub use thread::spawn_io_thread;
 pub use topology::{Domain, Topology, TopologyOptions, TopologySource};
 
@@ -104,13 +106,39 @@ impl PoolOptions {
 
     /// The pool: one per domain of [`Self::topology`].
     pub fn build(&self) -> Result<Pool, Error> {
-        let topology = self.topology();
+        self.build_for(std::sync::Arc::new(Ranks::single()))
+    }
+
+    /// The pool of one of several ranks: when ranks share a host, each takes its own
+    /// contiguous share of the host's CPUs ([`ranks::cpu_share`]) so that their workers are not
+    /// pinned to the same cores, and `--threads` counts this rank's workers.
+    pub fn build_for(&self, ranks: std::sync::Arc<Ranks>) -> Result<Pool, Error> {
+        let mut topology = self.topology();
+        let (index, count) = ranks.local();
+        if count > 1 {
+            let all: Vec<usize> = topology
+                .domains
+                .iter()
+                .flat_map(|d| d.cpus.iter().copied())
+                .collect();
+            let mine = ranks::cpu_share(&all, index, count);
+            for domain in &mut topology.domains {
+                let kept: Vec<usize> = domain
+                    .cpus
+                    .iter()
+                    .copied()
+                    .filter(|c| mine.contains(c))
+                    .collect();
+                // A domain left without CPUs runs on this rank's share (still its own pool).
+                domain.cpus = if kept.is_empty() { mine.clone() } else { kept };
+            }
+        }
         let threads = match (self.threads_per_domain, self.threads) {
             (Some(n), _) => Threads::PerDomain(n),
             (None, Some(n)) => Threads::Total(n),
             (None, None) => Threads::Total(topology.domains.iter().map(|d| d.cpus.len()).sum()),
         };
-        Pool::with_topology(topology, threads)
+        Ok(Pool::with_topology(topology, threads)?.with_ranks(ranks))
     }
 }
 

@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use crate::hot::Mailbox;
-use crate::{Error, Threads, Topology};
+use crate::{Error, Ranks, Threads, Topology};
 
 /// One domain's workers.
 pub(crate) struct DomainPool {
@@ -41,6 +41,8 @@ pub struct Pool {
     /// Held for a call from outside the pool while the pool has several domains (see
     /// [`Pool::drive`]).
     driver: Mutex<()>,
+    /// The processes this pool's work is split over (one unless the engine runs under MPI).
+    ranks: Arc<Ranks>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -120,7 +122,20 @@ impl Pool {
             mailboxes,
             hot: std::sync::atomic::AtomicBool::new(false),
             driver: Mutex::new(()),
+            ranks: Arc::new(Ranks::single()),
         })
+    }
+
+    /// The pool as one rank of several ([`Ranks`]): callers split row-split work over the
+    /// ranks first, then over this pool's domains.
+    pub fn with_ranks(mut self, ranks: Arc<Ranks>) -> Self {
+        self.ranks = ranks;
+        self
+    }
+
+    /// The ranks this pool is one of.
+    pub fn ranks(&self) -> &Arc<Ranks> {
+        &self.ranks
     }
 
     /// Workers in all domains.

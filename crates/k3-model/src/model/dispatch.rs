@@ -54,19 +54,17 @@ impl Model<'_> {
         } else {
             self.pool.threads()
         };
-        // Each matrix's rows split into blocks, the blocks spread over the domains in order:
-        // each domain reads its own rows of every matrix.
+        // Each matrix's rows: this rank's share (all of them in one process), split into blocks
+        // spread over the domains in order: each domain reads its own rows of every matrix.
         let domains = self.pool.domains();
+        let ranks = self.pool.ranks();
         let tasks: Vec<(usize, std::ops::Range<usize>, usize)> = ms
             .iter()
             .enumerate()
             .flat_map(|(k, m)| {
-                let blocks = row_tasks(m.rows(), threads.max(domains));
-                let n = blocks.len();
-                blocks
+                own_blocks(ranks.share(m.rows()), threads.max(domains), domains)
                     .into_iter()
-                    .enumerate()
-                    .map(move |(j, r)| (k, r, j * domains / n))
+                    .map(move |(r, d)| (k, r, d))
             })
             .collect();
         let mut out: Vec<Vec<Vec<f32>>> = ms.iter().map(|_| Vec::with_capacity(xs.len())).collect();
@@ -93,12 +91,98 @@ impl Model<'_> {
                         .copy_from_slice(&part[t * range.len()..(t + 1) * range.len()]);
                 }
             }
+            if ranks.size() > 1 {
+                let mut rows: Vec<Vec<&mut [f32]>> = ys
+                    .iter_mut()
+                    .map(|y| y.iter_mut().map(Vec::as_mut_slice).collect())
+                    .collect();
+                self.gather_rows(&mut rows);
+            }
             for (o, y) in out.iter_mut().zip(ys) {
                 o.extend(y);
             }
         }
         Ok(out)
     }
+}
+
+impl Model<'_> {
+    /// Rank 0's attention outputs (`tokens` rows of `width`) to every rank: the other ranks
+    /// hold no sequence state and pass an empty `rows`.
+    pub(super) fn share_attention(&self, rows: &mut Vec<Vec<f32>>, tokens: usize, width: usize) {
+        let ranks = self.pool.ranks();
+        if ranks.size() == 1 {
+            return;
+        }
+        let mut flat: Vec<f32> = if ranks.is_leader() {
+            rows.iter().flatten().copied().collect()
+        } else {
+            vec![0.0; tokens * width]
+        };
+        ranks.broadcast(&mut flat);
+        *rows = flat.chunks(width.max(1)).map(<[f32]>::to_vec).collect();
+    }
+
+    /// Makes rows whole on every rank: `segments[k][t]` is token `t`'s output of segment `k`
+    /// (a matrix's full row count long), of which this rank computed its share
+    /// ([`numa_sched::Ranks::share`]). One all-gather for all segments; each gathered row is
+    /// the bits its rank computed.
+    pub(super) fn gather_rows(&self, segments: &mut [Vec<&mut [f32]>]) {
+        let ranks = self.pool.ranks();
+        if ranks.size() == 1 {
+            return;
+        }
+        let shares: Vec<Vec<std::ops::Range<usize>>> = segments
+            .iter()
+            .map(|s| ranks.shares(s.first().map_or(0, |row| row.len())))
+            .collect();
+        let counts: Vec<usize> = (0..ranks.size())
+            .map(|r| {
+                segments
+                    .iter()
+                    .zip(&shares)
+                    .map(|(s, sh)| s.len() * sh[r].len())
+                    .sum()
+            })
+            .collect();
+        let me = ranks.rank();
+        let mut mine = Vec::with_capacity(counts[me]);
+        for (s, sh) in segments.iter().zip(&shares) {
+            for row in s {
+                mine.extend_from_slice(&row[sh[me].clone()]);
+            }
+        }
+        let all = ranks.all_gather(&mine, &counts);
+        let mut at = 0;
+        for r in 0..ranks.size() {
+            for (s, sh) in segments.iter_mut().zip(&shares) {
+                for row in s.iter_mut() {
+                    let n = sh[r].len();
+                    row[sh[r].clone()].copy_from_slice(&all[at..at + n]);
+                    at += n;
+                }
+            }
+        }
+    }
+}
+
+/// This rank's rows `own` of a matrix as row blocks (see [`row_tasks`]), each with the domain
+/// it runs on (blocks spread over the domains in order); no empty block.
+pub(super) fn own_blocks(
+    own: std::ops::Range<usize>,
+    threads: usize,
+    domains: usize,
+) -> Vec<(std::ops::Range<usize>, usize)> {
+    if own.is_empty() {
+        return Vec::new();
+    }
+    let blocks = row_tasks(own.len(), threads);
+    let n = blocks.len();
+    blocks
+        .into_iter()
+        .enumerate()
+        .map(|(j, r)| (r.start + own.start..r.end + own.start, j * domains / n))
+        .collect()
 }
 
 /// Row ranges for one matrix: about four tasks per worker, in blocks of 64 rows (a multiple

@@ -2,7 +2,7 @@
 
 use mxfp4_kernels::{ExpertScratch, MAX_TOKENS, MxFp4Matrix};
 
-use super::dispatch::row_tasks;
+use super::dispatch::own_blocks;
 use super::{ExpertPlacement, Model, Result};
 
 impl Model<'_> {
@@ -52,21 +52,18 @@ impl Model<'_> {
         let domains = self.pool.domains();
         let split = self.expert_placement == ExpertPlacement::Split && domains > 1;
         let per_expert = threads.div_ceil(items.len().max(1));
+        // Under several ranks, each runs its share of every expert's rows (then all-gathers).
+        let ranks = self.pool.ranks();
         let splits = |rows: usize| {
-            let blocks = row_tasks(
-                rows,
+            own_blocks(
+                ranks.share(rows),
                 if split {
                     per_expert.max(domains)
                 } else {
                     per_expert
                 },
-            );
-            let n = blocks.len();
-            blocks
-                .into_iter()
-                .enumerate()
-                .map(move |(j, r)| (r, j * domains / n))
-                .collect::<Vec<_>>()
+                domains,
+            )
         };
         let acts: Vec<mxfp4_kernels::Activations> = items
             .iter()
@@ -123,6 +120,13 @@ impl Model<'_> {
                     .copy_from_slice(&part[t * range.len()..(t + 1) * range.len()]);
             }
         }
+        if ranks.size() > 1 {
+            let mut rows: Vec<Vec<&mut [f32]>> = hidden
+                .iter_mut()
+                .map(|h| h.chunks_mut(inter).collect())
+                .collect();
+            self.gather_rows(&mut rows);
+        }
         let hidden_acts: Vec<mxfp4_kernels::Activations> = hidden
             .iter()
             .map(|h| self.kernels.prepare(h, inter))
@@ -145,11 +149,24 @@ impl Model<'_> {
             |t| domain(phase2[t].0, phase2[t].2),
             down_rows,
         )?;
+        let mut down: Vec<Vec<f32>> = items.iter().map(|(_, b)| vec![0.0; io * b.len()]).collect();
         for ((i, range, _), part) in phase2.iter().zip(parts) {
             let part = part?;
-            for (n, &(t, k)) in items[*i].1.iter().enumerate() {
-                outputs[t][k][range.clone()]
+            for n in 0..items[*i].1.len() {
+                down[*i][n * io + range.start..n * io + range.end]
                     .copy_from_slice(&part[n * range.len()..(n + 1) * range.len()]);
+            }
+        }
+        if ranks.size() > 1 {
+            let mut rows: Vec<Vec<&mut [f32]>> = down
+                .iter_mut()
+                .map(|d| d.chunks_mut(io.max(1)).collect())
+                .collect();
+            self.gather_rows(&mut rows);
+        }
+        for ((_, block), y) in items.iter().zip(&down) {
+            for (n, &(t, k)) in block.iter().enumerate() {
+                outputs[t][k].copy_from_slice(&y[n * io..(n + 1) * io]);
             }
         }
         Ok(())

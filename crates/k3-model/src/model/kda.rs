@@ -141,6 +141,8 @@ impl Model<'_> {
             }
             ys.extend(span_ys);
         }
+        // Under several ranks only rank 0 holds the sequences' states: its outputs go to all.
+        self.share_attention(&mut ys, xs.len(), heads * dim);
         self.gemm(&w.o, &ys)
     }
 }

@@ -138,6 +138,8 @@ impl Model<'_> {
             }
             ctxs.extend(span_ctxs);
         }
+        // Under several ranks only rank 0 holds the sequences' caches: its contexts go to all.
+        self.share_attention(&mut ctxs, xs.len(), m.num_heads * vd);
         if let Some(gates) = gates {
             for (ctx, mut gate) in ctxs.iter_mut().zip(gates) {
                 self.kernels.sigmoid_in_place(&mut gate);

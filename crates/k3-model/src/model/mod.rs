@@ -56,6 +56,7 @@ pub const PREFILL_CHUNK: usize = MAX_TOKENS;
 
 mod dispatch;
 mod experts;
+mod follow;
 mod kda;
 mod mla;
 mod moe;
@@ -327,10 +328,7 @@ impl<'a> Model<'a> {
         wanted: Logits,
     ) -> Result<Vec<Vec<f32>>> {
         let mut groups = [(session, tokens)];
-        Ok(self
-            .pool
-            .install(|| self.forward_on_worker(&mut groups, wanted))?
-            .concat())
+        Ok(self.run_step(&mut groups, wanted)?.concat())
     }
 
     /// One decode step for several sequences at once: `steps[i]` feeds one token to its own
@@ -346,8 +344,7 @@ impl<'a> Model<'a> {
             .map(|((session, _), token)| (&mut **session, &token[..]))
             .collect();
         Ok(self
-            .pool
-            .install(|| self.forward_on_worker(&mut groups, Logits::All))?
+            .run_step(&mut groups, Logits::All)?
             .into_iter()
             .map(|mut rows| rows.pop().expect("one token in, one row out"))
             .collect())
@@ -422,8 +419,8 @@ impl<'a> Model<'a> {
                     let states = groups
                         .iter_mut()
                         .zip(&spans)
-                        .map(|((session, _), span)| {
-                            (session.kda[i].as_mut().expect("KDA state"), span.clone())
+                        .filter_map(|((session, _), span)| {
+                            Some((session.kda[i].as_mut()?, span.clone()))
                         })
                         .collect();
                     self.timed(Bucket::Kda, || self.kda(kda, states, &normed))?
@@ -432,8 +429,8 @@ impl<'a> Model<'a> {
                     let caches = groups
                         .iter_mut()
                         .zip(&spans)
-                        .map(|((session, _), span)| {
-                            (session.mla[i].as_mut().expect("MLA cache"), span.clone())
+                        .filter_map(|((session, _), span)| {
+                            Some((session.mla[i].as_mut()?, span.clone()))
                         })
                         .collect();
                     self.timed(Bucket::Mla, || self.mla(mla, caches, &normed))?

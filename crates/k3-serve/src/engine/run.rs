@@ -35,6 +35,13 @@ pub(super) fn run(
         &config.options,
         &mut |line: &str| log::info!("{line}"),
     )?;
+    let ranks = &config.options.ranks;
+    if ranks.size() > 1 {
+        log::info!(
+            "{}",
+            k3_model::shares::RankShare::of(&engine.checkpoint, ranks).describe(ranks)
+        );
+    }
     let model = engine.model()?;
     let store = &engine.store;
     let ends: Vec<u32> = ["<|end_of_msg|>", "[EOS]"]

@@ -17,8 +17,47 @@ pub(crate) struct Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        if ranks() > 1 {
+            // mpirun passes SIGTERM on to every rank; a SIGKILL would orphan them.
+            // SAFETY: kill(2) on our own child's pid; no memory is involved.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(10) {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Ranks each test server runs as: `K3_SERVE_TEST_RANKS=N` (with the `mpi` feature) starts
+/// every server under `mpirun -np N`, so this same suite checks the server over MPI; else 1.
+pub(crate) fn ranks() -> usize {
+    std::env::var("K3_SERVE_TEST_RANKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
+
+/// The k3-serve command: the binary, or under `mpirun` when [`ranks`] says so.
+pub(crate) fn k3_serve() -> Command {
+    match ranks() {
+        0 | 1 => Command::new(env!("CARGO_BIN_EXE_k3-serve")),
+        n => {
+            let mut c = Command::new("mpirun");
+            c.args([
+                "--oversubscribe",
+                "--allow-run-as-root",
+                "-np",
+                &n.to_string(),
+            ])
+            .arg(env!("CARGO_BIN_EXE_k3-serve"));
+            c
+        }
     }
 }
 
@@ -70,7 +109,7 @@ pub(crate) fn start_exactly(
         Some(path) => Stdio::from(std::fs::File::create(path).unwrap()),
         None => Stdio::null(),
     };
-    let child = Command::new(env!("CARGO_BIN_EXE_k3-serve"))
+    let child = k3_serve()
         .args(args)
         .env_remove("K3_API_KEY")
         .envs(env.iter().copied())

@@ -1,0 +1,293 @@
+//! Several ranks under `mpirun` (the `mpi` feature): the decode bench's logits are the bytes
+//! of one process for 2 and 3 ranks (an uneven split), 1 and 2 threads per rank, over shared
+//! memory and over forced TCP; a killed rank ends the job with an error naming it, within
+//! 30 s; ranks that opened different checkpoints are refused with both values.
+//!
+//! Needs the decode bench built with the feature first (`.ci/run` does it):
+//! `cargo build -p k3-model --features mpi --example teacher_forced_decode_bench`, and Open
+//! MPI's `mpirun` (Debian: openmpi-bin). Run as root, hence `--allow-run-as-root`.
+#![cfg(feature = "mpi")]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use k3_model::synth::{Preset, SynthOptions, generate};
+
+/// The bench beside this test binary (`target/<profile>/examples/`).
+fn bench() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps")
+        .join("examples/teacher_forced_decode_bench");
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build -p k3-model --features mpi --example teacher_forced_decode_bench` first",
+        path.display()
+    );
+    path
+}
+
+fn mpirun() -> Command {
+    let mut c = Command::new("mpirun");
+    c.args(["--oversubscribe", "--allow-run-as-root"]);
+    c
+}
+
+/// A directory removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(what: &str) -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "k3-mpi-test-{}-{what}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("a scratch directory");
+        Self(dir)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A synthetic checkpoint in a fresh directory.
+fn checkpoint(preset: Preset, seed: u64) -> Scratch {
+    let dir = Scratch::new("model");
+    let mut options = SynthOptions::new(preset);
+    options.seed = seed;
+    generate(dir.path(), &options).expect("generating a checkpoint");
+    dir
+}
+
+fn run(mut command: Command) -> Output {
+    let output = command.output().expect("mpirun could not start");
+    assert!(
+        output.status.success(),
+        "{command:?} failed: {}\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// The bench's logits file for `ranks` processes (1: no mpirun) of `threads` threads each.
+fn logits(model: &Path, ranks: usize, threads: usize, extra: &[&str]) -> (Vec<u8>, String) {
+    let scratch = Scratch::new("logits");
+    let out = scratch.path().join("logits.f32");
+    let mut args: Vec<String> = [
+        "--model",
+        &model.display().to_string(),
+        "--steps",
+        "6",
+        "--threads",
+        &threads.to_string(),
+        "--probe-mb",
+        "0",
+        "--logits-out",
+        &out.display().to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let command = if ranks == 1 {
+        let mut c = Command::new(bench());
+        c.args(&args);
+        c
+    } else {
+        let mut c = mpirun();
+        c.args(extra).args(["-np", &ranks.to_string()]).arg(bench());
+        c.args(args.drain(..));
+        c
+    };
+    let output = run(command);
+    let bytes = std::fs::read(&out).expect("the logits file");
+    (
+        bytes,
+        String::from_utf8_lossy(&output.stdout).into_owned()
+            + &String::from_utf8_lossy(&output.stderr),
+    )
+}
+
+#[test]
+fn two_and_three_ranks_give_the_logits_of_one_process() {
+    // `tiny` has every K3 feature: KDA and MLA layers, a dense layer, latent MoE with shared
+    // experts, AttnRes blocks; its matrices are small, so a rank owns little of some of them.
+    let model = checkpoint(Preset::Tiny, 1);
+    let (reference, _) = logits(model.path(), 1, 2, &[]);
+    assert!(!reference.is_empty());
+    for (ranks, threads) in [(2, 1), (2, 2), (3, 1), (3, 2)] {
+        let (got, text) = logits(model.path(), ranks, threads, &[]);
+        assert!(
+            text.contains(&format!("rank {} of {ranks}", ranks - 1)),
+            "no startup line of the last rank: is the bench built with --features mpi?\n{text}"
+        );
+        assert!(
+            got == reference,
+            "{ranks} ranks x {threads} threads: logits differ from one process"
+        );
+        assert!(text.contains("collectives per token"), "{text}");
+    }
+}
+
+/// Open MPI's flag that forbids shared memory between ranks, when this is Open MPI.
+fn tcp_only() -> Option<[&'static str; 3]> {
+    let version = Command::new("mpirun").arg("--version").output().ok()?;
+    String::from_utf8_lossy(&version.stdout)
+        .contains("Open MPI")
+        .then_some(["--mca", "btl", "tcp,self"])
+}
+
+#[test]
+fn ranks_over_forced_tcp_give_the_logits_of_one_process() {
+    let Some(tcp) = tcp_only() else {
+        eprintln!("skipped: not Open MPI, no `--mca btl tcp,self`");
+        return;
+    };
+    let model = checkpoint(Preset::Tiny, 2);
+    let (reference, _) = logits(model.path(), 1, 1, &[]);
+    let (got, _) = logits(model.path(), 2, 1, &tcp);
+    assert!(got == reference, "over TCP: logits differ from one process");
+}
+
+#[test]
+fn ranks_with_different_checkpoints_are_refused_with_both_values() {
+    let a = checkpoint(Preset::Tiny, 3);
+    let b = checkpoint(Preset::Tiny, 4);
+    let mut c = mpirun();
+    for dir in [a.path(), b.path()] {
+        if dir != a.path() {
+            c.arg(":");
+        }
+        c.args(["-np", "1"]).arg(bench()).args([
+            "--model",
+            &dir.display().to_string(),
+            "--steps",
+            "2",
+            "--probe-mb",
+            "0",
+        ]);
+    }
+    let output = c.output().expect("mpirun could not start");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success(),
+        "different checkpoints were accepted"
+    );
+    assert!(
+        stderr.contains("the checkpoint")
+            && stderr.contains("differs between ranks")
+            && stderr.contains("rank 1"),
+        "{stderr}"
+    );
+    // Both values, as hex words.
+    assert!(stderr.matches("0x").count() >= 4, "{stderr}");
+}
+
+#[test]
+fn a_killed_rank_ends_the_job_naming_it() {
+    let model = checkpoint(Preset::Tiny, 5);
+    let mut c = mpirun();
+    c.args(["-np", "2"]).arg(bench()).args([
+        "--model",
+        &model.path().display().to_string(),
+        "--steps",
+        "100000",
+        "--threads",
+        "1",
+        "--probe-mb",
+        "0",
+    ]);
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = c.spawn().expect("mpirun could not start");
+    // Wait for decoding to be under way (rank 0 prints its steps).
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.starts_with("step    3") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let stderr = child.stderr.take().expect("stderr");
+    let (etx, erx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            text.push_str(&line);
+            text.push('\n');
+        }
+        let _ = etx.send(text);
+    });
+    if rx.recv_timeout(Duration::from_secs(300)).is_err() {
+        let _ = child.kill();
+        panic!("decoding did not start: {}", erx.recv().unwrap_or_default());
+    }
+    let victim = rank_pid(1, model.path()).expect("rank 1's process");
+    // SAFETY: kill(2) on a pid read from /proc; no memory is involved.
+    unsafe { libc::kill(victim, libc::SIGKILL) };
+    let killed = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for mpirun") {
+            break status;
+        }
+        if killed.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("the job did not end within 30 s of rank 1's death");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let text = erx
+        .recv_timeout(Duration::from_secs(10))
+        .unwrap_or_default();
+    assert!(!status.success(), "the job ended well after a rank died");
+    assert!(
+        text.contains("rank 1"),
+        "the error does not name rank 1:\n{text}"
+    );
+    eprintln!(
+        "job ended {:.1} s after rank 1 was killed",
+        killed.elapsed().as_secs_f64()
+    );
+}
+
+/// The pid of the bench process on `model` that MPI started as `rank`.
+fn rank_pid(rank: usize, model: &Path) -> Option<i32> {
+    let wanted = format!("OMPI_COMM_WORLD_RANK={rank}");
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd);
+        if !cmd.contains("teacher_forced_decode_bench") || !cmd.contains(&*model.to_string_lossy())
+        {
+            continue;
+        }
+        let Ok(env) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if env.split(|&b| b == 0).any(|v| v == wanted.as_bytes()) {
+            return Some(pid);
+        }
+    }
+    None
+}

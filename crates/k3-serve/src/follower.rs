@@ -1,0 +1,36 @@
+//! k3-serve under `mpirun`: which rank this process is, and the part of every rank but 0,
+//! which runs the forward pass on its share of the rows and nothing else (rank 0 holds the
+//! HTTP server, the tokenizer, the sequences and sampling).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use k3_model::builder::{Engine, EngineOptions};
+use k3_model::config::K3Config;
+use k3_model::shares::RankShare;
+use numa_sched::Ranks;
+
+/// This process's ranks: the MPI job it was started in (with the `mpi` feature), else one.
+pub(crate) fn join() -> Result<Arc<Ranks>> {
+    #[cfg(feature = "mpi")]
+    return Ok(Arc::new(Ranks::mpi()?));
+    #[cfg(not(feature = "mpi"))]
+    Ok(Arc::new(Ranks::single()))
+}
+
+/// A rank other than 0: builds the engine with the same flags (its build lines unprinted),
+/// prints its startup line, and runs rank 0's steps until rank 0's model goes away.
+pub(crate) fn follow(model_dir: &Path, options: &EngineOptions) -> Result<()> {
+    let text = std::fs::read_to_string(model_dir.join("config.json"))
+        .with_context(|| format!("reading {}/config.json", model_dir.display()))?;
+    let config = K3Config::from_json(&text)?;
+    let engine = Engine::build(model_dir, config, options, &mut |_: &str| {})?;
+    eprintln!(
+        "{}",
+        RankShare::of(&engine.checkpoint, &options.ranks).describe(&options.ranks)
+    );
+    let model = engine.model()?;
+    model.follow()?;
+    Ok(())
+}
