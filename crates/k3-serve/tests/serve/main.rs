@@ -4,7 +4,6 @@
 mod cli;
 mod e2e;
 mod fuzz;
-mod prompt_cache;
 mod router;
 
 use std::path::PathBuf;
