@@ -1,7 +1,8 @@
 //! Issue 18, acceptance 4: with `--prompt-cache-dir`, snapshots survive a restart (turn two
 //! replayed on a new server resumes from the files and answers as cold), a snapshot file
 //! with a flipped byte is ignored with a warning in the log and the turn is prefilled cold,
-//! and files another checkpoint wrote are ignored (with a warning) rather than restored.
+//! and files another checkpoint wrote (another seed; or the same vectors with one matrix
+//! changed) are ignored with a warning rather than restored.
 
 use std::path::{Path, PathBuf};
 
@@ -113,15 +114,14 @@ async fn a_flipped_byte_in_a_snapshot_file_is_ignored_with_a_warning() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn snapshot_files_of_another_checkpoint_are_ignored() {
-    let dir = TempDir::new("foreign");
-    // Same shapes and tokenizer, other weights: its snapshots of the same tokens would
-    // restore without complaint, and give other answers.
-    let other = synthetic("other-seed", 1);
+/// Snapshot files the checkpoint in `other` wrote for turn one and two are ignored by a server
+/// over `tiny` (with a warning naming each when it reads the directory): turn two prefills
+/// cold and answers as cold.
+async fn files_of_another_checkpoint_are_ignored(other: &Path, tag: &str) {
+    let dir = TempDir::new(tag);
     let (first, second, expected) = cold_turns().await;
     {
-        let foreign = spilling(other.clone(), &dir.0);
+        let foreign = spilling(other.to_path_buf(), &dir.0);
         let answer = chat(&foreign, &turn_one()).await;
         assert_ne!(
             outcome(&answer),
@@ -138,7 +138,6 @@ async fn snapshot_files_of_another_checkpoint_are_ignored() {
     let replayed = chat(&ours, &second).await;
     assert_eq!(cached_tokens(&replayed), 0, "a foreign file was trusted");
     assert_eq!(outcome(&replayed), outcome(&expected));
-    // Each foreign file was named in a warning when the directory was read.
     let warnings = logged(&dir.0.display().to_string());
     for path in &written {
         assert!(
@@ -149,5 +148,39 @@ async fn snapshot_files_of_another_checkpoint_are_ignored() {
             path.display()
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_files_of_another_seed_are_ignored() {
+    // Same shapes and tokenizer, other weights: its snapshots of the same tokens would
+    // restore without complaint, and give other answers.
+    let other = synthetic("other-seed", 1);
+    files_of_another_checkpoint_are_ignored(&other, "foreign-seed").await;
     let _ = std::fs::remove_dir_all(&other);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_files_of_a_checkpoint_differing_only_in_a_matrix_are_ignored() {
+    // `tiny` with one projection of layer 0 negated (every BF16 sign bit flipped), as a merged
+    // adapter or a fine-tune that leaves the norms and other vectors alone would change it.
+    let tuned = TempDir::new("tuned-model");
+    std::fs::create_dir_all(&tuned.0).unwrap();
+    for entry in std::fs::read_dir(super::tiny()).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, tuned.0.join(path.file_name().unwrap())).unwrap();
+    }
+    let (path, range) = {
+        let ckpt = expert_store::Checkpoint::open(&tuned.0).unwrap();
+        let t = ckpt
+            .tensor("model.layers.0.self_attn.v_proj.weight")
+            .expect("tiny has this projection");
+        assert_eq!((t.shape.len(), t.dtype), (2, expert_store::Dtype::BF16));
+        (t.path.to_path_buf(), t.offset..t.offset + t.bytes.len())
+    };
+    let mut bytes = std::fs::read(&path).unwrap();
+    for high in bytes[range].iter_mut().skip(1).step_by(2) {
+        *high ^= 0x80;
+    }
+    std::fs::write(&path, bytes).unwrap();
+    files_of_another_checkpoint_are_ignored(&tuned.0, "foreign-tuned").await;
 }
