@@ -1,8 +1,8 @@
 //! Issue 18, acceptance 1, one test per case: a request that extends a cached prefix (the
 //! same chat plus a new user turn; another conversation with the same system prompt) answers
 //! exactly as the cold server, with 1 or 2 threads, a fake 2-domain pool, prefill chunks of
-//! 1, 7 and 64 tokens, all of these at once, and while sharing its decode steps with other
-//! requests.
+//! 1, 7 and 64 tokens, routed experts from the expert store, all of these at once, and while
+//! sharing its decode steps with other requests.
 
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
@@ -72,6 +72,12 @@ async fn next_turn(setup: Setup) {
         metric(&warm, "k3_prompt_cache_cached_tokens_total").await,
         cached_tokens(&second)
     );
+    if setup.expert_cache.is_some() {
+        assert!(
+            metric(&warm, "k3_expert_cache_misses_total").await > 0,
+            "{setup:?}: the experts did not come from the store"
+        );
+    }
 }
 
 /// Turn one of a chat, then another conversation with the same system prompt: it resumes
@@ -110,13 +116,15 @@ macro_rules! cases {
 }
 
 cases! {
-    threads_1 = Setup { threads: 1, fake_domains: None, chunk: 8 };
-    threads_2 = Setup { threads: 2, fake_domains: None, chunk: 8 };
-    numa_fake_2 = Setup { threads: 2, fake_domains: Some(2), chunk: 8 };
-    chunk_1 = Setup { threads: 1, fake_domains: None, chunk: 1 };
-    chunk_7 = Setup { threads: 1, fake_domains: None, chunk: 7 };
-    chunk_64 = Setup { threads: 1, fake_domains: None, chunk: 64 };
-    all_at_once = Setup { threads: 2, fake_domains: Some(2), chunk: 7 };
+    threads_1 = PLAIN;
+    threads_2 = Setup { threads: 2, ..PLAIN };
+    numa_fake_2 = Setup { threads: 2, fake_domains: Some(2), ..PLAIN };
+    chunk_1 = Setup { chunk: 1, ..PLAIN };
+    chunk_7 = Setup { chunk: 7, ..PLAIN };
+    chunk_64 = Setup { chunk: 64, ..PLAIN };
+    // Two experts resident per layer: most are read from the files as they are routed to.
+    expert_store = Setup { expert_cache: Some(2), ..PLAIN };
+    all_at_once = Setup { threads: 2, fake_domains: Some(2), chunk: 7, expert_cache: Some(2) };
 }
 
 /// Long answers (to be running when the resumed request arrives) of two unrelated chats.

@@ -46,18 +46,21 @@ pub(crate) fn synthetic(tag: &str, seed: u64) -> PathBuf {
     dir
 }
 
-/// How an engine runs: threads, fake NUMA domains, prefill chunk.
+/// How an engine runs: threads, fake NUMA domains, prefill chunk, routed experts from the
+/// expert store with this many resident per layer (`None`: from the mapping).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Setup {
     pub(crate) threads: usize,
     pub(crate) fake_domains: Option<usize>,
     pub(crate) chunk: usize,
+    pub(crate) expert_cache: Option<usize>,
 }
 
 pub(crate) const PLAIN: Setup = Setup {
     threads: 1,
     fake_domains: None,
     chunk: 8,
+    expert_cache: None,
 };
 
 const CONTEXT: usize = 1024;
@@ -74,6 +77,7 @@ pub(crate) fn server_on(model_dir: PathBuf, setup: Setup, cache: PromptCacheOpti
                 ..Default::default()
             },
             experts: ExpertOptions {
+                cache_experts: setup.expert_cache,
                 usage_cache: false,
                 ..ExpertOptions::default()
             },
