@@ -1,5 +1,7 @@
-//! The binary with `--prompt-cache-dir`: a snapshot file with a flipped byte is ignored with a
-//! warning on stderr (the log) naming the file, and the request is answered as cold.
+//! The binary's prompt cache flags: the budget is printed at startup (by default a tenth of
+//! the memory budget) and `--prompt-cache-gb 0` turns the cache off; with
+//! `--prompt-cache-dir`, a snapshot file with a flipped byte is ignored with a warning on
+//! stderr (the log) naming the file, and the request is answered as cold.
 
 use std::path::PathBuf;
 
@@ -24,6 +26,56 @@ fn turn(port: u16) -> Value {
     serde_json::from_str(&text).unwrap()
 }
 
+/// The server on `tiny` with `extra` flags, its stderr into `log`.
+fn start_logged(extra: &[&str], log: &std::path::Path) -> crate::e2e::Server {
+    let port = free_port();
+    let mut args: Vec<std::ffi::OsString> = vec!["--model".into(), crate::tiny().into()];
+    for arg in ["--serve", "--port", &port.to_string(), "--threads", "1"]
+        .iter()
+        .chain(extra)
+    {
+        args.push(arg.into());
+    }
+    start_exactly(&args, &[], port, Some(log))
+}
+
+#[test]
+fn the_budget_is_printed_at_startup_and_zero_turns_the_cache_off() {
+    let log =
+        std::env::temp_dir().join(format!("k3-serve-cache-budget-{}.log", std::process::id()));
+    for (extra, on) in [(&[][..], true), (&["--prompt-cache-gb", "0"][..], false)] {
+        let server = start_logged(extra, &log);
+        let first = turn(server.port);
+        let second = turn(server.port);
+        drop(server);
+        let stderr = std::fs::read_to_string(&log).unwrap();
+        let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        assert_eq!(second["choices"], first["choices"], "{extra:?}");
+        if on {
+            // The default: a tenth of the memory budget (1 GiB where it cannot be read).
+            let default = ["a tenth of the", "the memory budget is unknown"];
+            assert!(
+                stderr
+                    .lines()
+                    .any(|l| l.contains("GiB of snapshots in memory (")
+                        && default.iter().any(|d| l.contains(d))),
+                "{stderr}"
+            );
+            // The repeated turn resumes from its system block at least.
+            assert!(cached > 0, "{second}");
+        } else {
+            assert!(
+                stderr.contains("prompt cache off (--prompt-cache-gb 0)"),
+                "{stderr}"
+            );
+            assert_eq!(cached, 0, "{second}");
+        }
+    }
+    let _ = std::fs::remove_file(&log);
+}
+
 #[test]
 fn a_corrupt_snapshot_file_is_ignored_with_a_warning_on_stderr() {
     let scratch = std::env::temp_dir().join(format!("k3-serve-cache-log-{}", std::process::id()));
@@ -31,15 +83,12 @@ fn a_corrupt_snapshot_file_is_ignored_with_a_warning_on_stderr() {
     let dir = scratch.join("cache");
     let log = scratch.join("stderr.log");
     std::fs::create_dir_all(&scratch).unwrap();
+    let dir_arg = dir.to_str().unwrap();
     let start = || {
-        let port = free_port();
-        let mut args: Vec<std::ffi::OsString> = vec!["--model".into(), crate::tiny().into()];
-        for arg in ["--serve", "--port", &port.to_string(), "--threads", "1"] {
-            args.push(arg.into());
-        }
-        args.extend(["--prompt-cache-gb".into(), "1".into()]);
-        args.extend(["--prompt-cache-dir".into(), dir.clone().into()]);
-        start_exactly(&args, &[], port, Some(&log))
+        start_logged(
+            &["--prompt-cache-gb", "1", "--prompt-cache-dir", dir_arg],
+            &log,
+        )
     };
     let first = {
         let server = start();
