@@ -331,9 +331,20 @@ impl PromptCache {
     }
 
     /// Writes entry `id`'s snapshot to the spill directory, then deletes least recently used
-    /// files beyond the disk budget.
+    /// files beyond the disk budget. A snapshot whose file cannot fit the disk budget is not
+    /// written (nor kept if its file comes out larger than the estimate); entry `id` itself is
+    /// never forgotten here (the caller decides whether it stays in RAM).
     fn spill_entry(&mut self, id: u64, snapshot: &Snapshot) {
         let Some(spill) = &self.spill else { return };
+        if snapshot.bytes() as u64 > spill.budget_bytes {
+            log::debug!(
+                "prompt cache: a snapshot of {} bytes is not spilled: over the disk budget of {} \
+                 bytes",
+                snapshot.bytes(),
+                spill.budget_bytes
+            );
+            return;
+        }
         let entry = &self.entries[&id];
         let name = format!("{:016x}-{}.{EXTENSION}", entry.hash, entry.tokens.len());
         let path = spill.dir.join(name);
@@ -369,7 +380,7 @@ impl PromptCache {
             let (path, bytes) = entry.file.take().expect("filtered on a file");
             let _ = std::fs::remove_file(&path);
             self.stats.disk_bytes -= bytes;
-            if entry.snapshot.is_none() {
+            if entry.snapshot.is_none() && victim != id {
                 self.remove(victim);
             }
         }

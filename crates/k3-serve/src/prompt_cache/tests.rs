@@ -1,7 +1,7 @@
 //! The prompt cache over real snapshots of the `tiny` preset: LRU eviction under a tiny
 //! budget, held snapshots surviving eviction pressure, 200 conversations within budget, the
 //! longest prefix chosen, spill files read back after a restart and corrupt or foreign ones
-//! ignored.
+//! ignored, a snapshot too large for the disk budget kept in RAM only.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -328,4 +328,41 @@ fn spill_files_stay_within_their_budget() {
     assert_eq!(found(&mut cache, &[4, 2, 3]), Some(3));
     assert_eq!(found(&mut cache, &[3, 2, 3]), Some(3));
     assert_eq!(found(&mut cache, &[2, 2, 3]), None);
+}
+
+#[test]
+fn a_snapshot_larger_than_the_disk_budget_is_kept_in_ram_only() {
+    let f = fixture("disk-too-small");
+    let dir = scratch("disk-too-small-dir");
+    let spill = SpillOptions {
+        dir: dir.0.join("cache"),
+        // Less than one snapshot's file.
+        budget_bytes: f.bytes(3) as u64 / 2,
+        identity: f.identity(),
+    };
+    let mut cache = PromptCache::new(1 << 30, Some(spill.clone()));
+    assert!(
+        cache.insert(&[1, 2, 3], f.snap(&[1, 2, 3])),
+        "it fits the RAM"
+    );
+    assert_eq!(found(&mut cache, &[1, 2, 3, 4]), Some(3));
+    let stats = cache.stats();
+    assert_eq!((stats.disk_bytes, stats.entries), (0, 1), "{stats:?}");
+    assert_eq!(std::fs::read_dir(&spill.dir).unwrap().count(), 0);
+    // A budget of the state's bytes: the file (with its header) comes out larger, and is
+    // deleted again, the entry kept in RAM.
+    let exact = SpillOptions {
+        budget_bytes: f.bytes(3) as u64,
+        ..spill.clone()
+    };
+    let mut cache = PromptCache::new(1 << 30, Some(exact));
+    assert!(cache.insert(&[1, 2, 3], f.snap(&[1, 2, 3])));
+    assert_eq!(found(&mut cache, &[1, 2, 3, 4]), Some(3));
+    assert_eq!(cache.stats().disk_bytes, 0);
+    assert_eq!(std::fs::read_dir(&spill.dir).unwrap().count(), 0);
+    // Neither RAM nor disk: not cached, and nothing left behind.
+    let mut cache = PromptCache::new(f.bytes(3) / 2, Some(spill.clone()));
+    assert!(!cache.insert(&[4, 5, 6], f.snap(&[4, 5, 6])));
+    assert_eq!(found(&mut cache, &[4, 5, 6, 7]), None);
+    assert_eq!(std::fs::read_dir(&spill.dir).unwrap().count(), 0);
 }

@@ -4,7 +4,7 @@
 mod cli;
 mod e2e;
 mod fuzz;
-mod prompt_cache;
+mod prompt_cache_log;
 mod router;
 
 use std::path::PathBuf;
