@@ -20,8 +20,17 @@ pub(crate) fn join() -> Result<Arc<Ranks>> {
 }
 
 /// A rank other than 0: builds the engine with the same flags (its build lines unprinted),
-/// prints its startup line, and runs rank 0's steps until rank 0's model goes away.
+/// prints its startup line, and runs rank 0's steps until rank 0's model goes away. It
+/// ignores SIGTERM and SIGINT: rank 0 decides when the job ends.
 pub(crate) fn follow(model_dir: &Path, options: &EngineOptions) -> Result<()> {
+    // Shutdown is rank 0's to lead: `mpirun` passes a SIGTERM on to every rank, and rank 0
+    // finishes its open streams before it drops its model, which ends this loop. A rank that
+    // died on the signal would abort the job under rank 0's feet.
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: signal(2) with SIG_IGN installs no handler code; nothing else in this
+        // process sets these dispositions.
+        unsafe { libc::signal(signal, libc::SIG_IGN) };
+    }
     let text = std::fs::read_to_string(model_dir.join("config.json"))
         .with_context(|| format!("reading {}/config.json", model_dir.display()))?;
     let config = K3Config::from_json(&text)?;

@@ -43,6 +43,37 @@ pub(crate) fn ranks() -> usize {
         .unwrap_or(1)
 }
 
+/// The pid of the server's rank 0: the child itself, or under mpirun the child of mpirun that
+/// MPI started as rank 0.
+pub(crate) fn leader_pid(server: &Server) -> i32 {
+    let mpirun = i32::try_from(server.child.id()).unwrap();
+    if ranks() <= 1 {
+        return mpirun;
+    }
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // "pid (comm) state ppid ...": the fields after the last ')'.
+        let parent = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<i32>().ok());
+        if parent != Some(mpirun) {
+            continue;
+        }
+        let env = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        if env
+            .split(|&b| b == 0)
+            .any(|v| v == b"OMPI_COMM_WORLD_RANK=0")
+        {
+            return pid;
+        }
+    }
+    panic!("no rank 0 among mpirun's children");
+}
+
 /// The k3-serve command: the binary, or under `mpirun` when [`ranks`] says so.
 pub(crate) fn k3_serve() -> Command {
     match ranks() {
@@ -660,8 +691,10 @@ fn sigterm_finishes_open_streams_then_exits() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    let pid = i32::try_from(server.child.id()).unwrap();
-    // SAFETY: kill(2) with a valid signal number on our own child's pid.
+    // Under mpirun the signal goes to rank 0, which leads the shutdown (mpirun itself aborts
+    // the job on a signal).
+    let pid = leader_pid(&server);
+    // SAFETY: kill(2) with a valid signal number on our own child's (or its rank 0's) pid.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
     let (status, text) = streaming.join().unwrap();
     assert_eq!(status, 200);
