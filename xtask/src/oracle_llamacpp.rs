@@ -4,7 +4,8 @@
 //! llama.cpp is the only complete CPU implementation of K3; it ships inside the
 //! llama-cpp-python source distribution. This fetches that sdist (sha256 pinned), builds only
 //! `libllama` plus our harness `xtask/oracle/llamacpp_logits.cpp`, converts a *dense twin* of the
-//! checkpoint to GGUF with the vendored converter, and records the logits of every position.
+//! checkpoint to GGUF (by default with the torch-free `gguf_k3` writer; `--converter python`
+//! runs the vendored `convert_hf_to_gguf.py` instead), and records the logits of every position.
 //!
 //! The twin differs from the checkpoint only where llama.cpp would otherwise compute something
 //! else (docs/ORACLE_LLAMACPP.md):
@@ -13,7 +14,8 @@
 //! - MLA layers get zero heads up to the KDA head count, because llama.cpp's K3 graph takes both
 //!   head counts from `num_attention_heads`. A zero head adds exact zeros to the output.
 //!
-//! The slow parts (sdist, cmake build, torch) are cached under `target/llamacpp` and the venv.
+//! The slow parts (sdist, cmake build, and torch for the Python converter) are cached under
+//! `target/llamacpp` and the venv.
 
 use std::collections::HashMap;
 use std::fs;
@@ -44,11 +46,13 @@ pub(crate) const SDIST_SHA256: &str =
 const PYPI_SIMPLE: &str = "https://pypi.org/simple/llama-cpp-python/";
 /// Everything built or fetched lives here; nothing under it is committed.
 pub(crate) const WORK_DIR: &str = "target/llamacpp";
-pub(crate) const CONVERT_SCRIPT: &str = "xtask/oracle/llamacpp_convert.py";
+/// The one cmake build directory under `WORK_DIR`: `libllama` for the harness, `llama-bench`.
+pub(crate) const BUILD_DIR: &str = "build";
+const CONVERT_SCRIPT: &str = "xtask/oracle/llamacpp_convert.py";
 const HARNESS_SOURCE: &str = "xtask/oracle/llamacpp_logits.cpp";
 const DEFAULT_OUT: &str = "crates/k3-model/tests/data/llamacpp_tiny";
 /// The converter imports transformers (pulled in by compressed-tensors) and reads safetensors.
-pub(crate) const EXTRA_PINS: [&str; 1] = ["safetensors==0.8.0"];
+const EXTRA_PINS: [&str; 1] = ["safetensors==0.8.0"];
 const SYNTH_PRESET: &str = "tiny";
 const SYNTH_SEED: u64 = 1;
 /// 20 ids below the tiny vocabulary (1024), spread over it, with one repeat (so attention sees
@@ -61,7 +65,22 @@ const OUT_FILES: [&str; 2] = ["logits.f32", "manifest.json"];
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let started = Instant::now();
-    let options = Options::parse(args, &["model", "out", "tokens", "venv", "softplus-gate!"])?;
+    let options = Options::parse(
+        args,
+        &[
+            "model",
+            "out",
+            "tokens",
+            "venv",
+            "converter",
+            "softplus-gate!",
+        ],
+    )?;
+    let python_converter = match options.get("converter").unwrap_or("rust") {
+        "rust" => false,
+        "python" => true,
+        other => bail!("--converter {other:?} is not rust or python"),
+    };
     let softplus_gate = options.flag("softplus-gate");
     let out = from_root(options.get("out").unwrap_or(DEFAULT_OUT));
     let venv = from_root(options.get("venv").unwrap_or(DEFAULT_VENV));
@@ -129,19 +148,23 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     }
     lap("dense twin", &mut timings);
 
-    let python = venv_with(&venv, &[&PINNED[..], &EXTRA_PINS[..]].concat())?;
     let gguf = work.join("dense-twin-f32.gguf");
-    let mut convert = Command::new(&python);
-    convert
-        .arg(from_root(CONVERT_SCRIPT))
-        .arg("--llama-cpp")
-        .arg(&source)
-        .arg("--")
-        .arg(&twin_dir)
-        .arg("--outfile")
-        .arg(&gguf)
-        .args(["--outtype", "f32"]);
-    run_checked(&mut convert)?;
+    if python_converter {
+        let python = venv_with(&venv, &[&PINNED[..], &EXTRA_PINS[..]].concat())?;
+        let mut convert = Command::new(&python);
+        convert
+            .arg(from_root(CONVERT_SCRIPT))
+            .arg("--llama-cpp")
+            .arg(&source)
+            .arg("--")
+            .arg(&twin_dir)
+            .arg("--outfile")
+            .arg(&gguf)
+            .args(["--outtype", "f32"]);
+        run_checked(&mut convert)?;
+    } else {
+        crate::gguf_k3::convert(&twin_dir, &gguf, crate::gguf_k3::Outtype::F32)?;
+    }
     let gguf_sha256 = sha256_hex(&fs::read(&gguf).context("cannot read the converted gguf")?);
     lap("convert", &mut timings);
 
@@ -226,8 +249,12 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             },
         },
         "converter": {
-            "script": "convert_hf_to_gguf.py of the sdist, with its gguf-py",
-            "wrapper": CONVERT_SCRIPT,
+            "script": if python_converter {
+                "convert_hf_to_gguf.py of the sdist, with its gguf-py"
+            } else {
+                "xtask/src/gguf_k3.rs (torch-free; the keys and tensors of convert_hf_to_gguf.py)"
+            },
+            "wrapper": if python_converter { CONVERT_SCRIPT } else { "none" },
             "outtype": "f32",
             "gguf_sha256": gguf_sha256,
             "notes": [
@@ -373,8 +400,9 @@ fn pypi_file(filename: &str) -> Result<(String, String)> {
 }
 
 /// Configures a CPU-only release build of llama.cpp in `build` (once; installs Debian's cmake
-/// if it is missing). `tools` adds `common` and the tools (llama-bench) to the library.
-pub(crate) fn configure(source: &Path, build: &Path, tools: bool) -> Result<()> {
+/// if it is missing), with `common` and the tools (llama-bench) as targets besides the library.
+/// Only the targets asked for are built.
+pub(crate) fn configure(source: &Path, build: &Path) -> Result<()> {
     let has_cmake = Command::new("cmake")
         .arg("--version")
         .output()
@@ -386,7 +414,6 @@ pub(crate) fn configure(source: &Path, build: &Path, tools: bool) -> Result<()> 
     if build.join("CMakeCache.txt").exists() {
         return Ok(());
     }
-    let on = if tools { "ON" } else { "OFF" };
     run_checked(
         Command::new("cmake")
             .arg("-S")
@@ -398,9 +425,9 @@ pub(crate) fn configure(source: &Path, build: &Path, tools: bool) -> Result<()> 
                 "-DLLAMA_CURL=OFF",
                 "-DLLAMA_OPENSSL=OFF",
                 "-DCMAKE_BUILD_TYPE=Release",
-                &format!("-DLLAMA_BUILD_COMMON={on}"),
+                "-DLLAMA_BUILD_COMMON=ON",
                 "-DLLAMA_BUILD_TESTS=OFF",
-                &format!("-DLLAMA_BUILD_TOOLS={on}"),
+                "-DLLAMA_BUILD_TOOLS=ON",
                 "-DLLAMA_BUILD_EXAMPLES=OFF",
                 "-DLLAMA_BUILD_SERVER=OFF",
                 "-DLLAMA_BUILD_APP=OFF",
@@ -411,8 +438,8 @@ pub(crate) fn configure(source: &Path, build: &Path, tools: bool) -> Result<()> 
 /// Builds `libllama` (once; cmake skips what is up to date) and the harness against it;
 /// returns the harness path.
 fn build_llamacpp(work: &Path, source: &Path) -> Result<PathBuf> {
-    let build = work.join("build");
-    configure(source, &build, false)?;
+    let build = work.join(BUILD_DIR);
+    configure(source, &build)?;
     run_checked(
         Command::new("cmake")
             .arg("--build")
