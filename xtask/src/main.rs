@@ -116,7 +116,7 @@ const TASKS: &[Task] = &[
     },
     Task {
         name: "oracle-llamacpp",
-        usage: "[--model DIR] [--out DIR] [--tokens 1,2,3,...] [--converter rust|python] [--venv DIR] [--softplus-gate]",
+        usage: "[--model DIR] [--out DIR] [--tokens 1,2,3,...] [--mxfp4-experts] [--converter rust|python] [--venv DIR] [--softplus-gate]",
         about: "regenerate the frozen llama.cpp Kimi-K3 logits of the dense twin of a synthetic \
             checkpoint (default: tiny, seed 1), built from the llama-cpp-python sdist",
         run: oracle_llamacpp::run,
