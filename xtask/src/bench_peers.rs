@@ -25,7 +25,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::gguf_k3::Outtype;
 use crate::oracle::run_checked;
-use crate::oracle_llamacpp::{BUILD_DIR, WORK_DIR, configure, fetch_sdist};
+use crate::oracle_llamacpp::{WORK_DIR, build_target, fetch_sdist};
 use crate::{Options, from_root};
 use k3_model::K3Config;
 use k3_model::inventory::BytePlan;
@@ -293,17 +293,10 @@ fn prompt_bytes(config: &K3Config, plan: &BytePlan, prompt: usize) -> usize {
         + plan.moe_layers * touched * plan.expert_bytes
 }
 
-/// `llama-bench` (once; cmake skips what is up to date), in the build directory the logits
-/// oracle's `libllama` also lives in.
+/// `llama-bench`, built once in the build directory the logits oracle's `libllama` also
+/// lives in.
 pub(crate) fn build_llama_bench(work: &Path, source: &Path) -> Result<PathBuf> {
-    let build = work.join(BUILD_DIR);
-    configure(source, &build)?;
-    run_checked(Command::new("cmake").arg("--build").arg(&build).args([
-        "-j2",
-        "--target",
-        "llama-bench",
-    ]))?;
-    Ok(build.join("bin").join("llama-bench"))
+    build_target(work, source, "llama-bench", "llama-bench")
 }
 
 /// The GGUF of `model` (trunk BF16, experts ggml MXFP4), converted once per directory by the
@@ -440,4 +433,21 @@ fn our_decode(
     let read = line_with(&out, "read bandwidth, measured")?;
     let gbps = between(read, "median ", " GB/s").context("no read median")?;
     Ok((1e3 / ms, gbps * 1e9))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_built_llama_bench_is_reused_without_cmake() {
+        let work = std::env::temp_dir().join(format!("k3-peer-bench-{}", std::process::id()));
+        let bin = work.join(crate::oracle_llamacpp::BUILD_DIR).join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(bin.join("llama-bench"), b"").unwrap();
+        // A source directory that does not exist: configuring or building would fail.
+        let found = build_llama_bench(&work, Path::new("/nonexistent/llama.cpp"));
+        std::fs::remove_dir_all(&work).unwrap();
+        assert_eq!(found.unwrap(), bin.join("llama-bench"));
+    }
 }

@@ -425,7 +425,7 @@ fn pypi_file(filename: &str) -> Result<(String, String)> {
 /// Configures a CPU-only release build of llama.cpp in `build` (once; installs Debian's cmake
 /// if it is missing), with `common` and the tools (llama-bench) as targets besides the library.
 /// Only the targets asked for are built.
-pub(crate) fn configure(source: &Path, build: &Path) -> Result<()> {
+fn configure(source: &Path, build: &Path) -> Result<()> {
     let has_cmake = Command::new("cmake")
         .arg("--version")
         .output()
@@ -448,6 +448,7 @@ pub(crate) fn configure(source: &Path, build: &Path) -> Result<()> {
                 "-DLLAMA_CURL=OFF",
                 "-DLLAMA_OPENSSL=OFF",
                 "-DCMAKE_BUILD_TYPE=Release",
+                "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",
                 "-DLLAMA_BUILD_COMMON=ON",
                 "-DLLAMA_BUILD_TESTS=OFF",
                 "-DLLAMA_BUILD_TOOLS=ON",
@@ -458,18 +459,40 @@ pub(crate) fn configure(source: &Path, build: &Path) -> Result<()> {
     )
 }
 
-/// Builds `libllama` (once; cmake skips what is up to date) and the harness against it;
-/// returns the harness path.
-fn build_llamacpp(work: &Path, source: &Path) -> Result<PathBuf> {
+/// `bin/{product}` of the cmake `target`, built once: the source is pinned by its sha256, so a
+/// product already there is used as it is (also one copied from another checkout: the build
+/// runs with `$ORIGIN` rpaths), without asking cmake.
+pub(crate) fn build_target(
+    work: &Path,
+    source: &Path,
+    target: &str,
+    product: &str,
+) -> Result<PathBuf> {
     let build = work.join(BUILD_DIR);
+    let path = build.join("bin").join(product);
+    if path.exists() {
+        return Ok(path);
+    }
     configure(source, &build)?;
     run_checked(
         Command::new("cmake")
             .arg("--build")
             .arg(&build)
-            .args(["-j2", "--target", "llama"]),
+            .args(["-j2", "--target", target]),
     )?;
-    let lib = build.join("bin");
+    ensure!(
+        path.exists(),
+        "cmake built {target} but there is no {}",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// Builds `libllama` (once) and the harness against it;
+/// returns the harness path.
+fn build_llamacpp(work: &Path, source: &Path) -> Result<PathBuf> {
+    build_target(work, source, "llama", "libllama.so")?;
+    let lib = work.join(BUILD_DIR).join("bin");
     let harness = lib.join("llamacpp_logits");
     // The harness is one small file: compiling it every run (under a second) is simpler than
     // tracking what it depends on.
