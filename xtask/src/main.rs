@@ -13,6 +13,7 @@ mod gguf_k3_meta;
 mod k3_check;
 mod k3_plan;
 mod k3_synth;
+mod llamacpp_twin;
 mod numa_model;
 mod oracle;
 mod oracle_chat;
