@@ -107,13 +107,14 @@ void decode(llama_context * ctx, const std::vector<llama_token> & tokens, size_t
 }  // namespace
 
 int main(int argc, char ** argv) {
-    if (argc < 4 || argc > 5) {
-        die("usage: llamacpp_logits MODEL.gguf OUT.f32 TOKEN[,TOKEN...] [THREADS]");
+    if (argc < 4 || argc > 6) {
+        die("usage: llamacpp_logits MODEL.gguf OUT.f32 TOKEN[,TOKEN...] [THREADS [MAX_REL]]");
     }
     const char * model_path = argv[1];
     const char * out_path = argv[2];
     const std::vector<llama_token> tokens = parse_tokens(argv[3]);
-    const int n_threads = argc == 5 ? std::atoi(argv[4]) : 2;
+    const int n_threads = argc >= 5 ? std::atoi(argv[4]) : 2;
+    const double max_rel_limit = argc == 6 ? std::atof(argv[5]) : kMaxRelStepVsBatch;
 
     llama_log_set(quiet_log, nullptr);
     llama_backend_init();
@@ -195,9 +196,9 @@ int main(int argc, char ** argv) {
     if (!finite) {
         die("non-finite logits");
     }
-    if (max_rel > kMaxRelStepVsBatch) {
+    if (max_rel > max_rel_limit) {
         die("step-by-step logits differ from batch logits: max relative difference " +
-            std::to_string(max_rel) + " over the limit " + std::to_string(kMaxRelStepVsBatch));
+            std::to_string(max_rel) + " over the limit " + std::to_string(max_rel_limit));
     }
     return 0;
 }

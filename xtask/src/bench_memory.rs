@@ -163,6 +163,10 @@ fn resident_bytes(path: &Path) -> Result<u64> {
     Ok(pages.iter().filter(|&&p| p & 1 == 1).count() as u64 * page as u64)
 }
 
+/// llama-bench's `--progress` line for its timed generation (`...: generation run 1/1`), and
+/// not for its warm-up token before it (`...: warmup generation run`).
+const LLAMA_TIMED_MARK: &str = ": generation run";
+
 /// One engine's run in one group.
 #[derive(Debug)]
 struct Run {
@@ -229,7 +233,7 @@ fn run_one(
     } else {
         Mark {
             stderr: true,
-            text: "generation run",
+            text: LLAMA_TIMED_MARK,
         }
     };
     let outcome = group.run(&mut command, Some(mark))?;
@@ -464,6 +468,15 @@ mod tests {
         let peer = r#"[{"avg_ts": 4.0, "n_gen": 32}]"#;
         assert_eq!(seconds_per_token(false, peer).unwrap(), 0.25);
         assert!(seconds_per_token(true, "no such line").is_err());
+    }
+
+    #[test]
+    fn the_peer_mark_is_the_timed_run_not_the_warm_up() {
+        // The two lines llama-bench 0.3.36 prints with --progress, in this order.
+        let warm_up = "llama-bench: benchmark 1/1: warmup generation run";
+        let timed = "llama-bench: benchmark 1/1: generation run 1/1";
+        assert!(!warm_up.contains(LLAMA_TIMED_MARK));
+        assert!(timed.contains(LLAMA_TIMED_MARK));
     }
 
     #[test]

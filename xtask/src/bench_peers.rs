@@ -1,7 +1,7 @@
 //! `cargo xtask bench-peers --model DIR [--threads 1,2] [--pairs N] [--tokens N] [--prompt N]
 //! [--kernel-tier T]`: decode and prefill side by side with llama.cpp's Kimi-K3 on the same
 //! checkpoint. The checkpoint is converted to GGUF with the trunk in BF16 and the experts
-//! repacked to ggml MXFP4 (the same bytes we read); then `llama-bench` and our
+//! repacked to ggml MXFP4 (the same bytes we read), by `gguf_k3` (no Python); then `llama-bench` and our
 //! `teacher_forced_decode_bench` alternate, A B A B, at each thread count, and the ratios of
 //! each pair are printed with their min / median / max.
 //!
@@ -23,8 +23,9 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use crate::oracle::{DEFAULT_VENV, PINNED, run_checked, venv_with};
-use crate::oracle_llamacpp::{CONVERT_SCRIPT, EXTRA_PINS, WORK_DIR, configure, fetch_sdist};
+use crate::gguf_k3::Outtype;
+use crate::oracle::run_checked;
+use crate::oracle_llamacpp::{WORK_DIR, build_target, fetch_sdist};
 use crate::{Options, from_root};
 use k3_model::K3Config;
 use k3_model::inventory::BytePlan;
@@ -42,7 +43,6 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             "pairs",
             "tokens",
             "prompt",
-            "venv",
             "kernel-tier",
             "memory-gb",
             "memory-fraction",
@@ -78,12 +78,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     }
     let source = fetch_sdist(&work)?;
     let llama_bench = build_llama_bench(&work, &source)?;
-    let gguf = convert(
-        &work,
-        &source,
-        &model,
-        &from_root(o.get("venv").unwrap_or(DEFAULT_VENV)),
-    )?;
+    let gguf = convert(&work, &model)?;
     let ours = build_ours()?;
     let config = K3Config::from_json(
         &std::fs::read_to_string(model.join("config.json")).context("reading config.json")?,
@@ -236,12 +231,7 @@ fn memory_mode(
     } else {
         let source = fetch_sdist(work)?;
         let bench = build_llama_bench(work, &source)?;
-        let gguf = convert(
-            work,
-            &source,
-            model,
-            &from_root(o.get("venv").unwrap_or(DEFAULT_VENV)),
-        )?;
+        let gguf = convert(work, model)?;
         files.push(gguf.clone());
         Some((bench, gguf))
     };
@@ -303,38 +293,32 @@ fn prompt_bytes(config: &K3Config, plan: &BytePlan, prompt: usize) -> usize {
         + plan.moe_layers * touched * plan.expert_bytes
 }
 
-/// `llama-bench` (once) in its own build directory, with the tools on.
+/// `llama-bench`, built once in the build directory the logits oracle's `libllama` also
+/// lives in.
 pub(crate) fn build_llama_bench(work: &Path, source: &Path) -> Result<PathBuf> {
-    let build = work.join("build-peer");
-    configure(source, &build, true)?;
-    run_checked(Command::new("cmake").arg("--build").arg(&build).args([
-        "-j2",
-        "--target",
-        "llama-bench",
-    ]))?;
-    Ok(build.join("bin").join("llama-bench"))
+    build_target(work, source, "llama-bench", "llama-bench")
 }
 
-/// The GGUF of `model` (trunk BF16, experts ggml MXFP4), converted once per directory.
-fn convert(work: &Path, source: &Path, model: &Path, venv: &Path) -> Result<PathBuf> {
+/// The GGUF of `model` (trunk BF16, experts ggml MXFP4), converted once per directory by the
+/// torch-free writer (`gguf_k3`); a file there is complete (it is renamed into place).
+fn convert(work: &Path, model: &Path) -> Result<PathBuf> {
     let name = model
         .file_name()
         .and_then(|n| n.to_str())
         .context("the model directory has no name")?;
     let gguf = work.join(format!("peer-{name}-bf16.gguf"));
     if !gguf.exists() {
-        let python = venv_with(venv, &[&PINNED[..], &EXTRA_PINS[..]].concat())?;
-        run_checked(
-            Command::new(python)
-                .arg(from_root(CONVERT_SCRIPT))
-                .arg("--llama-cpp")
-                .arg(source)
-                .arg("--")
-                .arg(model)
-                .arg("--outfile")
-                .arg(&gguf)
-                .args(["--outtype", "bf16"]),
-        )?;
+        let started = std::time::Instant::now();
+        let c = crate::gguf_k3::convert(model, &gguf, Outtype::Bf16)
+            .with_context(|| format!("converting {} to gguf", model.display()))?;
+        println!(
+            "converted {} to {} ({} tensors, {:.3} GB) in {:.1} s",
+            model.display(),
+            gguf.display(),
+            c.tensors,
+            c.bytes as f64 / 1e9,
+            started.elapsed().as_secs_f64()
+        );
     }
     Ok(gguf)
 }
@@ -449,4 +433,21 @@ fn our_decode(
     let read = line_with(&out, "read bandwidth, measured")?;
     let gbps = between(read, "median ", " GB/s").context("no read median")?;
     Ok((1e3 / ms, gbps * 1e9))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_built_llama_bench_is_reused_without_cmake() {
+        let work = std::env::temp_dir().join(format!("k3-peer-bench-{}", std::process::id()));
+        let bin = work.join(crate::oracle_llamacpp::BUILD_DIR).join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(bin.join("llama-bench"), b"").unwrap();
+        // A source directory that does not exist: configuring or building would fail.
+        let found = build_llama_bench(&work, Path::new("/nonexistent/llama.cpp"));
+        std::fs::remove_dir_all(&work).unwrap();
+        assert_eq!(found.unwrap(), bin.join("llama-bench"));
+    }
 }

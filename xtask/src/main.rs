@@ -7,9 +7,13 @@ mod bench_kernels;
 mod bench_memory;
 mod bench_peers;
 mod cgroup;
+mod gguf;
+mod gguf_k3;
+mod gguf_k3_meta;
 mod k3_check;
 mod k3_plan;
 mod k3_synth;
+mod llamacpp_twin;
 mod numa_model;
 mod oracle;
 mod oracle_chat;
@@ -42,10 +46,17 @@ const TASKS: &[Task] = &[
     },
     Task {
         name: "bench-peers",
-        usage: "--model DIR [--threads 1,2] [--pairs N] [--tokens N] [--prompt N] [--venv DIR] [--memory-gb G,.. | --memory-fraction F,.. [--no-peer]]",
+        usage: "--model DIR [--threads 1,2] [--pairs N] [--tokens N] [--prompt N] [--memory-gb G,.. | --memory-fraction F,.. [--no-peer]]",
         about: "decode and prefill side by side with llama.cpp's Kimi-K3 on the same checkpoint \
                 (GGUF with a BF16 trunk and MXFP4 experts), alternating A B A B; ratios per pair",
         run: bench_peers::run,
+    },
+    Task {
+        name: "gguf",
+        usage: "--model DIR --out FILE [--outtype bf16|f32]",
+        about: "convert a K3 checkpoint to llama.cpp's kimi-k3 GGUF without Python (the file \
+                the vendored convert_hf_to_gguf.py writes; MXFP4 experts repacked losslessly)",
+        run: gguf_k3::run,
     },
     Task {
         name: "gen-k3-synth",
@@ -106,7 +117,7 @@ const TASKS: &[Task] = &[
     },
     Task {
         name: "oracle-llamacpp",
-        usage: "[--model DIR] [--out DIR] [--tokens 1,2,3,...] [--venv DIR] [--softplus-gate]",
+        usage: "[--model DIR] [--out DIR] [--tokens 1,2,3,...] [--mxfp4-experts] [--converter rust|python] [--venv DIR] [--softplus-gate]",
         about: "regenerate the frozen llama.cpp Kimi-K3 logits of the dense twin of a synthetic \
             checkpoint (default: tiny, seed 1), built from the llama-cpp-python sdist",
         run: oracle_llamacpp::run,

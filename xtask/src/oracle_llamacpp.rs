@@ -4,7 +4,8 @@
 //! llama.cpp is the only complete CPU implementation of K3; it ships inside the
 //! llama-cpp-python source distribution. This fetches that sdist (sha256 pinned), builds only
 //! `libllama` plus our harness `xtask/oracle/llamacpp_logits.cpp`, converts a *dense twin* of the
-//! checkpoint to GGUF with the vendored converter, and records the logits of every position.
+//! checkpoint to GGUF (by default with the torch-free `gguf_k3` writer; `--converter python`
+//! runs the vendored `convert_hf_to_gguf.py` instead), and records the logits of every position.
 //!
 //! The twin differs from the checkpoint only where llama.cpp would otherwise compute something
 //! else (docs/ORACLE_LLAMACPP.md):
@@ -13,22 +14,18 @@
 //! - MLA layers get zero heads up to the KDA head count, because llama.cpp's K3 graph takes both
 //!   head counts from `num_attention_heads`. A zero head adds exact zeros to the output.
 //!
-//! The slow parts (sdist, cmake build, torch) are cached under `target/llamacpp` and the venv.
+//! The slow parts (sdist, cmake build, and torch for the Python converter) are cached under
+//! `target/llamacpp` and the venv.
 
-use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
-use expert_store::Checkpoint;
-use expert_store::Dtype;
-use expert_store::writer::{TensorOut, write_safetensors};
-use k3_model::config::{AttentionKind, K3Config};
-use k3_model::inventory::{TensorClass, text_tensors};
 use k3_model::synth::{Preset, SynthOptions, generate};
-use mxfp4_kernels::Kernels;
+
+use crate::llamacpp_twin::write_dense_twin;
 
 use crate::oracle::{
     DEFAULT_VENV, PINNED, publish_staged, relative, run_checked, sha256_hex, staging_dir, venv_with,
@@ -44,11 +41,13 @@ pub(crate) const SDIST_SHA256: &str =
 const PYPI_SIMPLE: &str = "https://pypi.org/simple/llama-cpp-python/";
 /// Everything built or fetched lives here; nothing under it is committed.
 pub(crate) const WORK_DIR: &str = "target/llamacpp";
-pub(crate) const CONVERT_SCRIPT: &str = "xtask/oracle/llamacpp_convert.py";
+/// The one cmake build directory under `WORK_DIR`: `libllama` for the harness, `llama-bench`.
+pub(crate) const BUILD_DIR: &str = "build";
+const CONVERT_SCRIPT: &str = "xtask/oracle/llamacpp_convert.py";
 const HARNESS_SOURCE: &str = "xtask/oracle/llamacpp_logits.cpp";
 const DEFAULT_OUT: &str = "crates/k3-model/tests/data/llamacpp_tiny";
 /// The converter imports transformers (pulled in by compressed-tensors) and reads safetensors.
-pub(crate) const EXTRA_PINS: [&str; 1] = ["safetensors==0.8.0"];
+const EXTRA_PINS: [&str; 1] = ["safetensors==0.8.0"];
 const SYNTH_PRESET: &str = "tiny";
 const SYNTH_SEED: u64 = 1;
 /// 20 ids below the tiny vocabulary (1024), spread over it, with one repeat (so attention sees
@@ -57,11 +56,33 @@ const DEFAULT_TOKENS: [u32; 20] = [
     1, 17, 512, 3, 999, 256, 42, 768, 7, 1000, 128, 64, 901, 33, 17, 640, 5, 300, 1023, 2,
 ];
 const THREADS: &str = "2";
+/// The harness's limit on step-by-step vs batch logits (relative to a row's largest |logit|):
+/// exact paths agree to ~1e-5. With MXFP4 experts ggml quantises the activations to Q8_0 and
+/// its batch and one-token matmuls round differently: 1.6% was measured on tiny, so the
+/// `--mxfp4-experts` check only catches a broken run, not numerics.
+const STEP_VS_BATCH: f64 = 1e-4;
+const STEP_VS_BATCH_MXFP4: f64 = 0.05;
 const OUT_FILES: [&str; 2] = ["logits.f32", "manifest.json"];
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let started = Instant::now();
-    let options = Options::parse(args, &["model", "out", "tokens", "venv", "softplus-gate!"])?;
+    let options = Options::parse(
+        args,
+        &[
+            "model",
+            "out",
+            "tokens",
+            "venv",
+            "converter",
+            "mxfp4-experts!",
+            "softplus-gate!",
+        ],
+    )?;
+    let python_converter = match options.get("converter").unwrap_or("rust") {
+        "rust" => false,
+        "python" => true,
+        other => bail!("--converter {other:?} is not rust or python"),
+    };
     let softplus_gate = options.flag("softplus-gate");
     let out = from_root(options.get("out").unwrap_or(DEFAULT_OUT));
     let venv = from_root(options.get("venv").unwrap_or(DEFAULT_VENV));
@@ -118,7 +139,13 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         }
     };
     let twin_dir = work.join("dense-twin");
-    let twin = write_dense_twin(&model_dir, &twin_dir)
+    // --mxfp4-experts: the experts stay MXFP4 and the trunk BF16, as bench-peers converts.
+    let mxfp4 = options.flag("mxfp4-experts");
+    ensure!(
+        !(mxfp4 && python_converter),
+        "--mxfp4-experts is for the Rust converter"
+    );
+    let twin = write_dense_twin(&model_dir, &twin_dir, mxfp4)
         .with_context(|| format!("building the dense twin of {}", model_dir.display()))?;
     for &token in &tokens {
         ensure!(
@@ -129,19 +156,27 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     }
     lap("dense twin", &mut timings);
 
-    let python = venv_with(&venv, &[&PINNED[..], &EXTRA_PINS[..]].concat())?;
-    let gguf = work.join("dense-twin-f32.gguf");
-    let mut convert = Command::new(&python);
-    convert
-        .arg(from_root(CONVERT_SCRIPT))
-        .arg("--llama-cpp")
-        .arg(&source)
-        .arg("--")
-        .arg(&twin_dir)
-        .arg("--outfile")
-        .arg(&gguf)
-        .args(["--outtype", "f32"]);
-    run_checked(&mut convert)?;
+    let (gguf, outtype) = match mxfp4 {
+        true => ("twin-mxfp4-bf16.gguf", crate::gguf_k3::Outtype::Bf16),
+        false => ("dense-twin-f32.gguf", crate::gguf_k3::Outtype::F32),
+    };
+    let gguf = work.join(gguf);
+    if python_converter {
+        let python = venv_with(&venv, &[&PINNED[..], &EXTRA_PINS[..]].concat())?;
+        let mut convert = Command::new(&python);
+        convert
+            .arg(from_root(CONVERT_SCRIPT))
+            .arg("--llama-cpp")
+            .arg(&source)
+            .arg("--")
+            .arg(&twin_dir)
+            .arg("--outfile")
+            .arg(&gguf)
+            .args(["--outtype", "f32"]);
+        run_checked(&mut convert)?;
+    } else {
+        crate::gguf_k3::convert(&twin_dir, &gguf, outtype)?;
+    }
     let gguf_sha256 = sha256_hex(&fs::read(&gguf).context("cannot read the converted gguf")?);
     lap("convert", &mut timings);
 
@@ -152,11 +187,17 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         .collect::<Vec<_>>()
         .join(",");
     let logits_path = partial.join("logits.f32");
+    let step_limit = if mxfp4 {
+        STEP_VS_BATCH_MXFP4
+    } else {
+        STEP_VS_BATCH
+    };
     let output = Command::new(&harness)
         .arg(&gguf)
         .arg(&logits_path)
         .arg(&token_list)
         .arg(THREADS)
+        .arg(step_limit.to_string())
         .output()
         .with_context(|| format!("cannot start {}", harness.display()))?;
     let report = String::from_utf8_lossy(&output.stdout).into_owned();
@@ -222,13 +263,17 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             "step_vs_batch": {
                 "max_abs_diff": facts.max_abs_step_vs_batch,
                 "max_rel_diff": facts.max_rel_step_vs_batch,
-                "limit_rel": 1e-4,
+                "limit_rel": step_limit,
             },
         },
         "converter": {
-            "script": "convert_hf_to_gguf.py of the sdist, with its gguf-py",
-            "wrapper": CONVERT_SCRIPT,
-            "outtype": "f32",
+            "script": if python_converter {
+                "convert_hf_to_gguf.py of the sdist, with its gguf-py"
+            } else {
+                "xtask/src/gguf_k3.rs (torch-free; the keys and tensors of convert_hf_to_gguf.py)"
+            },
+            "wrapper": if python_converter { CONVERT_SCRIPT } else { "none" },
+            "outtype": if mxfp4 { "bf16, experts mxfp4" } else { "f32" },
             "gguf_sha256": gguf_sha256,
             "notes": [
                 "set_vocab replaced by a byte-level vocabulary of vocab_size \
@@ -373,8 +418,9 @@ fn pypi_file(filename: &str) -> Result<(String, String)> {
 }
 
 /// Configures a CPU-only release build of llama.cpp in `build` (once; installs Debian's cmake
-/// if it is missing). `tools` adds `common` and the tools (llama-bench) to the library.
-pub(crate) fn configure(source: &Path, build: &Path, tools: bool) -> Result<()> {
+/// if it is missing), with `common` and the tools (llama-bench) as targets besides the library.
+/// Only the targets asked for are built.
+fn configure(source: &Path, build: &Path) -> Result<()> {
     let has_cmake = Command::new("cmake")
         .arg("--version")
         .output()
@@ -386,7 +432,6 @@ pub(crate) fn configure(source: &Path, build: &Path, tools: bool) -> Result<()> 
     if build.join("CMakeCache.txt").exists() {
         return Ok(());
     }
-    let on = if tools { "ON" } else { "OFF" };
     run_checked(
         Command::new("cmake")
             .arg("-S")
@@ -398,9 +443,10 @@ pub(crate) fn configure(source: &Path, build: &Path, tools: bool) -> Result<()> 
                 "-DLLAMA_CURL=OFF",
                 "-DLLAMA_OPENSSL=OFF",
                 "-DCMAKE_BUILD_TYPE=Release",
-                &format!("-DLLAMA_BUILD_COMMON={on}"),
+                "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",
+                "-DLLAMA_BUILD_COMMON=ON",
                 "-DLLAMA_BUILD_TESTS=OFF",
-                &format!("-DLLAMA_BUILD_TOOLS={on}"),
+                "-DLLAMA_BUILD_TOOLS=ON",
                 "-DLLAMA_BUILD_EXAMPLES=OFF",
                 "-DLLAMA_BUILD_SERVER=OFF",
                 "-DLLAMA_BUILD_APP=OFF",
@@ -408,18 +454,40 @@ pub(crate) fn configure(source: &Path, build: &Path, tools: bool) -> Result<()> 
     )
 }
 
-/// Builds `libllama` (once; cmake skips what is up to date) and the harness against it;
-/// returns the harness path.
-fn build_llamacpp(work: &Path, source: &Path) -> Result<PathBuf> {
-    let build = work.join("build");
-    configure(source, &build, false)?;
+/// `bin/{product}` of the cmake `target`, built once: the source is pinned by its sha256, so a
+/// product already there is used as it is (also one copied from another checkout: the build
+/// runs with `$ORIGIN` rpaths), without asking cmake.
+pub(crate) fn build_target(
+    work: &Path,
+    source: &Path,
+    target: &str,
+    product: &str,
+) -> Result<PathBuf> {
+    let build = work.join(BUILD_DIR);
+    let path = build.join("bin").join(product);
+    if path.exists() {
+        return Ok(path);
+    }
+    configure(source, &build)?;
     run_checked(
         Command::new("cmake")
             .arg("--build")
             .arg(&build)
-            .args(["-j2", "--target", "llama"]),
+            .args(["-j2", "--target", target]),
     )?;
-    let lib = build.join("bin");
+    ensure!(
+        path.exists(),
+        "cmake built {target} but there is no {}",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// Builds `libllama` (once) and the harness against it;
+/// returns the harness path.
+fn build_llamacpp(work: &Path, source: &Path) -> Result<PathBuf> {
+    build_target(work, source, "llama", "libllama.so")?;
+    let lib = work.join(BUILD_DIR).join("bin");
     let harness = lib.join("llamacpp_logits");
     // The harness is one small file: compiling it every run (under a second) is simpler than
     // tracking what it depends on.
@@ -438,161 +506,6 @@ fn build_llamacpp(work: &Path, source: &Path) -> Result<PathBuf> {
             .args(["-lllama", "-lggml", "-lggml-base", "-Wl,-rpath,$ORIGIN"]),
     )?;
     Ok(harness)
-}
-
-/// What the dense twin is, for the manifest.
-struct DenseTwin {
-    vocab_size: usize,
-    tensors: usize,
-    expert_matrices: usize,
-    mla_heads: usize,
-    kda_heads: usize,
-    mla_note: String,
-}
-
-/// Writes to `dst` the checkpoint in `src` with every routed expert dequantised exactly to F32
-/// (`...experts.{e}.w{1,2,3}.weight`, the dense names the converter stacks) and MLA padded with
-/// zero heads to the KDA head count; config.json loses `quantization_config` and gets the new
-/// `num_attention_heads` and `num_key_value_heads`.
-fn write_dense_twin(src: &Path, dst: &Path) -> Result<DenseTwin> {
-    let text = fs::read_to_string(src.join("config.json")).context("cannot read config.json")?;
-    let config = K3Config::from_json(&text)?;
-    let checkpoint = Checkpoint::open(src)?;
-    let kernels = Kernels::scalar();
-    let (mla_heads, kda_heads) = (config.mla.num_heads, config.kda.num_heads);
-    if mla_heads > kda_heads {
-        bail!(
-            "llama.cpp's K3 graph uses one head count for MLA and KDA; this checkpoint has \
-             {mla_heads} MLA heads and {kda_heads} KDA heads, and only MLA can be padded"
-        );
-    }
-    let extra_heads = kda_heads - mla_heads;
-    let mla = &config.mla;
-    // Rows of one head in each MLA tensor laid out head-major along its rows.
-    let head_rows: [(&str, usize); 3] = [
-        ("q_b_proj", mla.qk_nope_head_dim + mla.qk_rope_head_dim),
-        ("kv_b_proj", mla.qk_nope_head_dim + mla.v_head_dim),
-        ("g_proj", mla.v_head_dim),
-    ];
-
-    let mut outputs: Vec<(TensorOut, Vec<u8>)> = Vec::new();
-    let mut expert_matrices = 0;
-    for spec in text_tensors(&config) {
-        if spec.class == TensorClass::RoutedExperts {
-            let Some(base) = spec.name.strip_suffix(".weight_packed") else {
-                continue; // the scale, consumed with its packed tensor
-            };
-            let packed = checkpoint.require(&spec.name)?;
-            ensure!(packed.shape.len() == 2, "{}: not a matrix", packed.name);
-            let (rows, cols) = (packed.shape[0], packed.shape[1] * 2);
-            let matrix = checkpoint.mxfp4_matrix(base, rows, cols)?;
-            let mut values = vec![0.0f32; rows * cols];
-            kernels.dequant_mxfp4(&matrix, 0..rows, &mut values)?;
-            let stored = packed.name.strip_suffix(".weight_packed").unwrap_or(base);
-            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            outputs.push((
-                TensorOut {
-                    name: format!("{stored}.weight"),
-                    dtype: Dtype::F32,
-                    shape: vec![rows, cols],
-                },
-                bytes,
-            ));
-            expert_matrices += 1;
-            continue;
-        }
-        let tensor = checkpoint.require(&spec.name)?;
-        let mut shape = tensor.shape.to_vec();
-        let mut bytes = tensor.bytes.to_vec();
-        let is_mla = spec
-            .layer
-            .is_some_and(|l| config.layers[l].attention == AttentionKind::Mla);
-        if is_mla && extra_heads > 0 {
-            let elem = tensor.dtype.bitsize() / 8;
-            let suffix = |p: &str| spec.name.ends_with(&format!(".self_attn.{p}.weight"));
-            if let Some(&(_, rows)) = head_rows.iter().find(|(p, _)| suffix(p)) {
-                // Zero rows: the new heads' queries, keys, values and gates are all zero.
-                bytes.resize(bytes.len() + extra_heads * rows * shape[1] * elem, 0);
-                shape[0] += extra_heads * rows;
-            } else if suffix("o_proj") {
-                // Zero columns: whatever the new heads output is dropped.
-                let (old, new) = (
-                    shape[1] * elem,
-                    (shape[1] + extra_heads * mla.v_head_dim) * elem,
-                );
-                bytes = bytes
-                    .chunks_exact(old)
-                    .flat_map(|row| row.iter().copied().chain(std::iter::repeat_n(0, new - old)))
-                    .collect();
-                shape[1] += extra_heads * mla.v_head_dim;
-            }
-        }
-        outputs.push((
-            TensorOut {
-                name: tensor.name.to_owned(),
-                dtype: tensor.dtype,
-                shape,
-            },
-            bytes,
-        ));
-    }
-
-    if dst.exists() {
-        fs::remove_dir_all(dst).with_context(|| format!("cannot remove {}", dst.display()))?;
-    }
-    fs::create_dir_all(dst).with_context(|| format!("cannot create {}", dst.display()))?;
-    let tensors = outputs.len();
-    let mut data: HashMap<String, Vec<u8>> = HashMap::with_capacity(tensors);
-    let mut list = Vec::with_capacity(tensors);
-    for (out, bytes) in outputs {
-        data.insert(out.name.clone(), bytes);
-        list.push(out);
-    }
-    write_safetensors(&dst.join("model.safetensors"), list, |t, buf| {
-        buf.extend_from_slice(&data[&t.name]);
-    })?;
-
-    let mut root: serde_json::Value = serde_json::from_str(&text)?;
-    let object = root
-        .as_object_mut()
-        .context("config.json is not an object")?;
-    object.remove("quantization_config");
-    let text_config = object
-        .get_mut("text_config")
-        .and_then(|t| t.as_object_mut())
-        .context("config.json has no text_config")?;
-    text_config.remove("quantization_config");
-    // The converter splits kv_b_proj by `num_key_value_heads` (the release has 96 of each).
-    for key in ["num_attention_heads", "num_key_value_heads"] {
-        text_config.insert(key.into(), kda_heads.into());
-    }
-    let mut config_text = serde_json::to_string_pretty(&root)?;
-    config_text.push('\n');
-    fs::write(dst.join("config.json"), config_text)?;
-    for file in ["tiktoken.model", "tokenizer_config.json"] {
-        if src.join(file).exists() {
-            fs::copy(src.join(file), dst.join(file))
-                .with_context(|| format!("cannot copy {file}"))?;
-        }
-    }
-
-    let mla_note = if extra_heads == 0 {
-        "MLA and KDA head counts agree; no padding".to_owned()
-    } else {
-        format!(
-            "llama.cpp's K3 graph takes the MLA and the KDA head count both from \
-             num_attention_heads, so MLA was padded from {mla_heads} to {kda_heads} heads with \
-             zero q_b/kv_b/g_proj rows and zero o_proj columns (an exact no-op)"
-        )
-    };
-    Ok(DenseTwin {
-        vocab_size: config.vocab_size,
-        tensors,
-        expert_matrices,
-        mla_heads,
-        kda_heads,
-        mla_note,
-    })
 }
 
 /// The facts the harness prints as `key: value` lines.
