@@ -234,6 +234,7 @@ impl Engine {
             experts.cache_bytes = Some(bytes);
             experts.preload = true;
         }
+        experts.io_threads = plan.io_threads;
         let store = experts
             .open(
                 &checkpoint,
@@ -280,7 +281,8 @@ impl Engine {
     }
 
     /// The model over this engine: its experts from the store where there is one (else
-    /// through the file mapping), its work on the pool, experts placed as the options said.
+    /// through the file mapping), its work on the pool, experts placed as the options said,
+    /// the trunk the plan does not keep resident streamed from disk.
     pub fn model(&self) -> Result<Model<'_>, ModelError> {
         let model = match &self.store {
             Some(store) => Model::with_expert_store(
@@ -291,9 +293,19 @@ impl Engine {
             )?,
             None => Model::new(&self.checkpoint, &self.config, self.kernels)?,
         };
-        Ok(model
+        let model = model
             .with_pool(Arc::clone(&self.pool))
-            .with_expert_placement(self.expert_placement))
+            .with_expert_placement(self.expert_placement);
+        match &self.plan.trunk {
+            // What the plan does not keep resident is read from disk on an I/O thread on
+            // domain 0's CPUs (contract 5), a layer ahead of compute.
+            Some(trunk) if trunk.streams() => model.with_streamed_trunk(
+                &self.checkpoint,
+                trunk,
+                &self.pool.topology().domains[0].cpus,
+            ),
+            _ => Ok(model),
+        }
     }
 
     /// Saves the store's expert use counts for the next start's preload order and policy:
@@ -444,6 +456,41 @@ mod tests {
             plan_line.is_some_and(|l| l.contains("predicted from disk")),
             "{lines:?}"
         );
+        // The streamed layers came from disk: every pass read the streamed trunk (the stream
+        // runs up to two layers ahead, so at least the passes made, at most two layers more).
+        let model = engine.model().unwrap();
+        let mut session = model.session();
+        let tokens = [5, 17, 42, 7, 300, 2];
+        let logits = model.score(&mut session, &tokens, 1).unwrap();
+        let got: Vec<u64> = logits.iter().map(|l| fingerprint(l)).collect();
+        assert_eq!(got, expected);
+        let streamed = engine.plan.trunk.as_ref().unwrap().streamed_read_bytes();
+        let read = model.streamed_trunk_bytes();
+        assert!(
+            read >= tokens.len() as u64 * streamed && read <= (tokens.len() as u64 + 1) * streamed,
+            "{read} bytes read for {} passes of {streamed}",
+            tokens.len()
+        );
+        drop(model);
+        drop(engine);
+        // Half the layers' trunk resident, the rest streamed, what is left to the expert
+        // cache (preloaded): the same bits.
+        let sizes = {
+            let ckpt = Checkpoint::open(&tiny.0).unwrap();
+            WeightSizes::new(&ckpt, &tiny.1).unwrap()
+        };
+        let layers: u64 = sizes
+            .layers
+            .iter()
+            .flatten()
+            .map(crate::plan::StoredTensor::resident_bytes)
+            .sum();
+        let mut lines = Vec::new();
+        let engine = build(minimum + layers / 2, &mut lines).unwrap();
+        let trunk = engine.plan.trunk.as_ref().unwrap();
+        assert!(trunk.streams() && trunk.resident.len() > sizes.head.len(), "{trunk:?}");
+        assert!(engine.store.is_some());
+        assert!(lines.iter().any(|l| l.starts_with("resident trunk: ")), "{lines:?}");
         assert_eq!(fingerprints(&engine), expected);
     }
 

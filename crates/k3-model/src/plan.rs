@@ -17,6 +17,8 @@
 //! The planner works on sizes ([`WeightSizes`]), so it is tested without a model.
 
 use std::collections::HashSet;
+use std::ops::Range;
+use std::path::PathBuf;
 
 use expert_store::io::{MemoryBudget, aligned_span};
 use expert_store::checkpoint::LinearStorage;
@@ -27,7 +29,8 @@ use crate::config::K3Config;
 use crate::experts::ExpertOptions;
 use crate::inventory::{Role, TensorClass, expert_layout, text_tensors};
 
-/// Buffers a streamed layer cycles through: one being computed on while the next is read.
+/// Buffers the trunk stream cycles through where the budget allows: one layer computed on
+/// while the next is read.
 pub const STREAM_SLOTS: u64 = 2;
 
 /// The safety margin taken off a budget the host reports (not off `--memory-gb`): 0.25 GB
@@ -37,20 +40,46 @@ pub fn safety_margin(budget: u64) -> u64 {
     250_000_000 + budget / 50
 }
 
-/// A stored tensor: its name as stored, where it lies in its file, its size.
+/// Reads closer than this are merged into one (the gap is read and ignored): a layer's small
+/// tensors (norms, biases) lie between its matrices.
+pub const MERGE_GAP: usize = 1 << 20;
+
+/// A stored tensor: its name as stored, its file, where it lies in it, its size.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredTensor {
     pub name: String,
+    pub path: PathBuf,
     pub offset: usize,
     pub bytes: u64,
 }
 
-impl StoredTensor {
-    /// Bytes an `O_DIRECT` read of it alone covers (its range rounded out to 4 KiB).
-    pub fn read_bytes(&self) -> u64 {
-        aligned_span(&(self.offset..self.offset + self.bytes as usize)).1 as u64
+/// The reads that fetch `tensors` (in file order): one per run of tensors in one file whose
+/// gaps are at most [`MERGE_GAP`].
+pub fn merged_reads(tensors: &[StoredTensor]) -> Vec<(PathBuf, Range<usize>)> {
+    let mut reads: Vec<(PathBuf, Range<usize>)> = Vec::new();
+    for t in tensors {
+        let range = t.offset..t.offset + t.bytes as usize;
+        match reads.last_mut() {
+            Some((path, r))
+                if *path == t.path && r.end <= range.start && range.start - r.end <= MERGE_GAP =>
+            {
+                r.end = range.end;
+            }
+            _ => reads.push((t.path.clone(), range)),
+        }
     }
+    reads
+}
 
+/// Bytes `O_DIRECT` reads of `tensors` cover (each merged read rounded out to 4 KiB).
+pub fn read_bytes(tensors: &[StoredTensor]) -> u64 {
+    merged_reads(tensors)
+        .iter()
+        .map(|(_, r)| aligned_span(r).1 as u64)
+        .sum()
+}
+
+impl StoredTensor {
     /// Bytes it takes in the resident copy (each tensor starts at a 64-byte boundary).
     pub fn resident_bytes(&self) -> u64 {
         self.bytes.next_multiple_of(64)
@@ -92,6 +121,7 @@ impl WeightSizes {
         let stored = |name: &str| {
             ckpt.tensor(name).map(|t| StoredTensor {
                 name: t.name.to_owned(),
+                path: t.path.to_owned(),
                 offset: t.offset,
                 bytes: t.bytes.len() as u64,
             })
@@ -116,9 +146,8 @@ impl WeightSizes {
                 (_, None) => sizes.head.extend(tensors),
             }
         }
-        let path_of = |name: &str| ckpt.tensor(name).map(|t| t.path.to_owned());
         for layer in &mut sizes.layers {
-            layer.sort_by_key(|t| (path_of(&t.name), t.offset));
+            layer.sort_by(|a, b| (&a.path, a.offset).cmp(&(&b.path, b.offset)));
         }
         let table = ckpt.expert_table(&expert_layout(config))?;
         let mut per_layer = std::collections::BTreeMap::<usize, usize>::new();
@@ -145,7 +174,7 @@ impl WeightSizes {
     pub fn largest_layer_read(&self) -> u64 {
         self.layers
             .iter()
-            .map(|l| l.iter().map(StoredTensor::read_bytes).sum())
+            .map(|l| read_bytes(l))
             .max()
             .unwrap_or(0)
     }
@@ -158,16 +187,15 @@ pub struct TrunkPlan {
     pub resident: HashSet<String>,
     /// Per layer, the tensors read from disk every token (empty: the layer is resident).
     pub streamed: Vec<Vec<StoredTensor>>,
+    /// Layer buffers the stream cycles through (2: a layer is read while the one before is
+    /// computed; 1 where the budget allows no more).
+    pub slots: usize,
 }
 
 impl TrunkPlan {
     /// Bytes read from disk per token for the streamed trunk.
     pub fn streamed_read_bytes(&self) -> u64 {
-        self.streamed
-            .iter()
-            .flatten()
-            .map(StoredTensor::read_bytes)
-            .sum()
+        self.streamed.iter().map(|l| read_bytes(l)).sum()
     }
 
     pub fn streams(&self) -> bool {
@@ -192,6 +220,8 @@ pub struct Plan {
     pub expert_fraction: f64,
     /// Bytes predicted to come from disk per decoded token once the cache is warm.
     pub disk_per_token: u64,
+    /// Expert reads in flight at once (`--io-threads`, fewer where the budget is tight).
+    pub io_threads: usize,
 }
 
 /// Why no plan fits.
@@ -246,6 +276,7 @@ impl Plan {
         margin: u64,
     ) -> Result<Self, PlanError> {
         let mapped = |memory: MemoryPlan, budget| Self {
+            io_threads: experts.io_threads,
             memory,
             budget,
             margin,
@@ -282,37 +313,55 @@ impl Plan {
             .min(sizes.experts_per_layer.iter().copied().max().unwrap_or(0))
             as u64
             * largest;
-        let io_buffers =
-            expert_store::store::io_buffers(experts.io_threads) as u64 * largest + in_flight;
         let head: u64 = sizes.head.iter().map(StoredTensor::resident_bytes).sum();
-        let mut memory = MemoryPlan {
-            resident_trunk: head,
-            trunk_buffers: STREAM_SLOTS * sizes.largest_layer_read(),
-            io_buffers,
-            ..flags
+        let minimum = |slots: u64, io_threads: usize| {
+            let mut memory = MemoryPlan {
+                resident_trunk: head,
+                trunk_buffers: slots * sizes.largest_layer_read(),
+                io_buffers: expert_store::store::io_buffers(io_threads) as u64 * largest
+                    + in_flight,
+                ..flags
+            };
+            memory.expert_cache = 0;
+            if run.resident_trunk {
+                // The flag's copy: every trunk tensor and the embedding, nothing streamed.
+                memory.resident_trunk = flags.resident_trunk;
+                memory.trunk_buffers = 0;
+            }
+            memory
         };
-        memory.expert_cache = 0;
-        if run.resident_trunk {
-            // The flag's copy: every trunk tensor and the embedding, nothing streamed.
-            memory.resident_trunk = flags.resident_trunk;
-            memory.trunk_buffers = 0;
+        // Double-buffered with the reads in flight asked for; where that does not fit, one
+        // buffer (no overlap of a layer's read with compute), then fewer expert reads at once.
+        let mut shapes = vec![(STREAM_SLOTS, experts.io_threads)];
+        let mut io_threads = experts.io_threads;
+        loop {
+            shapes.push((1, io_threads));
+            if io_threads <= 1 {
+                break;
+            }
+            io_threads /= 2;
         }
-        if usable < memory.total() {
+        let Some(&(slots, io_threads)) = shapes
+            .iter()
+            .find(|&&(slots, io)| minimum(slots, io).total() <= usable)
+        else {
+            let (slots, io) = *shapes.last().expect("at least one shape");
             return Err(if run.resident_trunk {
                 PlanError::Flags {
                     budget,
                     margin,
-                    plan: memory,
+                    plan: minimum(slots, io),
                     advice: "drop --resident-trunk (the plan then streams what does not fit)",
                 }
             } else {
                 PlanError::BelowMinimum {
                     budget,
                     margin,
-                    minimum: memory,
+                    minimum: minimum(slots, io),
                 }
             });
-        }
+        };
+        let mut memory = minimum(slots, io_threads);
         // The flags' expert cache, if they set one, before the trunk takes the rest.
         let asked = match (experts.cache_experts, experts.cache_bytes) {
             (Some(n), _) => Some(
@@ -340,6 +389,7 @@ impl Plan {
         let mut trunk = TrunkPlan {
             resident: HashSet::new(),
             streamed: vec![Vec::new(); sizes.layers.len()],
+            slots: slots as usize,
         };
         let mut left = usable - memory.total();
         if !run.resident_trunk {
@@ -381,6 +431,7 @@ impl Plan {
             trunk: (!run.resident_trunk).then_some(trunk),
             expert_cache: Some(memory.expert_cache),
             expert_fraction: fraction.min(1.0),
+            io_threads,
         })
     }
 
@@ -407,10 +458,12 @@ impl Plan {
                 self.memory.describe()
             ),
             (trunk, _) => format!(
-                "{head}: {}; trunk streamed {} per token, experts cached {:.0}%; predicted from disk {} per token",
+                "{head}: {}; trunk streamed {} per token through {} buffer(s), experts cached {:.0}% with {} reads in flight; predicted from disk {} per token",
                 self.memory.describe(),
                 gb(trunk.as_ref().map_or(0, TrunkPlan::streamed_read_bytes)),
+                trunk.as_ref().map_or(0, |t| t.slots),
                 self.expert_fraction * 100.0,
+                self.io_threads,
                 gb(self.disk_per_token)
             ),
         }

@@ -61,6 +61,7 @@ mod mla;
 mod moe;
 pub mod snapshot;
 mod source;
+mod trunk;
 mod weights;
 mod wide;
 
@@ -82,6 +83,9 @@ pub struct Model<'a> {
     final_norm: Vec<f32>,
     output_res_score: Vec<f32>,
     layers: Vec<Layer<'a>>,
+    /// The trunk tensors read from disk every step, where the memory plan streams some
+    /// ([`Model::with_streamed_trunk`]).
+    trunk: Option<trunk::TrunkStream>,
     /// Where routed experts come from (the checkpoint's mapping, an expert store, ...): one
     /// indirect call per MoE layer and batch of experts (see [`source`]).
     experts: Box<dyn ExpertSource + 'a>,
@@ -391,7 +395,12 @@ impl<'a> Model<'a> {
             rms_norm(x, Some(w), eps, &mut y);
             y
         };
-        for (i, layer) in self.layers.iter().enumerate() {
+        // Each layer's weights from where they are: as loaded, or the stream's buffer.
+        let mut pass = self.trunk_pass();
+        for i in 0..self.layers.len() {
+            let held = self.trunk_buffer(&mut pass, i)?;
+            let layer = self.layer_weights(i, held.as_ref())?;
+            let layer = &*layer;
             let restart = c.layers[i].attn_res_snapshot;
             let mut raw = Vec::with_capacity(tokens.len());
             let mut normed = Vec::with_capacity(tokens.len());

@@ -50,8 +50,10 @@ fn everything(sizes: &WeightSizes, flags: &MemoryPlan) -> u64 {
         + sizes.expert_total
 }
 
-/// The minimum: state, the head, two layer buffers, the store's buffers and one selection.
-fn minimum(sizes: &WeightSizes, flags: &MemoryPlan, io_threads: usize) -> u64 {
+/// The memory of a plan of `slots` layer buffers and `io_threads` expert reads in flight with
+/// nothing beyond the fixed costs: state, the head, the layer buffers, the store's buffers and
+/// one selection of experts.
+fn minimum(sizes: &WeightSizes, flags: &MemoryPlan, slots: u64, io_threads: usize) -> u64 {
     let selection = sizes
         .top_k
         .min(*sizes.experts_per_layer.iter().max().unwrap()) as u64;
@@ -59,7 +61,7 @@ fn minimum(sizes: &WeightSizes, flags: &MemoryPlan, io_threads: usize) -> u64 {
         + flags.kda_state
         + flags.f32_copies
         + sizes.head.iter().map(StoredTensor::resident_bytes).sum::<u64>()
-        + 2 * sizes.largest_layer_read()
+        + slots * sizes.largest_layer_read()
         + (3 * io_threads as u64 + selection) * sizes.expert_largest
 }
 
@@ -110,7 +112,7 @@ fn where_everything_fits_the_flags_decide_and_nothing_streams() {
 #[test]
 fn below_everything_the_trunk_is_resident_first_and_the_rest_is_streamed() {
     let (sizes, flags, _) = tiny("streams");
-    let min = minimum(&sizes, &flags, 16);
+    let min = minimum(&sizes, &flags, 2, 16);
     let layer_trunk: u64 = sizes
         .layers
         .iter()
@@ -156,11 +158,22 @@ fn below_everything_the_trunk_is_resident_first_and_the_rest_is_streamed() {
 #[test]
 fn a_budget_below_the_minimum_is_refused_with_the_numbers() {
     let (sizes, flags, _) = tiny("minimum");
-    let min = minimum(&sizes, &flags, 16);
-    let at = Plan::new(&sizes, flags, &options(), run(), budget(min), 0).unwrap();
-    assert_eq!(at.memory.total(), min);
-    assert_eq!(at.memory.expert_cache, 0);
-    let error = Plan::new(&sizes, flags, &options(), run(), budget(min - 1), 0).unwrap_err();
+    let plan = |bytes, margin| Plan::new(&sizes, flags, &options(), run(), budget(bytes), margin);
+    // Two buffers and 16 reads in flight where they fit; below that one buffer, then fewer
+    // reads in flight, down to one of each.
+    let two = minimum(&sizes, &flags, 2, 16);
+    let at = plan(two, 0).unwrap();
+    assert_eq!((at.trunk.as_ref().unwrap().slots, at.io_threads), (2, 16));
+    assert_eq!((at.memory.total(), at.memory.expert_cache), (two, 0));
+    let one = plan(two - 1, 0).unwrap();
+    assert_eq!((one.trunk.as_ref().unwrap().slots, one.io_threads), (1, 16));
+    let fewer = plan(minimum(&sizes, &flags, 1, 16) - 1, 0).unwrap();
+    assert_eq!(fewer.io_threads, 8);
+    let min = minimum(&sizes, &flags, 1, 1);
+    let last = plan(min, 0).unwrap();
+    assert_eq!((last.trunk.as_ref().unwrap().slots, last.io_threads), (1, 1));
+    assert_eq!(last.memory.total(), min);
+    let error = plan(min - 1, 0).unwrap_err();
     let PlanError::BelowMinimum { minimum: floor, .. } = &error else {
         panic!("{error}")
     };
@@ -171,24 +184,15 @@ fn a_budget_below_the_minimum_is_refused_with_the_numbers() {
     }
     // The margin comes off the budget first, and is named.
     let margin = 1000;
-    let error = Plan::new(&sizes, flags, &options(), run(), budget(min + margin - 1), margin)
-        .unwrap_err()
-        .to_string();
+    let error = plan(min + margin - 1, margin).unwrap_err().to_string();
     assert!(error.contains("less a safety margin of"), "{error}");
-    assert!(Plan::new(&sizes, flags, &options(), run(), budget(min + margin), margin).is_ok());
-    // Fewer I/O threads lower the minimum by their buffers.
-    let few = ExpertOptions {
-        io_threads: 1,
-        ..options()
-    };
-    let plan = Plan::new(&sizes, flags, &few, run(), budget(minimum(&sizes, &flags, 1)), 0);
-    assert!(plan.is_ok(), "{plan:?}");
+    assert!(plan(min + margin, margin).is_ok());
 }
 
 #[test]
 fn the_flags_override_parts_of_the_plan() {
     let (sizes, flags, _) = tiny("flags");
-    let min = minimum(&sizes, &flags, 16);
+    let min = minimum(&sizes, &flags, 2, 16);
     let bytes = min + sizes.expert_total / 2;
     // --expert-cache-gb: the cache is what was asked; the trunk gets less.
     let cache = sizes.expert_total / 4;
