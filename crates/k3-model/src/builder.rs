@@ -488,7 +488,7 @@ mod tests {
         let mut lines = Vec::new();
         let engine = build(minimum + layers / 2, &mut lines).unwrap();
         let trunk = engine.plan.trunk.as_ref().unwrap();
-        assert!(trunk.streams() && trunk.resident.len() > sizes.head.len(), "{trunk:?}");
+        assert!(trunk.streams() && !trunk.resident.is_empty(), "{trunk:?}");
         assert!(engine.store.is_some());
         assert!(lines.iter().any(|l| l.starts_with("resident trunk: ")), "{lines:?}");
         assert_eq!(fingerprints(&engine), expected);

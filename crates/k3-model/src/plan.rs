@@ -3,13 +3,14 @@
 //! state), weights are read through the file mapping as before and the plan only checks the
 //! flags' allocations ([`MemoryPlan`]). Where it does not, the plan decides:
 //!
-//! 1. the fixed costs: sequence state (KV, KDA), the f32 copies made at load, the output head
-//!    (lm_head and the output norms, always resident), the expert store's I/O buffers and one
-//!    layer's selected experts in flight, and two layer-sized trunk buffers for streaming —
-//!    their sum is the minimum, and a budget below it is refused with the numbers;
-//! 2. trunk bytes resident next, tensor by tensor in layer order (every trunk byte is read by
-//!    every token, so residency is worth more per byte than any expert's); the embedding is
-//!    never copied (one row of it is read per token);
+//! 1. the fixed costs: sequence state (KV, KDA), the f32 copies made at load, the expert
+//!    store's I/O buffers and one layer's selected experts in flight, and two trunk buffers
+//!    the size of the largest unit streamed (a layer's trunk, or the head: lm_head and the
+//!    output norms) — one, and fewer expert reads in flight, where two do not fit; their sum
+//!    is the minimum, and a budget below it is refused with the numbers;
+//! 2. trunk bytes resident next, tensor by tensor, the head first, then the layers in order
+//!    (every trunk byte is read by every token, so residency is worth more per byte than any
+//!    expert's); the embedding is never copied (one row of it is read per token);
 //! 3. the expert cache gets what is left.
 //!
 //! Trunk tensors left out are streamed from disk every token (`model::trunk`). `--resident-trunk`
@@ -170,13 +171,15 @@ impl WeightSizes {
             .sum()
     }
 
-    /// The largest layer's trunk as a stream buffer holds it.
+    /// The units the trunk is streamed in, in the order a forward pass reads them: each
+    /// layer, then the head.
+    pub fn units(&self) -> impl Iterator<Item = &Vec<StoredTensor>> {
+        self.layers.iter().chain(std::iter::once(&self.head))
+    }
+
+    /// The largest unit (a layer's trunk, or the head) as a stream buffer holds it.
     pub fn largest_layer_read(&self) -> u64 {
-        self.layers
-            .iter()
-            .map(|l| read_bytes(l))
-            .max()
-            .unwrap_or(0)
+        self.units().map(|l| read_bytes(l)).max().unwrap_or(0)
     }
 }
 
@@ -185,7 +188,8 @@ impl WeightSizes {
 pub struct TrunkPlan {
     /// Stored names copied into resident memory.
     pub resident: HashSet<String>,
-    /// Per layer, the tensors read from disk every token (empty: the layer is resident).
+    /// Per layer and last the head (lm_head, output norms): the tensors read from disk every
+    /// token (empty: all resident).
     pub streamed: Vec<Vec<StoredTensor>>,
     /// Layer buffers the stream cycles through (2: a layer is read while the one before is
     /// computed; 1 where the budget allows no more).
@@ -313,10 +317,9 @@ impl Plan {
             .min(sizes.experts_per_layer.iter().copied().max().unwrap_or(0))
             as u64
             * largest;
-        let head: u64 = sizes.head.iter().map(StoredTensor::resident_bytes).sum();
         let minimum = |slots: u64, io_threads: usize| {
             let mut memory = MemoryPlan {
-                resident_trunk: head,
+                resident_trunk: 0,
                 trunk_buffers: slots * sizes.largest_layer_read(),
                 io_buffers: expert_store::store::io_buffers(io_threads) as u64 * largest
                     + in_flight,
@@ -386,30 +389,33 @@ impl Plan {
                 });
             }
         }
+        let units = sizes.layers.len() + 1;
         let mut trunk = TrunkPlan {
             resident: HashSet::new(),
-            streamed: vec![Vec::new(); sizes.layers.len()],
+            streamed: vec![Vec::new(); units],
             slots: slots as usize,
         };
         let mut left = usable - memory.total();
         if !run.resident_trunk {
-            trunk.resident = sizes.head.iter().map(|t| t.name.clone()).collect();
-            for (layer, tensors) in sizes.layers.iter().enumerate() {
+            // First fit, the head first (the largest unit: streamed, it sets the buffers' size),
+            // then the layers in order.
+            let order = std::iter::once(units - 1).chain(0..units - 1);
+            for unit in order {
+                let tensors = sizes.units().nth(unit).expect("a unit per layer and the head");
                 for tensor in tensors {
                     if tensor.resident_bytes() <= left {
                         left -= tensor.resident_bytes();
                         memory.resident_trunk += tensor.resident_bytes();
                         trunk.resident.insert(tensor.name.clone());
                     } else {
-                        trunk.streamed[layer].push(tensor.clone());
+                        trunk.streamed[unit].push(tensor.clone());
                     }
                 }
             }
-            if !trunk.streams() {
-                // All resident after all: the stream buffers are not needed.
-                left += memory.trunk_buffers;
-                memory.trunk_buffers = 0;
-            }
+            // The buffers need hold only the largest streamed part (none if all is resident).
+            let buffers = slots * trunk.streamed.iter().map(|l| read_bytes(l)).max().unwrap_or(0);
+            left += memory.trunk_buffers - buffers;
+            memory.trunk_buffers = buffers;
         }
         if asked.is_none() {
             memory.expert_cache = left.min(sizes.expert_total);

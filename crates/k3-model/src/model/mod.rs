@@ -493,7 +493,9 @@ impl<'a> Model<'a> {
         let mut logits = if finals.is_empty() {
             Vec::new().into_iter()
         } else {
-            self.timed(Bucket::LmHead, || self.gemm(&self.lm_head, &finals))?
+            let held = self.trunk_buffer(&mut pass, self.layers.len())?;
+            let lm_head = self.head_weights(held.as_ref())?;
+            self.timed(Bucket::LmHead, || self.gemm(&lm_head, &finals))?
                 .into_iter()
         };
         Ok(groups

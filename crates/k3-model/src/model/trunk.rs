@@ -1,7 +1,7 @@
-//! Where the layer loop gets each layer's weights: the layer as loaded (views over the file
-//! mapping or the resident copy), or, for a layer whose tensors the memory plan streams
-//! ([`crate::plan::TrunkPlan`]), the same views relocated into a buffer read from disk with
-//! `O_DIRECT` a layer ahead of compute.
+//! Where the layer loop gets each layer's weights (and the lm_head its): as loaded (views
+//! over the file mapping or the resident copy), or, for a unit whose tensors the memory plan
+//! streams ([`crate::plan::TrunkPlan`]: each layer, then the head), the same views relocated
+//! into a buffer read from disk with `O_DIRECT` a unit ahead of compute.
 //!
 //! The stream is two buffers (one where the budget is tight) cycling between one I/O thread
 //! and the forward pass: the thread
@@ -30,7 +30,8 @@ const TRUNK_IO_THREAD: usize = 999;
 
 /// The streamed part of the trunk and the I/O thread that reads it.
 pub(super) struct TrunkStream {
-    /// Per model layer: how its streamed tensors are read (`None`: nothing streamed).
+    /// Per model layer, then the head: how its streamed tensors are read (`None`: nothing
+    /// streamed).
     layers: Vec<Option<LayerReads>>,
     /// Buffers given back, for the I/O thread to fill.
     free: Sender<AlignedBuf>,
@@ -279,24 +280,58 @@ impl<'a> Model<'a> {
         held: Option<&'l Held<'_>>,
     ) -> Result<LayerRef<'l, 'a>> {
         let layer = &self.layers[i];
-        let (Some(held), Some(Some(reads))) = (held, self.trunk.as_ref().map(|t| &t.layers[i]))
-        else {
-            return Ok(LayerRef::Loaded(layer));
+        Ok(match held {
+            None => LayerRef::Loaded(layer),
+            Some(held) => {
+                LayerRef::Streamed(relocated(layer, &|bytes| self.relocate(i, held, bytes))?)
+            }
+        })
+    }
+
+    /// The lm_head: as loaded, or relocated into `held` (the head's stream buffer).
+    pub(super) fn head_weights<'l>(&'l self, held: Option<&'l Held<'_>>) -> Result<WeightMatrix<'l>> {
+        let unit = self.layers.len();
+        match held {
+            None => Ok(self.lm_head),
+            Some(held) => relocated_matrix(&self.lm_head, &|bytes| self.relocate(unit, held, bytes)),
+        }
+    }
+
+    /// Where `bytes` (a loaded view's, of stream unit `unit`) are in `held`; bytes of a tensor
+    /// not streamed stay where they are.
+    fn relocate<'l>(&'l self, unit: usize, held: &'l Held<'_>, bytes: &'l [u8]) -> &'l [u8] {
+        let Some(Some(reads)) = self.trunk.as_ref().map(|t| &t.layers[unit]) else {
+            return bytes;
         };
         let buffer: &[u8] = held.buffer.as_deref().expect("held until dropped");
-        let relocate = |bytes: &'l [u8]| -> &'l [u8] {
-            let at = bytes.as_ptr() as usize;
-            for &(start, len, read, within) in &reads.tensors {
-                if at >= start && at + bytes.len() <= start + len {
-                    let from = held.starts[read] + within + (at - start);
-                    return &buffer[from..from + bytes.len()];
-                }
+        let at = bytes.as_ptr() as usize;
+        for &(start, len, read, within) in &reads.tensors {
+            if at >= start && at + bytes.len() <= start + len {
+                let from = held.starts[read] + within + (at - start);
+                return &buffer[from..from + bytes.len()];
             }
-            // Not streamed (resident, or another tensor): the loaded view's bytes.
-            bytes
-        };
-        Ok(LayerRef::Streamed(relocated(layer, &relocate)?))
+        }
+        bytes
     }
+}
+
+/// `w` with its bytes passed through `relocate`.
+fn relocated_matrix<'l>(
+    w: &'l WeightMatrix<'_>,
+    relocate: &dyn Fn(&'l [u8]) -> &'l [u8],
+) -> Result<WeightMatrix<'l>> {
+    Ok(match w {
+        WeightMatrix::Bf16(x) => Bf16Matrix::new(relocate(x.bytes()), x.rows(), x.cols())?.into(),
+        WeightMatrix::F16(x) => F16Matrix::new(relocate(x.bytes()), x.rows(), x.cols())?.into(),
+        WeightMatrix::F32(x) => F32Matrix::new(relocate(x.bytes()), x.rows(), x.cols())?.into(),
+        WeightMatrix::MxFp4(x) => MxFp4Matrix::new(
+            relocate(x.packed()),
+            relocate(x.scales()),
+            x.rows(),
+            x.cols(),
+        )?
+        .into(),
+    })
 }
 
 /// `layer` with every matrix's bytes passed through `relocate`; vectors shared.
@@ -304,22 +339,7 @@ fn relocated<'l>(
     layer: &'l Layer<'_>,
     relocate: &dyn Fn(&'l [u8]) -> &'l [u8],
 ) -> Result<Layer<'l>> {
-    let m = |w: &'l WeightMatrix<'_>| -> Result<WeightMatrix<'l>> {
-        Ok(match w {
-            WeightMatrix::Bf16(x) => {
-                Bf16Matrix::new(relocate(x.bytes()), x.rows(), x.cols())?.into()
-            }
-            WeightMatrix::F16(x) => F16Matrix::new(relocate(x.bytes()), x.rows(), x.cols())?.into(),
-            WeightMatrix::F32(x) => F32Matrix::new(relocate(x.bytes()), x.rows(), x.cols())?.into(),
-            WeightMatrix::MxFp4(x) => MxFp4Matrix::new(
-                relocate(x.packed()),
-                relocate(x.scales()),
-                x.rows(),
-                x.cols(),
-            )?
-            .into(),
-        })
-    };
+    let m = |w: &'l WeightMatrix<'_>| relocated_matrix(w, relocate);
     let mlp = |w: &'l Mlp<'_>| -> Result<Mlp<'l>> {
         Ok(Mlp {
             gate: m(&w.gate)?,

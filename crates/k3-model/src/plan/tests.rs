@@ -51,7 +51,7 @@ fn everything(sizes: &WeightSizes, flags: &MemoryPlan) -> u64 {
 }
 
 /// The memory of a plan of `slots` layer buffers and `io_threads` expert reads in flight with
-/// nothing beyond the fixed costs: state, the head, the layer buffers, the store's buffers and
+/// nothing beyond the fixed costs: state, the trunk buffers, the store's buffers and
 /// one selection of experts.
 fn minimum(sizes: &WeightSizes, flags: &MemoryPlan, slots: u64, io_threads: usize) -> u64 {
     let selection = sizes
@@ -60,7 +60,6 @@ fn minimum(sizes: &WeightSizes, flags: &MemoryPlan, slots: u64, io_threads: usiz
     flags.kv_cache
         + flags.kda_state
         + flags.f32_copies
-        + sizes.head.iter().map(StoredTensor::resident_bytes).sum::<u64>()
         + slots * sizes.largest_layer_read()
         + (3 * io_threads as u64 + selection) * sizes.expert_largest
 }
@@ -126,7 +125,7 @@ fn below_everything_the_trunk_is_resident_first_and_the_rest_is_streamed() {
     assert!(plan.streams());
     assert!(plan.memory.total() <= bytes, "{}", plan.describe());
     // Every trunk tensor is either resident or streamed, never both.
-    for (layer, tensors) in sizes.layers.iter().enumerate() {
+    for (layer, tensors) in sizes.units().enumerate() {
         for t in tensors {
             let streamed = trunk.streamed[layer].contains(t);
             assert_ne!(trunk.resident.contains(&t.name), streamed, "{}", t.name);
@@ -140,10 +139,14 @@ fn below_everything_the_trunk_is_resident_first_and_the_rest_is_streamed() {
         .map(StoredTensor::resident_bytes)
         .sum();
     assert_eq!(plan.memory.resident_trunk, resident);
-    // First fit: what is left for experts is smaller than any streamed tensor, and the whole
-    // budget is used.
+    // First fit: what was left after the trunk is smaller than any streamed tensor; the
+    // experts get it and what the buffers no longer need (they hold the largest streamed
+    // part, not the largest unit); the whole budget is used.
     let smallest = trunk.streamed.iter().flatten().map(StoredTensor::resident_bytes).min();
-    assert!(plan.memory.expert_cache < smallest.unwrap(), "{}", plan.describe());
+    let largest_streamed = trunk.streamed.iter().map(|u| read_bytes(u)).max().unwrap();
+    assert_eq!(plan.memory.trunk_buffers, 2 * largest_streamed);
+    let freed = 2 * sizes.largest_layer_read() - plan.memory.trunk_buffers;
+    assert!(plan.memory.expert_cache - freed < smallest.unwrap(), "{}", plan.describe());
     assert_eq!(plan.memory.total(), bytes);
     let moe = sizes.experts_per_layer.len() as u64;
     let misses = (moe * sizes.top_k as u64 * sizes.expert_largest) as f64
