@@ -6,8 +6,9 @@
 //! 1. the fixed costs: sequence state (KV, KDA), the f32 copies made at load, the expert
 //!    store's I/O buffers and one layer's selected experts in flight, and two trunk buffers
 //!    the size of the largest unit streamed (a layer's trunk, or the head: lm_head and the
-//!    output norms) — one, and fewer expert reads in flight, where two do not fit; their sum
-//!    is the minimum, and a budget below it is refused with the numbers;
+//!    output norms) — one where a second would take more than a tenth of the budget, and
+//!    fewer expert reads in flight where theirs would; their sum is the minimum, and a
+//!    budget below it is refused with the numbers;
 //! 2. trunk bytes resident next, tensor by tensor, the head first, then the layers in order
 //!    (every trunk byte is read by every token, so residency is worth more per byte than any
 //!    expert's); the embedding is never copied (one row of it is read per token);
@@ -33,6 +34,10 @@ use crate::inventory::{Role, TensorClass, expert_layout, text_tensors};
 /// Buffers the trunk stream cycles through where the budget allows: one layer computed on
 /// while the next is read.
 pub const STREAM_SLOTS: u64 = 2;
+
+/// A second trunk buffer, and the expert store's read buffers, may each take at most
+/// 1/`BUFFER_SHARE` of the budget: memory spent on buffers is memory not resident.
+pub const BUFFER_SHARE: u64 = 10;
 
 /// The safety margin taken off a budget the host reports (not off `--memory-gb`): 0.25 GB
 /// plus 2%, for what no class counts (activations, the binary, allocator slack, the pages of
@@ -333,10 +338,24 @@ impl Plan {
             }
             memory
         };
-        // Double-buffered with the reads in flight asked for; where that does not fit, one
-        // buffer (no overlap of a layer's read with compute), then fewer expert reads at once.
-        let mut shapes = vec![(STREAM_SLOTS, experts.io_threads)];
-        let mut io_threads = experts.io_threads;
+        // Buffers cost residency, so they may take at most a tenth of the budget each: a
+        // second trunk buffer (a layer's read overlapping the previous layer's compute) where
+        // it fits that, the reads in flight asked for halved until their buffers do; then,
+        // where the minimum still does not fit, one trunk buffer and fewer reads down to one.
+        let share = usable / BUFFER_SHARE;
+        let preferred_slots = if sizes.largest_layer_read() <= share {
+            STREAM_SLOTS
+        } else {
+            1
+        };
+        let mut preferred_io = experts.io_threads.max(1);
+        while preferred_io > 1
+            && expert_store::store::io_buffers(preferred_io) as u64 * largest > share
+        {
+            preferred_io /= 2;
+        }
+        let mut shapes = vec![(preferred_slots, preferred_io)];
+        let mut io_threads = preferred_io;
         loop {
             shapes.push((1, io_threads));
             if io_threads <= 1 {

@@ -144,8 +144,9 @@ fn below_everything_the_trunk_is_resident_first_and_the_rest_is_streamed() {
     // part, not the largest unit); the whole budget is used.
     let smallest = trunk.streamed.iter().flatten().map(StoredTensor::resident_bytes).min();
     let largest_streamed = trunk.streamed.iter().map(|u| read_bytes(u)).max().unwrap();
-    assert_eq!(plan.memory.trunk_buffers, 2 * largest_streamed);
-    let freed = 2 * sizes.largest_layer_read() - plan.memory.trunk_buffers;
+    let slots = trunk.slots as u64;
+    assert_eq!(plan.memory.trunk_buffers, slots * largest_streamed);
+    let freed = slots * sizes.largest_layer_read() - plan.memory.trunk_buffers;
     assert!(plan.memory.expert_cache - freed < smallest.unwrap(), "{}", plan.describe());
     assert_eq!(plan.memory.total(), bytes);
     let moe = sizes.experts_per_layer.len() as u64;
@@ -162,16 +163,23 @@ fn below_everything_the_trunk_is_resident_first_and_the_rest_is_streamed() {
 fn a_budget_below_the_minimum_is_refused_with_the_numbers() {
     let (sizes, flags, _) = tiny("minimum");
     let plan = |bytes, margin| Plan::new(&sizes, flags, &options(), run(), budget(bytes), margin);
-    // Two buffers and 16 reads in flight where they fit; below that one buffer, then fewer
-    // reads in flight, down to one of each.
-    let two = minimum(&sizes, &flags, 2, 16);
-    let at = plan(two, 0).unwrap();
+    // Two trunk buffers where the second takes at most a tenth of the budget, else one; the
+    // reads in flight asked for, halved until their buffers take at most a tenth.
+    let roomy = 20 * sizes.largest_layer_read().max(48 * sizes.expert_largest);
+    // Far more experts than the budget, so that even this budget is planned.
+    let many = WeightSizes {
+        expert_total: 100 * roomy,
+        ..sizes.clone()
+    };
+    let at = Plan::new(&many, flags, &options(), run(), budget(roomy), 0).unwrap();
     assert_eq!((at.trunk.as_ref().unwrap().slots, at.io_threads), (2, 16));
-    assert_eq!((at.memory.total(), at.memory.expert_cache), (two, 0));
-    let one = plan(two - 1, 0).unwrap();
-    assert_eq!((one.trunk.as_ref().unwrap().slots, one.io_threads), (1, 16));
-    let fewer = plan(minimum(&sizes, &flags, 1, 16) - 1, 0).unwrap();
-    assert_eq!(fewer.io_threads, 8);
+    let tight = 5 * sizes.largest_layer_read();
+    let one = plan(tight, 0).unwrap();
+    let io = one.io_threads as u64;
+    assert_eq!(one.trunk.as_ref().unwrap().slots, 1);
+    assert!(io == 1 || 3 * io * sizes.expert_largest <= tight / 10, "{io}");
+    assert!(io == 16 || 3 * 2 * io * sizes.expert_largest > tight / 10, "{io}");
+    // Down to one of each where the minimum needs it.
     let min = minimum(&sizes, &flags, 1, 1);
     let last = plan(min, 0).unwrap();
     assert_eq!((last.trunk.as_ref().unwrap().slots, last.io_threads), (1, 1));
