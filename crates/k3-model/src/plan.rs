@@ -299,12 +299,10 @@ impl Plan {
         };
         let usable = budget.bytes.saturating_sub(margin);
         let state = flags.kv_cache + flags.kda_state + flags.f32_copies;
-        // Everything held at once: trunk, every expert, state. Then the flags decide as before.
-        let everything = state
-            + sizes.trunk_resident_bytes()
-            + sizes.embed
-            + sizes.expert_total
-            + flags.io_buffers;
+        // Everything a decode reads held at once: trunk, every expert, state (of the embedding
+        // a token reads one row). Then the flags decide as before.
+        let everything =
+            state + sizes.trunk_resident_bytes() + sizes.expert_total + flags.io_buffers;
         if everything <= usable {
             return if flags.total() <= usable {
                 Ok(mapped(flags, Some(budget)))

@@ -46,7 +46,6 @@ fn everything(sizes: &WeightSizes, flags: &MemoryPlan) -> u64 {
         + flags.kda_state
         + flags.f32_copies
         + sizes.trunk_resident_bytes()
-        + sizes.embed
         + sizes.expert_total
 }
 
@@ -103,6 +102,9 @@ fn where_everything_fits_the_flags_decide_and_nothing_streams() {
     assert_eq!(plan.memory, flags);
     assert_eq!(plan.disk_per_token, 0);
     assert!(plan.describe().contains("everything fits"), "{}", plan.describe());
+    // One byte less and the plan takes over.
+    let plan = Plan::new(&sizes, flags, &options(), run(), budget(all - 1), 0).unwrap();
+    assert!(plan.trunk.is_some() && plan.expert_cache.is_some());
     // Unknown budget: the same, nothing checked.
     let plan = Plan::new(&sizes, flags, &options(), run(), None, 0).unwrap();
     assert_eq!(plan.trunk, None);
