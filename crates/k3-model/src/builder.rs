@@ -490,7 +490,10 @@ mod tests {
         let trunk = engine.plan.trunk.as_ref().unwrap();
         assert!(trunk.streams() && !trunk.resident.is_empty(), "{trunk:?}");
         assert!(engine.store.is_some());
-        assert!(lines.iter().any(|l| l.starts_with("resident trunk: ")), "{lines:?}");
+        assert!(
+            lines.iter().any(|l| l.starts_with("resident trunk: ")),
+            "{lines:?}"
+        );
         assert_eq!(fingerprints(&engine), expected);
     }
 

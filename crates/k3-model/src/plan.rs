@@ -22,8 +22,8 @@ use std::collections::HashSet;
 use std::ops::Range;
 use std::path::PathBuf;
 
-use expert_store::io::{MemoryBudget, aligned_span};
 use expert_store::checkpoint::LinearStorage;
+use expert_store::io::{MemoryBudget, aligned_span};
 use expert_store::{Checkpoint, CheckpointError};
 
 use crate::budget::{MemoryPlan, RunShape, gb};
@@ -418,7 +418,10 @@ impl Plan {
             // then the layers in order.
             let order = std::iter::once(units - 1).chain(0..units - 1);
             for unit in order {
-                let tensors = sizes.units().nth(unit).expect("a unit per layer and the head");
+                let tensors = sizes
+                    .units()
+                    .nth(unit)
+                    .expect("a unit per layer and the head");
                 for tensor in tensors {
                     if tensor.resident_bytes() <= left {
                         left -= tensor.resident_bytes();
@@ -430,7 +433,13 @@ impl Plan {
                 }
             }
             // The buffers need hold only the largest streamed part (none if all is resident).
-            let buffers = slots * trunk.streamed.iter().map(|l| read_bytes(l)).max().unwrap_or(0);
+            let buffers = slots
+                * trunk
+                    .streamed
+                    .iter()
+                    .map(|l| read_bytes(l))
+                    .max()
+                    .unwrap_or(0);
             left += memory.trunk_buffers - buffers;
             memory.trunk_buffers = buffers;
         }

@@ -13,8 +13,8 @@
 //! the logits are the same bits as the mapped run's.
 
 use std::ops::{Deref, Range};
-use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use expert_store::io::{AlignedBuf, PieceError, ShardReader, read_pieces};
@@ -44,9 +44,12 @@ pub(super) struct TrunkStream {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// A unit's reads in file order: the shard and the byte range of each.
+type Reads = Vec<(Arc<ShardReader>, Range<usize>)>;
+
 /// One streamed layer: its reads and where each streamed tensor lands.
 struct LayerReads {
-    reads: Arc<Vec<(Arc<ShardReader>, Range<usize>)>>,
+    reads: Arc<Reads>,
     /// `(address of the tensor in the mapping, its length, read index, offset in the read)`.
     tensors: Vec<(usize, usize, usize, usize)>,
 }
@@ -58,6 +61,8 @@ struct Filled {
 
 /// The weights of one layer for the pass that asked: borrowed as loaded, or relocated into a
 /// stream buffer (given back to the I/O thread on drop).
+// Held on the stack for one layer of one step: boxing would allocate every step.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum LayerRef<'l, 'a> {
     Loaded(&'l Layer<'a>),
     Streamed(Layer<'l>),
@@ -132,7 +137,7 @@ impl<'a> Model<'a> {
                 layers.push(None);
                 continue;
             }
-            let mut reads: Vec<(Arc<ShardReader>, Range<usize>)> = Vec::new();
+            let mut reads: Reads = Vec::new();
             for (path, range) in merged_reads(streamed) {
                 let reader = match readers.iter().find(|r| r.path == path) {
                     Some(reader) => Arc::clone(reader),
@@ -163,7 +168,7 @@ impl<'a> Model<'a> {
                 tensors,
             }));
         }
-        let order: Vec<(usize, Arc<Vec<(Arc<ShardReader>, Range<usize>)>>)> = layers
+        let order: Vec<(usize, Arc<Reads>)> = layers
             .iter()
             .enumerate()
             .filter_map(|(i, l)| l.as_ref().map(|l| (i, Arc::clone(&l.reads))))
@@ -190,8 +195,10 @@ impl<'a> Model<'a> {
             // The streamed layers in layer order, round and round, one per free buffer.
             for (layer, reads) in order.iter().cycle() {
                 let Ok(buffer) = free_rx.recv() else { return };
-                let pieces: Vec<(&ShardReader, Range<usize>)> =
-                    reads.iter().map(|(r, range)| (&**r, range.clone())).collect();
+                let pieces: Vec<(&ShardReader, Range<usize>)> = reads
+                    .iter()
+                    .map(|(r, range)| (&**r, range.clone()))
+                    .collect();
                 let result = read_pieces(&pieces, Some(buffer), |_, _| {});
                 if result.is_ok() {
                     let bytes: usize = reads
@@ -200,7 +207,13 @@ impl<'a> Model<'a> {
                         .sum();
                     counter.fetch_add(bytes as u64, Ordering::Relaxed);
                 }
-                if filled_tx.send(Filled { layer: *layer, result }).is_err() {
+                if filled_tx
+                    .send(Filled {
+                        layer: *layer,
+                        result,
+                    })
+                    .is_err()
+                {
                     return;
                 }
             }
@@ -237,7 +250,11 @@ impl<'a> Model<'a> {
 
     /// Layer `i`'s buffer, if it is streamed: waits for the I/O thread's read of it (reads of
     /// other layers, left by a pass that failed half-way, are handed back unused).
-    pub(super) fn trunk_buffer<'m>(&'m self, pass: &mut Pass<'m>, i: usize) -> Result<Option<Held<'m>>> {
+    pub(super) fn trunk_buffer<'m>(
+        &'m self,
+        pass: &mut Pass<'m>,
+        i: usize,
+    ) -> Result<Option<Held<'m>>> {
         let (Some(trunk), Some(filled)) = (&self.trunk, pass.filled.as_mut()) else {
             return Ok(None);
         };
@@ -289,11 +306,16 @@ impl<'a> Model<'a> {
     }
 
     /// The lm_head: as loaded, or relocated into `held` (the head's stream buffer).
-    pub(super) fn head_weights<'l>(&'l self, held: Option<&'l Held<'_>>) -> Result<WeightMatrix<'l>> {
+    pub(super) fn head_weights<'l>(
+        &'l self,
+        held: Option<&'l Held<'_>>,
+    ) -> Result<WeightMatrix<'l>> {
         let unit = self.layers.len();
         match held {
             None => Ok(self.lm_head),
-            Some(held) => relocated_matrix(&self.lm_head, &|bytes| self.relocate(unit, held, bytes)),
+            Some(held) => {
+                relocated_matrix(&self.lm_head, &|bytes| self.relocate(unit, held, bytes))
+            }
         }
     }
 

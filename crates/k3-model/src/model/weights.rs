@@ -50,10 +50,13 @@ pub(super) struct Mlp<'a> {
     pub(super) down: WeightMatrix<'a>,
 }
 
+/// The latent down-projection, the latent norm (if the config has one), the up-projection.
+pub(super) type Latent<'a> = (WeightMatrix<'a>, Option<Arc<[f32]>>, WeightMatrix<'a>);
+
 pub(super) struct Moe<'a> {
     pub(super) router: WeightMatrix<'a>,
     pub(super) bias: Arc<[f32]>,
-    pub(super) latent: Option<(WeightMatrix<'a>, Option<Arc<[f32]>>, WeightMatrix<'a>)>,
+    pub(super) latent: Option<Latent<'a>>,
     pub(super) shared: Option<Mlp<'a>>,
     /// The checkpoint's layer index (the expert source's key).
     pub(super) layer: usize,
@@ -113,7 +116,8 @@ impl<'a> Model<'a> {
                     let (h, k) = (c.kda.num_heads, c.kda.head_dim);
                     let w = c.kda_width();
                     let taps = c.kda.conv_kernel;
-                    let conv = |name: &str| ckpt.f32_values(name, &[w, 1, taps]).map(Arc::<[f32]>::from);
+                    let conv =
+                        |name: &str| ckpt.f32_values(name, &[w, 1, taps]).map(Arc::<[f32]>::from);
                     Attention::Kda(Kda {
                         q: linear(&n.q, w, d)?,
                         k: linear(&n.k, w, d)?,

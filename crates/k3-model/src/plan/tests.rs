@@ -88,7 +88,10 @@ fn the_sizes_partition_the_checkpoint() {
     assert_eq!(sizes.layers.len(), config.num_layers());
     assert!(sizes.expert_total >= experts, "buffers round out to pages");
     for layer in &sizes.layers {
-        assert!(layer.windows(2).all(|w| w[0].offset < w[1].offset), "file order");
+        assert!(
+            layer.windows(2).all(|w| w[0].offset < w[1].offset),
+            "file order"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -101,7 +104,11 @@ fn where_everything_fits_the_flags_decide_and_nothing_streams() {
     assert_eq!((plan.trunk.clone(), plan.expert_cache), (None, None));
     assert_eq!(plan.memory, flags);
     assert_eq!(plan.disk_per_token, 0);
-    assert!(plan.describe().contains("everything fits"), "{}", plan.describe());
+    assert!(
+        plan.describe().contains("everything fits"),
+        "{}",
+        plan.describe()
+    );
     // One byte less and the plan takes over.
     let plan = Plan::new(&sizes, flags, &options(), run(), budget(all - 1), 0).unwrap();
     assert!(plan.trunk.is_some() && plan.expert_cache.is_some());
@@ -144,21 +151,34 @@ fn below_everything_the_trunk_is_resident_first_and_the_rest_is_streamed() {
     // First fit: what was left after the trunk is smaller than any streamed tensor; the
     // experts get it and what the buffers no longer need (they hold the largest streamed
     // part, not the largest unit); the whole budget is used.
-    let smallest = trunk.streamed.iter().flatten().map(StoredTensor::resident_bytes).min();
+    let smallest = trunk
+        .streamed
+        .iter()
+        .flatten()
+        .map(StoredTensor::resident_bytes)
+        .min();
     let largest_streamed = trunk.streamed.iter().map(|u| read_bytes(u)).max().unwrap();
     let slots = trunk.slots as u64;
     assert_eq!(plan.memory.trunk_buffers, slots * largest_streamed);
     let freed = slots * sizes.largest_layer_read() - plan.memory.trunk_buffers;
-    assert!(plan.memory.expert_cache - freed < smallest.unwrap(), "{}", plan.describe());
+    assert!(
+        plan.memory.expert_cache - freed < smallest.unwrap(),
+        "{}",
+        plan.describe()
+    );
     assert_eq!(plan.memory.total(), bytes);
     let moe = sizes.experts_per_layer.len() as u64;
-    let misses = (moe * sizes.top_k as u64 * sizes.expert_largest) as f64
-        * (1.0 - plan.expert_fraction);
+    let misses =
+        (moe * sizes.top_k as u64 * sizes.expert_largest) as f64 * (1.0 - plan.expert_fraction);
     assert_eq!(
         plan.disk_per_token,
         trunk.streamed_read_bytes() + misses.round() as u64 + sizes.embed_row
     );
-    assert!(plan.describe().contains("predicted from disk"), "{}", plan.describe());
+    assert!(
+        plan.describe().contains("predicted from disk"),
+        "{}",
+        plan.describe()
+    );
 }
 
 #[test]
@@ -179,12 +199,21 @@ fn a_budget_below_the_minimum_is_refused_with_the_numbers() {
     let one = plan(tight, 0).unwrap();
     let io = one.io_threads as u64;
     assert_eq!(one.trunk.as_ref().unwrap().slots, 1);
-    assert!(io == 1 || 3 * io * sizes.expert_largest <= tight / 10, "{io}");
-    assert!(io == 16 || 3 * 2 * io * sizes.expert_largest > tight / 10, "{io}");
+    assert!(
+        io == 1 || 3 * io * sizes.expert_largest <= tight / 10,
+        "{io}"
+    );
+    assert!(
+        io == 16 || 3 * 2 * io * sizes.expert_largest > tight / 10,
+        "{io}"
+    );
     // Down to one of each where the minimum needs it.
     let min = minimum(&sizes, &flags, 1, 1);
     let last = plan(min, 0).unwrap();
-    assert_eq!((last.trunk.as_ref().unwrap().slots, last.io_threads), (1, 1));
+    assert_eq!(
+        (last.trunk.as_ref().unwrap().slots, last.io_threads),
+        (1, 1)
+    );
     assert_eq!(last.memory.total(), min);
     let error = plan(min - 1, 0).unwrap_err();
     let PlanError::BelowMinimum { minimum: floor, .. } = &error else {
@@ -192,7 +221,13 @@ fn a_budget_below_the_minimum_is_refused_with_the_numbers() {
     };
     assert_eq!(floor.total(), min);
     let message = error.to_string();
-    for needle in [&gb(min - 1), &gb(min), "a test budget", "trunk stream buffers", "--memory-gb"] {
+    for needle in [
+        &gb(min - 1),
+        &gb(min),
+        "a test budget",
+        "trunk stream buffers",
+        "--memory-gb",
+    ] {
         assert!(message.contains(needle), "{needle} not in {message}");
     }
     // The margin comes off the budget first, and is named.
@@ -231,7 +266,15 @@ fn the_flags_override_parts_of_the_plan() {
         .to_string();
     assert!(error.contains("drop --resident-trunk"), "{error}");
     let roomy = min + ckpt_flags.resident_trunk;
-    let plan = Plan::new(&sizes, ckpt_flags, &options(), resident_run, budget(roomy), 0).unwrap();
+    let plan = Plan::new(
+        &sizes,
+        ckpt_flags,
+        &options(),
+        resident_run,
+        budget(roomy),
+        0,
+    )
+    .unwrap();
     assert_eq!(plan.trunk, None);
     assert!(!plan.streams());
     assert_eq!(plan.memory.resident_trunk, ckpt_flags.resident_trunk);
