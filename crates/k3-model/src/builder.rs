@@ -23,7 +23,7 @@ use crate::budget::{MemoryPlan, RunShape};
 use crate::checkpoint::{trunk_tensor_names, validate};
 use crate::config::K3Config;
 use crate::experts::{ExpertOptions, ExpertOptionsError};
-use crate::model::{ExpertPlacement, Model, ModelError};
+use crate::model::{ExpertPlacement, Model, ModelError, ResidentTrunk};
 use crate::plan::{Plan, PlanError, WeightSizes, safety_margin};
 
 /// Everything an engine is built from besides the config and the checkpoint.
@@ -100,6 +100,8 @@ pub enum BuildError {
     Experts(#[from] ExpertOptionsError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
 }
 
 /// An assembled engine: what a [`Model`] is made from, and what the binaries report on.
@@ -116,6 +118,8 @@ pub struct Engine {
     expert_placement: ExpertPlacement,
     /// Where the store's usage counts are saved ([`Engine::save_usage`]).
     usage_path: Option<PathBuf>,
+    /// The trunk tensors the plan keeps resident (models built here share them).
+    resident: Option<Arc<ResidentTrunk>>,
 }
 
 impl Engine {
@@ -202,15 +206,12 @@ impl Engine {
                 .join("/")
         ));
         let nodes: Vec<Option<usize>> = pool.topology().domains.iter().map(|d| d.node).collect();
-        // The flag's copy (the whole trunk), or the plan's share of it.
-        let keep = match &plan.trunk {
-            _ if options.resident_trunk => Some(trunk_tensor_names(&checkpoint, &config)),
-            Some(trunk) if !trunk.resident.is_empty() => Some(trunk.resident.clone()),
-            _ => None,
-        };
-        if let Some(keep) = keep {
+        // The flag's copy (the whole trunk, through the mapping, each domain's rows of every
+        // matrix on its node on real NUMA), or the plan's share of it (read with O_DIRECT).
+        let mut resident = None;
+        if options.resident_trunk {
+            let keep = trunk_tensor_names(&checkpoint, &config);
             let started = Instant::now();
-            // Each domain's rows of every matrix on its node (real NUMA only), as it reads them.
             let bytes = checkpoint.make_resident_placed(
                 |stored| keep.contains(stored),
                 |_, shape, bytes| {
@@ -224,6 +225,15 @@ impl Engine {
                 bytes as f64 / 1e9,
                 started.elapsed().as_secs_f64()
             ));
+        } else if let Some(trunk) = plan.trunk.as_ref().filter(|t| !t.resident.is_empty()) {
+            let started = Instant::now();
+            let loaded = ResidentTrunk::load(&checkpoint, &trunk.resident)?;
+            sink.line(&format!(
+                "resident trunk: {:.2} GB read with O_DIRECT in {:.1} s",
+                loaded.bytes() as f64 / 1e9,
+                started.elapsed().as_secs_f64()
+            ));
+            resident = Some(Arc::new(loaded));
         }
         // Under a plan, the store holds the plan's share of experts, filled at startup.
         let mut experts = options.experts.clone();
@@ -270,6 +280,7 @@ impl Engine {
         }
         Ok(Self {
             usage_path: store.as_ref().and(experts.usage_path(dir)),
+            resident,
             config,
             checkpoint,
             kernels,
@@ -299,9 +310,10 @@ impl Engine {
         match &self.plan.trunk {
             // What the plan does not keep resident is read from disk on an I/O thread on
             // domain 0's CPUs (contract 5), a layer ahead of compute.
-            Some(trunk) if trunk.streams() => model.with_streamed_trunk(
+            Some(trunk) if trunk.streams() || self.resident.is_some() => model.with_planned_trunk(
                 &self.checkpoint,
                 trunk,
+                self.resident.clone(),
                 &self.pool.topology().domains[0].cpus,
             ),
             _ => Ok(model),
@@ -490,6 +502,9 @@ mod tests {
         let trunk = engine.plan.trunk.as_ref().unwrap();
         assert!(trunk.streams() && !trunk.resident.is_empty(), "{trunk:?}");
         assert!(engine.store.is_some());
+        // The resident share was read into one buffer of exactly the planned size.
+        let resident = engine.resident.as_ref().expect("a resident share");
+        assert_eq!(resident.bytes() as u64, engine.plan.memory.resident_trunk);
         assert!(
             lines.iter().any(|l| l.starts_with("resident trunk: ")),
             "{lines:?}"

@@ -86,9 +86,10 @@ pub fn read_bytes(tensors: &[StoredTensor]) -> u64 {
 }
 
 impl StoredTensor {
-    /// Bytes it takes in the resident copy (each tensor starts at a 64-byte boundary).
+    /// Bytes it takes in the resident copy (read alone with `O_DIRECT`: its range rounded
+    /// out to 4 KiB).
     pub fn resident_bytes(&self) -> u64 {
-        self.bytes.next_multiple_of(64)
+        aligned_span(&(self.offset..self.offset + self.bytes as usize)).1 as u64
     }
 }
 

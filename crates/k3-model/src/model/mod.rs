@@ -67,6 +67,7 @@ mod wide;
 
 pub use snapshot::{Snapshot, SnapshotError, state_bytes};
 pub use source::{ExpertBatch, ExpertHooks, ExpertSource, StoreExperts};
+pub use trunk::ResidentTrunk;
 use weights::{Attention, Ffn, Layer};
 use wide::wide;
 
@@ -83,8 +84,8 @@ pub struct Model<'a> {
     final_norm: Vec<f32>,
     output_res_score: Vec<f32>,
     layers: Vec<Layer<'a>>,
-    /// The trunk tensors read from disk every step, where the memory plan streams some
-    /// ([`Model::with_streamed_trunk`]).
+    /// The trunk as the memory plan places it: resident, or read from disk every step
+    /// ([`Model::with_planned_trunk`]).
     trunk: Option<trunk::TrunkStream>,
     /// Where routed experts come from (the checkpoint's mapping, an expert store, ...): one
     /// indirect call per MoE layer and batch of experts (see [`source`]).

@@ -12,6 +12,7 @@
 //! layers, and no weight byte passes through the page cache. The bytes are the file's, so
 //! the logits are the same bits as the mapped run's.
 
+use std::collections::HashSet;
 use std::ops::{Deref, Range};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
@@ -30,6 +31,8 @@ const TRUNK_IO_THREAD: usize = 999;
 
 /// The streamed part of the trunk and the I/O thread that reads it.
 pub(super) struct TrunkStream {
+    /// The tensors kept resident (`None`: none).
+    resident: Option<Arc<ResidentTrunk>>,
     /// Per model layer, then the head: how its streamed tensors are read (`None`: nothing
     /// streamed).
     layers: Vec<Option<LayerReads>>,
@@ -52,6 +55,80 @@ struct LayerReads {
     reads: Arc<Reads>,
     /// `(address of the tensor in the mapping, its length, read index, offset in the read)`.
     tensors: Vec<(usize, usize, usize, usize)>,
+}
+
+/// The trunk tensors the plan keeps resident, read once with `O_DIRECT` into one buffer (no
+/// copy of them stays in the page cache), shared by every model built over the engine.
+#[derive(Debug)]
+pub struct ResidentTrunk {
+    buffer: AlignedBuf,
+    /// `(address of the tensor in the mapping, its length, its offset in the buffer)`, by
+    /// address.
+    tensors: Vec<(usize, usize, usize)>,
+}
+
+impl ResidentTrunk {
+    /// Reads the tensors of `ckpt` whose stored names are `names`, in file order, each from
+    /// a 4 KiB boundary of one new buffer.
+    pub fn load(ckpt: &Checkpoint, names: &HashSet<String>) -> Result<Self> {
+        let mut found = Vec::with_capacity(names.len());
+        for name in names {
+            found.push(ckpt.require(name)?);
+        }
+        found.sort_by(|a, b| (a.path, a.offset).cmp(&(b.path, b.offset)));
+        let mut readers = Vec::new();
+        let mut pieces = Vec::with_capacity(found.len());
+        for t in &found {
+            pieces.push((
+                reader(&mut readers, t.path)?,
+                t.offset..t.offset + t.bytes.len(),
+            ));
+        }
+        let borrowed: Vec<(&ShardReader, Range<usize>)> = pieces
+            .iter()
+            .map(|(r, range)| (&**r, range.clone()))
+            .collect();
+        let (buffer, starts) =
+            read_pieces(&borrowed, None, |_, _| {}).map_err(|e| checkpoint_io(e.path, e.source))?;
+        let mut tensors: Vec<(usize, usize, usize)> = found
+            .iter()
+            .zip(&starts)
+            .map(|(t, &at)| (t.bytes.as_ptr() as usize, t.bytes.len(), at))
+            .collect();
+        tensors.sort_unstable();
+        Ok(Self { buffer, tensors })
+    }
+
+    /// Bytes of the buffer.
+    pub fn bytes(&self) -> usize {
+        self.buffer.len()
+    }
+
+    /// Where `bytes` (a loaded view's) are in the buffer, if they are resident.
+    fn find(&self, bytes: &[u8]) -> Option<&[u8]> {
+        let at = bytes.as_ptr() as usize;
+        let i = self.tensors.partition_point(|&(start, _, _)| start <= at);
+        let &(start, len, offset) = self.tensors.get(i.checked_sub(1)?)?;
+        (at + bytes.len() <= start + len).then(|| {
+            let from = offset + (at - start);
+            &self.buffer[from..from + bytes.len()]
+        })
+    }
+}
+
+/// The reader of `path` among `readers`, opened (with `O_DIRECT`) if it is not there yet.
+fn reader(readers: &mut Vec<Arc<ShardReader>>, path: &std::path::Path) -> Result<Arc<ShardReader>> {
+    if let Some(reader) = readers.iter().find(|r| r.path == path) {
+        return Ok(Arc::clone(reader));
+    }
+    let reader =
+        Arc::new(ShardReader::open(path, true).map_err(|e| checkpoint_io(path.to_owned(), e))?);
+    readers.push(Arc::clone(&reader));
+    Ok(reader)
+}
+
+fn checkpoint_io(path: std::path::PathBuf, source: std::io::Error) -> ModelError {
+    ModelError::Checkpoint(CheckpointError::Io { path, source })
 }
 
 struct Filled {
@@ -112,24 +189,21 @@ impl Drop for TrunkStream {
 }
 
 impl<'a> Model<'a> {
-    /// Streams the trunk tensors `plan` does not keep resident from `ckpt` (the checkpoint this
-    /// model was loaded from): read with `O_DIRECT` on an I/O thread on `io_cpus`, two
-    /// layers' buffers, a layer ahead of compute. Logits are the same bits.
-    pub fn with_streamed_trunk(
+    /// Takes the trunk as `plan` places it: the tensors it keeps resident from `resident`
+    /// ([`ResidentTrunk::load`] of `plan.resident`), the ones it streams read from `ckpt`
+    /// (the checkpoint this model was loaded from) with `O_DIRECT` on an I/O thread on
+    /// `io_cpus`, through `plan.slots` buffers, a unit ahead of compute. Logits are the same
+    /// bits.
+    pub fn with_planned_trunk(
         mut self,
         ckpt: &'a Checkpoint,
         plan: &TrunkPlan,
+        resident: Option<Arc<ResidentTrunk>>,
         io_cpus: &[usize],
     ) -> Result<Self> {
-        if !plan.streams() {
+        if !plan.streams() && resident.is_none() {
             return Ok(self);
         }
-        let io = |source: std::io::Error, path: &std::path::Path| {
-            ModelError::Checkpoint(CheckpointError::Io {
-                path: path.to_owned(),
-                source,
-            })
-        };
         let mut readers: Vec<Arc<ShardReader>> = Vec::new();
         let mut layers = Vec::with_capacity(plan.streamed.len());
         for streamed in &plan.streamed {
@@ -139,16 +213,7 @@ impl<'a> Model<'a> {
             }
             let mut reads: Reads = Vec::new();
             for (path, range) in merged_reads(streamed) {
-                let reader = match readers.iter().find(|r| r.path == path) {
-                    Some(reader) => Arc::clone(reader),
-                    None => {
-                        let reader =
-                            Arc::new(ShardReader::open(&path, true).map_err(|e| io(e, &path))?);
-                        readers.push(Arc::clone(&reader));
-                        reader
-                    }
-                };
-                reads.push((reader, range));
+                reads.push((reader(&mut readers, &path)?, range));
             }
             let mut tensors = Vec::with_capacity(streamed.len());
             for stored in streamed {
@@ -191,41 +256,24 @@ impl<'a> Model<'a> {
             let _ = free.send(AlignedBuf::zeroed(buffer_bytes));
         }
         // Named `k3-io-{TRUNK_IO_THREAD}`, apart from the expert store's `k3-io-0..`.
-        let thread = numa_sched::spawn_io_thread(TRUNK_IO_THREAD, io_cpus, move || {
-            // The streamed layers in layer order, round and round, one per free buffer.
-            for (layer, reads) in order.iter().cycle() {
-                let Ok(buffer) = free_rx.recv() else { return };
-                let pieces: Vec<(&ShardReader, Range<usize>)> = reads
-                    .iter()
-                    .map(|(r, range)| (&**r, range.clone()))
-                    .collect();
-                let result = read_pieces(&pieces, Some(buffer), |_, _| {});
-                if result.is_ok() {
-                    let bytes: usize = reads
-                        .iter()
-                        .map(|(_, r)| expert_store::io::aligned_span(r).1)
-                        .sum();
-                    counter.fetch_add(bytes as u64, Ordering::Relaxed);
-                }
-                if filled_tx
-                    .send(Filled {
-                        layer: *layer,
-                        result,
-                    })
-                    .is_err()
-                {
-                    return;
-                }
-            }
-        })
-        .map_err(|e| io(e, ckpt.dir()))?;
+        let thread = if order.is_empty() {
+            None
+        } else {
+            Some(
+                numa_sched::spawn_io_thread(TRUNK_IO_THREAD, io_cpus, move || {
+                    stream(&order, &free_rx, &filled_tx, &counter)
+                })
+                .map_err(|e| checkpoint_io(ckpt.dir().to_owned(), e))?,
+            )
+        };
         self.trunk = Some(TrunkStream {
+            resident,
             layers,
             free,
             filled: Mutex::new(filled),
             buffer_bytes,
             read,
-            thread: Some(thread),
+            thread,
         });
         Ok(self)
     }
@@ -290,50 +338,89 @@ impl<'a> Model<'a> {
         }
     }
 
-    /// Layer `i`'s weights: as loaded, or relocated into `held` (its stream buffer).
+    /// Layer `i`'s weights: as loaded, or relocated into the resident buffer and `held` (its
+    /// stream buffer).
     pub(super) fn layer_weights<'l>(
         &'l self,
         i: usize,
         held: Option<&'l Held<'_>>,
     ) -> Result<LayerRef<'l, 'a>> {
         let layer = &self.layers[i];
-        Ok(match held {
+        Ok(match &self.trunk {
             None => LayerRef::Loaded(layer),
-            Some(held) => {
-                LayerRef::Streamed(relocated(layer, &|bytes| self.relocate(i, held, bytes))?)
+            Some(trunk) => {
+                LayerRef::Streamed(relocated(layer, &|bytes| trunk.relocate(i, held, bytes))?)
             }
         })
     }
 
-    /// The lm_head: as loaded, or relocated into `held` (the head's stream buffer).
+    /// The lm_head: as loaded, or relocated as [`Model::layer_weights`] does.
     pub(super) fn head_weights<'l>(
         &'l self,
         held: Option<&'l Held<'_>>,
     ) -> Result<WeightMatrix<'l>> {
         let unit = self.layers.len();
-        match held {
+        match &self.trunk {
             None => Ok(self.lm_head),
-            Some(held) => {
-                relocated_matrix(&self.lm_head, &|bytes| self.relocate(unit, held, bytes))
+            Some(trunk) => {
+                relocated_matrix(&self.lm_head, &|bytes| trunk.relocate(unit, held, bytes))
             }
         }
     }
+}
 
-    /// Where `bytes` (a loaded view's, of stream unit `unit`) are in `held`; bytes of a tensor
-    /// not streamed stay where they are.
-    fn relocate<'l>(&'l self, unit: usize, held: &'l Held<'_>, bytes: &'l [u8]) -> &'l [u8] {
-        let Some(Some(reads)) = self.trunk.as_ref().map(|t| &t.layers[unit]) else {
-            return bytes;
-        };
-        let buffer: &[u8] = held.buffer.as_deref().expect("held until dropped");
+impl TrunkStream {
+    /// Where `bytes` (a loaded view's, of stream unit `unit`) are now: in `held` if streamed,
+    /// in the resident buffer if resident, else where they were.
+    fn relocate<'l>(
+        &'l self,
+        unit: usize,
+        held: Option<&'l Held<'_>>,
+        bytes: &'l [u8],
+    ) -> &'l [u8] {
         let at = bytes.as_ptr() as usize;
-        for &(start, len, read, within) in &reads.tensors {
-            if at >= start && at + bytes.len() <= start + len {
-                let from = held.starts[read] + within + (at - start);
-                return &buffer[from..from + bytes.len()];
+        if let (Some(held), Some(reads)) = (held, &self.layers[unit]) {
+            let buffer: &[u8] = held.buffer.as_deref().expect("held until dropped");
+            for &(start, len, read, within) in &reads.tensors {
+                if at >= start && at + bytes.len() <= start + len {
+                    let from = held.starts[read] + within + (at - start);
+                    return &buffer[from..from + bytes.len()];
+                }
             }
         }
-        bytes
+        match &self.resident {
+            Some(resident) => resident.find(bytes).unwrap_or(bytes),
+            None => bytes,
+        }
+    }
+}
+
+/// The I/O thread's loop: the streamed units in order, round and round, one per free buffer,
+/// until the model is dropped.
+fn stream(
+    order: &[(usize, Arc<Reads>)],
+    free: &Receiver<AlignedBuf>,
+    filled: &Sender<Filled>,
+    counter: &AtomicU64,
+) {
+    for (layer, reads) in order.iter().cycle() {
+        let Ok(buffer) = free.recv() else { return };
+        let pieces: Vec<(&ShardReader, Range<usize>)> = reads
+            .iter()
+            .map(|(r, range)| (&**r, range.clone()))
+            .collect();
+        let result = read_pieces(&pieces, Some(buffer), |_, _| {});
+        if result.is_ok() {
+            let bytes: usize = reads
+                .iter()
+                .map(|(_, r)| expert_store::io::aligned_span(r).1)
+                .sum();
+            counter.fetch_add(bytes as u64, Ordering::Relaxed);
+        }
+        let layer = *layer;
+        if filled.send(Filled { layer, result }).is_err() {
+            return;
+        }
     }
 }
 
