@@ -396,7 +396,8 @@ impl<'a> Model<'a> {
             rms_norm(x, Some(w), eps, &mut y);
             y
         };
-        // Each layer's weights from where they are: as loaded, or the stream's buffer.
+        // Each layer's weights from where they are: as loaded, the plan's resident buffer, or
+        // the stream's.
         let mut pass = self.trunk_pass();
         for i in 0..self.layers.len() {
             let held = self.trunk_buffer(&mut pass, i)?;
