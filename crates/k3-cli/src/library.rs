@@ -1,5 +1,5 @@
 //! The flags every binary takes for the libraries' options ([`library_flags`]: threads, kernel
-//! tier, resident trunk, the expert store's flags, NUMA placement) and the one place their
+//! tier, memory budget, resident trunk, the expert store's flags, NUMA placement) and the one place their
 //! values reach [`EngineOptions`] ([`apply_library_flags`]). The libraries themselves parse
 //! no flags.
 
@@ -69,6 +69,14 @@ pub fn library_flags() -> Vec<Flag> {
             "the best this CPU supports",
             performance,
             "kernel tier for MXFP4: scalar, avx512, avx512-bf16 or avx512-vnni",
+        ),
+        Flag::value(
+            "memory-gb",
+            "G",
+            non_negative,
+            "the smaller of MemAvailable and the cgroup's headroom, less a safety margin (printed)",
+            performance,
+            "gigabytes this run may use; a model larger than that streams what the plan does not keep resident",
         ),
         Flag::switch(
             "resident-trunk",
@@ -204,6 +212,9 @@ pub fn apply_library_flags(parsed: &Parsed, options: &mut EngineOptions) -> Resu
     }
     pool.hyperthreads |= parsed.switch("hyperthreads");
     options.resident_trunk |= parsed.switch("resident-trunk");
+    if let Some(gb) = parsed.get_f64("memory-gb")? {
+        options.memory_bytes = Some((gb * 1e9) as u64);
+    }
     if let Some(tier) = parsed.get_str("kernel-tier") {
         options.kernel_tier = Some(
             tier.parse()

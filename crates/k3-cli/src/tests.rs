@@ -271,6 +271,8 @@ fn library_flags_reach_the_engine_options() {
         "--io-threads",
         "4",
         "--resident-trunk",
+        "--memory-gb",
+        "3.5",
         "--kernel-tier",
         "scalar",
         "--port",
@@ -296,6 +298,7 @@ fn library_flags_reach_the_engine_options() {
     assert_eq!(experts.policy(), expert_store::Policy::Lru);
     assert_eq!(experts.io_threads, 4);
     assert!(options.resident_trunk);
+    assert_eq!(options.memory_bytes, Some(3_500_000_000));
     assert_eq!(options.kernel_tier, Some(mxfp4_kernels::Tier::Scalar));
     let p = run(&["--expert-cache", "0", "--expert-policy=usage"]).unwrap();
     apply_library_flags(&p, &mut options).unwrap();
@@ -309,6 +312,7 @@ fn library_flags_reach_the_engine_options() {
     apply_library_flags(&Parsed::default(), &mut options).unwrap();
     assert_eq!(options.pool, numa_sched::PoolOptions::default());
     assert!(!options.resident_trunk && options.kernel_tier.is_none());
+    assert_eq!(options.memory_bytes, None);
     assert!(!options.experts.wants_store() && options.experts.usage_cache);
     // Two capacities are one mistake, refused before anything loads.
     let p = run(&["--expert-cache", "4", "--expert-cache-gb", "1"]).unwrap();

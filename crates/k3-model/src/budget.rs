@@ -32,6 +32,8 @@ pub struct RunShape {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MemoryPlan {
     pub resident_trunk: u64,
+    /// Buffers the streamed part of the trunk is read into (`plan::STREAM_SLOTS` layers).
+    pub trunk_buffers: u64,
     pub expert_cache: u64,
     pub io_buffers: u64,
     /// MLA latent cache (latent and rope key rows, f32) of every sequence at `ctx` tokens.
@@ -110,6 +112,7 @@ impl MemoryPlan {
             .sum();
         Ok(Self {
             resident_trunk,
+            trunk_buffers: 0,
             expert_cache,
             io_buffers,
             kv_cache,
@@ -120,6 +123,7 @@ impl MemoryPlan {
 
     pub fn total(&self) -> u64 {
         self.resident_trunk
+            + self.trunk_buffers
             + self.expert_cache
             + self.io_buffers
             + self.kv_cache
@@ -130,8 +134,12 @@ impl MemoryPlan {
     /// Each class in GB, then the total.
     pub fn describe(&self) -> String {
         format!(
-            "resident trunk {} + expert cache {} + I/O buffers {} + KV cache {} + KDA state {} + f32 copies {} = {}",
+            "resident trunk {}{} + expert cache {} + I/O buffers {} + KV cache {} + KDA state {} + f32 copies {} = {}",
             gb(self.resident_trunk),
+            match self.trunk_buffers {
+                0 => String::new(),
+                b => format!(" + trunk stream buffers {}", gb(b)),
+            },
             gb(self.expert_cache),
             gb(self.io_buffers),
             gb(self.kv_cache),
@@ -181,7 +189,7 @@ fn expert_bytes(
 }
 
 /// Bytes in GB, with three significant digits down to a MB.
-fn gb(bytes: u64) -> String {
+pub(crate) fn gb(bytes: u64) -> String {
     let gb = bytes as f64 / 1e9;
     match gb {
         0.0 => "0 GB".into(),

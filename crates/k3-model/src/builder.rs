@@ -19,11 +19,12 @@ use expert_store::{Checkpoint, CheckpointError, ExpertStore, StoreError};
 use mxfp4_kernels::{Kernels, Tier};
 use numa_sched::{Pool, PoolOptions, Ranks, RanksError};
 
-use crate::budget::{MemoryPlan, OverBudget, RunShape};
+use crate::budget::{MemoryPlan, RunShape};
 use crate::checkpoint::{trunk_tensor_names, validate};
 use crate::config::K3Config;
 use crate::experts::{ExpertOptions, ExpertOptionsError};
-use crate::model::{ExpertPlacement, Model, ModelError};
+use crate::model::{ExpertPlacement, Model, ModelError, ResidentTrunk};
+use crate::plan::{Plan, PlanError, WeightSizes, safety_margin};
 
 /// Everything an engine is built from besides the config and the checkpoint.
 #[derive(Debug, Clone)]
@@ -48,6 +49,9 @@ pub struct EngineOptions {
     pub ctx: usize,
     /// The processes the engine's rows are split over (one, unless under `mpirun`).
     pub ranks: Arc<Ranks>,
+    /// The memory the run may use, in bytes (`--memory-gb`; `None`: the smaller of the host's
+    /// available memory and the process's cgroup headroom, less [`safety_margin`]).
+    pub memory_bytes: Option<u64>,
 }
 
 impl Default for EngineOptions {
@@ -62,6 +66,7 @@ impl Default for EngineOptions {
             max_batch: 1,
             ctx: 4096,
             ranks: Arc::new(Ranks::single()),
+            memory_bytes: None,
         }
     }
 }
@@ -89,7 +94,7 @@ pub enum BuildError {
     #[error("--scan: {0}")]
     Scan(#[from] ScanError),
     #[error(transparent)]
-    OverBudget(#[from] Box<OverBudget>),
+    Plan(#[from] PlanError),
     #[error(transparent)]
     Kernel(#[from] mxfp4_kernels::Error),
     #[error("worker pool: {0}")]
@@ -100,6 +105,8 @@ pub enum BuildError {
     Experts(#[from] ExpertOptionsError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
 }
 
 /// An assembled engine: what a [`Model`] is made from, and what the binaries report on.
@@ -111,37 +118,60 @@ pub struct Engine {
     pub pool: Arc<Pool>,
     /// The expert store, where the options ask for one (placed, and preloaded if asked).
     pub store: Option<Arc<ExpertStore>>,
-    /// The memory plan the budget was checked against.
-    pub plan: MemoryPlan,
+    /// The memory plan: the budget split over the run's memory.
+    pub plan: Plan,
     expert_placement: ExpertPlacement,
     /// Where the store's usage counts are saved ([`Engine::save_usage`]).
     usage_path: Option<PathBuf>,
+    /// The trunk tensors the plan keeps resident (models built here share them).
+    resident: Option<Arc<ResidentTrunk>>,
 }
 
 impl Engine {
-    /// Builds the engine over the checkpoint in `dir`, its memory plan checked against
-    /// [`expert_store::io::memory_budget`].
+    /// Builds the engine over the checkpoint in `dir`, its memory planned within
+    /// `options.memory_bytes`, or else [`expert_store::io::memory_budget`] less
+    /// [`safety_margin`].
     pub fn build(
         dir: &Path,
         config: K3Config,
         options: &EngineOptions,
         sink: &mut dyn BuildSink,
     ) -> Result<Self, BuildError> {
-        Self::build_within(
-            dir,
-            config,
-            options,
-            expert_store::io::memory_budget(),
-            sink,
-        )
+        let (budget, margin) = match options.memory_bytes {
+            Some(bytes) => (
+                Some(MemoryBudget {
+                    bytes,
+                    source: "--memory-gb".into(),
+                }),
+                0,
+            ),
+            None => {
+                let budget = expert_store::io::memory_budget();
+                let margin = budget.as_ref().map_or(0, |b| safety_margin(b.bytes));
+                (budget, margin)
+            }
+        };
+        Self::build_planned(dir, config, options, budget, margin, sink)
     }
 
-    /// [`Engine::build`] against a given budget (`None`: unknown, nothing is refused).
+    /// [`Engine::build`] against a given budget taken as it is (`None`: unknown, nothing is
+    /// planned or refused).
     pub fn build_within(
         dir: &Path,
         config: K3Config,
         options: &EngineOptions,
         budget: Option<MemoryBudget>,
+        sink: &mut dyn BuildSink,
+    ) -> Result<Self, BuildError> {
+        Self::build_planned(dir, config, options, budget, 0, sink)
+    }
+
+    fn build_planned(
+        dir: &Path,
+        config: K3Config,
+        options: &EngineOptions,
+        budget: Option<MemoryBudget>,
+        margin: u64,
         sink: &mut dyn BuildSink,
     ) -> Result<Self, BuildError> {
         let mut checkpoint = Checkpoint::open(dir)?;
@@ -162,7 +192,9 @@ impl Engine {
             max_batch: options.max_batch,
             ctx: options.ctx,
         };
-        let plan = MemoryPlan::new(&checkpoint, &config, &options.experts, run)?.check(budget)?;
+        let flags = MemoryPlan::new(&checkpoint, &config, &options.experts, run)?;
+        let sizes = WeightSizes::new(&checkpoint, &config)?;
+        let plan = Plan::new(&sizes, flags, &options.experts, run, budget, margin)?;
         sink.line(&format!("memory plan: {}", plan.describe()));
         let kernels = match options.kernel_tier {
             Some(tier) => Kernels::new(tier)?,
@@ -180,13 +212,14 @@ impl Engine {
                 .join("/")
         ));
         let nodes: Vec<Option<usize>> = pool.topology().domains.iter().map(|d| d.node).collect();
+        // The flag's copy (the whole trunk, through the mapping, each domain's rows of every
+        // matrix on its node on real NUMA), or the plan's share of it (read with O_DIRECT).
+        let mut resident = None;
         if options.resident_trunk {
-            // Stored names, whatever the format (an MXFP4 linear is two tensors).
-            let trunk = trunk_tensor_names(&checkpoint, &config);
+            let keep = trunk_tensor_names(&checkpoint, &config);
             let started = Instant::now();
-            // Each domain's rows of every matrix on its node (real NUMA only), as it reads them.
             let bytes = checkpoint.make_resident_placed(
-                |stored| trunk.contains(stored),
+                |stored| keep.contains(stored),
                 |_, shape, bytes| {
                     if let [rows, _] = shape {
                         numa_sched::memory::bind_row_split(bytes, *rows, &nodes);
@@ -198,9 +231,27 @@ impl Engine {
                 bytes as f64 / 1e9,
                 started.elapsed().as_secs_f64()
             ));
+        } else if let Some(trunk) = plan.trunk.as_ref().filter(|t| !t.resident.is_empty()) {
+            let started = Instant::now();
+            let loaded = ResidentTrunk::load(&checkpoint, &trunk.resident)?;
+            sink.line(&format!(
+                "resident trunk: {:.2} GB read with O_DIRECT in {:.1} s",
+                loaded.bytes() as f64 / 1e9,
+                started.elapsed().as_secs_f64()
+            ));
+            resident = Some(Arc::new(loaded));
         }
-        let store = options
-            .experts
+        // Under a plan, the store holds the plan's share of experts, filled at startup.
+        let mut experts = options.experts.clone();
+        if let Some(bytes) = plan.expert_cache
+            && experts.cache_experts.is_none()
+            && experts.cache_bytes.is_none()
+        {
+            experts.cache_bytes = Some(bytes);
+            experts.preload = true;
+        }
+        experts.io_threads = plan.io_threads;
+        let store = experts
             .open(
                 &checkpoint,
                 &config,
@@ -222,7 +273,7 @@ impl Engine {
             sink.line(&format!(
                 "expert store: {:?}, {} I/O threads, {}",
                 store,
-                options.experts.io_threads,
+                experts.io_threads,
                 if store.is_direct() {
                     "O_DIRECT reads"
                 } else {
@@ -231,7 +282,7 @@ impl Engine {
             ));
             // Experts get home domains (balanced by the usage file's counts) before any load.
             store.place(nodes, options.expert_placement == ExpertPlacement::Split);
-            if options.experts.preload {
+            if experts.preload {
                 let report = store.preload(|p| sink.preload_progress(p))?;
                 sink.line(&format!(
                     "preloaded {} experts, {:.2} GB in {:.1} s ({:.2} GB/s)",
@@ -243,7 +294,8 @@ impl Engine {
             }
         }
         Ok(Self {
-            usage_path: store.as_ref().and(options.experts.usage_path(dir)),
+            usage_path: store.as_ref().and(experts.usage_path(dir)),
+            resident,
             config,
             checkpoint,
             kernels,
@@ -255,7 +307,8 @@ impl Engine {
     }
 
     /// The model over this engine: its experts from the store where there is one (else
-    /// through the file mapping), its work on the pool, experts placed as the options said.
+    /// through the file mapping), its work on the pool, experts placed as the options said,
+    /// the trunk the plan does not keep resident streamed from disk.
     pub fn model(&self) -> Result<Model<'_>, ModelError> {
         let model = match &self.store {
             Some(store) => Model::with_expert_store(
@@ -266,9 +319,20 @@ impl Engine {
             )?,
             None => Model::new(&self.checkpoint, &self.config, self.kernels)?,
         };
-        Ok(model
+        let model = model
             .with_pool(Arc::clone(&self.pool))
-            .with_expert_placement(self.expert_placement))
+            .with_expert_placement(self.expert_placement);
+        match &self.plan.trunk {
+            // What the plan does not keep resident is read from disk on an I/O thread on
+            // domain 0's CPUs (contract 5), a layer ahead of compute.
+            Some(trunk) if trunk.streams() || self.resident.is_some() => model.with_planned_trunk(
+                &self.checkpoint,
+                trunk,
+                self.resident.clone(),
+                &self.pool.topology().domains[0].cpus,
+            ),
+            _ => Ok(model),
+        }
     }
 
     /// Saves the store's expert use counts for the next start's preload order and policy:
@@ -342,7 +406,7 @@ mod tests {
     fn residency_and_placement_keep_the_logits_bits() {
         let tiny = Tiny::new("bits");
         let (mapped, lines) = tiny.build(&options(1));
-        assert!(mapped.store.is_none() && mapped.plan.resident_trunk == 0);
+        assert!(mapped.store.is_none() && mapped.plan.memory.resident_trunk == 0);
         assert!(
             lines.iter().any(|l| l.starts_with("memory plan: ")),
             "{lines:?}"
@@ -363,7 +427,7 @@ mod tests {
         resident.resident_trunk = true;
         resident.experts.preload = true;
         let (engine, lines) = tiny.build(&resident);
-        assert!(engine.plan.resident_trunk > 0, "{:?}", engine.plan);
+        assert!(engine.plan.memory.resident_trunk > 0, "{:?}", engine.plan);
         assert!(engine.store.is_some());
         for start in ["resident trunk: ", "expert store: ", "preloaded "] {
             assert!(
@@ -376,41 +440,91 @@ mod tests {
         assert!(engine.save_usage().is_none());
     }
 
-    /// A plan one byte over the budget is refused with the plan's numbers and the budget's
-    /// source; at the budget exactly it is built.
+    /// A budget one byte below the plan's minimum is refused with the numbers and the
+    /// budget's source; at the minimum the engine is built with the trunk streamed and the
+    /// experts read on every use, and the logits keep their bits.
     #[test]
     fn a_budget_too_small_is_refused_with_numbers() {
         let tiny = Tiny::new("budget");
-        let mut options = options(1);
-        options.resident_trunk = true;
-        let (engine, _) = tiny.build(&options);
-        let plan = engine.plan;
-        drop(engine);
+        let options = options(1);
+        let (mapped, _) = tiny.build(&options);
+        let expected = fingerprints(&mapped);
+        drop(mapped);
         let budget = |bytes| {
             Some(MemoryBudget {
                 bytes,
                 source: "a test budget".into(),
             })
         };
-        let build = |bytes| {
+        let build = |bytes, lines: &mut Vec<String>| {
             Engine::build_within(
                 &tiny.0,
                 tiny.1.clone(),
                 &options,
                 budget(bytes),
-                &mut |_: &str| {},
+                &mut |line: &str| lines.push(line.to_owned()),
             )
         };
-        let error = build(plan.total() - 1).unwrap_err();
-        let BuildError::OverBudget(over) = &error else {
+        let error = build(1, &mut Vec::new()).unwrap_err();
+        let BuildError::Plan(PlanError::BelowMinimum { minimum, .. }) = &error else {
             panic!("{error}")
         };
-        assert_eq!(over.plan, plan);
+        let minimum = minimum.total();
+        let error = build(minimum - 1, &mut Vec::new()).unwrap_err();
         let message = error.to_string();
-        assert!(message.contains(&plan.describe()), "{message}");
+        assert!(message.contains("is below this run's minimum"), "{message}");
         assert!(message.contains("a test budget"), "{message}");
-        assert!(message.contains("or drop --resident-trunk"), "{message}");
-        assert!(build(plan.total()).is_ok());
+        let mut lines = Vec::new();
+        let engine = build(minimum, &mut lines).unwrap();
+        assert!(engine.plan.streams(), "{}", engine.plan.describe());
+        assert_eq!(engine.plan.memory.total(), minimum);
+        let plan_line = lines.iter().find(|l| l.starts_with("memory plan: "));
+        assert!(
+            plan_line.is_some_and(|l| l.contains("predicted from disk")),
+            "{lines:?}"
+        );
+        // The streamed layers came from disk: every pass read the streamed trunk (the stream
+        // runs up to two layers ahead, so at least the passes made, at most two layers more).
+        let model = engine.model().unwrap();
+        let mut session = model.session();
+        let tokens = [5, 17, 42, 7, 300, 2];
+        let logits = model.score(&mut session, &tokens, 1).unwrap();
+        let got: Vec<u64> = logits.iter().map(|l| fingerprint(l)).collect();
+        assert_eq!(got, expected);
+        let streamed = engine.plan.trunk.as_ref().unwrap().streamed_read_bytes();
+        let read = model.streamed_trunk_bytes();
+        assert!(
+            read >= tokens.len() as u64 * streamed && read <= (tokens.len() as u64 + 1) * streamed,
+            "{read} bytes read for {} passes of {streamed}",
+            tokens.len()
+        );
+        drop(model);
+        drop(engine);
+        // Half the layers' trunk resident, the rest streamed, what is left to the expert
+        // cache (preloaded): the same bits.
+        let sizes = {
+            let ckpt = Checkpoint::open(&tiny.0).unwrap();
+            WeightSizes::new(&ckpt, &tiny.1).unwrap()
+        };
+        let layers: u64 = sizes
+            .layers
+            .iter()
+            .flatten()
+            .map(crate::plan::StoredTensor::resident_bytes)
+            .sum();
+        let mut lines = Vec::new();
+        let engine = build(minimum + layers / 2, &mut lines).unwrap();
+        let trunk = engine.plan.trunk.as_ref().unwrap();
+        assert!(trunk.streams() && !trunk.resident.is_empty(), "{trunk:?}");
+        assert!(engine.store.is_some());
+        // The resident share was read into one buffer of exactly the planned size.
+        let resident = engine.resident.as_ref().expect("a resident share");
+        assert_eq!(resident.bytes() as u64, engine.plan.memory.resident_trunk);
+        assert!(
+            lines.iter().any(|l| l.starts_with("resident trunk: ")),
+            "{lines:?}"
+        );
+        assert_eq!(fingerprints(&engine), expected);
     }
 
     /// With the store and the usage cache on, the counts go to the usage file at the path

@@ -5,7 +5,7 @@
 //! checkpoint against the config; [`synth`], synthetic checkpoints in the release's layout;
 //! [`ops`], the forward pass's primitives (norms, AttnRes mix, router, KDA gate/conv/step);
 //! [`model`], the forward pass and `Session`; [`profile`], its wall time by bucket; [`experts`], the expert-store options the
-//! binaries share; [`budget`], the memory plan checked at startup; [`census`], bytes per
+//! binaries share; [`budget`], the memory plan checked at startup; [`plan`], the budget split over it; [`census`], bytes per
 //! storage format and tensor class.
 
 pub mod budget;
@@ -18,6 +18,7 @@ pub mod experts;
 pub mod inventory;
 pub mod model;
 pub mod ops;
+pub mod plan;
 pub mod profile;
 pub mod sampling;
 pub mod shares;

@@ -62,11 +62,13 @@ mod mla;
 mod moe;
 pub mod snapshot;
 mod source;
+mod trunk;
 mod weights;
 mod wide;
 
 pub use snapshot::{Snapshot, SnapshotError, state_bytes};
 pub use source::{ExpertBatch, ExpertHooks, ExpertSource, StoreExperts};
+pub use trunk::ResidentTrunk;
 use weights::{Attention, Ffn, Layer};
 use wide::wide;
 
@@ -83,6 +85,9 @@ pub struct Model<'a> {
     final_norm: Vec<f32>,
     output_res_score: Vec<f32>,
     layers: Vec<Layer<'a>>,
+    /// The trunk as the memory plan places it: resident, or read from disk every step
+    /// ([`Model::with_planned_trunk`]).
+    trunk: Option<trunk::TrunkStream>,
     /// Where routed experts come from (the checkpoint's mapping, an expert store, ...): one
     /// indirect call per MoE layer and batch of experts (see [`source`]).
     experts: Box<dyn ExpertSource + 'a>,
@@ -388,7 +393,13 @@ impl<'a> Model<'a> {
             rms_norm(x, Some(w), eps, &mut y);
             y
         };
-        for (i, layer) in self.layers.iter().enumerate() {
+        // Each layer's weights from where they are: as loaded, the plan's resident buffer, or
+        // the stream's.
+        let mut pass = self.trunk_pass();
+        for i in 0..self.layers.len() {
+            let held = self.trunk_buffer(&mut pass, i)?;
+            let layer = self.layer_weights(i, held.as_ref())?;
+            let layer = &*layer;
             let restart = c.layers[i].attn_res_snapshot;
             let mut raw = Vec::with_capacity(tokens.len());
             let mut normed = Vec::with_capacity(tokens.len());
@@ -481,7 +492,9 @@ impl<'a> Model<'a> {
         let mut logits = if finals.is_empty() {
             Vec::new().into_iter()
         } else {
-            self.timed(Bucket::LmHead, || self.gemm(&self.lm_head, &finals))?
+            let held = self.trunk_buffer(&mut pass, self.layers.len())?;
+            let lm_head = self.head_weights(held.as_ref())?;
+            self.timed(Bucket::LmHead, || self.gemm(&lm_head, &finals))?
                 .into_iter()
         };
         Ok(groups

@@ -23,23 +23,23 @@ pub(super) struct Kda<'a> {
     pub(super) v: WeightMatrix<'a>,
     pub(super) g: WeightMatrix<'a>,
     pub(super) o: WeightMatrix<'a>,
-    pub(super) conv: [Vec<f32>; 3],
+    pub(super) conv: [Arc<[f32]>; 3],
     pub(super) f_a: WeightMatrix<'a>,
     pub(super) f_b: WeightMatrix<'a>,
     pub(super) b: WeightMatrix<'a>,
-    pub(super) a_log: Vec<f32>,
-    pub(super) dt_bias: Vec<f32>,
-    pub(super) o_norm: Vec<f32>,
+    pub(super) a_log: Arc<[f32]>,
+    pub(super) dt_bias: Arc<[f32]>,
+    pub(super) o_norm: Arc<[f32]>,
 }
 
 pub(super) struct Mla<'a> {
     pub(super) q_a: WeightMatrix<'a>,
-    pub(super) q_a_norm: Vec<f32>,
+    pub(super) q_a_norm: Arc<[f32]>,
     pub(super) q_b: WeightMatrix<'a>,
     pub(super) kv_a: WeightMatrix<'a>,
-    pub(super) kv_a_norm: Vec<f32>,
+    pub(super) kv_a_norm: Arc<[f32]>,
     /// `kv_b_proj` widened to f32, `[heads * (nope + v), kv_lora_rank]` (read transposed).
-    pub(super) kv_b: Vec<f32>,
+    pub(super) kv_b: Arc<[f32]>,
     pub(super) g: Option<WeightMatrix<'a>>,
     pub(super) o: WeightMatrix<'a>,
 }
@@ -50,10 +50,13 @@ pub(super) struct Mlp<'a> {
     pub(super) down: WeightMatrix<'a>,
 }
 
+/// The latent down-projection, the latent norm (if the config has one), the up-projection.
+pub(super) type Latent<'a> = (WeightMatrix<'a>, Option<Arc<[f32]>>, WeightMatrix<'a>);
+
 pub(super) struct Moe<'a> {
     pub(super) router: WeightMatrix<'a>,
-    pub(super) bias: Vec<f32>,
-    pub(super) latent: Option<(WeightMatrix<'a>, Option<Vec<f32>>, WeightMatrix<'a>)>,
+    pub(super) bias: Arc<[f32]>,
+    pub(super) latent: Option<Latent<'a>>,
     pub(super) shared: Option<Mlp<'a>>,
     /// The checkpoint's layer index (the expert source's key).
     pub(super) layer: usize,
@@ -73,11 +76,11 @@ pub(super) enum Ffn<'a> {
 }
 
 pub(super) struct Layer<'a> {
-    pub(super) input_norm: Vec<f32>,
-    pub(super) post_norm: Vec<f32>,
+    pub(super) input_norm: Arc<[f32]>,
+    pub(super) post_norm: Arc<[f32]>,
     /// `self_attention_res_norm ⊙ self_attention_res_proj`, folded once.
-    pub(super) attn_res_score: Vec<f32>,
-    pub(super) mlp_res_score: Vec<f32>,
+    pub(super) attn_res_score: Arc<[f32]>,
+    pub(super) mlp_res_score: Arc<[f32]>,
     pub(super) attention: Attention<'a>,
     pub(super) ffn: Ffn<'a>,
 }
@@ -93,14 +96,14 @@ impl<'a> Model<'a> {
     ) -> Result<Self> {
         let c = config;
         let d = c.hidden_size;
-        let vec = |name: &str, n: usize| ckpt.f32_values(name, &[n]);
+        let vec = |name: &str, n: usize| ckpt.f32_values(name, &[n]).map(Arc::<[f32]>::from);
         let row = |name: &str, n: usize| ckpt.f32_values(name, &[1, n]);
         let linear = |name: &str, rows: usize, cols: usize| ckpt.linear(name, rows, cols);
-        let fold = |norm: Vec<f32>, proj: Vec<f32>| {
+        let fold = |norm: Arc<[f32]>, proj: Vec<f32>| {
             norm.iter()
                 .zip(&proj)
                 .map(|(a, b)| a * b)
-                .collect::<Vec<f32>>()
+                .collect::<Arc<[f32]>>()
         };
         let mut layers = Vec::with_capacity(c.num_layers());
         // By checkpoint layer: the mapped experts (none for dense layers or with a `source`).
@@ -113,7 +116,8 @@ impl<'a> Model<'a> {
                     let (h, k) = (c.kda.num_heads, c.kda.head_dim);
                     let w = c.kda_width();
                     let taps = c.kda.conv_kernel;
-                    let conv = |name: &str| ckpt.f32_values(name, &[w, 1, taps]);
+                    let conv =
+                        |name: &str| ckpt.f32_values(name, &[w, 1, taps]).map(Arc::<[f32]>::from);
                     Attention::Kda(Kda {
                         q: linear(&n.q, w, d)?,
                         k: linear(&n.k, w, d)?,
@@ -124,7 +128,7 @@ impl<'a> Model<'a> {
                         f_a: linear(&n.f_a, k, d)?,
                         f_b: linear(&n.f_b, w, k)?,
                         b: linear(&n.b, h, d)?,
-                        a_log: a_log(ckpt, c, i)?,
+                        a_log: a_log(ckpt, c, i)?.into(),
                         dt_bias: vec(&n.dt_bias, w)?,
                         o_norm: vec(&n.o_norm, k)?,
                     })
@@ -144,7 +148,7 @@ impl<'a> Model<'a> {
                         q_b: linear(&n.q_b, m.num_heads * qk, m.q_lora_rank)?,
                         kv_a: linear(&n.kv_a, m.kv_lora_rank + m.qk_rope_head_dim, d)?,
                         kv_a_norm: vec(&n.kv_a_norm, m.kv_lora_rank)?,
-                        kv_b,
+                        kv_b: kv_b.into(),
                         g: if m.output_gate {
                             Some(linear(&n.g, v_width, d)?)
                         } else {
@@ -218,9 +222,10 @@ impl<'a> Model<'a> {
             },
             embed: linear(EMBED_TOKENS, c.vocab_size, d)?,
             lm_head: linear(LM_HEAD, c.vocab_size, d)?,
-            final_norm: vec(FINAL_NORM, d)?,
-            output_res_score: fold(vec(OUTPUT_RES_NORM, d)?, row(OUTPUT_RES_PROJ, d)?),
+            final_norm: vec(FINAL_NORM, d)?.to_vec(),
+            output_res_score: fold(vec(OUTPUT_RES_NORM, d)?, row(OUTPUT_RES_PROJ, d)?).to_vec(),
             layers,
+            trunk: None,
             experts: source.unwrap_or_else(|| Box::new(MappedExperts { layers: mapped })),
             expert_placement: ExpertPlacement::default(),
             profile: None,
