@@ -4,19 +4,27 @@
 use super::*;
 use crate::synth::{Preset, SynthOptions, generate};
 
-/// The tiny checkpoint's sizes and the plan of its flags (nothing asked for: mapped).
-fn tiny(tag: &str) -> (WeightSizes, MemoryPlan, K3Config) {
+/// `f` over a freshly generated tiny checkpoint (removed after).
+fn with_tiny<T>(tag: &str, f: impl FnOnce(&Checkpoint, &K3Config) -> T) -> T {
     let dir = std::env::temp_dir().join(format!("k3-plan-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let config = generate(&dir, &SynthOptions::new(Preset::Tiny))
         .unwrap()
         .config;
     let ckpt = Checkpoint::open(&dir).unwrap();
-    let sizes = WeightSizes::new(&ckpt, &config).unwrap();
-    let flags = MemoryPlan::new(&ckpt, &config, &options(), run()).unwrap();
+    let out = f(&ckpt, &config);
     drop(ckpt);
     let _ = std::fs::remove_dir_all(&dir);
-    (sizes, flags, config)
+    out
+}
+
+/// The tiny checkpoint's sizes and the plan of its flags (nothing asked for: mapped).
+fn tiny(tag: &str) -> (WeightSizes, MemoryPlan, K3Config) {
+    with_tiny(tag, |ckpt, config| {
+        let sizes = WeightSizes::new(ckpt, config).unwrap();
+        let flags = MemoryPlan::new(ckpt, config, &options(), run()).unwrap();
+        (sizes, flags, config.clone())
+    })
 }
 
 fn options() -> ExpertOptions {
@@ -65,35 +73,30 @@ fn minimum(sizes: &WeightSizes, flags: &MemoryPlan, slots: u64, io_threads: usiz
 
 #[test]
 fn the_sizes_partition_the_checkpoint() {
-    let dir = std::env::temp_dir().join(format!("k3-plan-sizes-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let config = generate(&dir, &SynthOptions::new(Preset::Tiny))
-        .unwrap()
-        .config;
-    let ckpt = Checkpoint::open(&dir).unwrap();
-    let sizes = WeightSizes::new(&ckpt, &config).unwrap();
-    let stored: u64 = sizes
-        .head
-        .iter()
-        .chain(sizes.layers.iter().flatten())
-        .map(|t| t.bytes)
-        .sum();
-    let experts: u64 = ckpt
-        .tensor_names()
-        .filter(|n| n.contains(".experts."))
-        .map(|n| ckpt.tensor(n).unwrap().bytes.len() as u64)
-        .sum();
-    // Trunk + embedding + experts = every byte of tensor data.
-    assert_eq!(stored + sizes.embed + experts, ckpt.data_bytes() as u64);
-    assert_eq!(sizes.layers.len(), config.num_layers());
-    assert!(sizes.expert_total >= experts, "buffers round out to pages");
-    for layer in &sizes.layers {
-        assert!(
-            layer.windows(2).all(|w| w[0].offset < w[1].offset),
-            "file order"
-        );
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+    with_tiny("sizes", |ckpt, config| {
+        let sizes = WeightSizes::new(ckpt, config).unwrap();
+        let stored: u64 = sizes
+            .head
+            .iter()
+            .chain(sizes.layers.iter().flatten())
+            .map(|t| t.bytes)
+            .sum();
+        let experts: u64 = ckpt
+            .tensor_names()
+            .filter(|n| n.contains(".experts."))
+            .map(|n| ckpt.tensor(n).unwrap().bytes.len() as u64)
+            .sum();
+        // Trunk + embedding + experts = every byte of tensor data.
+        assert_eq!(stored + sizes.embed + experts, ckpt.data_bytes() as u64);
+        assert_eq!(sizes.layers.len(), config.num_layers());
+        assert!(sizes.expert_total >= experts, "buffers round out to pages");
+        for layer in &sizes.layers {
+            assert!(
+                layer.windows(2).all(|w| w[0].offset < w[1].offset),
+                "file order"
+            );
+        }
+    });
 }
 
 #[test]
