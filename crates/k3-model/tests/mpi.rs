@@ -291,3 +291,26 @@ fn rank_pid(rank: usize, model: &Path) -> Option<i32> {
     }
     None
 }
+
+#[test]
+fn the_expert_store_is_refused_with_several_ranks() {
+    let model = checkpoint(Preset::Tiny, 6);
+    let mut c = mpirun();
+    c.args(["-np", "2"]).arg(bench()).args([
+        "--model",
+        &model.path().display().to_string(),
+        "--steps",
+        "2",
+        "--probe-mb",
+        "0",
+        "--expert-cache",
+        "2",
+    ]);
+    let output = c.output().expect("mpirun could not start");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "the store was accepted");
+    assert!(
+        stderr.contains("the expert store") && stderr.contains("not supported with several ranks"),
+        "{stderr}"
+    );
+}
