@@ -301,7 +301,7 @@ fn main() -> Result<()> {
         .filter_level(log::LevelFilter::Warn)
         .format_timestamp(None)
         .init();
-    let ranks = ranks::join()?;
+    let ranks = Arc::new(numa_sched::Ranks::join()?);
     let leader = ranks.is_leader();
     let table = bench_flags();
     let args = match parse(&table, std::env::args().skip(1)) {

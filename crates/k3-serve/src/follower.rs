@@ -1,23 +1,13 @@
-//! k3-serve under `mpirun`: which rank this process is, and the part of every rank but 0,
+//! k3-serve under `mpirun`: the part of every rank but 0,
 //! which runs the forward pass on its share of the rows and nothing else (rank 0 holds the
 //! HTTP server, the tokenizer, the sequences and sampling).
 
 use std::path::Path;
-use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use k3_model::builder::{Engine, EngineOptions};
 use k3_model::config::K3Config;
 use k3_model::shares::RankShare;
-use numa_sched::Ranks;
-
-/// This process's ranks: the MPI job it was started in (with the `mpi` feature), else one.
-pub(crate) fn join() -> Result<Arc<Ranks>> {
-    #[cfg(feature = "mpi")]
-    return Ok(Arc::new(Ranks::mpi()?));
-    #[cfg(not(feature = "mpi"))]
-    Ok(Arc::new(Ranks::single()))
-}
 
 /// A rank other than 0: builds the engine with the same flags (its build lines unprinted),
 /// prints its startup line, and runs rank 0's steps until rank 0's model goes away. It

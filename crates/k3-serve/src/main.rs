@@ -261,7 +261,7 @@ fn default_model() -> Result<PathBuf> {
 
 fn main() -> Result<()> {
     // Under mpirun: ranks other than 0 print their startup line and errors only.
-    let ranks = follower::join()?;
+    let ranks = Arc::new(numa_sched::Ranks::join()?);
     // The libraries' log lines (an mlock failure, buffered expert reads, ...) on stderr.
     env_logger::Builder::new()
         .filter_level(if ranks.is_leader() {

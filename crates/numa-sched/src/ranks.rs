@@ -136,6 +136,15 @@ impl Ranks {
         })
     }
 
+    /// This process's ranks, as built: with the `mpi` feature the MPI job it was started in
+    /// ([`Ranks::mpi`]; a process started alone is rank 0 of 1), else [`Ranks::single`].
+    pub fn join() -> Result<Self, RanksError> {
+        #[cfg(feature = "mpi")]
+        return Self::mpi();
+        #[cfg(not(feature = "mpi"))]
+        Ok(Self::single())
+    }
+
     /// This process's rank, 0-based.
     pub fn rank(&self) -> usize {
         self.rank

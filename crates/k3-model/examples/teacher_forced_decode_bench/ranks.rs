@@ -1,21 +1,12 @@
-//! The bench under `mpirun`: joining the job, the other ranks' part, and rank 0's report of
+//! The bench under `mpirun`: the other ranks' part, and rank 0's report of
 //! every rank's collectives and weight pages.
 
 use std::path::Path;
-use std::sync::Arc;
 
 use anyhow::Result;
 use k3_model::model::Model;
 use k3_model::shares::RankShare;
 use numa_sched::{CollectiveStats, Ranks};
-
-/// This process's ranks: the MPI job it was started in (with the `mpi` feature), else one.
-pub(crate) fn join() -> Result<Arc<Ranks>> {
-    #[cfg(feature = "mpi")]
-    return Ok(Arc::new(Ranks::mpi()?));
-    #[cfg(not(feature = "mpi"))]
-    Ok(Arc::new(Ranks::single()))
-}
 
 /// Bytes of this process's resident pages in mappings of files under `dir` (the
 /// checkpoint's shards): the weight pages it touched (`/proc/self/smaps`).
