@@ -90,48 +90,98 @@ pub(crate) fn budgets(
     })
 }
 
-/// The disk's sequential read rate with `O_DIRECT` (bytes/s) over the first `max` bytes of
-/// `path`, in 8 MiB requests one at a time (as `dd iflag=direct bs=8M`).
-pub(crate) fn direct_read_rate(path: &Path, max: u64) -> Result<f64> {
-    const CHUNK: usize = 8 << 20;
+/// Reads the first `max` bytes of `path` (whole 8 MiB requests) with `O_DIRECT`: the bytes
+/// read and the seconds taken, for the disk's sequential rate. Requests are 8 MiB, `depth` of them in flight at once (`depth` threads each reading
+/// every `depth`-th request; depth 1 is `dd iflag=direct bs=8M`). Our trunk stream and expert
+/// store keep several requests in flight, and a page-cache reader gets readahead, so one
+/// request at a time understates what a disk can give them.
+pub(crate) fn direct_read(path: &Path, max: u64, depth: usize) -> Result<(u64, f64)> {
+    const CHUNK: u64 = 8 << 20;
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECT)
         .open(path)
         .with_context(|| format!("opening {} with O_DIRECT", path.display()))?;
-    let layout = std::alloc::Layout::from_size_align(CHUNK, 4096).expect("a valid layout");
-    // SAFETY: the layout has a non-zero size.
-    let ptr = unsafe { std::alloc::alloc(layout) };
+    let end = max.min(file.metadata()?.len()) / CHUNK * CHUNK;
     ensure!(
-        !ptr.is_null(),
-        "cannot allocate {CHUNK} bytes for O_DIRECT reads"
-    );
-    // SAFETY: ptr is a fresh allocation of CHUNK bytes, freed only below, after its last use.
-    let buf = unsafe { std::slice::from_raw_parts_mut(ptr, CHUNK) };
-    let end = max.min(file.metadata()?.len()) / CHUNK as u64 * CHUNK as u64;
-    let start = Instant::now();
-    let mut at = 0u64;
-    let result = loop {
-        if at >= end {
-            break Ok(());
-        }
-        match file.read_at(buf, at) {
-            Ok(0) => break Ok(()),
-            Ok(n) => at += n as u64,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => break Err(e),
-        }
-    };
-    let elapsed = start.elapsed().as_secs_f64();
-    // SAFETY: allocated above with this layout; `buf` is not used after this.
-    unsafe { std::alloc::dealloc(ptr, layout) };
-    result.with_context(|| format!("O_DIRECT read of {} at byte {at}", path.display()))?;
-    ensure!(
-        at > 0,
+        end > 0,
         "{} is smaller than one {CHUNK}-byte read",
         path.display()
     );
-    Ok(at as f64 / elapsed)
+    let depth = depth.clamp(1, (end / CHUNK) as usize);
+    let start = Instant::now();
+    let read: Vec<Result<u64>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..depth)
+            .map(|worker| {
+                let file = &file;
+                s.spawn(move || -> Result<u64> {
+                    let mut buf = DirectBuf::new(CHUNK as usize)?;
+                    let mut done = 0u64;
+                    let mut at = worker as u64 * CHUNK;
+                    while at < end {
+                        match file.read_at(buf.bytes(), at) {
+                            Ok(0) => break,
+                            Ok(n) => {
+                                done += n as u64;
+                                at += depth as u64 * CHUNK;
+                            }
+                            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                            Err(e) => {
+                                return Err(e).with_context(|| {
+                                    format!("O_DIRECT read of {} at byte {at}", path.display())
+                                });
+                            }
+                        }
+                    }
+                    Ok(done)
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("a read-probe thread panicked"))
+            .collect()
+    });
+    let elapsed = start.elapsed().as_secs_f64();
+    let mut total = 0;
+    for r in read {
+        total += r?;
+    }
+    Ok((total, elapsed))
+}
+
+/// A 4 KiB-aligned buffer for `O_DIRECT` reads.
+struct DirectBuf {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl DirectBuf {
+    fn new(bytes: usize) -> Result<Self> {
+        let layout = std::alloc::Layout::from_size_align(bytes, 4096)
+            .with_context(|| format!("no 4 KiB-aligned layout of {bytes} bytes"))?;
+        ensure!(bytes > 0, "an O_DIRECT buffer needs at least one byte");
+        // SAFETY: the layout has a non-zero size (checked above).
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        ensure!(
+            !ptr.is_null(),
+            "cannot allocate {bytes} bytes for O_DIRECT reads"
+        );
+        Ok(Self { ptr, layout })
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: ptr is a live allocation of layout.size() bytes owned by self, borrowed
+        // mutably through &mut self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for DirectBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
 }
 
 /// Bytes of `path` now in the page cache (`mincore` over a read-only mapping).
@@ -163,6 +213,10 @@ fn resident_bytes(path: &Path) -> Result<u64> {
     Ok(pages.iter().filter(|&&p| p & 1 == 1).count() as u64 * page as u64)
 }
 
+/// Requests in flight in the disk probe: one at a time, and eight (as a reader that keeps
+/// several requests in flight, or the kernel's readahead).
+const PROBE_DEPTHS: [usize; 2] = [1, 8];
+
 /// llama-bench's `--progress` line for its timed generation (`...: generation run 1/1`), and
 /// not for its warm-up token before it (`...: warmup generation run`).
 const LLAMA_TIMED_MARK: &str = ": generation run";
@@ -178,7 +232,18 @@ struct Run {
     fingerprint: Option<String>,
     /// Bytes read from disk per timed token: after the mark, over the tokens after it.
     disk_per_token: Option<f64>,
+    /// Ours: the bytes from disk per token its memory plan predicted (`None`: no plan line,
+    /// or everything fits).
+    predicted: Option<f64>,
     outcome: Outcome,
+}
+
+/// The bytes from disk per token a memory plan line predicts (`... predicted from disk 3.18 GB
+/// per token`), in bytes.
+fn predicted_disk_per_token(stderr: &str) -> Option<f64> {
+    let line = stderr.lines().find(|l| l.starts_with("memory plan:"))?;
+    let gb = crate::bench_peers::between(line, "predicted from disk ", " GB per token")?;
+    Some(gb * 1e9)
 }
 
 /// The decode time per token out of a finished run's output.
@@ -269,11 +334,17 @@ fn run_one(
         .read_bytes_at_mark
         .filter(|_| seconds.is_some() && timed > 0)
         .map(|at| outcome.read_bytes.saturating_sub(at) as f64 / timed as f64);
+    let predicted = if ours {
+        predicted_disk_per_token(&outcome.stderr)
+    } else {
+        None
+    };
     Ok(Run {
         seconds,
         failure,
         fingerprint,
         disk_per_token,
+        predicted,
         outcome,
     })
 }
@@ -293,8 +364,17 @@ fn describe(name: &str, run: &Run) -> String {
         ),
         _ => "no timed tokens".into(),
     };
+    let plan = match (run.disk_per_token, run.predicted) {
+        (Some(d), Some(p)) if p > 0.0 => format!(
+            " ({:.3} GB predicted by the plan: measured / predicted {:.3})",
+            p / 1e9,
+            d / p
+        ),
+        (_, Some(p)) => format!(" ({:.3} GB predicted by the plan)", p / 1e9),
+        _ => String::new(),
+    };
     format!(
-        "{name}: {speed}; {disk}; {:.3} GB from disk in all in {:.1} s; peak {:.3} GB",
+        "{name}: {speed}; {disk}{plan}; {:.3} GB from disk in all in {:.1} s; peak {:.3} GB",
         o.read_bytes as f64 / 1e9,
         o.wall.as_secs_f64(),
         o.peak as f64 / 1e9,
@@ -328,12 +408,14 @@ pub(crate) fn run(model: &Path, engines: &Engines, sweep: &Sweep, files: &[PathB
         .max_by_key(|f| f.metadata().map_or(0, |m| m.len()))
         .context("the checkpoint has no safetensors shard")?;
     let disk = |when: &str| -> Result<()> {
-        let rate = direct_read_rate(largest, 2 << 30)?;
-        println!(
-            "disk, O_DIRECT sequential 8 MiB reads of {} ({when}): {:.2} GB/s",
-            largest.display(),
-            rate / 1e9
-        );
+        for depth in PROBE_DEPTHS {
+            let (bytes, seconds) = direct_read(largest, 2 << 30, depth)?;
+            println!(
+                "disk, O_DIRECT sequential 8 MiB reads of {}, {depth} in flight ({when}): {:.2} GB/s",
+                largest.display(),
+                bytes as f64 / seconds / 1e9
+            );
+        }
         Ok(())
     };
     disk("before")?;
@@ -495,16 +577,43 @@ mod tests {
     }
 
     #[test]
-    fn the_direct_read_rate_reads_the_file() {
+    fn the_plans_prediction_is_read_from_the_plan_line() {
+        let stderr = "loading\nmemory plan: budget 3.62 GB (cgroup): resident trunk 2.10 GB; \
+                      trunk streamed 4.01 GB per token through 2 buffer(s), experts cached 0% \
+                      with 4 reads in flight; predicted from disk 4.57 GB per token\nstep 0\n";
+        assert_eq!(predicted_disk_per_token(stderr), Some(4.57e9));
+        // Everything fits: the line predicts nothing.
+        let fits = "memory plan: budget 9.48 GB (cgroup): everything fits, weights read through \
+                    the file mapping; resident trunk 0 GB\n";
+        assert_eq!(predicted_disk_per_token(fits), None);
+        assert_eq!(predicted_disk_per_token("no plan here"), None);
+    }
+
+    #[test]
+    fn the_direct_read_reads_every_request_once_at_any_depth() {
         let exe = std::env::current_exe().unwrap();
         let path = exe.with_file_name(format!("{}.direct", group_name("file")));
-        std::fs::write(&path, vec![3u8; 16 << 20]).unwrap();
-        let rate = direct_read_rate(&path, u64::MAX);
+        // Three whole requests and a tail that a whole request cannot cover.
+        std::fs::write(&path, vec![3u8; (24 << 20) + 4096]).unwrap();
+        let reads: Vec<_> = [1, 2, 3, 8]
+            .into_iter()
+            .map(|depth| (depth, direct_read(&path, u64::MAX, depth)))
+            .collect();
+        let capped = direct_read(&path, 16 << 20, 2);
         std::fs::remove_file(&path).unwrap();
-        match rate {
-            Ok(r) => assert!(r > 0.0 && r.is_finite(), "{r}"),
-            // Some filesystems (tmpfs) refuse O_DIRECT: that is an error naming the file.
-            Err(e) => assert!(format!("{e:#}").contains("O_DIRECT"), "{e:#}"),
+        for (depth, read) in reads {
+            match read {
+                // Each 8 MiB request read once, whatever the depth; the tail is left out.
+                Ok((bytes, seconds)) => {
+                    assert_eq!(bytes, 24 << 20, "depth {depth}");
+                    assert!(seconds > 0.0, "depth {depth}");
+                }
+                // Some filesystems (tmpfs) refuse O_DIRECT: that is an error naming the file.
+                Err(e) => assert!(format!("{e:#}").contains("O_DIRECT"), "{e:#}"),
+            }
+        }
+        if let Ok((bytes, _)) = capped {
+            assert_eq!(bytes, 16 << 20);
         }
     }
 }
