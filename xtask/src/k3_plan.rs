@@ -13,7 +13,18 @@ use crate::{Options, from_root};
 const VISION_BYTES: usize = 894_717_952;
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
-    let options = Options::parse(args, &["config"])?;
+    let options = Options::parse(
+        args,
+        &[
+            "config",
+            "machine-gb",
+            "drives",
+            "drive-gbps",
+            "memory-gbps",
+            "ctx",
+            "max-batch",
+        ],
+    )?;
     let path = from_root(options.get("config").context("--config FILE is required")?);
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -56,6 +67,46 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         group(plan.bytes_per_token),
         plan.bytes_per_token as f64 / 1e9
     );
+    if let Some(machines) = options.get("machine-gb") {
+        let number = |name: &str, default: f64| -> Result<f64> {
+            match options.get(name) {
+                None => Ok(default),
+                Some(v) => {
+                    let x: f64 = v
+                        .parse()
+                        .with_context(|| format!("--{name} {v:?} is not a number"))?;
+                    anyhow::ensure!(x > 0.0 && x.is_finite(), "--{name} {v:?} must be above 0");
+                    Ok(x)
+                }
+            }
+        };
+        let drives = options
+            .get("drives")
+            .unwrap_or("1,4")
+            .split(',')
+            .map(|d| {
+                d.trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .with_context(|| format!("--drives {d:?} is not a positive count"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let projection = crate::k3_project::Machines {
+            memory: crate::k3_project::gb_list(machines, "machine-gb")?,
+            drives,
+            // One PCIe 4.0 x4 NVMe drive's sequential read.
+            drive_rate: number("drive-gbps", 7.0)? * 1e9,
+            // One socket of 12 DDR5-4800 channels, at the ~75% of peak a streaming read gets.
+            memory_rate: number("memory-gbps", 345.0)? * 1e9,
+            run: k3_model::budget::RunShape {
+                resident_trunk: false,
+                max_batch: number("max-batch", 1.0)? as usize,
+                ctx: number("ctx", 32768.0)? as usize,
+            },
+        };
+        crate::k3_project::run(&config, &projection)?;
+    }
     Ok(())
 }
 

@@ -12,6 +12,7 @@ mod gguf_k3;
 mod gguf_k3_meta;
 mod k3_check;
 mod k3_plan;
+mod k3_project;
 mod k3_synth;
 mod llamacpp_twin;
 mod numa_model;
@@ -96,9 +97,10 @@ const TASKS: &[Task] = &[
     },
     Task {
         name: "k3-plan",
-        usage: "--config FILE",
+        usage: "--config FILE [--machine-gb G,.. [--drives N,..] [--drive-gbps R] [--memory-gbps R] [--ctx N] [--max-batch N]]",
         about: "byte plan of a K3 checkpoint for a config: bytes per tensor class and layer \
-                kind, total, weight bytes per decoded token",
+                kind, total, weight bytes per decoded token; with --machine-gb, the memory \
+                plan on machines of that size and the time per token from NVMe drives",
         run: k3_plan::run,
     },
     Task {

@@ -87,6 +87,19 @@ impl MemoryPlan {
         } else {
             (0, 0)
         };
+        Ok(Self {
+            resident_trunk,
+            expert_cache,
+            io_buffers,
+            ..Self::state(config, run)
+        })
+    }
+
+    /// The classes that depend on the config and the run alone, not on how the checkpoint
+    /// stores its weights: the sequence state (KV, KDA) of `run` and the f32 copies made at
+    /// load. Every other class is zero.
+    pub fn state(config: &K3Config, run: RunShape) -> Self {
+        let specs = text_tensors(config);
         let f32_bytes = 4u64;
         let batch = run.max_batch as u64;
         let mla = &config.mla;
@@ -110,15 +123,15 @@ impl MemoryPlan {
             .filter(|t| t.shape.iter().filter(|&&d| d > 1).count() <= 1 || t.name.contains("conv"))
             .map(|t| t.shape.iter().product::<usize>() as u64)
             .sum();
-        Ok(Self {
-            resident_trunk,
+        Self {
+            resident_trunk: 0,
             trunk_buffers: 0,
-            expert_cache,
-            io_buffers,
+            expert_cache: 0,
+            io_buffers: 0,
             kv_cache,
             kda_state,
             f32_copies: (kv_b + vectors) * f32_bytes,
-        })
+        }
     }
 
     pub fn total(&self) -> u64 {

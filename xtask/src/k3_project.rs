@@ -1,0 +1,240 @@
+//! `cargo xtask k3-plan --config FILE --machine-gb G,..`: the memory plan the engine would
+//! make for a checkpoint of that config on machines of G GB, projected onto NVMe drives.
+//! The sizes are the inventory's (every tensor in the config's release dtype, one file per
+//! layer, tensors in inventory order), the plan is the library's own [`Plan::new`], and the
+//! time per token is the plan's predicted bytes from disk over the drives' rate, beside the
+//! weight bytes read from memory over the memory's rate: a bound where reads overlap compute,
+//! not a measurement.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, ensure};
+use expert_store::io::MemoryBudget;
+use k3_model::budget::{MemoryPlan, RunShape};
+use k3_model::config::K3Config;
+use k3_model::experts::ExpertOptions;
+use k3_model::inventory::{BytePlan, TensorClass, expert_bytes, text_tensors};
+use k3_model::plan::{Plan, StoredTensor, WeightSizes, safety_margin};
+
+/// What the projection is asked for.
+#[derive(Debug, Clone)]
+pub(crate) struct Machines {
+    /// Each machine's memory in bytes.
+    pub(crate) memory: Vec<u64>,
+    /// Drive counts, each drive reading `drive_rate` bytes/s.
+    pub(crate) drives: Vec<usize>,
+    pub(crate) drive_rate: f64,
+    /// The memory's read rate in bytes/s.
+    pub(crate) memory_rate: f64,
+    pub(crate) run: RunShape,
+}
+
+/// The planner's sizes for a checkpoint of `config` stored as the inventory says: one file
+/// per layer (the head and embedding in their own), tensors back to back.
+pub(crate) fn sizes(config: &K3Config) -> WeightSizes {
+    let specs = text_tensors(config);
+    let mut sizes = WeightSizes {
+        head: Vec::new(),
+        layers: vec![Vec::new(); config.num_layers()],
+        embed: 0,
+        embed_row: 0,
+        expert_total: 0,
+        expert_largest: 0,
+        experts_per_layer: Vec::new(),
+        top_k: config.moe.router.top_k,
+    };
+    let mut offsets = vec![0usize; config.num_layers() + 1];
+    let mut experts = std::collections::BTreeMap::<usize, usize>::new();
+    for spec in &specs {
+        let bytes = spec.bytes();
+        match (spec.class, spec.layer) {
+            (TensorClass::RoutedExperts, Some(layer)) => {
+                *experts.entry(layer).or_default() += bytes;
+            }
+            (TensorClass::Embedding, _) => {
+                sizes.embed = bytes as u64;
+                sizes.embed_row = bytes as u64 / config.vocab_size.max(1) as u64;
+            }
+            (_, layer) => {
+                let file = layer.unwrap_or(config.num_layers());
+                let tensor = StoredTensor {
+                    name: spec.name.clone(),
+                    path: PathBuf::from(format!("part-{file:03}.safetensors")),
+                    offset: offsets[file],
+                    bytes: bytes as u64,
+                };
+                offsets[file] += bytes;
+                match layer {
+                    Some(l) => sizes.layers[l].push(tensor),
+                    None => sizes.head.push(tensor),
+                }
+            }
+        }
+    }
+    let one = expert_bytes(config) as u64;
+    sizes.expert_largest = one;
+    sizes.expert_total = experts.values().map(|&b| b as u64).sum();
+    sizes.experts_per_layer = experts
+        .values()
+        .map(|&b| (b as u64 / one.max(1)) as usize)
+        .collect();
+    sizes
+}
+
+/// Prints the plan and the projected time per token for each machine and drive count.
+pub(crate) fn run(config: &K3Config, machines: &Machines) -> Result<()> {
+    let sizes = sizes(config);
+    let bytes_per_token = BytePlan::new(config).bytes_per_token as f64;
+    ensure!(
+        sizes.expert_total > 0,
+        "the config has no routed experts to plan"
+    );
+    println!(
+        "\nprojection: ctx {}, max batch {}; drives of {:.1} GB/s each; memory read at {:.0} GB/s; \
+         {:.1} GB of weights read per token; uniform routing (no skew)\n",
+        machines.run.ctx,
+        machines.run.max_batch,
+        machines.drive_rate / 1e9,
+        machines.memory_rate / 1e9,
+        bytes_per_token / 1e9
+    );
+    let mut header = String::from(
+        "| machine | trunk resident | trunk streamed per token | expert cache | from disk per token |",
+    );
+    let mut rule = String::from("|---|---|---|---|---|");
+    for d in &machines.drives {
+        header.push_str(&format!(
+            " s/token, {d} drive{} |",
+            if *d == 1 { "" } else { "s" }
+        ));
+        rule.push_str("---|");
+    }
+    println!("{header}\n{rule}");
+    for &memory in &machines.memory {
+        let budget = MemoryBudget {
+            bytes: memory,
+            source: format!("a {:.0} GB machine", memory as f64 / 1e9),
+        };
+        let margin = safety_margin(memory);
+        let flags = MemoryPlan::state(config, machines.run);
+        let plan = Plan::new(
+            &sizes,
+            flags,
+            &ExpertOptions::default(),
+            machines.run,
+            Some(budget),
+            margin,
+        );
+        let plan = match plan {
+            Ok(p) => p,
+            Err(e) => {
+                println!("| {:.0} GB | refused: {e} |", memory as f64 / 1e9);
+                continue;
+            }
+        };
+        let streamed = plan.trunk.as_ref().map_or(0, |t| t.streamed_read_bytes());
+        let memory_time = bytes_per_token / machines.memory_rate;
+        let mut row = format!(
+            "| {:.0} GB | {:.1} GB | {:.1} GB | {:.1} GB ({:.0}% of the experts) | {:.1} GB |",
+            memory as f64 / 1e9,
+            plan.memory.resident_trunk as f64 / 1e9,
+            streamed as f64 / 1e9,
+            plan.memory.expert_cache as f64 / 1e9,
+            plan.expert_fraction * 100.0,
+            plan.disk_per_token as f64 / 1e9,
+        );
+        for &d in &machines.drives {
+            let disk = plan.disk_per_token as f64 / (d as f64 * machines.drive_rate);
+            row.push_str(&format!(" {:.2} |", disk.max(memory_time)));
+        }
+        println!("{row}");
+    }
+    println!(
+        "\ns/token is max(disk, memory): the plan's bytes from disk over the drives' rate, and the \
+         weight bytes of a token over the memory's rate (reads overlapping compute)."
+    );
+    Ok(())
+}
+
+/// `G,..` in decimal GB as bytes.
+pub(crate) fn gb_list(text: &str, flag: &str) -> Result<Vec<u64>> {
+    text.split(',')
+        .map(|v| {
+            let g: f64 = v
+                .trim()
+                .parse()
+                .with_context(|| format!("--{flag} {v:?} is not a number"))?;
+            ensure!(g > 0.0 && g.is_finite(), "--{flag} {v:?} must be above 0");
+            Ok((g * 1e9) as u64)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RELEASE: &str = include_str!("../../crates/k3-model/configs/Kimi-K3.config.json");
+
+    #[test]
+    fn the_release_sizes_add_up_to_the_byte_plan() {
+        let config = K3Config::from_json(RELEASE).unwrap();
+        let s = sizes(&config);
+        let plan = BytePlan::new(&config);
+        let trunk: u64 = s
+            .head
+            .iter()
+            .chain(s.layers.iter().flatten())
+            .map(|t| t.bytes)
+            .sum();
+        assert_eq!(
+            (trunk + s.embed + s.expert_total) as usize,
+            plan.text_bytes,
+            "every text tensor counted once"
+        );
+        assert_eq!(s.experts_per_layer.len(), plan.moe_layers);
+        assert!(
+            s.experts_per_layer
+                .iter()
+                .all(|&n| n == config.moe.num_experts)
+        );
+    }
+
+    #[test]
+    fn a_machine_with_room_for_the_trunk_streams_only_experts() {
+        let config = K3Config::from_json(RELEASE).unwrap();
+        let s = sizes(&config);
+        let run = RunShape {
+            resident_trunk: false,
+            max_batch: 1,
+            ctx: 4096,
+        };
+        let budget = |gb: u64| MemoryBudget {
+            bytes: gb * 1_000_000_000,
+            source: "test".into(),
+        };
+        let plan = |gb| {
+            Plan::new(
+                &s,
+                MemoryPlan::state(&config, run),
+                &ExpertOptions::default(),
+                run,
+                Some(budget(gb)),
+                0,
+            )
+            .unwrap()
+        };
+        let small = plan(256);
+        let large = plan(1000);
+        // 256 GB holds the ~111 GB trunk: nothing of it is read from disk per token.
+        assert_eq!(
+            small.trunk.as_ref().map_or(0, |t| t.streamed_read_bytes()),
+            0,
+            "{}",
+            small.describe()
+        );
+        // More memory caches more experts and reads less per token.
+        assert!(large.expert_fraction > small.expert_fraction);
+        assert!(large.disk_per_token < small.disk_per_token);
+    }
+}
