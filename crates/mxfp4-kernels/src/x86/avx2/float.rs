@@ -11,7 +11,7 @@ use super::{act_block, by_tokens_avx2, fma_block, store_sums};
 use crate::activations::Activations;
 use crate::view::{Bf16Matrix, F16Matrix, F32Matrix};
 use crate::x86::lanes::{HALF_BITS, HIGH_HALF, block_offset};
-use crate::x86::{bf16_prefetch_offset, run_rows, width};
+use crate::x86::{prefetch_ahead, run_rows, width};
 
 /// The weight formats of this kernel, as its `FORMAT` parameter.
 const BF16: u8 = 0;
@@ -101,11 +101,12 @@ fn float_block<const R: usize, const T: usize, const C: usize, const FORMAT: u8>
     let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
     let whole = cols / 32;
     for block in 0..whole {
-        let ahead = bf16_prefetch_offset(R, cols, block) * elem;
+        // One sequential prefetch stream over the row block (as MXFP4 does): on this Zen
+        // host, 163840x1024 BF16 at 1 thread read at 8-10.8 GB/s with it, 6.7-8.2 with
+        // `avx512`'s per-row prefetch (`bf16_prefetch_offset`), alternating runs.
+        prefetch_ahead(base, R * cols * elem, block, whole);
         for r in 0..R {
             let at = base.wrapping_add(block_offset(r, cols, block, elem));
-            // Prefetch hint only: it never faults, so an address past the matrix is harmless.
-            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(ahead).cast());
             // SAFETY: block < cols / 32, so 32 values of row row0 + r are left from `at`
             // (the row block lies in `bytes`, asserted above).
             let w = unsafe { split::<FORMAT>(at) };
