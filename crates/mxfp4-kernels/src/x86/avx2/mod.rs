@@ -176,50 +176,10 @@ pub(crate) fn hsum(v: Acc) -> f32 {
     _mm_cvtss_f32(x)
 }
 
-/// The horizontal sums of 8 accumulators at once: lane `l` is `hsum(v[l])` bit for bit. Each
-/// step adds the pairs `hsum` adds, in its operand order, two or four accumulators per
-/// register (`x86::hsum16`'s scheme on 256 bits): 29 vector operations instead of 56.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(crate) fn hsum8(v: &[Acc; 8]) -> __m256 {
-    // The steps leave input j's sum in lane 4 (j % 2) + j / 2; reading the inputs in this
-    // order puts v[l]'s sum in lane l.
-    let input = |j: usize| v[(j % 2) * 4 + j / 2];
-    // Lanes i + (i + 8).
-    let halves: [__m256; 8] = core::array::from_fn(|j| {
-        let a = input(j);
-        _mm256_add_ps(a[0], a[1])
-    });
-    // Lanes i + (i + 4): 128-bit half q of `quarters[m]` holds input 2m + q's four sums.
-    let quarters: [__m256; 4] = core::array::from_fn(|m| {
-        let (a, b) = (halves[2 * m], halves[2 * m + 1]);
-        _mm256_add_ps(
-            _mm256_permute2f128_ps::<0x20>(a, b),
-            _mm256_permute2f128_ps::<0x31>(a, b),
-        )
-    });
-    // Lanes i + (i + 2), as `movehl`: half q of `pairs[p]` is [input 4p+q's two sums, input
-    // 4p+2+q's two sums].
-    let pairs: [__m256; 2] = core::array::from_fn(|p| {
-        let (c, d) = (
-            _mm256_castps_pd(quarters[2 * p]),
-            _mm256_castps_pd(quarters[2 * p + 1]),
-        );
-        _mm256_add_ps(
-            _mm256_castpd_ps(_mm256_unpacklo_pd(c, d)),
-            _mm256_castpd_ps(_mm256_unpackhi_pd(c, d)),
-        )
-    });
-    // Lane 0 + lane 1, as the final `add_ss`.
-    _mm256_add_ps(
-        _mm256_shuffle_ps::<{ lanes::HSUM16_EVEN_LANES }>(pairs[0], pairs[1]),
-        _mm256_shuffle_ps::<{ lanes::HSUM16_ODD_LANES }>(pairs[0], pairs[1]),
-    )
-}
-
 /// Writes the `R x T` accumulators of tokens `tok0..tok0 + T`: `out[(tok0 + t) * n + local0 + r]`,
-/// as `x86::store_sums` does. Blocks of 8 accumulators reduce together (`hsum8`), the rest
-/// one by one; the sums are `hsum`'s either way.
+/// each by `hsum` (`x86::store_sums`'s `hsum16` blocks give `hsum`'s bits too). No batched
+/// tree as `hsum16`: a block here holds at most 4 accumulators, and one reduction per row
+/// and token is a small share of a row's work.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 pub(crate) fn store_sums<const R: usize, const T: usize>(
@@ -229,23 +189,6 @@ pub(crate) fn store_sums<const R: usize, const T: usize>(
     n: usize,
     out: &mut [f32],
 ) {
-    if R * T == 8 {
-        let zero = [_mm256_setzero_ps(); 2];
-        let mut flat = [zero; 8];
-        for (r, row_acc) in acc.iter().enumerate() {
-            for (t, &a) in row_acc.iter().enumerate() {
-                flat[t * R + r] = a;
-            }
-        }
-        let mut sums = [0.0f32; 8];
-        // SAFETY: `sums` is 8 writable f32.
-        unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), hsum8(&flat)) };
-        for t in 0..T {
-            let at = (tok0 + t) * n + local0;
-            out[at..at + R].copy_from_slice(&sums[t * R..(t + 1) * R]);
-        }
-        return;
-    }
     for (r, row_acc) in acc.iter().enumerate() {
         for (t, &a) in row_acc.iter().enumerate() {
             out[(tok0 + t) * n + local0 + r] = hsum(a);
