@@ -331,7 +331,7 @@ pub(crate) fn prefetch_ahead(start: *const u8, window: usize, step: usize, steps
 }
 
 /// How far ahead the MXFP4 row-block prefetch runs (measured best of 5-28 KB, PERFORMANCE.md).
-const PREFETCH_AHEAD: usize = 16 << 10;
+pub(crate) const PREFETCH_AHEAD: usize = 16 << 10;
 
 /// BF16 GEMV rows of at most this many columns (4 KB) run 8 rows at once, not 16: a 16-row
 /// block of 2 KB rows is 16 short streams that start cold every 32 KB, and 4 rows are too

@@ -13,7 +13,7 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::lanes;
+use super::{PREFETCH_AHEAD, lanes};
 use crate::activations::Activations;
 use crate::tier::Avx2;
 use crate::view::{Bf16Matrix, F16Matrix, F32Matrix, MxFp4Matrix};
@@ -192,6 +192,43 @@ pub(crate) fn store_sums<const R: usize, const T: usize>(
     for (r, row_acc) in acc.iter().enumerate() {
         for (t, &a) in row_acc.iter().enumerate() {
             out[(tok0 + t) * n + local0 + r] = hsum(a);
+        }
+    }
+}
+
+/// `x86::prefetch_ahead`'s sequential stream over a row block (the same lines, `PREFETCH_AHEAD`
+/// bytes rounded up to whole blocks ahead), without its two divisions per step: the stream
+/// keeps its position and each step prefetches the lines up to its share of the window.
+pub(crate) struct Prefetch {
+    /// Byte offset from the block's start of the next line to prefetch.
+    next: usize,
+    /// Bytes of the window per step: `window / steps` (rounded up).
+    per_step: usize,
+    /// The first prefetched offset (`ahead`): step `s` covers up to `ahead + (s + 1) * per_step`.
+    ahead: usize,
+}
+
+impl Prefetch {
+    /// A stream over a row block of `window` bytes walked in `steps` steps.
+    #[inline(always)]
+    pub(crate) fn new(window: usize, steps: usize) -> Self {
+        let ahead = PREFETCH_AHEAD.div_ceil(window.max(1)) * window;
+        Self {
+            next: ahead,
+            per_step: window.div_ceil(steps.max(1)),
+            ahead,
+        }
+    }
+
+    /// Prefetches step `step`'s lines of the stream from `start`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(crate) fn step(&mut self, start: *const u8, step: usize) {
+        let end = self.ahead + (step + 1) * self.per_step;
+        while self.next < end {
+            // Prefetch hint only: it never faults, so an address past the matrix is harmless.
+            _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(self.next).cast());
+            self.next += 64;
         }
     }
 }

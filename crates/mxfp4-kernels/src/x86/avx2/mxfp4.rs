@@ -11,11 +11,11 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{act_block, by_tokens_avx2, fma_block, store_sums};
+use super::{Prefetch, act_block, by_tokens_avx2, fma_block, store_sums};
 use crate::activations::Activations;
 use crate::view::{GROUP, GROUP_BYTES, MxFp4Matrix};
 use crate::x86::exact::SCALED_TABLES;
-use crate::x86::{prefetch_ahead, run_rows, width};
+use crate::x86::{run_rows, width};
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn matmul(m: &MxFp4Matrix<'_>, act: &Activations, rows: Range<usize>, out: &mut [f32]) {
@@ -75,8 +75,9 @@ fn mxfp4_block<const R: usize, const T: usize, const C: usize>(
     let scales = &m.scales()[row0 * groups..(row0 + R) * groups];
     let x = act.perm32[tok0 * stride..].as_ptr();
     let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
+    let mut prefetch = Prefetch::new(R * row_bytes, groups);
     for g in 0..groups {
-        prefetch_ahead(packed, R * row_bytes, g, groups);
+        prefetch.step(packed, g);
         for r in 0..R {
             // SAFETY: row0 + r < rows (asserted above); the group's 16 bytes lie in that row.
             let w = unsafe {
