@@ -220,16 +220,25 @@ impl Prefetch {
         }
     }
 
-    /// Prefetches step `step`'s lines of the stream from `start`.
+    /// Prefetches step `step`'s lines of the stream from `start` (steps in order from 0).
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     pub(crate) fn step(&mut self, start: *const u8, step: usize) {
-        let end = self.ahead + (step + 1) * self.per_step;
-        while self.next < end {
+        for offset in self.lines(step).step_by(64) {
             // Prefetch hint only: it never faults, so an address past the matrix is harmless.
-            _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(self.next).cast());
+            _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(offset).cast());
+        }
+    }
+
+    /// The byte offsets of step `step`'s lines (from the block's start; whole lines of 64).
+    #[inline(always)]
+    fn lines(&mut self, step: usize) -> Range<usize> {
+        let end = self.ahead + (step + 1) * self.per_step;
+        let first = self.next;
+        while self.next < end {
             self.next += 64;
         }
+        first..self.next
     }
 }
 
@@ -262,5 +271,35 @@ pub(crate) fn fma_block(acc: &mut Acc, w: &[__m256; 4], x: &[__m256; 4]) {
     for h in 0..2 {
         acc[h] = _mm256_fmadd_ps(w[h], x[h], acc[h]);
         acc[h] = _mm256_fmadd_ps(w[2 + h], x[2 + h], acc[h]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Over a row block's steps the stream prefetches each line once, in order, from `ahead`
+    /// (`PREFETCH_AHEAD` rounded up to whole windows) through the whole window, as
+    /// `x86::prefetch_ahead` does, overshooting by less than a line plus `steps` bytes (the
+    /// per-step share is rounded up).
+    #[test]
+    fn prefetch_stream_covers_the_window_ahead_once() {
+        for window in [1usize, 63, 64, 100, 3 * 1792, 4 * 2048, 16 << 10, 57_344] {
+            for steps in [1usize, 2, 3, 32, 56, 224] {
+                let mut stream = Prefetch::new(window, steps);
+                let ahead = PREFETCH_AHEAD.div_ceil(window) * window;
+                let mut next = ahead;
+                for step in 0..steps {
+                    let lines = stream.lines(step);
+                    assert_eq!(lines.start, next, "window {window}, step {step}/{steps}");
+                    assert!(lines.end >= lines.start && (lines.end - ahead) % 64 == 0);
+                    next = lines.end;
+                }
+                assert!(
+                    next >= ahead + window && next < ahead + window + 64 + steps,
+                    "window {window} in {steps} steps ends at {next}, ahead {ahead}"
+                );
+            }
+        }
     }
 }

@@ -56,6 +56,29 @@ fn assert_same_bits(label: &str, got: &[f32], want: &[f32]) {
     }
 }
 
+/// `avx2::hsum` of two halves gives the modelled `x86::hsum` of the 16 lanes (the documented
+/// tree), on values where the order of additions shows in the last bits.
+#[test]
+fn avx2_hsum_is_the_avx512_tree() {
+    if avx2().is_none() {
+        return;
+    }
+    use core::arch::x86_64::_mm256_loadu_ps;
+    let mut rng = Rng(0xa7c2_0003);
+    for _ in 0..2000 {
+        let lanes: [f32; 16] = core::array::from_fn(|_| rng.value());
+        // SAFETY: avx2 was detected (`avx2()` above); each load reads 8 of the 16 values.
+        let got = unsafe {
+            crate::x86::avx2::hsum([
+                _mm256_loadu_ps(lanes.as_ptr()),
+                _mm256_loadu_ps(lanes.as_ptr().add(8)),
+            ])
+        };
+        let want = hsum(lanes.map(f32::to_bits));
+        assert_eq!(got.to_bits(), want.to_bits(), "{lanes:?}");
+    }
+}
+
 /// Shapes that exercise every path: 1..=16 tokens (and two token groups past 16), row counts
 /// that leave tails of every row block, ranges not starting at row 0, widths with and without
 /// a partial last block of 32.
