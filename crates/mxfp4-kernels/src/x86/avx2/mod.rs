@@ -292,7 +292,7 @@ mod tests {
                 for step in 0..steps {
                     let lines = stream.lines(step);
                     assert_eq!(lines.start, next, "window {window}, step {step}/{steps}");
-                    assert!(lines.end >= lines.start && (lines.end - ahead) % 64 == 0);
+                    assert!(lines.end >= lines.start && (lines.end - ahead).is_multiple_of(64));
                     next = lines.end;
                 }
                 assert!(
