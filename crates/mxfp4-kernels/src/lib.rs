@@ -24,6 +24,7 @@ pub mod codes;
 mod error;
 mod expert;
 pub mod ggml;
+mod isa;
 mod scalar;
 pub mod situ;
 mod tier;
