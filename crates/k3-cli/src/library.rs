@@ -11,7 +11,7 @@ use k3_model::builder::EngineOptions;
 use crate::{Flag, Group, Kind, Parsed, UsageError};
 
 /// The kernel tiers `--kernel-tier` accepts (the names `Tier` parses).
-pub const KERNEL_TIERS: &[&str] = &["scalar", "avx512", "avx512-bf16", "avx512-vnni"];
+pub const KERNEL_TIERS: &[&str] = &["scalar", "avx2", "avx512", "avx512-bf16", "avx512-vnni"];
 
 /// The expert cache's eviction policies `--expert-policy` accepts.
 pub const EXPERT_POLICIES: &[&str] = &["lru", "usage"];
@@ -68,7 +68,7 @@ pub fn library_flags() -> Vec<Flag> {
             Choice(KERNEL_TIERS),
             "the best this CPU supports",
             performance,
-            "kernel tier for MXFP4: scalar, avx512, avx512-bf16 or avx512-vnni",
+            "kernel tier for MXFP4: scalar, avx2, avx512, avx512-bf16 or avx512-vnni",
         ),
         Flag::value(
             "memory-gb",

@@ -26,7 +26,7 @@ pub struct Activations {
     tokens: usize,
     /// The vectors as given, token-major (the scalar tier reads these).
     pub(crate) raw: Vec<f32>,
-    /// Exact tier: per 32 columns `[x0, x2, .., x30, x1, x3, .., x31]`, padded; stride `padded`.
+    /// Exact SIMD tiers (`avx512`, `avx2`): per 32 columns `[x0, x2, .., x30, x1, x3, .., x31]`, padded; stride `padded`.
     pub(crate) perm32: Vec<f32>,
     /// BF16 tiers: BF16 of `x` in column order, padded (BF16 matrices).
     pub(crate) bf16_natural: Vec<u16>,
@@ -122,7 +122,7 @@ impl Activations {
             v[..self.cols].copy_from_slice(&self.raw[t * self.cols..(t + 1) * self.cols]);
             match self.tier {
                 Tier::Scalar => {}
-                Tier::Avx512 => permute32(&v, &mut self.perm32),
+                Tier::Avx2 | Tier::Avx512 => permute32(&v, &mut self.perm32),
                 Tier::Avx512Bf16 | Tier::Avx512Vnni => {
                     self.bf16_natural.extend(v.iter().map(|&a| f32_to_bf16(a)));
                     if self.tier == Tier::Avx512Bf16 {

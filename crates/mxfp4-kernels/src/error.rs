@@ -50,7 +50,9 @@ pub enum Error {
     TierMismatch { prepared: Tier, kernels: Tier },
     #[error("tier {tier} needs the CPU feature {missing}, which this CPU lacks")]
     TierUnavailable { tier: Tier, missing: &'static str },
-    #[error("unknown kernel tier {0:?} (expected scalar, avx512, avx512-bf16 or avx512-vnni)")]
+    #[error(
+        "unknown kernel tier {0:?} (expected scalar, avx2, avx512, avx512-bf16 or avx512-vnni)"
+    )]
     UnknownTier(String),
     #[error("expert FFN shapes disagree: {0}")]
     ExpertShapes(String),

@@ -1,5 +1,6 @@
 //! Exact MXFP4, BF16, F16 and F32 weight kernels for K3 decode: dequant, GEMV, batch-invariant small GEMM
-//! and the fused routed-expert FFN, with a scalar oracle tier and AVX-512 tiers chosen at runtime.
+//! and the fused routed-expert FFN, with a scalar oracle tier and AVX-512 and AVX2 tiers chosen at
+//! runtime.
 //!
 //! This crate does no I/O and spawns no threads: a kernel computes the row range it is given,
 //! and the caller splits rows across its own workers.
@@ -23,6 +24,7 @@ pub mod codes;
 mod error;
 mod expert;
 pub mod ggml;
+mod isa;
 mod scalar;
 pub mod situ;
 mod tier;

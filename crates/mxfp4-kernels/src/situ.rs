@@ -1,5 +1,5 @@
 //! SiTU-GLU, `β1·tanh(g/β1)·sigmoid(g) · β2·tanh(u/β2)`, on `vmath`'s exp, tanh and sigmoid,
-//! so the scalar and AVX-512 forms run the very same IEEE operations and agree bit for bit.
+//! so the scalar, AVX2 and AVX-512 forms run the very same IEEE operations and agree bit for bit.
 
 use crate::error::{Error, Result};
 use crate::tier::Kernels;
@@ -48,6 +48,12 @@ impl Situ {
                 });
             }
         }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(token) = kernels.avx2() {
+            // SAFETY: the token proves avx2/fma/f16c were detected on this CPU.
+            unsafe { simd::apply_avx2(token, self, gate, up, out) };
+            return Ok(());
+        }
         let done = match kernels.avx512() {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the token proves avx512f/bw/vl were detected on this CPU.
@@ -68,8 +74,26 @@ mod simd {
     use core::arch::x86_64::*;
 
     use super::Situ;
-    use crate::tier::Avx512;
+    use crate::tier::{Avx2, Avx512};
     use crate::vmath::simd::{sigmoid, tanh};
+
+    /// `Situ::eval` over all elements, compiled for avx2 and fma: the scalar operations (the
+    /// same bits), `mul_add` as FMA instructions.
+    ///
+    /// # Safety
+    /// The CPU must have avx2 and fma (the token says it has); slices of equal length.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn apply_avx2(
+        _: Avx2,
+        situ: &Situ,
+        gate: &[f32],
+        up: &[f32],
+        out: &mut [f32],
+    ) {
+        for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+            *o = situ.eval(g, u);
+        }
+    }
 
     /// Processes whole vectors of 16 and returns how many elements it did.
     ///

@@ -6,18 +6,23 @@ use std::str::FromStr;
 
 use crate::activations::Activations;
 use crate::error::{Error, Result};
+pub(crate) use crate::isa::{Avx2, Avx512};
 use crate::scalar;
 use crate::view::{Bf16Matrix, F16Matrix, F32Matrix, MxFp4Matrix, WeightMatrix};
 
 /// A family of kernels. Exact tiers decode weights exactly to f32 and use f32 arithmetic; they
-/// differ from `Scalar` only by summation order. Approximate tiers round the activations.
-/// F16 and F32 matrices run f32 FMAs in every SIMD tier: on f32 activations in `Avx512`, on
-/// the BF16-rounded activations in the approximate tiers (`vdpbf16ps` and int8 cannot hold
-/// their weights exactly).
+/// differ from `Scalar` only by summation order (and `Avx2` runs `Avx512`'s order, so the two
+/// give the same bits). Approximate tiers round the activations. F16 and F32 matrices run f32
+/// FMAs in every SIMD tier: on f32 activations in the exact tiers, on the BF16-rounded
+/// activations in the approximate tiers (`vdpbf16ps` and int8 cannot hold their weights exactly).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Tier {
     /// Plain Rust, sequential sums: the oracle every other tier is tested against.
     Scalar,
+    /// As `Avx512` on 256-bit vectors (avx2, fma, f16c): each 16-lane accumulator kept as two
+    /// halves, the same FMA chains and horizontal tree, so the same bits as `Avx512`. The
+    /// default where the CPU has no AVX-512.
+    Avx2,
     /// Exact activations: weights decoded exactly to f32, f32 FMA (the default where available).
     Avx512,
     /// Activations rounded to BF16, `vdpbf16ps`; E2M1 and BF16 weights are exact in BF16.
@@ -28,8 +33,9 @@ pub enum Tier {
 }
 
 impl Tier {
-    pub const ALL: [Tier; 4] = [
+    pub const ALL: [Tier; 5] = [
         Tier::Scalar,
+        Tier::Avx2,
         Tier::Avx512,
         Tier::Avx512Bf16,
         Tier::Avx512Vnni,
@@ -38,6 +44,7 @@ impl Tier {
     pub fn name(self) -> &'static str {
         match self {
             Tier::Scalar => "scalar",
+            Tier::Avx2 => "avx2",
             Tier::Avx512 => "avx512",
             Tier::Avx512Bf16 => "avx512-bf16",
             Tier::Avx512Vnni => "avx512-vnni",
@@ -46,13 +53,17 @@ impl Tier {
 
     /// True for tiers whose activations stay f32 (results differ from scalar by order only).
     pub fn is_exact(self) -> bool {
-        matches!(self, Tier::Scalar | Tier::Avx512)
+        matches!(self, Tier::Scalar | Tier::Avx2 | Tier::Avx512)
     }
 
     /// The first CPU feature this tier needs that this CPU lacks, if any.
     fn missing_feature(self) -> Option<&'static str> {
         if self == Tier::Scalar {
             return None;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if self == Tier::Avx2 {
+            return Avx2::missing_feature();
         }
         #[cfg(target_arch = "x86_64")]
         {
@@ -103,28 +114,13 @@ impl FromStr for Tier {
     }
 }
 
-/// Proof that this CPU has avx512f, avx512bw and avx512vl: only [`Avx512::try_new`] makes one,
-/// after detecting them at runtime. The AVX-512 entry points outside the matmul dispatch
-/// (activation layout, `vmath`, `Situ`, dequant) take one, so their callers' SAFETY arguments
-/// cite a value the type system tracks instead of "the tier is not scalar".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) struct Avx512 {
-    _detected: (),
-}
-
-impl Avx512 {
-    /// The token, where this CPU has avx512f, avx512bw and avx512vl.
-    pub(crate) fn try_new() -> Option<Self> {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-        {
-            return Some(Self { _detected: () });
-        }
-        None
-    }
+/// The instruction set a `Kernels` value has proved present, as the token its tier's entry
+/// points take: `Avx512` for the three AVX-512 tiers, `Avx2` for the avx2 tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Isa {
+    Portable,
+    Avx2(Avx2),
+    Avx512(Avx512),
 }
 
 /// A capability token: holding one proves the CPU supports its tier, so the dispatch below may
@@ -132,42 +128,47 @@ impl Avx512 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Kernels {
     tier: Tier,
-    /// `Some` exactly when `tier` is not `Scalar` (every SIMD tier needs avx512f/bw/vl).
-    avx512: Option<Avx512>,
+    /// The token of `tier`'s instruction set (`Portable` exactly for `Scalar`).
+    isa: Isa,
 }
 
 impl Kernels {
     /// Kernels of the given tier, or `TierUnavailable` naming the missing CPU feature.
     pub fn new(tier: Tier) -> Result<Self> {
-        match tier.missing_feature() {
-            None => Ok(Self {
-                tier,
-                avx512: if tier == Tier::Scalar {
-                    None
-                } else {
-                    // `missing_feature` found avx512f/bw/vl, which is what this detects.
-                    Some(Avx512::try_new().ok_or(Error::TierUnavailable {
-                        tier,
-                        missing: "avx512f",
-                    })?)
-                },
-            }),
-            Some(missing) => Err(Error::TierUnavailable { tier, missing }),
+        if let Some(missing) = tier.missing_feature() {
+            return Err(Error::TierUnavailable { tier, missing });
         }
+        // `missing_feature` found what each token detects; the fallbacks only name it.
+        let isa = match tier {
+            Tier::Scalar => Isa::Portable,
+            Tier::Avx2 => Isa::Avx2(Avx2::try_new().ok_or(Error::TierUnavailable {
+                tier,
+                missing: "avx2",
+            })?),
+            Tier::Avx512 | Tier::Avx512Bf16 | Tier::Avx512Vnni => {
+                Isa::Avx512(Avx512::try_new().ok_or(Error::TierUnavailable {
+                    tier,
+                    missing: "avx512f",
+                })?)
+            }
+        };
+        Ok(Self { tier, isa })
     }
 
     /// The scalar oracle (always available).
     pub fn scalar() -> Self {
         Self {
             tier: Tier::Scalar,
-            avx512: None,
+            isa: Isa::Portable,
         }
     }
 
-    /// The default: the exact `avx512` tier where the CPU has it, else `scalar`. Never an
-    /// approximate tier: those are chosen explicitly.
+    /// The default: the exact `avx512` tier where the CPU has it, else the exact `avx2` tier
+    /// (same bits), else `scalar`. Never an approximate tier: those are chosen explicitly.
     pub fn detect() -> Self {
-        Self::new(Tier::Avx512).unwrap_or_else(|_| Self::scalar())
+        Self::new(Tier::Avx512)
+            .or_else(|_| Self::new(Tier::Avx2))
+            .unwrap_or_else(|_| Self::scalar())
     }
 
     /// Every tier this CPU can run.
@@ -182,9 +183,20 @@ impl Kernels {
         self.tier
     }
 
-    /// The AVX-512 token of a SIMD tier (`None` for the scalar tier).
+    /// The AVX-512 token of an AVX-512 tier (`None` for `scalar` and `avx2`).
     pub(crate) fn avx512(&self) -> Option<Avx512> {
-        self.avx512
+        match self.isa {
+            Isa::Avx512(token) => Some(token),
+            _ => None,
+        }
+    }
+
+    /// The AVX2 token of the `avx2` tier (`None` for every other tier).
+    pub(crate) fn avx2(&self) -> Option<Avx2> {
+        match self.isa {
+            Isa::Avx2(token) => Some(token),
+            _ => None,
+        }
     }
 
     /// Dequantizes `rows` of `matrix` into `out` (`rows.len() * cols` f32, row-major).
@@ -197,13 +209,20 @@ impl Kernels {
     ) -> Result<()> {
         check_rows(&rows, matrix.rows())?;
         check_out(rows.len() * matrix.cols(), out.len())?;
-        match self.avx512 {
-            None => scalar::dequant_mxfp4(matrix, rows, out),
+        match self.isa {
+            Isa::Portable => scalar::dequant_mxfp4(matrix, rows, out),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves avx2/fma/f16c were detected on this CPU.
+            Isa::Avx2(token) => unsafe {
+                crate::x86::avx2::dequant_mxfp4(token, matrix, rows, out)
+            },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the token proves avx512f/bw/vl were detected on this CPU.
-            Some(token) => unsafe { crate::x86::exact::dequant_mxfp4(token, matrix, rows, out) },
+            Isa::Avx512(token) => unsafe {
+                crate::x86::exact::dequant_mxfp4(token, matrix, rows, out)
+            },
             #[cfg(not(target_arch = "x86_64"))]
-            Some(_) => unreachable!("no Avx512 token exists off x86_64"),
+            _ => unreachable!("no SIMD token exists off x86_64"),
         }
         Ok(())
     }
@@ -283,6 +302,12 @@ impl Kernels {
         match self.tier {
             Tier::Scalar => scalar::matmul_mxfp4(matrix, act, rows, out),
             #[cfg(target_arch = "x86_64")]
+            Tier::Avx2 => {
+                let token = self.avx2().expect("an avx2 Kernels holds its token");
+                // SAFETY: the token proves avx2/fma/f16c; `check_matmul` proved the shapes.
+                unsafe { crate::x86::avx2::matmul_mxfp4(token, matrix, act, rows, out) }
+            }
+            #[cfg(target_arch = "x86_64")]
             // SAFETY: the token proves avx512f/bw/vl; `check_matmul` proved the shapes.
             Tier::Avx512 => unsafe { crate::x86::exact::matmul_mxfp4(matrix, act, rows, out) },
             #[cfg(target_arch = "x86_64")]
@@ -308,6 +333,12 @@ impl Kernels {
         self.check_matmul(matrix.rows(), matrix.cols(), act, &rows, out)?;
         match self.tier {
             Tier::Scalar => scalar::matmul_bf16(matrix, act, rows, out),
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx2 => {
+                let token = self.avx2().expect("an avx2 Kernels holds its token");
+                // SAFETY: the token proves avx2/fma/f16c; `check_matmul` proved the shapes.
+                unsafe { crate::x86::avx2::matmul_bf16(token, matrix, act, rows, out) }
+            }
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the token proves avx512f/bw/vl; shapes checked above.
             Tier::Avx512 => unsafe { crate::x86::exact::matmul_bf16(matrix, act, rows, out) },
@@ -336,6 +367,12 @@ impl Kernels {
         match self.tier {
             Tier::Scalar => scalar::matmul_f16(matrix, act, rows, out),
             #[cfg(target_arch = "x86_64")]
+            Tier::Avx2 => {
+                let token = self.avx2().expect("an avx2 Kernels holds its token");
+                // SAFETY: the token proves avx2/fma/f16c; `check_matmul` proved the shapes.
+                unsafe { crate::x86::avx2::matmul_f16(token, matrix, act, rows, out) }
+            }
+            #[cfg(target_arch = "x86_64")]
             // SAFETY: the token proves avx512f/bw/vl; shapes checked above.
             Tier::Avx512 => unsafe { crate::x86::float::matmul_f16_exact(matrix, act, rows, out) },
             #[cfg(target_arch = "x86_64")]
@@ -362,6 +399,12 @@ impl Kernels {
         self.check_matmul(matrix.rows(), matrix.cols(), act, &rows, out)?;
         match self.tier {
             Tier::Scalar => scalar::matmul_f32(matrix, act, rows, out),
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx2 => {
+                let token = self.avx2().expect("an avx2 Kernels holds its token");
+                // SAFETY: the token proves avx2/fma/f16c; `check_matmul` proved the shapes.
+                unsafe { crate::x86::avx2::matmul_f32(token, matrix, act, rows, out) }
+            }
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the token proves avx512f/bw/vl; shapes checked above.
             Tier::Avx512 => unsafe { crate::x86::float::matmul_f32_exact(matrix, act, rows, out) },
@@ -455,10 +498,50 @@ mod tests {
         assert_eq!(Kernels::scalar().avx512(), None);
         for tier in Tier::ALL {
             match Kernels::new(tier) {
-                Ok(k) => assert_eq!(k.avx512().is_some(), tier != Tier::Scalar, "{tier}"),
+                Ok(k) => {
+                    let avx512_tier = !matches!(tier, Tier::Scalar | Tier::Avx2);
+                    assert_eq!(k.avx512().is_some(), avx512_tier, "{tier}");
+                    assert_eq!(k.avx2().is_some(), tier == Tier::Avx2, "{tier}");
+                }
                 Err(_) => assert!(tier != Tier::Scalar),
             }
         }
         assert_eq!(Kernels::detect().avx512().is_some(), detected);
+    }
+
+    /// The AVX2 token exists exactly where avx2, fma and f16c are detected; `Kernels::new`
+    /// names the first one missing; `detect` prefers avx512, then avx2, then scalar.
+    #[test]
+    fn an_avx2_token_exists_only_where_detected() {
+        assert_eq!(std::mem::size_of::<Avx2>(), 0);
+        #[cfg(target_arch = "x86_64")]
+        let features = [
+            ("avx2", std::arch::is_x86_feature_detected!("avx2")),
+            ("fma", std::arch::is_x86_feature_detected!("fma")),
+            ("f16c", std::arch::is_x86_feature_detected!("f16c")),
+        ];
+        #[cfg(not(target_arch = "x86_64"))]
+        let features = [("x86_64", false)];
+        let missing = features.iter().find(|(_, present)| !present).map(|f| f.0);
+        assert_eq!(Avx2::try_new().is_some(), missing.is_none());
+        match (Kernels::new(Tier::Avx2), missing) {
+            (Ok(k), None) => assert_eq!(k.tier(), Tier::Avx2),
+            (Err(Error::TierUnavailable { tier, missing: m }), Some(expected)) => {
+                assert_eq!((tier, m), (Tier::Avx2, expected));
+            }
+            (other, expected) => panic!("avx2 with {expected:?} missing gave {other:?}"),
+        }
+        let expected = if Avx512::try_new().is_some() {
+            Tier::Avx512
+        } else if missing.is_none() {
+            Tier::Avx2
+        } else {
+            Tier::Scalar
+        };
+        assert_eq!(Kernels::detect().tier(), expected);
+        assert_eq!(
+            Kernels::available().iter().any(|k| k.tier() == Tier::Avx2),
+            missing.is_none()
+        );
     }
 }

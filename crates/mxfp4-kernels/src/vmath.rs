@@ -123,11 +123,19 @@ pub fn softplus(a: f32) -> f32 {
 
 /// A `Kernels` method applying the scalar function `$scalar` to a slice in place: whole
 /// vectors of 16 through `simd::$name` where the tier has AVX-512, the rest (and the scalar
-/// tier) one by one, so every tier gives the scalar function's bits.
+/// tier) one by one, so every tier gives the scalar function's bits. The `avx2` tier runs the
+/// scalar function itself, compiled for avx2 and fma (`avx2::$name`): the same IEEE
+/// operations (`mul_add` one FMA instruction instead of a libm call), so the same bits.
 macro_rules! in_place {
     ($(#[$doc:meta])* $name:ident, $scalar:ident) => {
         $(#[$doc])*
         pub fn $name(&self, x: &mut [f32]) {
+            #[cfg(target_arch = "x86_64")]
+            if let Some(token) = self.avx2() {
+                // SAFETY: the token proves avx2/fma/f16c were detected on this CPU.
+                unsafe { avx2::$name(token, x) };
+                return;
+            }
             let done = match self.avx512() {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the token proves avx512f/bw/vl were detected on this CPU.
@@ -155,6 +163,28 @@ impl Kernels {
         softplus_in_place,
         softplus
     );
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! The scalar functions compiled for avx2 and fma (the `avx2` tier).
+
+    use crate::tier::Avx2;
+
+    /// `$name(token, x)` maps the scalar `$f` over `x` in place.
+    macro_rules! map_fn {
+        ($name:ident, $f:ident) => {
+            /// # Safety
+            /// The CPU must have avx2 and fma: the token says it has.
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub(super) unsafe fn $name(_: Avx2, x: &mut [f32]) {
+                x.iter_mut().for_each(|v| *v = super::$f(*v));
+            }
+        };
+    }
+    map_fn!(exp_in_place, exp);
+    map_fn!(sigmoid_in_place, sigmoid);
+    map_fn!(softplus_in_place, softplus);
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -9,8 +9,11 @@ use mxfp4_kernels::Kernels;
 #[inline(always)]
 pub(super) fn wide<T>(kernels: &Kernels, f: impl FnOnce() -> T) -> T {
     #[cfg(target_arch = "x86_64")]
-    if kernels.tier() != mxfp4_kernels::Tier::Scalar {
-        // SAFETY: a non-scalar `Kernels` exists only where avx512f/bw/vl were detected.
+    if !matches!(
+        kernels.tier(),
+        mxfp4_kernels::Tier::Scalar | mxfp4_kernels::Tier::Avx2
+    ) {
+        // SAFETY: an AVX-512 tier's `Kernels` exists only where avx512f/bw/vl were detected.
         return unsafe { avx512(f) };
     }
     f()

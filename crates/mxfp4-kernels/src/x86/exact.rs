@@ -226,7 +226,7 @@ fn e2m1_table() -> __m512 {
 /// E2M1 x 2^(s-127) for every scale byte s: 256 tables of 16 f32 (16 KiB), each product exact,
 /// so a row's group decode loads its table instead of multiplying (one vector op fewer per 32
 /// weights; a decode uses only the few tables of the scales present).
-static SCALED_TABLES: [[f32; 16]; 256] = {
+pub(crate) static SCALED_TABLES: [[f32; 16]; 256] = {
     let mut tables = [[0.0f32; 16]; 256];
     let mut s = 0;
     while s < 256 {

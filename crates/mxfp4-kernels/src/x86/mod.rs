@@ -1,4 +1,5 @@
-//! AVX-512 tiers. Each tier's public functions are `#[target_feature]` entry points called only
+//! AVX-512 tiers, and the AVX2 tier that runs the exact AVX-512 tier's arithmetic on 256-bit
+//! vectors (`avx2`). Each tier's public functions are `#[target_feature]` entry points called only
 //! through a `Kernels` token; helpers are `#[inline]` target-feature functions so they inline
 //! into the entries.
 //!
@@ -9,6 +10,7 @@
 
 use core::arch::x86_64::*;
 
+pub(crate) mod avx2;
 pub(crate) mod bf16;
 pub(crate) mod exact;
 pub(crate) mod float;
@@ -315,7 +317,9 @@ pub(crate) unsafe fn load_bytes64(ptr: *const u8, n: usize) -> __m512i {
 /// of a matrix is one contiguous window (rows are contiguous), so this is one sequential
 /// prefetch stream running ahead of the demand loads whatever the row length: short MXFP4
 /// rows (1.5-1.8 KB) end before a per-row prefetcher ramps up.
-#[target_feature(enable = "avx512f")]
+///
+/// Needs only sse (`prefetcht0`), so the AVX2 tier calls it too.
+#[target_feature(enable = "sse")]
 #[inline]
 pub(crate) fn prefetch_ahead(start: *const u8, window: usize, step: usize, steps: usize) {
     let ahead = PREFETCH_AHEAD.div_ceil(window) * window;
@@ -327,7 +331,7 @@ pub(crate) fn prefetch_ahead(start: *const u8, window: usize, step: usize, steps
 }
 
 /// How far ahead the MXFP4 row-block prefetch runs (measured best of 5-28 KB, PERFORMANCE.md).
-const PREFETCH_AHEAD: usize = 16 << 10;
+pub(crate) const PREFETCH_AHEAD: usize = 16 << 10;
 
 /// BF16 GEMV rows of at most this many columns (4 KB) run 8 rows at once, not 16: a 16-row
 /// block of 2 KB rows is 16 short streams that start cold every 32 KB, and 4 rows are too

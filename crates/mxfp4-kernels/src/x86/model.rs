@@ -16,6 +16,8 @@
 //! `vpermt2ps`, `vpmovdw`, `vcvtph2ps` with the tables of `lanes`), nor anything about the
 //! MXFP4 decode tables, `vdpbf16ps` or the VNNI tier, which this model leaves out.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 mod intrinsics;
 mod kernel;
 mod tests;

@@ -101,7 +101,7 @@ pub(crate) fn dot_bound(n: usize, abs_sum: f64, act_err: f64) -> f64 {
 /// `Σ|w|·|x - x̃|` for the tier's activation rounding.
 pub(crate) fn activation_error(tier: Tier, w: &[f32], x: &[f32]) -> f64 {
     match tier {
-        Tier::Scalar | Tier::Avx512 => 0.0,
+        Tier::Scalar | Tier::Avx2 | Tier::Avx512 => 0.0,
         Tier::Avx512Bf16 => w
             .iter()
             .zip(x)

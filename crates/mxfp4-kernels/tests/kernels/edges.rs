@@ -187,15 +187,18 @@ fn kernels_reject_bad_calls_without_panicking() {
         assert_eq!(out, [16.0; 4]); // 32 x 0.5 x 1.0
     }
     let scalar_act = Kernels::scalar().prepare(&[1.0; 32], 32).unwrap();
-    if let Ok(k) = Kernels::new(Tier::Avx512) {
-        let mut out = vec![0.0; 4];
-        assert!(matches!(
-            k.matmul_mxfp4(&m, &scalar_act, 0..4, &mut out),
-            Err(Error::TierMismatch { .. })
-        ));
+    for tier in [Tier::Avx2, Tier::Avx512] {
+        if let Ok(k) = Kernels::new(tier) {
+            let mut out = vec![0.0; 4];
+            assert!(matches!(
+                k.matmul_mxfp4(&m, &scalar_act, 0..4, &mut out),
+                Err(Error::TierMismatch { .. })
+            ));
+        }
     }
     assert_eq!("avx512-vnni".parse::<Tier>().unwrap(), Tier::Avx512Vnni);
-    assert!(matches!("avx2".parse::<Tier>(), Err(Error::UnknownTier(_))));
+    assert_eq!("avx2".parse::<Tier>().unwrap(), Tier::Avx2);
+    assert!(matches!("sse2".parse::<Tier>(), Err(Error::UnknownTier(_))));
 }
 
 #[test]

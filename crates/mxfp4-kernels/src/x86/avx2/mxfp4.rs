@@ -1,0 +1,131 @@
+//! MXFP4 matrices in the `avx2` tier: `exact::mxfp4_block` on two 8-lane halves.
+//!
+//! Decode: half `h` of a group is its bytes `8h..8h + 8`, sign-extended to 8 dword lanes. An
+//! E2M1 code is a sign bit over a 3-bit magnitude, and `vpermps` reads only bits 2..0 of each
+//! index, so the lanes themselves (low nibbles, even columns) and the lanes shifted right by 4
+//! (high nibbles, odd columns) index the 8 magnitudes of the group's scaled table
+//! (`exact::SCALED_TABLES`, E2M1 x 2^k exact in f32); the code's sign bit, shifted up to bit
+//! 31, is XORed on. `-(m x s)` is `(-m) x s` exactly, so every weight has the bits of
+//! `avx512`'s 16-entry lookup (and of scalar's decode), including -0 and infinities.
+
+use core::arch::x86_64::*;
+use std::ops::Range;
+
+use super::{Prefetch, act_block, by_tokens_avx2, fma_block, store_sums};
+use crate::activations::Activations;
+use crate::view::{GROUP, GROUP_BYTES, MxFp4Matrix};
+use crate::x86::exact::SCALED_TABLES;
+use crate::x86::{run_rows, width};
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn matmul(m: &MxFp4Matrix<'_>, act: &Activations, rows: Range<usize>, out: &mut [f32]) {
+    // GEMVs stream 3 rows: the decode is the bottleneck here (compute, not memory), and 4
+    // rows' accumulators with the decode's temporaries spill to the stack. 16384x3584 at 1
+    // thread on this Zen 3 host, best of alternating runs: 8.4 ms with 3 rows, 8.8 with 2,
+    // 9.3 with 4.
+    by_tokens_avx2!(mxfp4_block, 3, m, act, rows, out);
+}
+
+/// Every group of `rows` decoded and put back in column order.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dequant(matrix: &MxFp4Matrix<'_>, rows: Range<usize>, out: &mut [f32]) {
+    let cols = matrix.cols();
+    for (row, out_row) in rows.zip(out.chunks_exact_mut(cols)) {
+        let packed = matrix.packed_row(row).chunks_exact(GROUP_BYTES);
+        for ((codes, &scale), dst) in packed
+            .zip(matrix.scale_row(row))
+            .zip(out_row.chunks_exact_mut(GROUP))
+        {
+            // SAFETY: `codes` is exactly 16 readable bytes.
+            let w = unsafe { decode_group(codes.as_ptr(), scale) };
+            for h in 0..2 {
+                // Lanes 0, 1 of each 128-bit half: [even, odd] pairs in column order.
+                let low = _mm256_unpacklo_ps(w[h], w[2 + h]);
+                let high = _mm256_unpackhi_ps(w[h], w[2 + h]);
+                // SAFETY: `dst` is exactly 32 writable f32; 16h + 16 <= 32.
+                unsafe {
+                    let at = dst.as_mut_ptr().add(16 * h);
+                    _mm256_storeu_ps(at, _mm256_permute2f128_ps::<0x20>(low, high));
+                    _mm256_storeu_ps(at.add(8), _mm256_permute2f128_ps::<0x31>(low, high));
+                }
+            }
+        }
+    }
+}
+
+/// Rows `row0..row0+R` for tokens `tok0..tok0+T`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
+fn mxfp4_block<const R: usize, const T: usize, const C: usize>(
+    m: &MxFp4Matrix<'_>,
+    act: &Activations,
+    tok0: usize,
+    row0: usize,
+    local0: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    assert!(row0 + R <= m.rows() && act.perm32.len() >= (tok0 + T) * act.padded());
+    let cols = width::<C>(m.cols());
+    let groups = cols / GROUP;
+    let row_bytes = cols / 2;
+    let stride = act.padded();
+    let packed = m.packed()[row0 * row_bytes..].as_ptr();
+    let scales = &m.scales()[row0 * groups..(row0 + R) * groups];
+    let x = act.perm32[tok0 * stride..].as_ptr();
+    let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
+    let mut prefetch = Prefetch::new(R * row_bytes, groups);
+    for g in 0..groups {
+        prefetch.step(packed, g);
+        for r in 0..R {
+            // SAFETY: row0 + r < rows (asserted above); the group's 16 bytes lie in that row.
+            let w = unsafe {
+                decode_group(
+                    packed.add(r * row_bytes + GROUP_BYTES * g),
+                    scales[r * groups + g],
+                )
+            };
+            for t in 0..T {
+                // SAFETY: 32g + 32 <= cols <= stride, inside token tok0 + t's row of `perm32`
+                // (length asserted above).
+                let xt = unsafe { act_block(x.add(t * stride), g) };
+                fma_block(&mut acc[r][t], &w, &xt);
+            }
+        }
+    }
+    store_sums::<R, T>(&acc, tok0, local0, n, out);
+}
+
+/// One group's 32 weights, exactly: `[even 0..7, even 8..15, odd 0..7, odd 8..15]` of its
+/// columns (`fma_block`'s order; even columns are low nibbles).
+///
+/// # Safety
+/// 16 bytes from `codes` must be readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn decode_group(codes: *const u8, scale: u8) -> [__m256; 4] {
+    // SAFETY: each scaled table is 16 f32; the first 8 are the positive magnitudes.
+    let table = unsafe { _mm256_loadu_ps(SCALED_TABLES[scale as usize].as_ptr()) };
+    let sign = _mm256_set1_epi32(i32::MIN);
+    let mut low = [_mm256_setzero_ps(); 2];
+    let mut high = [_mm256_setzero_ps(); 2];
+    for h in 0..2 {
+        // Sign-extended, so a lane's bit 31 is the byte's bit 7, the high nibble's sign.
+        // SAFETY: bytes 8h..8h + 8 of the 16 the caller vouches for.
+        let v = _mm256_cvtepi8_epi32(unsafe { _mm_loadl_epi64(codes.add(8 * h).cast()) });
+        // Bit 3, the low nibble's sign, to bit 31.
+        let low_sign = _mm256_and_si256(_mm256_slli_epi32::<28>(v), sign);
+        let high_sign = _mm256_and_si256(v, sign);
+        low[h] = _mm256_xor_ps(
+            _mm256_permutevar8x32_ps(table, v),
+            _mm256_castsi256_ps(low_sign),
+        );
+        // Bits 6..4 to 2..0 (the bits `vpermps` reads).
+        high[h] = _mm256_xor_ps(
+            _mm256_permutevar8x32_ps(table, _mm256_srli_epi32::<4>(v)),
+            _mm256_castsi256_ps(high_sign),
+        );
+    }
+    [low[0], low[1], high[0], high[1]]
+}
