@@ -182,11 +182,11 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         (probe.run)();
         // Our cases for every tier any peer needs; each peer takes its own out of them.
         let mut tier_cases: Vec<(Tier, Vec<Case<'_>>)> = Vec::new();
-        for tier in [Tier::Avx512, Tier::Avx512Vnni, Tier::Avx512Bf16] {
-            if peers
-                .iter()
-                .all(|p| tier != Tier::Avx512 && tier != p.approx)
-            {
+        // The exact SIMD tier this CPU has (avx512, else avx2: the same bits) is compared on
+        // every case; an approximate tier on the cases whose peer it matches.
+        let exact = Kernels::detect().tier();
+        for tier in [exact, Tier::Avx512Vnni, Tier::Avx512Bf16] {
+            if tier == Tier::Scalar || peers.iter().all(|p| tier != exact && tier != p.approx) {
                 continue;
             }
             match Kernels::new(tier) {
@@ -197,7 +197,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         for peer in &peers {
             let mut ours: Vec<(Tier, Case<'_>)> = Vec::new();
             for (tier, list) in &mut tier_cases {
-                if *tier != Tier::Avx512 && *tier != peer.approx {
+                if *tier != exact && *tier != peer.approx {
                     continue;
                 }
                 let found = list.iter().position(|c| {
