@@ -290,10 +290,13 @@ impl Plan {
                 self.memory.describe()
             ),
             (trunk, _) => format!(
-                "{head}: {}; trunk streamed {} per token in {} reads of at most {} through {} buffer(s), experts cached {:.0}% with {} reads in flight; predicted from disk {} per token",
+                "{head}: {}; trunk streamed {} per token in {} reads{} of at most {} through {} buffer(s), experts cached {:.0}% with {} reads in flight; predicted from disk {} per token",
                 self.memory.describe(),
                 gb(trunk.as_ref().map_or(0, TrunkPlan::streamed_read_bytes)),
                 trunk.as_ref().map_or(0, |t| t.steps.len()),
+                trunk
+                    .as_ref()
+                    .map_or(String::new(), TrunkPlan::describe_steps),
                 gb(trunk.as_ref().map_or(0, TrunkPlan::buffer_bytes)),
                 trunk.as_ref().map_or(0, |t| t.slots),
                 self.expert_fraction * 100.0,

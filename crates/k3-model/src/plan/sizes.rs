@@ -40,6 +40,19 @@ impl Part {
     pub fn splits(self) -> bool {
         matches!(self, Part::Gate | Part::Up | Part::Down | Part::Head)
     }
+
+    /// The part as the printed plan names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Part::Copied => "copied",
+            Part::Attention => "attention",
+            Part::Gate => "gate",
+            Part::Up => "up",
+            Part::Down => "down",
+            Part::Moe => "moe",
+            Part::Head => "lm_head",
+        }
+    }
 }
 
 /// A stored tensor (or a row block of one): its name as stored, its file, where it lies in

@@ -4,9 +4,10 @@
 //! MLP's matrices, the lm_head) cut into row blocks of at most the buffer size ("cap").
 //!
 //! For a cap, a unit that cannot be split and reads more than the cap keeps its largest
-//! tensors resident until the rest fits; then the remaining tensors are made resident largest
-//! first while they fit (first fit decreasing: every trunk byte is read by every token, so
-//! any resident byte saves one byte from disk). [`Layout::best`] tries the caps that matter
+//! tensors resident until the rest fits; then the remaining tensors are made resident while
+//! they fit, the unsplittable units' first (streamed, they are many small tensors per read),
+//! largest first (every trunk byte is read by every token, so any resident byte saves one
+//! byte from disk; what streams is then mostly large row blocks). [`Layout::best`] tries the caps that matter
 //! and keeps the one that leaves the most resident.
 
 use std::collections::HashSet;
@@ -65,6 +66,27 @@ impl TrunkPlan {
 
     pub fn streams(&self) -> bool {
         !self.steps.is_empty()
+    }
+
+    /// The steps counted by part, e.g. " (attention 3, gate 4, lm_head 12)"; empty without
+    /// steps.
+    pub fn describe_steps(&self) -> String {
+        let mut counts: Vec<(Part, usize)> = Vec::new();
+        for s in &self.steps {
+            match counts.iter_mut().find(|(p, _)| *p == s.part) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((s.part, 1)),
+            }
+        }
+        counts.sort();
+        let words: Vec<String> = counts
+            .iter()
+            .map(|(p, n)| format!("{} {n}", p.name()))
+            .collect();
+        match words.is_empty() {
+            true => String::new(),
+            false => format!(" ({})", words.join(", ")),
+        }
     }
 }
 
@@ -136,9 +158,11 @@ impl Layout {
                 streamed.retain(|s| s.name != t.name);
             }
         }
-        // Then the rest, largest first, where it fits.
+        // Then the rest where it fits: the units that cannot be split first (streamed, each is
+        // one read of many small tensors), then the matrices read in row blocks; largest
+        // first within each.
         let mut rest: Vec<&StoredTensor> = units.iter().flat_map(|u| u.tensors.clone()).collect();
-        rest.sort_by_key(|t| std::cmp::Reverse(t.resident_bytes()));
+        rest.sort_by_key(|t| (t.part.splits(), std::cmp::Reverse(t.resident_bytes())));
         let forced = wanted.len();
         wanted.extend(rest);
         for (i, t) in wanted.into_iter().enumerate() {
@@ -215,9 +239,10 @@ impl Layout {
         caps
     }
 
-    /// The layout within `room` that keeps the most resident: two buffers where the second
-    /// takes at most `share` bytes, else one; ties go to two buffers, then to the smaller
-    /// buffers. `None`: nothing fits.
+    /// The layout within `room` that keeps the most resident with two buffers (a step's read
+    /// overlapping the previous step's compute), the second taking at most `share` bytes;
+    /// with one where no such layout fits. Ties go to the smaller buffers. `None`: nothing
+    /// fits.
     pub fn best(sizes: &WeightSizes, room: u64, share: u64) -> Option<Self> {
         let mut best: Option<Self> = None;
         for cap in Self::caps(sizes, share) {
@@ -228,7 +253,7 @@ impl Layout {
                 let Some(layout) = Self::new(sizes, room, cap, slots) else {
                     continue;
                 };
-                let key = |l: &Self| (l.resident, l.trunk.slots, std::cmp::Reverse(l.buffers));
+                let key = |l: &Self| (l.trunk.slots, l.resident, std::cmp::Reverse(l.buffers));
                 if best.as_ref().is_none_or(|b| key(&layout) > key(b)) {
                     best = Some(layout);
                 }

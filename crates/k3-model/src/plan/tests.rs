@@ -229,17 +229,23 @@ fn below_everything_the_trunk_is_resident_first_and_the_rest_is_streamed() {
         "{}",
         plan.describe()
     );
-    // No other cap, with the same slot rule, keeps more resident in the same room.
-    let room = plan.memory.resident_trunk + plan.memory.trunk_buffers + plan.memory.expert_cache;
+    // No other cap keeps more resident in the same room with as many buffers.
+    let m = &plan.memory;
+    let room = bytes - (m.kv_cache + m.kda_state + m.f32_copies + m.io_buffers);
     let share = bytes / BUFFER_SHARE;
     for cap in [1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22] {
         for slots in [1, 2] {
             if slots == 2 && cap > share {
                 continue;
             }
-            if let Some(other) = Layout::new(&sizes, room - plan.memory.expert_cache, cap, slots) {
+            if let Some(other) = Layout::new(&sizes, room, cap, slots) {
                 check_layout(&sizes, &other.trunk);
-                assert!(other.resident <= plan.memory.resident_trunk, "cap {cap}");
+                assert!(
+                    slots < trunk.slots as u64 || other.resident <= plan.memory.resident_trunk,
+                    "cap {cap}"
+                );
+                // Two buffers are kept wherever they fit.
+                assert!(slots <= trunk.slots as u64, "cap {cap}");
             }
         }
     }
