@@ -228,7 +228,7 @@ impl Layout {
             .map(|u| read_bytes(&u.tensors.iter().map(|&t| t.clone()).collect::<Vec<_>>()))
             .collect();
         // A model whose units are all smaller than MIN_CAP goes down to its largest one.
-        let floor = whole.iter().copied().max().unwrap_or(0).min(MIN_CAP).max(1);
+        let floor = whole.iter().copied().max().unwrap_or(0).clamp(1, MIN_CAP);
         let mut caps: Vec<u64> = whole
             .into_iter()
             .chain([floor, share])

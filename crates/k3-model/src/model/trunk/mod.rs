@@ -38,7 +38,7 @@ pub(super) struct TrunkStream {
     steps: Vec<StepReads>,
     /// Per layer (the layer count for the head) and part: its steps, with their rows for a
     /// part read in row blocks.
-    index: HashMap<(usize, Part), Vec<(Option<Range<usize>>, usize)>>,
+    index: HashMap<(usize, Part), Vec<StepRows>>,
     /// Buffers given back, for the I/O thread to fill.
     free: Sender<AlignedBuf>,
     /// Filled buffers, in the order read; locked for a whole forward pass.
@@ -50,7 +50,10 @@ pub(super) struct TrunkStream {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// A unit's reads in file order: the shard and the byte range of each.
+/// A step of a part: the rows it holds (for a part read in row blocks) and its index.
+pub(super) type StepRows = (Option<Range<usize>>, usize);
+
+/// A step's reads in file order: the shard and the byte range of each.
 type Reads = Vec<(Arc<ShardReader>, Range<usize>)>;
 
 /// One step of the stream: its reads and where each streamed tensor (or row block) lands.
@@ -139,7 +142,7 @@ struct Filled {
     result: std::result::Result<(AlignedBuf, Vec<usize>), PieceError>,
 }
 
-/// One forward pass's hold on the stream (passes take the stream's layers in turn).
+/// One forward pass's hold on the stream (passes take the stream's steps in turn).
 pub(super) struct Pass<'m> {
     filled: Option<MutexGuard<'m, Receiver<Filled>>>,
 }
@@ -176,7 +179,7 @@ impl<'a> Model<'a> {
     /// Takes the trunk as `plan` places it: the tensors it keeps resident from `resident`
     /// ([`ResidentTrunk::load`] of `plan.resident`), the ones it streams read from `ckpt`
     /// (the checkpoint this model was loaded from) with `O_DIRECT` on an I/O thread on
-    /// `io_cpus`, through `plan.slots` buffers, a unit ahead of compute. Logits are the same
+    /// `io_cpus`, through `plan.slots` buffers, a step ahead of compute. Logits are the same
     /// bits.
     pub fn with_planned_trunk(
         mut self,
@@ -190,7 +193,7 @@ impl<'a> Model<'a> {
         }
         let mut readers: Vec<Arc<ShardReader>> = Vec::new();
         let mut steps = Vec::with_capacity(plan.steps.len());
-        let mut index: HashMap<(usize, Part), Vec<(Option<Range<usize>>, usize)>> = HashMap::new();
+        let mut index: HashMap<(usize, Part), Vec<StepRows>> = HashMap::new();
         for (i, step) in plan.steps.iter().enumerate() {
             let mut reads: Reads = Vec::new();
             for (path, range) in merged_reads(&step.tensors) {
@@ -267,7 +270,7 @@ impl<'a> Model<'a> {
     }
 
     /// Bytes of trunk read from disk so far by the stream (0 without one); the stream reads
-    /// up to two layers ahead, so a pass's reads may land before or after it.
+    /// up to `slots` steps ahead, so a pass's reads may land before or after it.
     pub fn streamed_trunk_bytes(&self) -> u64 {
         self.trunk
             .as_ref()
@@ -323,7 +326,7 @@ impl<'a> Model<'a> {
 
     /// The streamed steps of `part` of layer `layer` (the layer count for the head), with
     /// their rows for a part read in row blocks; empty where nothing of it is streamed.
-    pub(super) fn trunk_steps(&self, layer: usize, part: Part) -> &[(Option<Range<usize>>, usize)] {
+    pub(super) fn trunk_steps(&self, layer: usize, part: Part) -> &[StepRows] {
         self.trunk
             .as_ref()
             .and_then(|t| t.index.get(&(layer, part)))
