@@ -404,3 +404,106 @@ fn the_flags_override_parts_of_the_plan() {
     assert_eq!(plan.memory.resident_trunk, ckpt_flags.resident_trunk);
     assert_eq!(plan.memory.trunk_buffers, 0);
 }
+
+/// Sizes shaped like the k3-wide slice (3 layers; layer 0 dense with 484 MB matrices, five
+/// 176 MB attention matrices a layer, MoE blocks of 300 MB, a 2.35 GB lm_head), written out
+/// by hand: no checkpoint of that size is needed to plan it.
+fn wide_like() -> WeightSizes {
+    let mut offset = 0;
+    let mut tensor = |name: String, part, bytes: u64, rows| {
+        let t = StoredTensor {
+            name,
+            path: "shard".into(),
+            offset,
+            bytes,
+            part,
+            rows,
+        };
+        offset += bytes.next_multiple_of(4096) as usize;
+        t
+    };
+    let mut layers = Vec::new();
+    for l in 0..3 {
+        let mut layer = vec![tensor(format!("{l}.norm"), Part::Copied, 28_672, 7168)];
+        for m in ["q", "k", "v", "g", "o"] {
+            layer.push(tensor(
+                format!("{l}.{m}"),
+                Part::Attention,
+                176_160_768,
+                12_288,
+            ));
+        }
+        if l == 0 {
+            for (m, part) in [("gate", Part::Gate), ("up", Part::Up), ("down", Part::Down)] {
+                layer.push(tensor(format!("{l}.{m}"), part, 484_442_112, 33_792));
+            }
+        } else {
+            layer.push(tensor(format!("{l}.moe"), Part::Moe, 300_000_000, 7168));
+        }
+        layers.push(layer);
+    }
+    let head = vec![tensor("lm_head".into(), Part::Head, 2_348_810_240, 163_840)];
+    WeightSizes {
+        head,
+        layers,
+        embed: 2_348_810_240,
+        embed_row: 14_336,
+        expert_total: 1_120_000_000,
+        expert_largest: 17_500_000,
+        experts_per_layer: vec![32, 32],
+        top_k: 16,
+    }
+}
+
+#[test]
+fn a_large_lm_head_streams_in_blocks_and_leaves_the_rest_resident() {
+    let sizes = wide_like();
+    let flags = MemoryPlan::default();
+    let mut head_cut = false;
+    for bytes in [2_000_000_000, 3_600_000_000, 6_700_000_000] {
+        let plan = Plan::new(&sizes, flags, &options(), run(), budget(bytes), 0).unwrap();
+        let trunk = plan.trunk.as_ref().unwrap();
+        check_layout(&sizes, trunk);
+        // No buffer the size of the lm_head or of a whole layer: the lm_head and the dense
+        // matrices are cut, the attention shrinks to the cap by keeping its largest
+        // matrices resident.
+        let attention_unit = 5 * 176_160_768;
+        assert!(
+            trunk.buffer_bytes() <= attention_unit,
+            "{}",
+            plan.describe()
+        );
+        let head_steps = trunk.steps.iter().filter(|s| s.part == Part::Head).count();
+        head_cut |= head_steps > 1;
+        assert!(
+            trunk.resident.contains("lm_head") || head_steps > 1,
+            "{}",
+            plan.describe()
+        );
+        // What is left beside the resident trunk and the buffers is less than the smallest
+        // read tensor (nothing more would fit) or went to the experts.
+        let smallest = sizes
+            .read_tensors()
+            .filter(|(_, t)| !trunk.resident.contains(&t.name))
+            .map(|(_, t)| t.resident_bytes())
+            .min()
+            .unwrap();
+        assert!(
+            plan.memory.expert_cache < smallest,
+            "{} left for {smallest}",
+            plan.memory.expert_cache
+        );
+        assert_eq!(
+            plan.disk_per_token,
+            trunk.streamed_read_bytes()
+                + ((2 * 16 * sizes.expert_largest) as f64 * (1.0 - plan.expert_fraction)).round()
+                    as u64
+                + sizes.embed_row
+        );
+    }
+    assert!(head_cut, "the lm_head streamed in no budget");
+    // The least budget needs one buffer of the attention unit (cheaper than keeping all
+    // attention resident for a smaller cap), far below the lm_head's 2.35 GB.
+    let least = Layout::minimum(&sizes);
+    assert_eq!(least.resident + least.buffers, 5 * 176_160_768);
+}
