@@ -1,5 +1,5 @@
-//! The planner on the tiny checkpoint's sizes: every number below is derived from the sizes
-//! and the budget, none is written out.
+//! The planner on the tiny checkpoint's sizes, and on sizes shaped like the k3-wide slice
+//! written out by hand: every number asserted is derived from the sizes and the budget.
 
 use super::*;
 use expert_store::Checkpoint;
