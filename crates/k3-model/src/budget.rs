@@ -32,7 +32,8 @@ pub struct RunShape {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MemoryPlan {
     pub resident_trunk: u64,
-    /// Buffers the streamed part of the trunk is read into (`plan::STREAM_SLOTS` layers).
+    /// Buffers the streamed part of the trunk is read into (`plan::TrunkPlan::slots` of the
+    /// largest stream step).
     pub trunk_buffers: u64,
     pub expert_cache: u64,
     pub io_buffers: u64,

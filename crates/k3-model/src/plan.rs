@@ -4,36 +4,33 @@
 //! flags' allocations ([`MemoryPlan`]). Where it does not, the plan decides:
 //!
 //! 1. the fixed costs: sequence state (KV, KDA), the f32 copies made at load, the expert
-//!    store's I/O buffers and one layer's selected experts in flight, and two trunk buffers
-//!    the size of the largest unit streamed (a layer's trunk, or the head: lm_head and the
-//!    output norms) — one where a second would take more than a tenth of the budget, and
-//!    fewer expert reads in flight where theirs would; their sum is the minimum, and a
-//!    budget below it is refused with the numbers;
-//! 2. trunk bytes resident next, tensor by tensor, the head first, then the layers in order
-//!    (every trunk byte is read by every token, so residency is worth more per byte than any
-//!    expert's); the embedding is never copied (one row of it is read per token);
+//!    store's I/O buffers and one layer's selected experts in flight (fewer reads in flight
+//!    where their buffers would take more than a tenth of the budget);
+//! 2. the trunk ([`Layout`]): stream buffers of a size (the cap) and count, and the trunk
+//!    bytes resident, to keep the most resident (every trunk byte is read by every token, so
+//!    residency is worth more per byte than any expert's). The trunk streams in small units
+//!    in forward order (each layer's attention, its dense MLP's gate, up and down or its MoE
+//!    block, then the lm_head), a dense MLP's matrices and the lm_head in row blocks of at
+//!    most the cap; two buffers where the second takes at most a tenth of the budget, else
+//!    one. The least any layout needs, with the fixed costs, is the minimum, and a budget
+//!    below it is refused with the numbers; the embedding is never copied (one row of it is
+//!    read per token), nor what is widened to f32 at load;
 //! 3. the expert cache gets what is left.
 //!
 //! Trunk tensors left out are streamed from disk every token (`model::trunk`). `--resident-trunk`
 //! and `--expert-cache[-gb]` override steps 2 and 3; `--io-threads` sizes the I/O buffers.
 //! The planner works on sizes ([`WeightSizes`]), so it is tested without a model.
 
-use std::collections::HashSet;
-use std::ops::Range;
-use std::path::PathBuf;
-
-use expert_store::checkpoint::LinearStorage;
-use expert_store::io::{MemoryBudget, aligned_span};
-use expert_store::{Checkpoint, CheckpointError};
+use expert_store::io::MemoryBudget;
 
 use crate::budget::{MemoryPlan, RunShape, gb};
-use crate::config::K3Config;
 use crate::experts::ExpertOptions;
-use crate::inventory::{Role, TensorClass, expert_layout, text_tensors};
 
-/// Buffers the trunk stream cycles through where the budget allows: one layer computed on
-/// while the next is read.
-pub const STREAM_SLOTS: u64 = 2;
+mod sizes;
+mod stream;
+
+pub use sizes::{MERGE_GAP, Part, StoredTensor, WeightSizes, merged_reads, read_bytes};
+pub use stream::{BLOCK_ROWS, Layout, MIN_CAP, StreamStep, TrunkPlan, forced_bytes};
 
 /// A second trunk buffer, and the expert store's read buffers, may each take at most
 /// 1/`BUFFER_SHARE` of the budget: memory spent on buffers is memory not resident.
@@ -44,173 +41,6 @@ pub const BUFFER_SHARE: u64 = 10;
 /// the embedding rows read through the mapping).
 pub fn safety_margin(budget: u64) -> u64 {
     250_000_000 + budget / 50
-}
-
-/// Reads closer than this are merged into one (the gap is read and ignored): a layer's small
-/// tensors (norms, biases) lie between its matrices.
-pub const MERGE_GAP: usize = 1 << 20;
-
-/// A stored tensor: its name as stored, its file, where it lies in it, its size.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredTensor {
-    pub name: String,
-    pub path: PathBuf,
-    pub offset: usize,
-    pub bytes: u64,
-}
-
-/// The reads that fetch `tensors` (in file order): one per run of tensors in one file whose
-/// gaps are at most [`MERGE_GAP`].
-pub fn merged_reads(tensors: &[StoredTensor]) -> Vec<(PathBuf, Range<usize>)> {
-    let mut reads: Vec<(PathBuf, Range<usize>)> = Vec::new();
-    for t in tensors {
-        let range = t.offset..t.offset + t.bytes as usize;
-        match reads.last_mut() {
-            Some((path, r))
-                if *path == t.path && r.end <= range.start && range.start - r.end <= MERGE_GAP =>
-            {
-                r.end = range.end;
-            }
-            _ => reads.push((t.path.clone(), range)),
-        }
-    }
-    reads
-}
-
-/// Bytes `O_DIRECT` reads of `tensors` cover (each merged read rounded out to 4 KiB).
-pub fn read_bytes(tensors: &[StoredTensor]) -> u64 {
-    merged_reads(tensors)
-        .iter()
-        .map(|(_, r)| aligned_span(r).1 as u64)
-        .sum()
-}
-
-impl StoredTensor {
-    /// Bytes it takes in the resident copy (read alone with `O_DIRECT`: its range rounded
-    /// out to 4 KiB).
-    pub fn resident_bytes(&self) -> u64 {
-        aligned_span(&(self.offset..self.offset + self.bytes as usize)).1 as u64
-    }
-}
-
-/// The sizes the planner splits a budget over.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WeightSizes {
-    /// Read every token outside the layers: lm_head and the output norms.
-    pub head: Vec<StoredTensor>,
-    /// Each decoder layer's trunk tensors (all but the routed experts), in file order.
-    pub layers: Vec<Vec<StoredTensor>>,
-    /// The embedding table, and the bytes of one row of it (read per token).
-    pub embed: u64,
-    pub embed_row: u64,
-    /// Every routed expert's buffer bytes summed, and the largest one.
-    pub expert_total: u64,
-    pub expert_largest: u64,
-    /// Routed experts per MoE layer (one entry per MoE layer).
-    pub experts_per_layer: Vec<usize>,
-    /// Experts each token selects per MoE layer.
-    pub top_k: usize,
-}
-
-impl WeightSizes {
-    /// The sizes of `ckpt`'s tensors as stored (any dtype; an MXFP4 linear is two tensors).
-    pub fn new(ckpt: &Checkpoint, config: &K3Config) -> Result<Self, CheckpointError> {
-        let mut sizes = Self {
-            head: Vec::new(),
-            layers: vec![Vec::new(); config.num_layers()],
-            embed: 0,
-            embed_row: 0,
-            expert_total: 0,
-            expert_largest: 0,
-            experts_per_layer: Vec::new(),
-            top_k: config.moe.router.top_k,
-        };
-        let stored = |name: &str| {
-            ckpt.tensor(name).map(|t| StoredTensor {
-                name: t.name.to_owned(),
-                path: t.path.to_owned(),
-                offset: t.offset,
-                bytes: t.bytes.len() as u64,
-            })
-        };
-        for spec in text_tensors(config) {
-            let tensors: Vec<StoredTensor> = match ckpt.linear_format(&spec.name) {
-                Ok(LinearStorage::MxFp4(base)) if spec.role() == Role::Linear => {
-                    [".weight_packed", ".weight_scale"]
-                        .iter()
-                        .filter_map(|part| stored(&format!("{base}{part}")))
-                        .collect()
-                }
-                _ => stored(&spec.name).into_iter().collect(),
-            };
-            match (spec.class, spec.layer) {
-                (TensorClass::RoutedExperts, _) => {}
-                (TensorClass::Embedding, _) => {
-                    sizes.embed = tensors.iter().map(|t| t.bytes).sum();
-                    sizes.embed_row = sizes.embed / config.vocab_size.max(1) as u64;
-                }
-                (_, Some(layer)) => sizes.layers[layer].extend(tensors),
-                (_, None) => sizes.head.extend(tensors),
-            }
-        }
-        for layer in &mut sizes.layers {
-            layer.sort_by(|a, b| (&a.path, a.offset).cmp(&(&b.path, b.offset)));
-        }
-        let table = ckpt.expert_table(&expert_layout(config))?;
-        let mut per_layer = std::collections::BTreeMap::<usize, usize>::new();
-        for (&(layer, _), location) in &table {
-            let bytes = expert_store::store::buffer_bytes(location);
-            sizes.expert_total += bytes;
-            sizes.expert_largest = sizes.expert_largest.max(bytes);
-            *per_layer.entry(layer).or_default() += 1;
-        }
-        sizes.experts_per_layer = per_layer.into_values().collect();
-        Ok(sizes)
-    }
-
-    /// The trunk's bytes as the resident copy holds them: the head and every layer.
-    pub fn trunk_resident_bytes(&self) -> u64 {
-        self.head
-            .iter()
-            .chain(self.layers.iter().flatten())
-            .map(StoredTensor::resident_bytes)
-            .sum()
-    }
-
-    /// The units the trunk is streamed in, in the order a forward pass reads them: each
-    /// layer, then the head.
-    pub fn units(&self) -> impl Iterator<Item = &Vec<StoredTensor>> {
-        self.layers.iter().chain(std::iter::once(&self.head))
-    }
-
-    /// The largest unit (a layer's trunk, or the head) as a stream buffer holds it.
-    pub fn largest_layer_read(&self) -> u64 {
-        self.units().map(|l| read_bytes(l)).max().unwrap_or(0)
-    }
-}
-
-/// Where the trunk's bytes are under a plan that does not fit the mapping.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct TrunkPlan {
-    /// Stored names copied into resident memory.
-    pub resident: HashSet<String>,
-    /// Per layer and last the head (lm_head, output norms): the tensors read from disk every
-    /// token (empty: all resident).
-    pub streamed: Vec<Vec<StoredTensor>>,
-    /// Layer buffers the stream cycles through (2: a layer is read while the one before is
-    /// computed; 1 where the budget allows no more).
-    pub slots: usize,
-}
-
-impl TrunkPlan {
-    /// Bytes read from disk per token for the streamed trunk.
-    pub fn streamed_read_bytes(&self) -> u64 {
-        self.streamed.iter().map(|l| read_bytes(l)).sum()
-    }
-
-    pub fn streams(&self) -> bool {
-        self.streamed.iter().any(|l| !l.is_empty())
-    }
 }
 
 /// A budget split over a run's memory.
@@ -321,68 +151,61 @@ impl Plan {
             .min(sizes.experts_per_layer.iter().copied().max().unwrap_or(0))
             as u64
             * largest;
-        let minimum = |slots: u64, io_threads: usize| {
+        // The fixed costs with `io_threads` reads in flight, and the flag's whole copy of the
+        // trunk where --resident-trunk asks for it.
+        let fixed = |io_threads: usize| {
             let mut memory = MemoryPlan {
                 resident_trunk: 0,
-                trunk_buffers: slots * sizes.largest_layer_read(),
+                trunk_buffers: 0,
                 io_buffers: expert_store::store::io_buffers(io_threads) as u64 * largest
                     + in_flight,
                 ..flags
             };
             memory.expert_cache = 0;
             if run.resident_trunk {
-                // The flag's copy: every trunk tensor and the embedding, nothing streamed.
                 memory.resident_trunk = flags.resident_trunk;
-                memory.trunk_buffers = 0;
             }
             memory
         };
-        // Buffers cost residency, so they may take at most a tenth of the budget each: a
-        // second trunk buffer (a layer's read overlapping the previous layer's compute) where
-        // it fits that, the reads in flight asked for halved until their buffers do; then,
-        // where the minimum still does not fit, one trunk buffer and fewer reads down to one.
-        let share = usable / BUFFER_SHARE;
-        let preferred_slots = if sizes.largest_layer_read() <= share {
-            STREAM_SLOTS
-        } else {
-            1
-        };
-        let mut preferred_io = experts.io_threads.max(1);
-        while preferred_io > 1
-            && expert_store::store::io_buffers(preferred_io) as u64 * largest > share
-        {
-            preferred_io /= 2;
-        }
-        let mut shapes = vec![(preferred_slots, preferred_io)];
-        let mut io_threads = preferred_io;
-        loop {
-            shapes.push((1, io_threads));
-            if io_threads <= 1 {
-                break;
+        // The least trunk layout (one buffer, what must be resident for it).
+        let least = (!run.resident_trunk).then(|| Layout::minimum(sizes));
+        let minimum = |io_threads: usize| {
+            let mut memory = fixed(io_threads);
+            if let Some(least) = &least {
+                memory.resident_trunk = least.resident;
+                memory.trunk_buffers = least.buffers;
             }
+            memory
+        };
+        // Buffers cost residency: the expert reads in flight asked for, halved until their
+        // buffers take at most a tenth of the budget, then down to one where the minimum
+        // needs it.
+        let share = usable / BUFFER_SHARE;
+        let mut io_threads = experts.io_threads.max(1);
+        while io_threads > 1 && expert_store::store::io_buffers(io_threads) as u64 * largest > share
+        {
             io_threads /= 2;
         }
-        let Some(&(slots, io_threads)) = shapes
-            .iter()
-            .find(|&&(slots, io)| minimum(slots, io).total() <= usable)
-        else {
-            let (slots, io) = *shapes.last().expect("at least one shape");
+        while io_threads > 1 && minimum(io_threads).total() > usable {
+            io_threads /= 2;
+        }
+        if minimum(io_threads).total() > usable {
             return Err(if run.resident_trunk {
                 PlanError::Flags {
                     budget,
                     margin,
-                    plan: minimum(slots, io),
+                    plan: minimum(io_threads),
                     advice: "drop --resident-trunk (the plan then streams what does not fit)",
                 }
             } else {
                 PlanError::BelowMinimum {
                     budget,
                     margin,
-                    minimum: minimum(slots, io),
+                    minimum: minimum(io_threads),
                 }
             });
-        };
-        let mut memory = minimum(slots, io_threads);
+        }
+        let mut memory = fixed(io_threads);
         // The flags' expert cache, if they set one, before the trunk takes the rest.
         let asked = match (experts.cache_experts, experts.cache_bytes) {
             (Some(n), _) => Some(
@@ -396,9 +219,12 @@ impl Plan {
             (None, Some(b)) => Some(b.min(sizes.expert_total)),
             (None, None) => None,
         };
+        let trunk_floor = least.as_ref().map_or(0, |l| l.resident + l.buffers);
         if let Some(cache) = asked {
             memory.expert_cache = cache;
-            if usable < memory.total() {
+            if usable < memory.total() + trunk_floor {
+                memory.resident_trunk += least.as_ref().map_or(0, |l| l.resident);
+                memory.trunk_buffers = least.as_ref().map_or(0, |l| l.buffers);
                 return Err(PlanError::Flags {
                     budget,
                     margin,
@@ -407,43 +233,15 @@ impl Plan {
                 });
             }
         }
-        let units = sizes.layers.len() + 1;
-        let mut trunk = TrunkPlan {
-            resident: HashSet::new(),
-            streamed: vec![Vec::new(); units],
-            slots: slots as usize,
-        };
-        let mut left = usable - memory.total();
+        let room = usable - memory.total();
+        let mut trunk = None;
         if !run.resident_trunk {
-            // First fit, the head first (the largest unit: streamed, it sets the buffers' size),
-            // then the layers in order.
-            let order = std::iter::once(units - 1).chain(0..units - 1);
-            for unit in order {
-                let tensors = sizes
-                    .units()
-                    .nth(unit)
-                    .expect("a unit per layer and the head");
-                for tensor in tensors {
-                    if tensor.resident_bytes() <= left {
-                        left -= tensor.resident_bytes();
-                        memory.resident_trunk += tensor.resident_bytes();
-                        trunk.resident.insert(tensor.name.clone());
-                    } else {
-                        trunk.streamed[unit].push(tensor.clone());
-                    }
-                }
-            }
-            // The buffers need hold only the largest streamed part (none if all is resident).
-            let buffers = slots
-                * trunk
-                    .streamed
-                    .iter()
-                    .map(|l| read_bytes(l))
-                    .max()
-                    .unwrap_or(0);
-            left += memory.trunk_buffers - buffers;
-            memory.trunk_buffers = buffers;
+            let layout = Layout::best(sizes, room, share).expect("the minimum layout fits");
+            memory.resident_trunk = layout.resident;
+            memory.trunk_buffers = layout.buffers;
+            trunk = Some(layout.trunk);
         }
+        let left = usable - memory.total();
         if asked.is_none() {
             memory.expert_cache = left.min(sizes.expert_total);
         }
@@ -456,12 +254,13 @@ impl Plan {
         let experts_read = ((moe_layers * sizes.top_k as u64 * largest) as f64
             * (1.0 - fraction.min(1.0)))
         .round() as u64;
+        let streamed = trunk.as_ref().map_or(0, TrunkPlan::streamed_read_bytes);
         Ok(Self {
             memory,
             budget: Some(budget),
             margin,
-            disk_per_token: trunk.streamed_read_bytes() + experts_read + sizes.embed_row,
-            trunk: (!run.resident_trunk).then_some(trunk),
+            disk_per_token: streamed + experts_read + sizes.embed_row,
+            trunk,
             expert_cache: Some(memory.expert_cache),
             expert_fraction: fraction.min(1.0),
             io_threads,
@@ -491,9 +290,14 @@ impl Plan {
                 self.memory.describe()
             ),
             (trunk, _) => format!(
-                "{head}: {}; trunk streamed {} per token through {} buffer(s), experts cached {:.0}% with {} reads in flight; predicted from disk {} per token",
+                "{head}: {}; trunk streamed {} per token in {} reads{} of at most {} through {} buffer(s), experts cached {:.0}% with {} reads in flight; predicted from disk {} per token",
                 self.memory.describe(),
                 gb(trunk.as_ref().map_or(0, TrunkPlan::streamed_read_bytes)),
+                trunk.as_ref().map_or(0, |t| t.steps.len()),
+                trunk
+                    .as_ref()
+                    .map_or(String::new(), TrunkPlan::describe_steps),
+                gb(trunk.as_ref().map_or(0, TrunkPlan::buffer_bytes)),
                 trunk.as_ref().map_or(0, |t| t.slots),
                 self.expert_fraction * 100.0,
                 self.io_threads,

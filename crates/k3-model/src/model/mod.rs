@@ -25,6 +25,7 @@ use numa_sched::Pool;
 
 use crate::config::{AttentionKind, K3Config};
 use crate::ops::{attn_res_mix, rms_norm};
+use crate::plan::Part;
 use crate::profile::{Bucket, Profile};
 
 /// Errors of model construction and evaluation.
@@ -397,9 +398,10 @@ impl<'a> Model<'a> {
         // the stream's.
         let mut pass = self.trunk_pass();
         for i in 0..self.layers.len() {
-            let held = self.trunk_buffer(&mut pass, i)?;
-            let layer = self.layer_weights(i, held.as_ref())?;
-            let layer = &*layer;
+            // The layer's vectors as loaded; its matrices step by step from the stream.
+            let layer = &self.layers[i];
+            let held = self.trunk_unit(&mut pass, i, Part::Attention)?;
+            let attention = self.attention_weights(i, held.as_ref())?;
             let restart = c.layers[i].attn_res_snapshot;
             let mut raw = Vec::with_capacity(tokens.len());
             let mut normed = Vec::with_capacity(tokens.len());
@@ -425,7 +427,7 @@ impl<'a> Model<'a> {
                 },
             );
             // Projections once for all tokens; attention on each sequence's own state.
-            let attn = match &layer.attention {
+            let attn = match &*attention {
                 Attention::Kda(kda) => {
                     let states = groups
                         .iter_mut()
@@ -447,6 +449,9 @@ impl<'a> Model<'a> {
                     self.timed(Bucket::Mla, || self.mla(mla, caches, &normed))?
                 }
             };
+            // The attention's buffer goes back before the FFN's is asked for.
+            drop(attention);
+            drop(held);
             let mut prefix = Vec::with_capacity(tokens.len());
             let mut post = Vec::with_capacity(tokens.len());
             wide(
@@ -468,8 +473,14 @@ impl<'a> Model<'a> {
                 },
             );
             let f = match &layer.ffn {
-                Ffn::Dense(mlp) => self.timed(Bucket::DenseMlp, || self.mlp(mlp, &post))?,
-                Ffn::Moe(moe) => self.moe(moe, &post)?,
+                Ffn::Dense(mlp) => self.timed(Bucket::DenseMlp, || {
+                    self.planned_mlp(&mut pass, i, mlp, &post)
+                })?,
+                Ffn::Moe(moe) => {
+                    let held = self.trunk_unit(&mut pass, i, Part::Moe)?;
+                    let moe = self.moe_weights(moe, held.as_ref())?;
+                    self.moe(&moe, &post)?
+                }
             };
             h = prefix
                 .into_iter()
@@ -492,10 +503,11 @@ impl<'a> Model<'a> {
         let mut logits = if finals.is_empty() {
             Vec::new().into_iter()
         } else {
-            let held = self.trunk_buffer(&mut pass, self.layers.len())?;
-            let lm_head = self.head_weights(held.as_ref())?;
-            self.timed(Bucket::LmHead, || self.gemm(&lm_head, &finals))?
-                .into_iter()
+            let head = self.layers.len();
+            self.timed(Bucket::LmHead, || {
+                self.planned_gemm(&mut pass, head, Part::Head, &self.lm_head, &finals)
+            })?
+            .into_iter()
         };
         Ok(groups
             .iter_mut()

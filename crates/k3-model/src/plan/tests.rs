@@ -1,7 +1,10 @@
-//! The planner on the tiny checkpoint's sizes: every number below is derived from the sizes
-//! and the budget, none is written out.
+//! The planner on the tiny checkpoint's sizes, and on sizes shaped like the k3-wide slice
+//! written out by hand: every number asserted is derived from the sizes and the budget.
 
 use super::*;
+use expert_store::Checkpoint;
+
+use crate::config::K3Config;
 use crate::synth::{Preset, SynthOptions, generate};
 
 /// `f` over a freshly generated tiny checkpoint (removed after).
@@ -57,18 +60,79 @@ fn everything(sizes: &WeightSizes, flags: &MemoryPlan) -> u64 {
         + sizes.expert_total
 }
 
-/// The memory of a plan of `slots` layer buffers and `io_threads` expert reads in flight with
-/// nothing beyond the fixed costs: state, the trunk buffers, the store's buffers and
-/// one selection of experts.
-fn minimum(sizes: &WeightSizes, flags: &MemoryPlan, slots: u64, io_threads: usize) -> u64 {
+/// The memory of a plan of `io_threads` expert reads in flight with nothing beyond the fixed
+/// costs: state, the least trunk layout (one buffer and what must be resident for it), the
+/// store's buffers and one selection of experts.
+fn minimum(sizes: &WeightSizes, flags: &MemoryPlan, io_threads: usize) -> u64 {
     let selection = sizes
         .top_k
         .min(*sizes.experts_per_layer.iter().max().unwrap()) as u64;
+    let least = Layout::minimum(sizes);
     flags.kv_cache
         + flags.kda_state
         + flags.f32_copies
-        + slots * sizes.largest_layer_read()
+        + least.resident
+        + least.buffers
         + (3 * io_threads as u64 + selection) * sizes.expert_largest
+}
+
+/// Every read tensor is resident or streamed (whole, or in row blocks that cover its rows in
+/// order), never both; the steps follow the forward pass; each fits one buffer.
+fn check_layout(sizes: &WeightSizes, trunk: &TrunkPlan) {
+    for (layer, t) in sizes.read_tensors() {
+        let steps: Vec<&StreamStep> = trunk
+            .steps
+            .iter()
+            .filter(|s| s.layer == layer && s.tensors.iter().any(|b| b.name == t.name))
+            .collect();
+        assert_ne!(
+            trunk.resident.contains(&t.name),
+            !steps.is_empty(),
+            "{}",
+            t.name
+        );
+        let blocks: Vec<&StoredTensor> = steps
+            .iter()
+            .flat_map(|s| s.tensors.iter().filter(|b| b.name == t.name))
+            .collect();
+        if !blocks.is_empty() {
+            assert_eq!(blocks[0].offset, t.offset, "{}", t.name);
+            assert!(
+                blocks
+                    .windows(2)
+                    .all(|w| w[0].offset + w[0].bytes as usize == w[1].offset)
+            );
+            assert_eq!(
+                blocks.iter().map(|b| b.bytes).sum::<u64>(),
+                t.bytes,
+                "{}",
+                t.name
+            );
+            assert_eq!(
+                blocks.iter().map(|b| b.rows).sum::<usize>(),
+                t.rows,
+                "{}",
+                t.name
+            );
+        }
+        if steps.len() > 1 {
+            assert!(t.part.splits(), "{} is split but cannot be", t.name);
+        }
+    }
+    for s in &trunk.steps {
+        assert!(
+            s.tensors
+                .iter()
+                .all(|t| t.part == s.part && t.part != Part::Copied)
+        );
+        if let Some(rows) = &s.rows {
+            assert!(rows.start % BLOCK_ROWS == 0, "{rows:?}");
+            assert!(s.tensors.iter().all(|t| t.rows == rows.len()));
+        }
+        assert!(read_bytes(&s.tensors) <= trunk.buffer_bytes());
+    }
+    let order: Vec<(usize, Part)> = trunk.steps.iter().map(|s| (s.layer, s.part)).collect();
+    assert!(order.windows(2).all(|w| w[0] <= w[1]), "{order:?}");
 }
 
 #[test]
@@ -123,51 +187,34 @@ fn where_everything_fits_the_flags_decide_and_nothing_streams() {
 #[test]
 fn below_everything_the_trunk_is_resident_first_and_the_rest_is_streamed() {
     let (sizes, flags, _) = tiny("streams");
-    let min = minimum(&sizes, &flags, 2, 16);
-    let layer_trunk: u64 = sizes
-        .layers
-        .iter()
-        .flatten()
-        .map(StoredTensor::resident_bytes)
-        .sum();
-    // Room for about half the layers' trunk beyond the minimum, and no experts.
-    let bytes = min + layer_trunk / 2;
+    let min = minimum(&sizes, &flags, 16);
+    // Room for about half the trunk beyond the minimum, and no experts.
+    let bytes = min + sizes.trunk_resident_bytes() / 2;
     let plan = Plan::new(&sizes, flags, &options(), run(), budget(bytes), 0).unwrap();
     let trunk = plan.trunk.clone().expect("planned");
     assert!(plan.streams());
     assert!(plan.memory.total() <= bytes, "{}", plan.describe());
-    // Every trunk tensor is either resident or streamed, never both.
-    for (layer, tensors) in sizes.units().enumerate() {
-        for t in tensors {
-            let streamed = trunk.streamed[layer].contains(t);
-            assert_ne!(trunk.resident.contains(&t.name), streamed, "{}", t.name);
-        }
-    }
+    check_layout(&sizes, &trunk);
     let resident: u64 = sizes
-        .head
-        .iter()
-        .chain(sizes.layers.iter().flatten())
-        .filter(|t| trunk.resident.contains(&t.name))
-        .map(StoredTensor::resident_bytes)
+        .read_tensors()
+        .filter(|(_, t)| trunk.resident.contains(&t.name))
+        .map(|(_, t)| t.resident_bytes())
         .sum();
     assert_eq!(plan.memory.resident_trunk, resident);
-    // First fit: what was left after the trunk is smaller than any streamed tensor; the
-    // experts get it and what the buffers no longer need (they hold the largest streamed
-    // part, not the largest unit); the whole budget is used.
-    let smallest = trunk
-        .streamed
+    // What is widened at load is neither resident nor streamed.
+    let copied = sizes
+        .layers
         .iter()
         .flatten()
-        .map(StoredTensor::resident_bytes)
-        .min();
-    let largest_streamed = trunk.streamed.iter().map(|u| read_bytes(u)).max().unwrap();
-    let slots = trunk.slots as u64;
-    assert_eq!(plan.memory.trunk_buffers, slots * largest_streamed);
-    let freed = slots * sizes.largest_layer_read() - plan.memory.trunk_buffers;
-    assert!(
-        plan.memory.expert_cache - freed < smallest.unwrap(),
-        "{}",
-        plan.describe()
+        .filter(|t| t.part == Part::Copied);
+    for t in copied {
+        assert!(!trunk.resident.contains(&t.name), "{}", t.name);
+    }
+    // The buffers hold the largest step; the experts get what is left, the whole budget is
+    // used.
+    assert_eq!(
+        plan.memory.trunk_buffers,
+        trunk.slots as u64 * trunk.buffer_bytes()
     );
     assert_eq!(plan.memory.total(), bytes);
     let moe = sizes.experts_per_layer.len() as u64;
@@ -182,15 +229,97 @@ fn below_everything_the_trunk_is_resident_first_and_the_rest_is_streamed() {
         "{}",
         plan.describe()
     );
+    // No other cap keeps more resident in the same room with as many buffers.
+    let m = &plan.memory;
+    let room = bytes - (m.kv_cache + m.kda_state + m.f32_copies + m.io_buffers);
+    let share = bytes / BUFFER_SHARE;
+    for cap in [1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22] {
+        for slots in [1, 2] {
+            if slots == 2 && cap > share {
+                continue;
+            }
+            if let Some(other) = Layout::new(&sizes, room, cap, slots) {
+                check_layout(&sizes, &other.trunk);
+                assert!(
+                    slots < trunk.slots as u64 || other.resident <= plan.memory.resident_trunk,
+                    "cap {cap}"
+                );
+                // Two buffers are kept wherever they fit.
+                assert!(slots <= trunk.slots as u64, "cap {cap}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_small_cap_reads_the_lm_head_and_the_dense_mlp_in_row_blocks() {
+    let (sizes, _, config) = tiny("blocks");
+    let head: Vec<&StoredTensor> = sizes.head.iter().filter(|t| t.part == Part::Head).collect();
+    let lm_head = read_bytes(&head.iter().map(|&t| t.clone()).collect::<Vec<_>>());
+    // Nothing resident: everything streams in buffers of a quarter of the lm_head.
+    let cap = lm_head / 4;
+    let forced = forced_bytes(&sizes, cap);
+    let layout = Layout::new(&sizes, forced + cap, cap, 1).expect("fits");
+    assert_eq!(layout.resident, forced);
+    check_layout(&sizes, &layout.trunk);
+    let head_steps: Vec<&StreamStep> = layout
+        .trunk
+        .steps
+        .iter()
+        .filter(|s| s.part == Part::Head)
+        .collect();
+    assert!(head_steps.len() >= 4, "{}", head_steps.len());
+    assert_eq!(
+        head_steps.last().unwrap().rows.as_ref().unwrap().end,
+        config.vocab_size
+    );
+    assert!(layout.trunk.buffer_bytes() <= cap);
+    // Units that cannot be split and read more than the cap are resident (their largest
+    // tensors, until the rest fits); the dense MLP's matrices are cut too where they exceed it.
+    for s in &layout.trunk.steps {
+        if !s.part.splits() {
+            assert!(read_bytes(&s.tensors) <= cap);
+        }
+    }
+    let dense = layout
+        .trunk
+        .steps
+        .iter()
+        .filter(|s| matches!(s.part, Part::Gate | Part::Up | Part::Down))
+        .count();
+    let dense_layers = sizes
+        .layers
+        .iter()
+        .filter(|l| l.iter().any(|t| t.part == Part::Gate))
+        .count();
+    assert!(
+        dense >= 3 * dense_layers,
+        "{dense} steps for {dense_layers} dense layers"
+    );
+    // The same bytes per token as the whole units read (rounding to pages aside): the cut
+    // adds at most two pages per block and tensor.
+    let whole: u64 = sizes
+        .read_tensors()
+        .filter(|(_, t)| !layout.trunk.resident.contains(&t.name))
+        .map(|(_, t)| t.resident_bytes())
+        .sum();
+    let pieces: u64 = layout
+        .trunk
+        .steps
+        .iter()
+        .map(|s| s.tensors.len() as u64)
+        .sum();
+    let streamed = layout.trunk.streamed_read_bytes();
+    assert!(streamed <= whole + 2 * 4096 * pieces, "{streamed} {whole}");
 }
 
 #[test]
 fn a_budget_below_the_minimum_is_refused_with_the_numbers() {
     let (sizes, flags, _) = tiny("minimum");
     let plan = |bytes, margin| Plan::new(&sizes, flags, &options(), run(), budget(bytes), margin);
-    // Two trunk buffers where the second takes at most a tenth of the budget, else one; the
-    // reads in flight asked for, halved until their buffers take at most a tenth.
-    let roomy = 20 * sizes.largest_layer_read().max(48 * sizes.expert_largest);
+    // The reads in flight asked for, halved until their buffers take at most a tenth; two
+    // trunk buffers where the second takes at most a tenth of the budget.
+    let roomy = 20 * sizes.trunk_resident_bytes().max(48 * sizes.expert_largest);
     // Far more experts than the budget, so that even this budget is planned.
     let many = WeightSizes {
         expert_total: 100 * roomy,
@@ -198,26 +327,18 @@ fn a_budget_below_the_minimum_is_refused_with_the_numbers() {
     };
     let at = Plan::new(&many, flags, &options(), run(), budget(roomy), 0).unwrap();
     assert_eq!((at.trunk.as_ref().unwrap().slots, at.io_threads), (2, 16));
-    let tight = 5 * sizes.largest_layer_read();
-    let one = plan(tight, 0).unwrap();
-    let io = one.io_threads as u64;
-    assert_eq!(one.trunk.as_ref().unwrap().slots, 1);
-    assert!(
-        io == 1 || 3 * io * sizes.expert_largest <= tight / 10,
-        "{io}"
-    );
-    assert!(
-        io == 16 || 3 * 2 * io * sizes.expert_largest > tight / 10,
-        "{io}"
-    );
-    // Down to one of each where the minimum needs it.
-    let min = minimum(&sizes, &flags, 1, 1);
+    // All of the trunk resident there: nothing to stream, no buffer.
+    assert!(!at.streams());
+    assert_eq!(at.memory.trunk_buffers, 0);
+    // Down to one read in flight and the least layout where the minimum needs it.
+    let min = minimum(&sizes, &flags, 1);
     let last = plan(min, 0).unwrap();
     assert_eq!(
         (last.trunk.as_ref().unwrap().slots, last.io_threads),
         (1, 1)
     );
     assert_eq!(last.memory.total(), min);
+    check_layout(&sizes, last.trunk.as_ref().unwrap());
     let error = plan(min - 1, 0).unwrap_err();
     let PlanError::BelowMinimum { minimum: floor, .. } = &error else {
         panic!("{error}")
@@ -243,7 +364,7 @@ fn a_budget_below_the_minimum_is_refused_with_the_numbers() {
 #[test]
 fn the_flags_override_parts_of_the_plan() {
     let (sizes, flags, _) = tiny("flags");
-    let min = minimum(&sizes, &flags, 2, 16);
+    let min = minimum(&sizes, &flags, 16);
     let bytes = min + sizes.expert_total / 2;
     // --expert-cache-gb: the cache is what was asked; the trunk gets less.
     let cache = sizes.expert_total / 4;
@@ -282,4 +403,107 @@ fn the_flags_override_parts_of_the_plan() {
     assert!(!plan.streams());
     assert_eq!(plan.memory.resident_trunk, ckpt_flags.resident_trunk);
     assert_eq!(plan.memory.trunk_buffers, 0);
+}
+
+/// Sizes shaped like the k3-wide slice (3 layers; layer 0 dense with 484 MB matrices, five
+/// 176 MB attention matrices a layer, MoE blocks of 300 MB, a 2.35 GB lm_head), written out
+/// by hand: no checkpoint of that size is needed to plan it.
+fn wide_like() -> WeightSizes {
+    let mut offset = 0;
+    let mut tensor = |name: String, part, bytes: u64, rows| {
+        let t = StoredTensor {
+            name,
+            path: "shard".into(),
+            offset,
+            bytes,
+            part,
+            rows,
+        };
+        offset += bytes.next_multiple_of(4096) as usize;
+        t
+    };
+    let mut layers = Vec::new();
+    for l in 0..3 {
+        let mut layer = vec![tensor(format!("{l}.norm"), Part::Copied, 28_672, 7168)];
+        for m in ["q", "k", "v", "g", "o"] {
+            layer.push(tensor(
+                format!("{l}.{m}"),
+                Part::Attention,
+                176_160_768,
+                12_288,
+            ));
+        }
+        if l == 0 {
+            for (m, part) in [("gate", Part::Gate), ("up", Part::Up), ("down", Part::Down)] {
+                layer.push(tensor(format!("{l}.{m}"), part, 484_442_112, 33_792));
+            }
+        } else {
+            layer.push(tensor(format!("{l}.moe"), Part::Moe, 300_000_000, 7168));
+        }
+        layers.push(layer);
+    }
+    let head = vec![tensor("lm_head".into(), Part::Head, 2_348_810_240, 163_840)];
+    WeightSizes {
+        head,
+        layers,
+        embed: 2_348_810_240,
+        embed_row: 14_336,
+        expert_total: 1_120_000_000,
+        expert_largest: 17_500_000,
+        experts_per_layer: vec![32, 32],
+        top_k: 16,
+    }
+}
+
+#[test]
+fn a_large_lm_head_streams_in_blocks_and_leaves_the_rest_resident() {
+    let sizes = wide_like();
+    let flags = MemoryPlan::default();
+    let mut head_cut = false;
+    for bytes in [2_000_000_000, 3_600_000_000, 6_700_000_000] {
+        let plan = Plan::new(&sizes, flags, &options(), run(), budget(bytes), 0).unwrap();
+        let trunk = plan.trunk.as_ref().unwrap();
+        check_layout(&sizes, trunk);
+        // No buffer the size of the lm_head or of a whole layer: the lm_head and the dense
+        // matrices are cut, the attention shrinks to the cap by keeping its largest
+        // matrices resident.
+        let attention_unit = 5 * 176_160_768;
+        assert!(
+            trunk.buffer_bytes() <= attention_unit,
+            "{}",
+            plan.describe()
+        );
+        let head_steps = trunk.steps.iter().filter(|s| s.part == Part::Head).count();
+        head_cut |= head_steps > 1;
+        assert!(
+            trunk.resident.contains("lm_head") || head_steps > 1,
+            "{}",
+            plan.describe()
+        );
+        // What is left beside the resident trunk and the buffers is less than the smallest
+        // read tensor (nothing more would fit) or went to the experts.
+        let smallest = sizes
+            .read_tensors()
+            .filter(|(_, t)| !trunk.resident.contains(&t.name))
+            .map(|(_, t)| t.resident_bytes())
+            .min()
+            .unwrap();
+        assert!(
+            plan.memory.expert_cache < smallest,
+            "{} left for {smallest}",
+            plan.memory.expert_cache
+        );
+        assert_eq!(
+            plan.disk_per_token,
+            trunk.streamed_read_bytes()
+                + ((2 * 16 * sizes.expert_largest) as f64 * (1.0 - plan.expert_fraction)).round()
+                    as u64
+                + sizes.embed_row
+        );
+    }
+    assert!(head_cut, "the lm_head streamed in no budget");
+    // The least budget needs one buffer of the attention unit (cheaper than keeping all
+    // attention resident for a smaller cap), far below the lm_head's 2.35 GB.
+    let least = Layout::minimum(&sizes);
+    assert_eq!(least.resident + least.buffers, 5 * 176_160_768);
 }

@@ -1,30 +1,31 @@
-//! Where the layer loop gets each layer's weights (and the lm_head its): as loaded (views
-//! over the file mapping or the resident copy), or, for a unit whose tensors the memory plan
-//! streams ([`crate::plan::TrunkPlan`]: each layer, then the head), the same views relocated
-//! into a buffer read from disk with `O_DIRECT` a unit ahead of compute.
+//! Where the forward pass gets each trunk weight: as loaded (views over the file mapping or
+//! the resident copy), or, for what the memory plan streams ([`crate::plan::TrunkPlan`]:
+//! per layer the attention, the dense MLP's gate, up and down or the MoE block, then the
+//! lm_head; the dense matrices and the lm_head in row blocks), the same views relocated into
+//! a buffer read from disk with `O_DIRECT` a step ahead of compute.
 //!
 //! The stream is two buffers (one where the budget is tight) cycling between one I/O thread
-//! and the forward pass: the thread
-//! reads the streamed layers in layer order (each layer's tensors in file order, adjacent ones
-//! in one read), round and round, into whichever buffer is free; the pass takes the buffer of
-//! the layer it needs and gives it back when the layer is done. So the next layer's read
-//! overlaps this layer's compute, the last layer's read overlaps the next token's first
-//! layers, and no weight byte passes through the page cache. The bytes are the file's, so
-//! the logits are the same bits as the mapped run's.
+//! and the forward pass: the thread reads the plan's steps in forward order (each step's
+//! tensors in file order, adjacent ones in one read, each read one `pread` that the kernel
+//! splits into many requests in flight), round and round, into whichever buffer is free; the
+//! pass takes the buffer of the step it needs and gives it back when that step is done. So
+//! the next step's read overlaps this step's compute, and no weight byte passes through the
+//! page cache. The bytes are the file's, and a row block's rows are computed as in the whole
+//! matrix, so the logits are the same bits as the mapped run's.
 
-use std::collections::HashSet;
-use std::ops::{Deref, Range};
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use expert_store::io::{AlignedBuf, PieceError, ShardReader, read_pieces};
 use expert_store::{Checkpoint, CheckpointError};
-use mxfp4_kernels::{Bf16Matrix, F16Matrix, F32Matrix, MxFp4Matrix, WeightMatrix};
 
-use super::weights::{Attention, Ffn, Kda, Layer, Mla, Mlp, Moe};
 use super::{Model, ModelError, Result};
-use crate::plan::{TrunkPlan, merged_reads};
+use crate::plan::{Part, TrunkPlan, merged_reads};
+
+mod relocate;
 
 /// The index in the stream's I/O thread's name.
 const TRUNK_IO_THREAD: usize = 999;
@@ -33,25 +34,30 @@ const TRUNK_IO_THREAD: usize = 999;
 pub(super) struct TrunkStream {
     /// The tensors kept resident (`None`: none).
     resident: Option<Arc<ResidentTrunk>>,
-    /// Per model layer, then the head: how its streamed tensors are read (`None`: nothing
-    /// streamed).
-    layers: Vec<Option<LayerReads>>,
+    /// Per step of the plan: how its tensors are read.
+    steps: Vec<StepReads>,
+    /// Per layer (the layer count for the head) and part: its steps, with their rows for a
+    /// part read in row blocks.
+    index: HashMap<(usize, Part), Vec<StepRows>>,
     /// Buffers given back, for the I/O thread to fill.
     free: Sender<AlignedBuf>,
     /// Filled buffers, in the order read; locked for a whole forward pass.
     filled: Mutex<Receiver<Filled>>,
-    /// Bytes of the largest layer's reads (a buffer lost to a failed read is replaced).
+    /// Bytes of the largest step's reads (a buffer lost to a failed read is replaced).
     buffer_bytes: usize,
     /// Bytes the I/O thread has read so far.
     read: Arc<AtomicU64>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// A unit's reads in file order: the shard and the byte range of each.
+/// A step of a part: the rows it holds (for a part read in row blocks) and its index.
+pub(super) type StepRows = (Option<Range<usize>>, usize);
+
+/// A step's reads in file order: the shard and the byte range of each.
 type Reads = Vec<(Arc<ShardReader>, Range<usize>)>;
 
-/// One streamed layer: its reads and where each streamed tensor lands.
-struct LayerReads {
+/// One step of the stream: its reads and where each streamed tensor (or row block) lands.
+struct StepReads {
     reads: Arc<Reads>,
     /// `(address of the tensor in the mapping, its length, read index, offset in the read)`.
     tensors: Vec<(usize, usize, usize, usize)>,
@@ -132,37 +138,18 @@ fn checkpoint_io(path: std::path::PathBuf, source: std::io::Error) -> ModelError
 }
 
 struct Filled {
-    layer: usize,
+    step: usize,
     result: std::result::Result<(AlignedBuf, Vec<usize>), PieceError>,
 }
 
-/// The weights of one layer for the pass that asked: borrowed as loaded, or relocated into a
-/// stream buffer (given back to the I/O thread on drop).
-// Held on the stack for one layer of one step: boxing would allocate every step.
-#[allow(clippy::large_enum_variant)]
-pub(super) enum LayerRef<'l, 'a> {
-    Loaded(&'l Layer<'a>),
-    Streamed(Layer<'l>),
-}
-
-impl<'l> Deref for LayerRef<'l, '_> {
-    type Target = Layer<'l>;
-
-    fn deref(&self) -> &Layer<'l> {
-        match self {
-            LayerRef::Loaded(layer) => layer,
-            LayerRef::Streamed(layer) => layer,
-        }
-    }
-}
-
-/// One forward pass's hold on the stream (passes take the stream's layers in turn).
+/// One forward pass's hold on the stream (passes take the stream's steps in turn).
 pub(super) struct Pass<'m> {
     filled: Option<MutexGuard<'m, Receiver<Filled>>>,
 }
 
 /// A stream buffer a pass holds, given back to the I/O thread on drop.
 pub(super) struct Held<'m> {
+    step: usize,
     buffer: Option<AlignedBuf>,
     starts: Vec<usize>,
     free: &'m Sender<AlignedBuf>,
@@ -192,7 +179,7 @@ impl<'a> Model<'a> {
     /// Takes the trunk as `plan` places it: the tensors it keeps resident from `resident`
     /// ([`ResidentTrunk::load`] of `plan.resident`), the ones it streams read from `ckpt`
     /// (the checkpoint this model was loaded from) with `O_DIRECT` on an I/O thread on
-    /// `io_cpus`, through `plan.slots` buffers, a unit ahead of compute. Logits are the same
+    /// `io_cpus`, through `plan.slots` buffers, a step ahead of compute. Logits are the same
     /// bits.
     pub fn with_planned_trunk(
         mut self,
@@ -205,38 +192,41 @@ impl<'a> Model<'a> {
             return Ok(self);
         }
         let mut readers: Vec<Arc<ShardReader>> = Vec::new();
-        let mut layers = Vec::with_capacity(plan.streamed.len());
-        for streamed in &plan.streamed {
-            if streamed.is_empty() {
-                layers.push(None);
-                continue;
-            }
+        let mut steps = Vec::with_capacity(plan.steps.len());
+        let mut index: HashMap<(usize, Part), Vec<StepRows>> = HashMap::new();
+        for (i, step) in plan.steps.iter().enumerate() {
             let mut reads: Reads = Vec::new();
-            for (path, range) in merged_reads(streamed) {
+            for (path, range) in merged_reads(&step.tensors) {
                 reads.push((reader(&mut readers, &path)?, range));
             }
-            let mut tensors = Vec::with_capacity(streamed.len());
-            for stored in streamed {
+            let mut tensors = Vec::with_capacity(step.tensors.len());
+            for stored in &step.tensors {
+                // A row block is a range of its tensor's bytes.
                 let t = ckpt.require(&stored.name)?;
-                let range = t.offset..t.offset + t.bytes.len();
+                let range = stored.offset..stored.offset + stored.bytes as usize;
                 let read = reads
                     .iter()
                     .position(|(r, span)| {
                         r.path == t.path && span.start <= range.start && range.end <= span.end
                     })
-                    .expect("every streamed tensor lies in one of its layer's reads");
+                    .expect("every streamed tensor lies in one of its step's reads");
                 let within = range.start - reads[read].1.start;
-                tensors.push((t.bytes.as_ptr() as usize, t.bytes.len(), read, within));
+                let at = t.bytes.as_ptr() as usize + (stored.offset - t.offset);
+                tensors.push((at, range.len(), read, within));
             }
-            layers.push(Some(LayerReads {
+            steps.push(StepReads {
                 reads: Arc::new(reads),
                 tensors,
-            }));
+            });
+            index
+                .entry((step.layer, step.part))
+                .or_default()
+                .push((step.rows.clone(), i));
         }
-        let order: Vec<(usize, Arc<Reads>)> = layers
+        let order: Vec<(usize, Arc<Reads>)> = steps
             .iter()
             .enumerate()
-            .filter_map(|(i, l)| l.as_ref().map(|l| (i, Arc::clone(&l.reads))))
+            .map(|(i, s)| (i, Arc::clone(&s.reads)))
             .collect();
         let buffer_bytes = order
             .iter()
@@ -268,7 +258,8 @@ impl<'a> Model<'a> {
         };
         self.trunk = Some(TrunkStream {
             resident,
-            layers,
+            steps,
+            index,
             free,
             filled: Mutex::new(filled),
             buffer_bytes,
@@ -279,7 +270,7 @@ impl<'a> Model<'a> {
     }
 
     /// Bytes of trunk read from disk so far by the stream (0 without one); the stream reads
-    /// up to two layers ahead, so a pass's reads may land before or after it.
+    /// up to `slots` steps ahead, so a pass's reads may land before or after it.
     pub fn streamed_trunk_bytes(&self) -> u64 {
         self.trunk
             .as_ref()
@@ -296,29 +287,23 @@ impl<'a> Model<'a> {
         }
     }
 
-    /// Layer `i`'s buffer, if it is streamed: waits for the I/O thread's read of it (reads of
-    /// other layers, left by a pass that failed half-way, are handed back unused).
-    pub(super) fn trunk_buffer<'m>(
-        &'m self,
-        pass: &mut Pass<'m>,
-        i: usize,
-    ) -> Result<Option<Held<'m>>> {
+    /// The buffer of the plan's step `step`: waits for the I/O thread's read of it (reads
+    /// of other steps, left by a pass that failed half-way or skipped the lm_head, are handed
+    /// back unused).
+    pub(super) fn trunk_step<'m>(&'m self, pass: &mut Pass<'m>, step: usize) -> Result<Held<'m>> {
         let (Some(trunk), Some(filled)) = (&self.trunk, pass.filled.as_mut()) else {
-            return Ok(None);
+            unreachable!("a step is asked for only of a stream");
         };
-        if trunk.layers[i].is_none() {
-            return Ok(None);
-        }
         loop {
-            let Filled { layer, result } = filled.recv().map_err(|_| {
+            let Filled { step: got, result } = filled.recv().map_err(|_| {
                 ModelError::Pool("the trunk stream's I/O thread has stopped".into())
             })?;
             let (buffer, starts) = match result {
                 Ok(done) => done,
                 Err(e) => {
-                    // The buffer went with the failed read: a new one keeps two in the cycle.
+                    // The buffer went with the failed read: a new one keeps the cycle whole.
                     let _ = trunk.free.send(AlignedBuf::zeroed(trunk.buffer_bytes));
-                    if layer == i {
+                    if got == step {
                         return Err(ModelError::Checkpoint(CheckpointError::Io {
                             path: e.path,
                             source: e.source,
@@ -328,60 +313,49 @@ impl<'a> Model<'a> {
                 }
             };
             let held = Held {
+                step: got,
                 buffer: Some(buffer),
                 starts,
                 free: &trunk.free,
             };
-            if layer == i {
-                return Ok(Some(held));
+            if got == step {
+                return Ok(held);
             }
         }
     }
 
-    /// Layer `i`'s weights: as loaded, or relocated into the resident buffer and `held` (its
-    /// stream buffer).
-    pub(super) fn layer_weights<'l>(
-        &'l self,
-        i: usize,
-        held: Option<&'l Held<'_>>,
-    ) -> Result<LayerRef<'l, 'a>> {
-        let layer = &self.layers[i];
-        Ok(match &self.trunk {
-            None => LayerRef::Loaded(layer),
-            Some(trunk) => {
-                LayerRef::Streamed(relocated(layer, &|bytes| trunk.relocate(i, held, bytes))?)
-            }
-        })
+    /// The streamed steps of `part` of layer `layer` (the layer count for the head), with
+    /// their rows for a part read in row blocks; empty where nothing of it is streamed.
+    pub(super) fn trunk_steps(&self, layer: usize, part: Part) -> &[StepRows] {
+        self.trunk
+            .as_ref()
+            .and_then(|t| t.index.get(&(layer, part)))
+            .map_or(&[], Vec::as_slice)
     }
 
-    /// The lm_head: as loaded, or relocated as [`Model::layer_weights`] does.
-    pub(super) fn head_weights<'l>(
-        &'l self,
-        held: Option<&'l Held<'_>>,
-    ) -> Result<WeightMatrix<'l>> {
-        let unit = self.layers.len();
-        match &self.trunk {
-            None => Ok(self.lm_head),
-            Some(trunk) => {
-                relocated_matrix(&self.lm_head, &|bytes| trunk.relocate(unit, held, bytes))
-            }
+    /// The one step of an unsplittable `part` of layer `layer`, if it is streamed.
+    pub(super) fn trunk_unit<'m>(
+        &'m self,
+        pass: &mut Pass<'m>,
+        layer: usize,
+        part: Part,
+    ) -> Result<Option<Held<'m>>> {
+        match self.trunk_steps(layer, part) {
+            [] => Ok(None),
+            [(_, step)] => self.trunk_step(pass, *step).map(Some),
+            more => unreachable!("{} steps for an unsplittable part", more.len()),
         }
     }
 }
 
 impl TrunkStream {
-    /// Where `bytes` (a loaded view's, of stream unit `unit`) are now: in `held` if streamed,
-    /// in the resident buffer if resident, else where they were.
-    fn relocate<'l>(
-        &'l self,
-        unit: usize,
-        held: Option<&'l Held<'_>>,
-        bytes: &'l [u8],
-    ) -> &'l [u8] {
+    /// Where `bytes` (a loaded view's) are now: in `held` if its step streamed them, in the
+    /// resident buffer if resident, else where they were.
+    fn relocate<'l>(&'l self, held: Option<&'l Held<'_>>, bytes: &'l [u8]) -> &'l [u8] {
         let at = bytes.as_ptr() as usize;
-        if let (Some(held), Some(reads)) = (held, &self.layers[unit]) {
+        if let Some(held) = held {
             let buffer: &[u8] = held.buffer.as_deref().expect("held until dropped");
-            for &(start, len, read, within) in &reads.tensors {
+            for &(start, len, read, within) in &self.steps[held.step].tensors {
                 if at >= start && at + bytes.len() <= start + len {
                     let from = held.starts[read] + within + (at - start);
                     return &buffer[from..from + bytes.len()];
@@ -395,7 +369,7 @@ impl TrunkStream {
     }
 }
 
-/// The I/O thread's loop: the streamed units in order, round and round, one per free buffer,
+/// The I/O thread's loop: the plan's steps in order, round and round, one per free buffer,
 /// until the model is dropped.
 fn stream(
     order: &[(usize, Arc<Reads>)],
@@ -403,7 +377,7 @@ fn stream(
     filled: &Sender<Filled>,
     counter: &AtomicU64,
 ) {
-    for (layer, reads) in order.iter().cycle() {
+    for (step, reads) in order.iter().cycle() {
         let Ok(buffer) = free.recv() else { return };
         let pieces: Vec<(&ShardReader, Range<usize>)> = reads
             .iter()
@@ -417,90 +391,12 @@ fn stream(
                 .sum();
             counter.fetch_add(bytes as u64, Ordering::Relaxed);
         }
-        let layer = *layer;
-        if filled.send(Filled { layer, result }).is_err() {
+        let step = *step;
+        if filled.send(Filled { step, result }).is_err() {
             return;
         }
     }
 }
 
-/// `w` with its bytes passed through `relocate`.
-fn relocated_matrix<'l>(
-    w: &'l WeightMatrix<'_>,
-    relocate: &dyn Fn(&'l [u8]) -> &'l [u8],
-) -> Result<WeightMatrix<'l>> {
-    Ok(match w {
-        WeightMatrix::Bf16(x) => Bf16Matrix::new(relocate(x.bytes()), x.rows(), x.cols())?.into(),
-        WeightMatrix::F16(x) => F16Matrix::new(relocate(x.bytes()), x.rows(), x.cols())?.into(),
-        WeightMatrix::F32(x) => F32Matrix::new(relocate(x.bytes()), x.rows(), x.cols())?.into(),
-        WeightMatrix::MxFp4(x) => MxFp4Matrix::new(
-            relocate(x.packed()),
-            relocate(x.scales()),
-            x.rows(),
-            x.cols(),
-        )?
-        .into(),
-    })
-}
-
-/// `layer` with every matrix's bytes passed through `relocate`; vectors shared.
-fn relocated<'l>(
-    layer: &'l Layer<'_>,
-    relocate: &dyn Fn(&'l [u8]) -> &'l [u8],
-) -> Result<Layer<'l>> {
-    let m = |w: &'l WeightMatrix<'_>| relocated_matrix(w, relocate);
-    let mlp = |w: &'l Mlp<'_>| -> Result<Mlp<'l>> {
-        Ok(Mlp {
-            gate: m(&w.gate)?,
-            up: m(&w.up)?,
-            down: m(&w.down)?,
-        })
-    };
-    let attention = match &layer.attention {
-        Attention::Kda(w) => Attention::Kda(Kda {
-            q: m(&w.q)?,
-            k: m(&w.k)?,
-            v: m(&w.v)?,
-            g: m(&w.g)?,
-            o: m(&w.o)?,
-            conv: w.conv.clone(),
-            f_a: m(&w.f_a)?,
-            f_b: m(&w.f_b)?,
-            b: m(&w.b)?,
-            a_log: w.a_log.clone(),
-            dt_bias: w.dt_bias.clone(),
-            o_norm: w.o_norm.clone(),
-        }),
-        Attention::Mla(w) => Attention::Mla(Mla {
-            q_a: m(&w.q_a)?,
-            q_a_norm: w.q_a_norm.clone(),
-            q_b: m(&w.q_b)?,
-            kv_a: m(&w.kv_a)?,
-            kv_a_norm: w.kv_a_norm.clone(),
-            kv_b: w.kv_b.clone(),
-            g: w.g.as_ref().map(m).transpose()?,
-            o: m(&w.o)?,
-        }),
-    };
-    let ffn = match &layer.ffn {
-        Ffn::Dense(w) => Ffn::Dense(mlp(w)?),
-        Ffn::Moe(w) => Ffn::Moe(Moe {
-            router: m(&w.router)?,
-            bias: w.bias.clone(),
-            latent: match &w.latent {
-                Some((down, norm, up)) => Some((m(down)?, norm.clone(), m(up)?)),
-                None => None,
-            },
-            shared: w.shared.as_ref().map(mlp).transpose()?,
-            layer: w.layer,
-        }),
-    };
-    Ok(Layer {
-        input_norm: layer.input_norm.clone(),
-        post_norm: layer.post_norm.clone(),
-        attn_res_score: layer.attn_res_score.clone(),
-        mlp_res_score: layer.mlp_res_score.clone(),
-        attention,
-        ffn,
-    })
-}
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,192 @@
+//! The forward pass's side of the stream: a layer's attention or MoE block relocated into
+//! the buffer of its step, and the matrices read in row blocks (a dense MLP's, the lm_head)
+//! multiplied block by block, each output row computed as in the whole matrix (same bits).
+
+use std::ops::{Deref, Range};
+
+use mxfp4_kernels::{Bf16Matrix, F16Matrix, F32Matrix, MxFp4Matrix, WeightMatrix};
+
+use super::super::weights::{Attention, Kda, Mla, Mlp, Moe};
+use super::super::{Model, Result};
+use super::{Held, Pass};
+use crate::plan::Part;
+
+/// Weights for the pass that asked: borrowed as loaded, or relocated (into the resident
+/// buffer or a stream buffer the caller holds).
+pub(in crate::model) enum WeightsRef<'l, T> {
+    Loaded(&'l T),
+    Relocated(T),
+}
+
+impl<T> Deref for WeightsRef<'_, T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        match self {
+            WeightsRef::Loaded(w) => w,
+            WeightsRef::Relocated(w) => w,
+        }
+    }
+}
+
+impl<'a> Model<'a> {
+    /// Layer `i`'s attention weights: as loaded, or relocated into the resident buffer and
+    /// `held` (the buffer of its step).
+    pub(in crate::model) fn attention_weights<'l>(
+        &'l self,
+        i: usize,
+        held: Option<&'l Held<'_>>,
+    ) -> Result<WeightsRef<'l, Attention<'l>>> {
+        let attention = &self.layers[i].attention;
+        let Some(trunk) = &self.trunk else {
+            return Ok(WeightsRef::Loaded(attention));
+        };
+        let m = |w: &'l WeightMatrix<'_>| relocated_matrix(w, &|b| trunk.relocate(held, b));
+        Ok(WeightsRef::Relocated(match attention {
+            Attention::Kda(w) => Attention::Kda(Kda {
+                q: m(&w.q)?,
+                k: m(&w.k)?,
+                v: m(&w.v)?,
+                g: m(&w.g)?,
+                o: m(&w.o)?,
+                conv: w.conv.clone(),
+                f_a: m(&w.f_a)?,
+                f_b: m(&w.f_b)?,
+                b: m(&w.b)?,
+                a_log: w.a_log.clone(),
+                dt_bias: w.dt_bias.clone(),
+                o_norm: w.o_norm.clone(),
+            }),
+            Attention::Mla(w) => Attention::Mla(Mla {
+                q_a: m(&w.q_a)?,
+                q_a_norm: w.q_a_norm.clone(),
+                q_b: m(&w.q_b)?,
+                kv_a: m(&w.kv_a)?,
+                kv_a_norm: w.kv_a_norm.clone(),
+                kv_b: w.kv_b.clone(),
+                g: w.g.as_ref().map(m).transpose()?,
+                o: m(&w.o)?,
+            }),
+        }))
+    }
+
+    /// A MoE block's weights (`w`, of layer `i`) as [`Model::attention_weights`] gives them.
+    pub(in crate::model) fn moe_weights<'l>(
+        &'l self,
+        w: &'l Moe<'_>,
+        held: Option<&'l Held<'_>>,
+    ) -> Result<WeightsRef<'l, Moe<'l>>> {
+        let Some(trunk) = &self.trunk else {
+            return Ok(WeightsRef::Loaded(w));
+        };
+        let m = |x: &'l WeightMatrix<'_>| relocated_matrix(x, &|b| trunk.relocate(held, b));
+        Ok(WeightsRef::Relocated(Moe {
+            router: m(&w.router)?,
+            bias: w.bias.clone(),
+            latent: match &w.latent {
+                Some((down, norm, up)) => Some((m(down)?, norm.clone(), m(up)?)),
+                None => None,
+            },
+            shared: match &w.shared {
+                Some(s) => Some(Mlp {
+                    gate: m(&s.gate)?,
+                    up: m(&s.up)?,
+                    down: m(&s.down)?,
+                }),
+                None => None,
+            },
+            layer: w.layer,
+        }))
+    }
+
+    /// `w · x_t` for every token of `xs`, where `w` is `part` of layer `layer` (the layer
+    /// count for the head): where the plan streams it in row blocks, block by block from the
+    /// stream (each block's rows land at their place: the same bits as one call), else as
+    /// loaded or resident.
+    pub(in crate::model) fn planned_gemm<'m>(
+        &'m self,
+        pass: &mut Pass<'m>,
+        layer: usize,
+        part: Part,
+        w: &WeightMatrix<'_>,
+        xs: &[Vec<f32>],
+    ) -> Result<Vec<Vec<f32>>> {
+        let Some(trunk) = &self.trunk else {
+            return self.gemm(w, xs);
+        };
+        let steps = self.trunk_steps(layer, part);
+        if steps.is_empty() {
+            return self.gemm(&relocated_matrix(w, &|b| trunk.relocate(None, b))?, xs);
+        }
+        let mut out = vec![vec![0.0; w.rows()]; xs.len()];
+        for (rows, step) in steps {
+            let rows = rows.clone().expect("a part read in row blocks has rows");
+            let held = self.trunk_step(pass, *step)?;
+            let block = sub_rows(w, rows.clone())?;
+            let block = relocated_matrix(&block, &|b| trunk.relocate(Some(&held), b))?;
+            for (o, y) in out.iter_mut().zip(self.gemm(&block, xs)?) {
+                o[rows.clone()].copy_from_slice(&y);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Layer `i`'s dense MLP (`w`): as [`Model::mlp`] where nothing is planned, else gate, up
+    /// and down each through [`Model::planned_gemm`] (row for row the same bits).
+    pub(in crate::model) fn planned_mlp<'m>(
+        &'m self,
+        pass: &mut Pass<'m>,
+        i: usize,
+        w: &Mlp<'_>,
+        xs: &[Vec<f32>],
+    ) -> Result<Vec<Vec<f32>>> {
+        if self.trunk.is_none() {
+            return self.mlp(w, xs);
+        }
+        let gates = self.planned_gemm(pass, i, Part::Gate, &w.gate, xs)?;
+        let ups = self.planned_gemm(pass, i, Part::Up, &w.up, xs)?;
+        let mut hidden = Vec::with_capacity(xs.len());
+        for (gate, up) in gates.iter().zip(&ups) {
+            let mut h = vec![0.0; gate.len()];
+            self.situ.apply(&self.kernels, gate, up, &mut h)?;
+            hidden.push(h);
+        }
+        self.planned_gemm(pass, i, Part::Down, &w.down, &hidden)
+    }
+}
+
+/// Rows `rows` of `w` (every format stores a row's bytes together, rows in order).
+fn sub_rows<'l>(w: &WeightMatrix<'l>, rows: Range<usize>) -> Result<WeightMatrix<'l>> {
+    let part = |bytes: &'l [u8]| {
+        let per_row = bytes.len() / w.rows();
+        &bytes[rows.start * per_row..rows.end * per_row]
+    };
+    let (n, cols) = (rows.len(), w.cols());
+    Ok(match w {
+        WeightMatrix::Bf16(x) => Bf16Matrix::new(part(x.bytes()), n, cols)?.into(),
+        WeightMatrix::F16(x) => F16Matrix::new(part(x.bytes()), n, cols)?.into(),
+        WeightMatrix::F32(x) => F32Matrix::new(part(x.bytes()), n, cols)?.into(),
+        WeightMatrix::MxFp4(x) => {
+            MxFp4Matrix::new(part(x.packed()), part(x.scales()), n, cols)?.into()
+        }
+    })
+}
+
+/// `w` with its bytes passed through `relocate`.
+fn relocated_matrix<'l>(
+    w: &'l WeightMatrix<'_>,
+    relocate: &dyn Fn(&'l [u8]) -> &'l [u8],
+) -> Result<WeightMatrix<'l>> {
+    Ok(match w {
+        WeightMatrix::Bf16(x) => Bf16Matrix::new(relocate(x.bytes()), x.rows(), x.cols())?.into(),
+        WeightMatrix::F16(x) => F16Matrix::new(relocate(x.bytes()), x.rows(), x.cols())?.into(),
+        WeightMatrix::F32(x) => F32Matrix::new(relocate(x.bytes()), x.rows(), x.cols())?.into(),
+        WeightMatrix::MxFp4(x) => MxFp4Matrix::new(
+            relocate(x.packed()),
+            relocate(x.scales()),
+            x.rows(),
+            x.cols(),
+        )?
+        .into(),
+    })
+}

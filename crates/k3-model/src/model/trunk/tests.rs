@@ -1,0 +1,125 @@
+//! The trunk stream on the tiny checkpoint: every layout the planner can make (units whole,
+//! the lm_head and the dense MLP in row blocks, one or two buffers, part resident) gives the
+//! mapped run's logits bits, for decode steps, chunked scoring and a prefill that skips the
+//! lm_head.
+
+use std::sync::Arc;
+
+use expert_store::Checkpoint;
+use mxfp4_kernels::Kernels;
+use numa_sched::Pool;
+
+use super::ResidentTrunk;
+use crate::config::K3Config;
+use crate::model::{Model, fingerprint};
+use crate::plan::{Layout, Part, StoredTensor, WeightSizes, read_bytes};
+use crate::synth::{Preset, SynthOptions, generate};
+
+const TOKENS: [usize; 7] = [5, 17, 42, 7, 300, 2, 999];
+
+/// Decode-step fingerprints, chunked scoring (each must match), and a prefill in chunks of
+/// 3 (earlier chunks skip the lm_head) followed by one step.
+fn fingerprints(model: &Model<'_>) -> (Vec<u64>, u64) {
+    let mut session = model.session();
+    let stepped: Vec<u64> = TOKENS
+        .iter()
+        .map(|&t| fingerprint(&model.decode_step(&mut session, t).unwrap()))
+        .collect();
+    let mut session = model.session();
+    let chunked: Vec<u64> = model
+        .score(&mut session, &TOKENS, 4)
+        .unwrap()
+        .iter()
+        .map(|l| fingerprint(l))
+        .collect();
+    assert_eq!(chunked, stepped, "chunked scoring");
+    let mut session = model.session();
+    model.prefill(&mut session, &TOKENS[..6], 3).unwrap();
+    let after = fingerprint(&model.decode_step(&mut session, TOKENS[6]).unwrap());
+    assert_eq!(after, stepped[6], "after a prefill");
+    (stepped, after)
+}
+
+fn model<'a>(ckpt: &'a Checkpoint, config: &K3Config) -> Model<'a> {
+    Model::new(ckpt, config, Kernels::detect())
+        .unwrap()
+        .with_pool(Arc::new(Pool::new(2).unwrap()))
+        .with_parallel_threshold(0)
+}
+
+#[test]
+fn every_layout_streams_the_mapped_bits() {
+    let dir = std::env::temp_dir().join(format!("k3-trunk-layouts-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = generate(&dir, &SynthOptions::new(Preset::Tiny))
+        .unwrap()
+        .config;
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    let expected = fingerprints(&model(&ckpt, &config));
+    let sizes = WeightSizes::new(&ckpt, &config).unwrap();
+    let head: Vec<StoredTensor> = sizes
+        .head
+        .iter()
+        .filter(|t| t.part == Part::Head)
+        .cloned()
+        .collect();
+    let lm_head = read_bytes(&head);
+    let trunk = sizes.trunk_resident_bytes();
+    let forced = |cap| crate::plan::forced_bytes(&sizes, cap);
+    // (cap, room for resident tensors beyond what the cap forces, slots)
+    let cases = [
+        // Nothing resident, units whole (the lm_head one block).
+        (trunk, 0, 1),
+        (trunk, 0, 2),
+        // The lm_head and the dense MLP in row blocks, the large units part resident.
+        (lm_head / 4, 0, 1),
+        (lm_head / 4, 0, 2),
+        (lm_head / 7, 0, 2),
+        // An odd cap (the last block is short), more resident than the cap forces.
+        (lm_head / 3 + 777, trunk / 8, 1),
+    ];
+    let mut split = std::collections::HashSet::new();
+    for (cap, extra, slots) in cases {
+        let room = forced(cap) + extra + slots * cap;
+        let layout = Layout::new(&sizes, room, cap, slots).expect("room for the layout");
+        let plan = &layout.trunk;
+        assert!(
+            plan.streams(),
+            "cap {cap} lm_head {lm_head} trunk {trunk} forced {}",
+            forced(cap)
+        );
+        // Matrices cut into more than one block: the lm_head's, a dense MLP's.
+        for part in [Part::Head, Part::Gate, Part::Up, Part::Down] {
+            let blocks = plan.steps.iter().filter(|s| s.part == part).count();
+            if blocks > 1 {
+                split.insert(part);
+            }
+        }
+        let resident = (!plan.resident.is_empty())
+            .then(|| Arc::new(ResidentTrunk::load(&ckpt, &plan.resident).unwrap()));
+        let streamed = model(&ckpt, &config)
+            .with_planned_trunk(&ckpt, plan, resident, &[])
+            .unwrap();
+        assert_eq!(
+            fingerprints(&streamed),
+            expected,
+            "cap {cap}, {} steps, {} buffers, {} bytes resident",
+            plan.steps.len(),
+            slots,
+            layout.resident
+        );
+        // Every pass read the whole stream, the lm_head's steps too where the pass skipped
+        // it (the I/O thread runs up to `slots` steps ahead): 7 steps, 2 chunks scored, 2
+        // chunks prefilled and a step.
+        let passes = (TOKENS.len() + 2 + 2 + 1) as u64;
+        let per_pass = plan.streamed_read_bytes();
+        let read = streamed.streamed_trunk_bytes();
+        assert!(
+            read >= passes * per_pass && read <= passes * per_pass + slots * plan.buffer_bytes(),
+            "{read} bytes read for {passes} passes of {per_pass}"
+        );
+    }
+    assert_eq!(split.len(), 4, "cut in row blocks: {split:?}");
+    drop(ckpt);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,237 @@
+//! The sizes the planner works on: every trunk tensor as stored (file, offset, bytes), which
+//! part of the forward pass reads it ([`Part`]), and the experts' totals.
+
+use std::ops::Range;
+use std::path::PathBuf;
+
+use expert_store::checkpoint::LinearStorage;
+use expert_store::io::aligned_span;
+use expert_store::{Checkpoint, CheckpointError};
+
+use crate::config::K3Config;
+use crate::inventory::{MlaNames, MlpNames, Role, TensorClass, expert_layout, text_tensors};
+
+/// Reads closer than this are merged into one (the gap is read and ignored): a layer's small
+/// tensors (norms, biases) lie between its matrices.
+pub const MERGE_GAP: usize = 1 << 20;
+
+/// Which part of the forward pass reads a trunk tensor; the stream's units follow it, in this
+/// order within a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Part {
+    /// Widened to f32 at load (norms, biases, conv taps, MLA's `kv_b`): never read again, so
+    /// neither resident nor streamed.
+    Copied,
+    /// A layer's attention projections (KDA or MLA): one unit.
+    Attention,
+    /// A dense MLP's projections: each its own unit, read in row blocks.
+    Gate,
+    Up,
+    Down,
+    /// A MoE layer's router, latent projections and shared experts: one unit.
+    Moe,
+    /// The lm_head, read in row blocks.
+    Head,
+}
+
+impl Part {
+    /// Whether the part's matrix may be read and multiplied in row blocks (rows of a matmul
+    /// are independent: the same bits).
+    pub fn splits(self) -> bool {
+        matches!(self, Part::Gate | Part::Up | Part::Down | Part::Head)
+    }
+
+    /// The part as the printed plan names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Part::Copied => "copied",
+            Part::Attention => "attention",
+            Part::Gate => "gate",
+            Part::Up => "up",
+            Part::Down => "down",
+            Part::Moe => "moe",
+            Part::Head => "lm_head",
+        }
+    }
+}
+
+/// A stored tensor (or a row block of one): its name as stored, its file, where it lies in
+/// it, its size, the part that reads it and its rows (first dimension).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredTensor {
+    pub name: String,
+    pub path: PathBuf,
+    pub offset: usize,
+    pub bytes: u64,
+    pub part: Part,
+    pub rows: usize,
+}
+
+impl StoredTensor {
+    /// Bytes it takes in the resident copy (read alone with `O_DIRECT`: its range rounded
+    /// out to 4 KiB).
+    pub fn resident_bytes(&self) -> u64 {
+        aligned_span(&(self.offset..self.offset + self.bytes as usize)).1 as u64
+    }
+
+    /// Rows `rows` of it (its bytes split evenly over its rows).
+    pub fn row_block(&self, rows: Range<usize>) -> Self {
+        let per_row = self.bytes as usize / self.rows.max(1);
+        Self {
+            offset: self.offset + rows.start * per_row,
+            bytes: (rows.len() * per_row) as u64,
+            rows: rows.len(),
+            ..self.clone()
+        }
+    }
+}
+
+/// The reads that fetch `tensors` (in file order): one per run of tensors in one file whose
+/// gaps are at most [`MERGE_GAP`].
+pub fn merged_reads(tensors: &[StoredTensor]) -> Vec<(PathBuf, Range<usize>)> {
+    let mut reads: Vec<(PathBuf, Range<usize>)> = Vec::new();
+    for t in tensors {
+        let range = t.offset..t.offset + t.bytes as usize;
+        match reads.last_mut() {
+            Some((path, r))
+                if *path == t.path && r.end <= range.start && range.start - r.end <= MERGE_GAP =>
+            {
+                r.end = range.end;
+            }
+            _ => reads.push((t.path.clone(), range)),
+        }
+    }
+    reads
+}
+
+/// Bytes `O_DIRECT` reads of `tensors` cover (each merged read rounded out to 4 KiB).
+pub fn read_bytes(tensors: &[StoredTensor]) -> u64 {
+    merged_reads(tensors)
+        .iter()
+        .map(|(_, r)| aligned_span(r).1 as u64)
+        .sum()
+}
+
+/// The sizes the planner splits a budget over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeightSizes {
+    /// Read every token outside the layers: lm_head and the output norms.
+    pub head: Vec<StoredTensor>,
+    /// Each decoder layer's trunk tensors (all but the routed experts), in file order.
+    pub layers: Vec<Vec<StoredTensor>>,
+    /// The embedding table, and the bytes of one row of it (read per token).
+    pub embed: u64,
+    pub embed_row: u64,
+    /// Every routed expert's buffer bytes summed, and the largest one.
+    pub expert_total: u64,
+    pub expert_largest: u64,
+    /// Routed experts per MoE layer (one entry per MoE layer).
+    pub experts_per_layer: Vec<usize>,
+    /// Experts each token selects per MoE layer.
+    pub top_k: usize,
+}
+
+/// The part of the forward pass that reads `name` (of `class`, `role`, in `layer`).
+fn part_of(name: &str, class: TensorClass, role: Role, layer: Option<usize>) -> Part {
+    if role != Role::Linear {
+        return Part::Copied;
+    }
+    match (class, layer) {
+        (TensorClass::LmHead, _) => Part::Head,
+        (TensorClass::MlaAttention, Some(l)) if name == MlaNames::new(l).kv_b => Part::Copied,
+        (TensorClass::KdaAttention | TensorClass::MlaAttention, _) => Part::Attention,
+        (TensorClass::DenseMlp, Some(l)) => {
+            let n = MlpNames::dense(l);
+            if name == n.gate {
+                Part::Gate
+            } else if name == n.up {
+                Part::Up
+            } else {
+                Part::Down
+            }
+        }
+        (TensorClass::Router | TensorClass::LatentProjections | TensorClass::SharedExperts, _) => {
+            Part::Moe
+        }
+        _ => Part::Copied,
+    }
+}
+
+impl WeightSizes {
+    /// The sizes of `ckpt`'s tensors as stored (any dtype; an MXFP4 linear is two tensors).
+    pub fn new(ckpt: &Checkpoint, config: &K3Config) -> Result<Self, CheckpointError> {
+        let mut sizes = Self {
+            head: Vec::new(),
+            layers: vec![Vec::new(); config.num_layers()],
+            embed: 0,
+            embed_row: 0,
+            expert_total: 0,
+            expert_largest: 0,
+            experts_per_layer: Vec::new(),
+            top_k: config.moe.router.top_k,
+        };
+        for spec in text_tensors(config) {
+            let part = part_of(&spec.name, spec.class, spec.role(), spec.layer);
+            let rows = spec.shape.first().copied().unwrap_or(1);
+            let stored = |name: &str| {
+                ckpt.tensor(name).map(|t| StoredTensor {
+                    name: t.name.to_owned(),
+                    path: t.path.to_owned(),
+                    offset: t.offset,
+                    bytes: t.bytes.len() as u64,
+                    part,
+                    rows,
+                })
+            };
+            let tensors: Vec<StoredTensor> = match ckpt.linear_format(&spec.name) {
+                Ok(LinearStorage::MxFp4(base)) if spec.role() == Role::Linear => {
+                    [".weight_packed", ".weight_scale"]
+                        .iter()
+                        .filter_map(|suffix| stored(&format!("{base}{suffix}")))
+                        .collect()
+                }
+                _ => stored(&spec.name).into_iter().collect(),
+            };
+            match (spec.class, spec.layer) {
+                (TensorClass::RoutedExperts, _) => {}
+                (TensorClass::Embedding, _) => {
+                    sizes.embed = tensors.iter().map(|t| t.bytes).sum();
+                    sizes.embed_row = sizes.embed / config.vocab_size.max(1) as u64;
+                }
+                (_, Some(layer)) => sizes.layers[layer].extend(tensors),
+                (_, None) => sizes.head.extend(tensors),
+            }
+        }
+        for layer in sizes.layers.iter_mut().chain([&mut sizes.head]) {
+            layer.sort_by(|a, b| (&a.path, a.offset).cmp(&(&b.path, b.offset)));
+        }
+        let table = ckpt.expert_table(&expert_layout(config))?;
+        let mut per_layer = std::collections::BTreeMap::<usize, usize>::new();
+        for (&(layer, _), location) in &table {
+            let bytes = expert_store::store::buffer_bytes(location);
+            sizes.expert_total += bytes;
+            sizes.expert_largest = sizes.expert_largest.max(bytes);
+            *per_layer.entry(layer).or_default() += 1;
+        }
+        sizes.experts_per_layer = per_layer.into_values().collect();
+        Ok(sizes)
+    }
+
+    /// Every trunk tensor a decode reads after load (the head's and every layer's, not the
+    /// ones widened to f32 at load), with its layer (the layer count for the head).
+    pub fn read_tensors(&self) -> impl Iterator<Item = (usize, &StoredTensor)> {
+        let head = self.layers.len();
+        self.layers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, l)| l.iter().map(move |t| (i, t)))
+            .chain(self.head.iter().map(move |t| (head, t)))
+            .filter(|(_, t)| t.part != Part::Copied)
+    }
+
+    /// The trunk's bytes as the resident copy holds them: what a decode reads of the head
+    /// and of every layer.
+    pub fn trunk_resident_bytes(&self) -> u64 {
+        self.read_tensors().map(|(_, t)| t.resident_bytes()).sum()
+    }
+}
