@@ -1,20 +1,18 @@
 //! `cargo xtask k3-plan --config FILE --machine-gb G,..`: the memory plan the engine would
 //! make for a checkpoint of that config on machines of G GB, projected onto NVMe drives.
-//! The sizes are the inventory's (every tensor in the config's release dtype, one file per
-//! layer, tensors in inventory order), the plan is the library's own [`Plan::new`], and the
+//! The sizes are the inventory's ([`WeightSizes::of_config`]: every tensor in the config's
+//! dtype, one file per layer), the plan is the library's own [`Plan::new`], and the
 //! time per token is the plan's predicted bytes from disk over the drives' rate, beside the
 //! weight bytes read from memory over the memory's rate: a bound where reads overlap compute,
 //! not a measurement.
-
-use std::path::PathBuf;
 
 use anyhow::{Context, Result, ensure};
 use expert_store::io::MemoryBudget;
 use k3_model::budget::{MemoryPlan, RunShape};
 use k3_model::config::K3Config;
 use k3_model::experts::ExpertOptions;
-use k3_model::inventory::{BytePlan, TensorClass, expert_bytes, text_tensors};
-use k3_model::plan::{Plan, StoredTensor, WeightSizes, safety_margin};
+use k3_model::inventory::BytePlan;
+use k3_model::plan::{Plan, WeightSizes, safety_margin};
 
 /// What the projection is asked for.
 #[derive(Debug, Clone)]
@@ -29,61 +27,9 @@ pub(crate) struct Machines {
     pub(crate) run: RunShape,
 }
 
-/// The planner's sizes for a checkpoint of `config` stored as the inventory says: one file
-/// per layer (the head and embedding in their own), tensors back to back.
-pub(crate) fn sizes(config: &K3Config) -> WeightSizes {
-    let specs = text_tensors(config);
-    let mut sizes = WeightSizes {
-        head: Vec::new(),
-        layers: vec![Vec::new(); config.num_layers()],
-        embed: 0,
-        embed_row: 0,
-        expert_total: 0,
-        expert_largest: 0,
-        experts_per_layer: Vec::new(),
-        top_k: config.moe.router.top_k,
-    };
-    let mut offsets = vec![0usize; config.num_layers() + 1];
-    let mut experts = std::collections::BTreeMap::<usize, usize>::new();
-    for spec in &specs {
-        let bytes = spec.bytes();
-        match (spec.class, spec.layer) {
-            (TensorClass::RoutedExperts, Some(layer)) => {
-                *experts.entry(layer).or_default() += bytes;
-            }
-            (TensorClass::Embedding, _) => {
-                sizes.embed = bytes as u64;
-                sizes.embed_row = bytes as u64 / config.vocab_size.max(1) as u64;
-            }
-            (_, layer) => {
-                let file = layer.unwrap_or(config.num_layers());
-                let tensor = StoredTensor {
-                    name: spec.name.clone(),
-                    path: PathBuf::from(format!("part-{file:03}.safetensors")),
-                    offset: offsets[file],
-                    bytes: bytes as u64,
-                };
-                offsets[file] += bytes;
-                match layer {
-                    Some(l) => sizes.layers[l].push(tensor),
-                    None => sizes.head.push(tensor),
-                }
-            }
-        }
-    }
-    let one = expert_bytes(config) as u64;
-    sizes.expert_largest = one;
-    sizes.expert_total = experts.values().map(|&b| b as u64).sum();
-    sizes.experts_per_layer = experts
-        .values()
-        .map(|&b| (b as u64 / one.max(1)) as usize)
-        .collect();
-    sizes
-}
-
 /// Prints the plan and the projected time per token for each machine and drive count.
 pub(crate) fn run(config: &K3Config, machines: &Machines) -> Result<()> {
-    let sizes = sizes(config);
+    let sizes = WeightSizes::of_config(config);
     let bytes_per_token = BytePlan::new(config).bytes_per_token as f64;
     ensure!(
         sizes.expert_total > 0,
@@ -179,7 +125,7 @@ mod tests {
     #[test]
     fn the_release_sizes_add_up_to_the_byte_plan() {
         let config = K3Config::from_json(RELEASE).unwrap();
-        let s = sizes(&config);
+        let s = WeightSizes::of_config(&config);
         let plan = BytePlan::new(&config);
         let trunk: u64 = s
             .head
@@ -203,7 +149,7 @@ mod tests {
     #[test]
     fn a_machine_with_room_for_the_trunk_streams_only_experts() {
         let config = K3Config::from_json(RELEASE).unwrap();
-        let s = sizes(&config);
+        let s = WeightSizes::of_config(&config);
         let run = RunShape {
             resident_trunk: false,
             max_batch: 1,

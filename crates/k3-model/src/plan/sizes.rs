@@ -217,6 +217,61 @@ impl WeightSizes {
         Ok(sizes)
     }
 
+    /// The sizes of a checkpoint of `config` stored as the inventory says, without one: every
+    /// tensor in the config's dtype, one file per layer (the head and embedding in their
+    /// own), tensors back to back in inventory order. For plans of checkpoints not at hand
+    /// (`cargo xtask k3-plan --machine-gb`).
+    pub fn of_config(config: &K3Config) -> Self {
+        let mut sizes = Self {
+            head: Vec::new(),
+            layers: vec![Vec::new(); config.num_layers()],
+            embed: 0,
+            embed_row: 0,
+            expert_total: 0,
+            expert_largest: 0,
+            experts_per_layer: Vec::new(),
+            top_k: config.moe.router.top_k,
+        };
+        let mut offsets = vec![0usize; config.num_layers() + 1];
+        let mut experts = std::collections::BTreeMap::<usize, u64>::new();
+        for spec in text_tensors(config) {
+            let bytes = spec.bytes();
+            match (spec.class, spec.layer) {
+                (TensorClass::RoutedExperts, layer) => {
+                    *experts.entry(layer.unwrap_or(0)).or_default() += bytes as u64;
+                }
+                (TensorClass::Embedding, _) => {
+                    sizes.embed = bytes as u64;
+                    sizes.embed_row = bytes as u64 / config.vocab_size.max(1) as u64;
+                }
+                (_, layer) => {
+                    let file = layer.unwrap_or(config.num_layers());
+                    let tensor = StoredTensor {
+                        name: spec.name.clone(),
+                        path: PathBuf::from(format!("part-{file:03}.safetensors")),
+                        offset: offsets[file],
+                        bytes: bytes as u64,
+                        part: part_of(&spec.name, spec.class, spec.role(), spec.layer),
+                        rows: spec.shape.first().copied().unwrap_or(1),
+                    };
+                    offsets[file] += bytes;
+                    match layer {
+                        Some(l) => sizes.layers[l].push(tensor),
+                        None => sizes.head.push(tensor),
+                    }
+                }
+            }
+        }
+        let one = expert_layout(config).expert_bytes() as u64;
+        sizes.expert_largest = one;
+        sizes.expert_total = experts.values().sum();
+        sizes.experts_per_layer = experts
+            .values()
+            .map(|&b| (b / one.max(1)) as usize)
+            .collect();
+        sizes
+    }
+
     /// Every trunk tensor a decode reads after load (the head's and every layer's, not the
     /// ones widened to f32 at load), with its layer (the layer count for the head).
     pub fn read_tensors(&self) -> impl Iterator<Item = (usize, &StoredTensor)> {
