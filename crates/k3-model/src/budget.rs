@@ -45,6 +45,10 @@ pub struct MemoryPlan {
     pub kda_state: u64,
     /// f32 copies made at load: MLA `kv_b`, and every vector (norms, gates, biases).
     pub f32_copies: u64,
+    /// Snapshots the binary's prompt cache may hold in memory (k3-serve's `--prompt-cache-gb`,
+    /// [`crate::builder::EngineOptions::prompt_cache_bytes`]): set aside before the weights
+    /// take the rest.
+    pub prompt_cache: u64,
 }
 
 /// A plan over the budget, with both.
@@ -132,6 +136,7 @@ impl MemoryPlan {
             kv_cache,
             kda_state,
             f32_copies: (kv_b + vectors) * f32_bytes,
+            prompt_cache: 0,
         }
     }
 
@@ -143,12 +148,13 @@ impl MemoryPlan {
             + self.kv_cache
             + self.kda_state
             + self.f32_copies
+            + self.prompt_cache
     }
 
     /// Each class in GB, then the total.
     pub fn describe(&self) -> String {
         format!(
-            "resident trunk {}{} + expert cache {} + I/O buffers {} + KV cache {} + KDA state {} + f32 copies {} = {}",
+            "resident trunk {}{} + expert cache {} + I/O buffers {} + KV cache {} + KDA state {} + f32 copies {}{} = {}",
             gb(self.resident_trunk),
             match self.trunk_buffers {
                 0 => String::new(),
@@ -159,6 +165,10 @@ impl MemoryPlan {
             gb(self.kv_cache),
             gb(self.kda_state),
             gb(self.f32_copies),
+            match self.prompt_cache {
+                0 => String::new(),
+                b => format!(" + prompt cache {}", gb(b)),
+            },
             gb(self.total())
         )
     }

@@ -52,6 +52,10 @@ pub struct EngineOptions {
     /// The memory the run may use, in bytes (`--memory-gb`; `None`: the smaller of the host's
     /// available memory and the process's cgroup headroom, less [`safety_margin`]).
     pub memory_bytes: Option<u64>,
+    /// Bytes of memory the binary's own prompt cache may hold (k3-serve's `--prompt-cache-gb`;
+    /// 0: none). The plan sets them aside before the weights take the rest, so the cache and
+    /// the weights together stay within the budget.
+    pub prompt_cache_bytes: u64,
 }
 
 impl Default for EngineOptions {
@@ -67,6 +71,7 @@ impl Default for EngineOptions {
             ctx: 4096,
             ranks: Arc::new(Ranks::single()),
             memory_bytes: None,
+            prompt_cache_bytes: 0,
         }
     }
 }
@@ -192,7 +197,10 @@ impl Engine {
             max_batch: options.max_batch,
             ctx: options.ctx,
         };
-        let flags = MemoryPlan::new(&checkpoint, &config, &options.experts, run)?;
+        let flags = MemoryPlan {
+            prompt_cache: options.prompt_cache_bytes,
+            ..MemoryPlan::new(&checkpoint, &config, &options.experts, run)?
+        };
         let sizes = WeightSizes::new(&checkpoint, &config)?;
         let plan = Plan::new(&sizes, flags, &options.experts, run, budget, margin)?;
         sink.line(&format!("memory plan: {}", plan.describe()));

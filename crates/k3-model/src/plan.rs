@@ -129,7 +129,7 @@ impl Plan {
             return Ok(mapped(flags, None));
         };
         let usable = budget.bytes.saturating_sub(margin);
-        let state = flags.kv_cache + flags.kda_state + flags.f32_copies;
+        let state = flags.kv_cache + flags.kda_state + flags.f32_copies + flags.prompt_cache;
         // Everything a decode reads held at once: trunk, every expert, state (of the embedding
         // a token reads one row). Then the flags decide as before.
         let everything =

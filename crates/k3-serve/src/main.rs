@@ -201,13 +201,21 @@ fn raise_open_files_limit() -> Option<u64> {
 }
 
 /// The prompt cache `--prompt-cache-gb` and `--prompt-cache-dir` ask for; without
-/// `--prompt-cache-gb`, a tenth of the memory this process may allocate at startup (1 GiB
-/// where that cannot be read). The choice is logged.
+/// `--prompt-cache-gb`, a tenth of the memory budget (`--memory-gb`, else the memory this
+/// process may allocate at startup; 1 GiB where that cannot be read). The choice is logged;
+/// the engine's memory plan sets these bytes aside (`EngineOptions::prompt_cache_bytes`).
 fn prompt_cache_options(args: &Args) -> PromptCacheOptions {
     const GIB: f64 = (1u64 << 30) as f64;
+    let budget = match args.engine.memory_bytes {
+        Some(bytes) => Some(expert_store::io::MemoryBudget {
+            bytes,
+            source: "--memory-gb".into(),
+        }),
+        None => expert_store::io::memory_budget(),
+    };
     let (budget_bytes, why) = match args.prompt_cache_gb {
         Some(gb) => ((gb * GIB) as usize, "--prompt-cache-gb".to_owned()),
-        None => match expert_store::io::memory_budget() {
+        None => match budget {
             Some(budget) => (
                 (budget.bytes / 10) as usize,
                 format!(
@@ -289,16 +297,19 @@ fn main() -> Result<()> {
         return follower::follow(&model_dir, &args.engine);
     }
     let ctx = args.engine.ctx;
+    let prompt_cache = if args.serve {
+        prompt_cache_options(&args)
+    } else {
+        PromptCacheOptions::default()
+    };
+    // The memory plan counts the prompt cache's bytes with the weights'.
+    args.engine.prompt_cache_bytes = prompt_cache.budget_bytes as u64;
     let (engine, engine_thread) = spawn(EngineConfig {
         model_dir: model_dir.clone(),
         options: args.engine.clone(),
         queue: args.queue,
         prefill_chunk: k3_model::model::PREFILL_CHUNK,
-        prompt_cache: if args.serve {
-            prompt_cache_options(&args)
-        } else {
-            PromptCacheOptions::default()
-        },
+        prompt_cache,
         panic_on_prompt: None,
     })?;
     if let Some(max) = engine.max_positions

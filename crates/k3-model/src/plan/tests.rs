@@ -507,3 +507,33 @@ fn a_large_lm_head_streams_in_blocks_and_leaves_the_rest_resident() {
     let least = Layout::minimum(&sizes);
     assert_eq!(least.resident + least.buffers, 5 * 176_160_768);
 }
+
+#[test]
+fn the_prompt_cache_is_set_aside_before_the_weights() {
+    let (sizes, flags, _) = tiny("prompt-cache");
+    let all = everything(&sizes, &flags);
+    let cache = sizes.trunk_resident_bytes() / 4;
+    let with_cache = MemoryPlan {
+        prompt_cache: cache,
+        ..flags
+    };
+    // Where the weights fit without the cache, its bytes make the plan stream, within budget.
+    let plan = Plan::new(&sizes, with_cache, &options(), run(), budget(all), 0).unwrap();
+    assert!(plan.streams(), "{}", plan.describe());
+    assert_eq!(plan.memory.prompt_cache, cache);
+    assert!(plan.memory.total() <= all, "{}", plan.describe());
+    assert!(
+        plan.describe().contains("prompt cache"),
+        "{}",
+        plan.describe()
+    );
+    // With room for both, everything fits again.
+    let plan = Plan::new(&sizes, with_cache, &options(), run(), budget(all + cache), 0).unwrap();
+    assert_eq!(plan.trunk, None, "{}", plan.describe());
+    // The minimum alone no longer fits once the cache is set aside: refused, naming it.
+    let min = minimum(&sizes, &flags, 1);
+    let error = Plan::new(&sizes, with_cache, &options(), run(), budget(min), 0)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("prompt cache"), "{error}");
+}
