@@ -218,10 +218,10 @@ impl Layout {
         })
     }
 
-    /// The caps worth trying: [`MIN_CAP`] (or the largest unsplittable unit, if smaller),
-    /// `share` (the largest that affords a second buffer) and each unsplittable unit's whole
-    /// read.
-    fn caps(sizes: &WeightSizes, share: u64) -> Vec<u64> {
+    /// The caps worth trying: [`MIN_CAP`] (or the largest unsplittable unit, if smaller: the
+    /// floor), `share` (the largest that affords a second buffer), the powers of two between
+    /// them, and each unsplittable unit's whole read; none below the floor.
+    pub(super) fn caps(sizes: &WeightSizes, share: u64) -> Vec<u64> {
         let whole: Vec<u64> = units(sizes)
             .iter()
             .filter(|u| !u.part.splits())
@@ -229,9 +229,14 @@ impl Layout {
             .collect();
         // A model whose units are all smaller than MIN_CAP goes down to its largest one.
         let floor = whole.iter().copied().max().unwrap_or(0).clamp(1, MIN_CAP);
+        // And every power of two from the floor up to `share`: smaller buffers leave more
+        // room, larger ones force fewer units resident, and the best lies anywhere between.
+        let powers = std::iter::successors(Some(floor.next_power_of_two()), |&c| c.checked_mul(2))
+            .take_while(move |&c| c < share);
         let mut caps: Vec<u64> = whole
             .into_iter()
             .chain([floor, share])
+            .chain(powers)
             .filter(|&c| c >= floor)
             .collect();
         caps.sort_unstable();

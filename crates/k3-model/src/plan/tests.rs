@@ -233,7 +233,14 @@ fn below_everything_the_trunk_is_resident_first_and_the_rest_is_streamed() {
     let m = &plan.memory;
     let room = bytes - (m.kv_cache + m.kda_state + m.f32_copies + m.io_buffers);
     let share = bytes / BUFFER_SHARE;
-    for cap in [1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22] {
+    // Every cap the planner may take (none below its floor: smaller reads lose disk rate).
+    let floor = *Layout::caps(&sizes, share).first().unwrap();
+    let caps = [1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22];
+    assert!(
+        caps.iter().filter(|&&c| c >= floor).count() >= 3,
+        "floor {floor}"
+    );
+    for cap in caps.into_iter().filter(|&c| c >= floor) {
         for slots in [1, 2] {
             if slots == 2 && cap > share {
                 continue;
@@ -242,10 +249,19 @@ fn below_everything_the_trunk_is_resident_first_and_the_rest_is_streamed() {
                 check_layout(&sizes, &other.trunk);
                 assert!(
                     slots < trunk.slots as u64 || other.resident <= plan.memory.resident_trunk,
-                    "cap {cap}"
+                    "cap {cap} slots {slots}: other resident {} buffers {}; {}",
+                    other.resident,
+                    other.buffers,
+                    plan.describe()
                 );
                 // Two buffers are kept wherever they fit.
-                assert!(slots <= trunk.slots as u64, "cap {cap}");
+                assert!(
+                    slots <= trunk.slots as u64,
+                    "cap {cap} share {share} room {room} other resident {} buffers {}; {}",
+                    other.resident,
+                    other.buffers,
+                    plan.describe()
+                );
             }
         }
     }
@@ -517,9 +533,16 @@ fn the_prompt_cache_is_set_aside_before_the_weights() {
         prompt_cache: cache,
         ..flags
     };
-    // Where the weights fit without the cache, its bytes make the plan stream, within budget.
+    // Where the weights fit without the cache, its bytes make the plan take over: less than
+    // every weight held, within the budget.
     let plan = Plan::new(&sizes, with_cache, &options(), run(), budget(all), 0).unwrap();
-    assert!(plan.streams(), "{}", plan.describe());
+    assert!(plan.trunk.is_some(), "{}", plan.describe());
+    assert!(
+        plan.memory.resident_trunk + plan.memory.expert_cache
+            < sizes.trunk_resident_bytes() + sizes.expert_total,
+        "{}",
+        plan.describe()
+    );
     assert_eq!(plan.memory.prompt_cache, cache);
     assert!(plan.memory.total() <= all, "{}", plan.describe());
     assert!(
@@ -528,7 +551,15 @@ fn the_prompt_cache_is_set_aside_before_the_weights() {
         plan.describe()
     );
     // With room for both, everything fits again.
-    let plan = Plan::new(&sizes, with_cache, &options(), run(), budget(all + cache), 0).unwrap();
+    let plan = Plan::new(
+        &sizes,
+        with_cache,
+        &options(),
+        run(),
+        budget(all + cache),
+        0,
+    )
+    .unwrap();
     assert_eq!(plan.trunk, None, "{}", plan.describe());
     // The minimum alone no longer fits once the cache is set aside: refused, naming it.
     let min = minimum(&sizes, &flags, 1);
