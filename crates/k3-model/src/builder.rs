@@ -239,9 +239,13 @@ impl Engine {
                 bytes as f64 / 1e9,
                 started.elapsed().as_secs_f64()
             ));
-        } else if let Some(trunk) = plan.trunk.as_ref().filter(|t| !t.resident.is_empty()) {
+        } else if let Some(trunk) = plan
+            .trunk
+            .as_ref()
+            .filter(|t| !t.resident.is_empty() || !t.resident_rows.is_empty())
+        {
             let started = Instant::now();
-            let loaded = ResidentTrunk::load(&checkpoint, &trunk.resident)?;
+            let loaded = ResidentTrunk::load(&checkpoint, &trunk.resident, &trunk.resident_rows)?;
             sink.line(&format!(
                 "resident trunk: {:.2} GB read with O_DIRECT in {:.1} s",
                 loaded.bytes() as f64 / 1e9,

@@ -85,15 +85,30 @@ fn check_layout(sizes: &WeightSizes, trunk: &TrunkPlan) {
             .iter()
             .filter(|s| s.layer == layer && s.tensors.iter().any(|b| b.name == t.name))
             .collect();
+        let kept: Vec<&StoredTensor> = trunk
+            .resident_rows
+            .iter()
+            .filter(|b| b.name == t.name)
+            .collect();
         assert_ne!(
             trunk.resident.contains(&t.name),
-            !steps.is_empty(),
+            !steps.is_empty() || !kept.is_empty(),
             "{}",
             t.name
         );
-        let blocks: Vec<&StoredTensor> = steps
-            .iter()
-            .flat_map(|s| s.tensors.iter().filter(|b| b.name == t.name))
+        // Resident leading rows only of a matrix read in row blocks, the rest streamed.
+        assert!(kept.len() <= 1, "{}", t.name);
+        if let Some(k) = kept.first() {
+            assert!(t.part.splits() && !steps.is_empty(), "{}", t.name);
+            assert!(k.rows % BLOCK_ROWS == 0 && k.rows < t.rows, "{}", t.name);
+        }
+        let blocks: Vec<&StoredTensor> = kept
+            .into_iter()
+            .chain(
+                steps
+                    .iter()
+                    .flat_map(|s| s.tensors.iter().filter(|b| b.name == t.name)),
+            )
             .collect();
         if !blocks.is_empty() {
             assert_eq!(blocks[0].offset, t.offset, "{}", t.name);

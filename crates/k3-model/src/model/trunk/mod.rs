@@ -23,7 +23,7 @@ use expert_store::io::{AlignedBuf, PieceError, ShardReader, read_pieces};
 use expert_store::{Checkpoint, CheckpointError};
 
 use super::{Model, ModelError, Result};
-use crate::plan::{Part, TrunkPlan, merged_reads};
+use crate::plan::{Part, StoredTensor, TrunkPlan, merged_reads};
 
 mod relocate;
 
@@ -74,21 +74,45 @@ pub struct ResidentTrunk {
 }
 
 impl ResidentTrunk {
-    /// Reads the tensors of `ckpt` whose stored names are `names`, in file order, each from
-    /// a 4 KiB boundary of one new buffer.
-    pub fn load(ckpt: &Checkpoint, names: &HashSet<String>) -> Result<Self> {
-        let mut found = Vec::with_capacity(names.len());
+    /// Reads the tensors of `ckpt` whose stored names are `names`, and the row blocks `rows`
+    /// (a [`TrunkPlan`]'s `resident` and `resident_rows`), in file order, each from a 4 KiB
+    /// boundary of one new buffer.
+    pub fn load(ckpt: &Checkpoint, names: &HashSet<String>, rows: &[StoredTensor]) -> Result<Self> {
+        // (file, offset in it, address in the mapping, length) of each piece.
+        let mut found = Vec::with_capacity(names.len() + rows.len());
         for name in names {
-            found.push(ckpt.require(name)?);
+            let t = ckpt.require(name)?;
+            found.push((t.path, t.offset, t.bytes.as_ptr() as usize, t.bytes.len()));
         }
-        found.sort_by(|a, b| (a.path, a.offset).cmp(&(b.path, b.offset)));
+        for block in rows {
+            // A row block is a range of its tensor's bytes.
+            let t = ckpt.require(&block.name)?;
+            let within = block
+                .offset
+                .checked_sub(t.offset)
+                .filter(|&w| w + block.bytes as usize <= t.bytes.len());
+            let Some(within) = within else {
+                return Err(ModelError::Pool(format!(
+                    "the plan's resident rows of {} (bytes {}..{}) lie outside it (bytes {}..{})",
+                    block.name,
+                    block.offset,
+                    block.offset + block.bytes as usize,
+                    t.offset,
+                    t.offset + t.bytes.len()
+                )));
+            };
+            found.push((
+                t.path,
+                block.offset,
+                t.bytes.as_ptr() as usize + within,
+                block.bytes as usize,
+            ));
+        }
+        found.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
         let mut readers = Vec::new();
         let mut pieces = Vec::with_capacity(found.len());
-        for t in &found {
-            pieces.push((
-                reader(&mut readers, t.path)?,
-                t.offset..t.offset + t.bytes.len(),
-            ));
+        for &(path, offset, _, len) in &found {
+            pieces.push((reader(&mut readers, path)?, offset..offset + len));
         }
         let borrowed: Vec<(&ShardReader, Range<usize>)> = pieces
             .iter()
@@ -99,7 +123,7 @@ impl ResidentTrunk {
         let mut tensors: Vec<(usize, usize, usize)> = found
             .iter()
             .zip(&starts)
-            .map(|(t, &at)| (t.bytes.as_ptr() as usize, t.bytes.len(), at))
+            .map(|(&(_, _, address, len), &at)| (address, len, at))
             .collect();
         tensors.sort_unstable();
         Ok(Self { buffer, tensors })

@@ -100,9 +100,9 @@ impl<'a> Model<'a> {
     }
 
     /// `w · x_t` for every token of `xs`, where `w` is `part` of layer `layer` (the layer
-    /// count for the head): where the plan streams it in row blocks, block by block from the
-    /// stream (each block's rows land at their place: the same bits as one call), else as
-    /// loaded or resident.
+    /// count for the head): where the plan streams it in row blocks, its resident leading
+    /// rows first, then block by block from the stream (each block's rows land at their
+    /// place: the same bits as one call), else as loaded or resident.
     pub(in crate::model) fn planned_gemm<'m>(
         &'m self,
         pass: &mut Pass<'m>,
@@ -119,6 +119,15 @@ impl<'a> Model<'a> {
             return self.gemm(&relocated_matrix(w, &|b| trunk.relocate(None, b))?, xs);
         }
         let mut out = vec![vec![0.0; w.rows()]; xs.len()];
+        // The leading rows the plan keeps resident (the steps stream the rest, in order).
+        let first = steps[0].0.as_ref().map_or(0, |r| r.start);
+        if first > 0 {
+            let block = sub_rows(w, 0..first)?;
+            let block = relocated_matrix(&block, &|b| trunk.relocate(None, b))?;
+            for (o, y) in out.iter_mut().zip(self.gemm(&block, xs)?) {
+                o[..first].copy_from_slice(&y);
+            }
+        }
         for (rows, step) in steps {
             let rows = rows.clone().expect("a part read in row blocks has rows");
             let held = self.trunk_step(pass, *step)?;

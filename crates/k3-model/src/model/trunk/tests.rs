@@ -77,8 +77,16 @@ fn every_layout_streams_the_mapped_bits() {
         (lm_head / 7, 0, 2),
         // An odd cap (the last block is short), more resident than the cap forces.
         (lm_head / 3 + 777, trunk / 8, 1),
+        // Room for every tensor but about two thirds of the lm_head: its leading rows
+        // resident, the rest streamed.
+        (
+            lm_head / 4,
+            (trunk - 2 * lm_head / 3).saturating_sub(forced(lm_head / 4)),
+            2,
+        ),
     ];
     let mut split = std::collections::HashSet::new();
+    let mut partly_resident = 0;
     for (cap, extra, slots) in cases {
         let room = forced(cap) + extra + slots * cap;
         let layout = Layout::new(&sizes, room, cap, slots).expect("room for the layout");
@@ -95,8 +103,15 @@ fn every_layout_streams_the_mapped_bits() {
                 split.insert(part);
             }
         }
-        let resident = (!plan.resident.is_empty())
-            .then(|| Arc::new(ResidentTrunk::load(&ckpt, &plan.resident).unwrap()));
+        if !plan.resident_rows.is_empty() {
+            partly_resident += 1;
+        }
+        let resident = (!plan.resident.is_empty() || !plan.resident_rows.is_empty()).then(|| {
+            Arc::new(ResidentTrunk::load(&ckpt, &plan.resident, &plan.resident_rows).unwrap())
+        });
+        if let Some(r) = &resident {
+            assert_eq!(r.bytes() as u64, layout.resident, "cap {cap}");
+        }
         let streamed = model(&ckpt, &config)
             .with_planned_trunk(&ckpt, plan, resident, &[])
             .unwrap();
@@ -120,6 +135,11 @@ fn every_layout_streams_the_mapped_bits() {
         );
     }
     assert_eq!(split.len(), 4, "cut in row blocks: {split:?}");
+    // Some layout kept the leading rows of a matrix resident and streamed the rest.
+    assert!(
+        partly_resident > 0,
+        "no layout kept part of a matrix resident"
+    );
     drop(ckpt);
     let _ = std::fs::remove_dir_all(&dir);
 }
