@@ -53,18 +53,7 @@ pub(crate) fn budgets(
     fraction: Option<&str>,
     model: u64,
 ) -> Result<Vec<(u64, String)>> {
-    let list = |text: &str, flag: &str| -> Result<Vec<f64>> {
-        text.split(',')
-            .map(|v| {
-                let x: f64 = v
-                    .trim()
-                    .parse()
-                    .with_context(|| format!("--{flag} {v:?} is not a number"))?;
-                ensure!(x > 0.0 && x.is_finite(), "--{flag} {v:?} must be above 0");
-                Ok(x)
-            })
-            .collect()
-    };
+    let list = positive_list;
     Ok(match (gb, fraction) {
         (Some(_), Some(_)) => bail!("--memory-gb and --memory-fraction cannot both be given"),
         (Some(gb), None) => list(gb, "memory-gb")?
@@ -88,6 +77,20 @@ pub(crate) fn budgets(
             .collect(),
         (None, None) => bail!("no budget: give --memory-gb or --memory-fraction"),
     })
+}
+
+/// `X,..` of `--flag`: each a finite number above 0, in the order given.
+pub(crate) fn positive_list(text: &str, flag: &str) -> Result<Vec<f64>> {
+    text.split(',')
+        .map(|v| {
+            let x: f64 = v
+                .trim()
+                .parse()
+                .with_context(|| format!("--{flag} {v:?} is not a number"))?;
+            ensure!(x > 0.0 && x.is_finite(), "--{flag} {v:?} must be above 0");
+            Ok(x)
+        })
+        .collect()
 }
 
 /// Reads the first `max` bytes of `path` (whole 8 MiB requests) with `O_DIRECT`: the bytes

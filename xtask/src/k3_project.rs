@@ -6,7 +6,7 @@
 //! weight bytes read from memory over the memory's rate: a bound where reads overlap compute,
 //! not a measurement.
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use expert_store::io::MemoryBudget;
 use k3_model::budget::{MemoryPlan, RunShape};
 use k3_model::config::K3Config;
@@ -104,16 +104,10 @@ pub(crate) fn run(config: &K3Config, machines: &Machines) -> Result<()> {
 
 /// `G,..` in decimal GB as bytes.
 pub(crate) fn gb_list(text: &str, flag: &str) -> Result<Vec<u64>> {
-    text.split(',')
-        .map(|v| {
-            let g: f64 = v
-                .trim()
-                .parse()
-                .with_context(|| format!("--{flag} {v:?} is not a number"))?;
-            ensure!(g > 0.0 && g.is_finite(), "--{flag} {v:?} must be above 0");
-            Ok((g * 1e9) as u64)
-        })
-        .collect()
+    Ok(crate::bench_memory::positive_list(text, flag)?
+        .into_iter()
+        .map(|g| (g * 1e9) as u64)
+        .collect())
 }
 
 #[cfg(test)]

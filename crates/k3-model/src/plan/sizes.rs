@@ -158,9 +158,9 @@ fn part_of(name: &str, class: TensorClass, role: Role, layer: Option<usize>) -> 
 }
 
 impl WeightSizes {
-    /// The sizes of `ckpt`'s tensors as stored (any dtype; an MXFP4 linear is two tensors).
-    pub fn new(ckpt: &Checkpoint, config: &K3Config) -> Result<Self, CheckpointError> {
-        let mut sizes = Self {
+    /// No tensor yet, for `config`'s layers and routing.
+    fn empty(config: &K3Config) -> Self {
+        Self {
             head: Vec::new(),
             layers: vec![Vec::new(); config.num_layers()],
             embed: 0,
@@ -169,7 +169,12 @@ impl WeightSizes {
             expert_largest: 0,
             experts_per_layer: Vec::new(),
             top_k: config.moe.router.top_k,
-        };
+        }
+    }
+
+    /// The sizes of `ckpt`'s tensors as stored (any dtype; an MXFP4 linear is two tensors).
+    pub fn new(ckpt: &Checkpoint, config: &K3Config) -> Result<Self, CheckpointError> {
+        let mut sizes = Self::empty(config);
         for spec in text_tensors(config) {
             let part = part_of(&spec.name, spec.class, spec.role(), spec.layer);
             let rows = spec.shape.first().copied().unwrap_or(1);
@@ -222,16 +227,7 @@ impl WeightSizes {
     /// own), tensors back to back in inventory order. For plans of checkpoints not at hand
     /// (`cargo xtask k3-plan --machine-gb`).
     pub fn of_config(config: &K3Config) -> Self {
-        let mut sizes = Self {
-            head: Vec::new(),
-            layers: vec![Vec::new(); config.num_layers()],
-            embed: 0,
-            embed_row: 0,
-            expert_total: 0,
-            expert_largest: 0,
-            experts_per_layer: Vec::new(),
-            top_k: config.moe.router.top_k,
-        };
+        let mut sizes = Self::empty(config);
         let mut offsets = vec![0usize; config.num_layers() + 1];
         let mut experts = std::collections::BTreeMap::<usize, u64>::new();
         for spec in text_tensors(config) {

@@ -182,20 +182,24 @@ impl Layout {
         }
         // What is left goes to the leading rows of the matrices read in row blocks (a trunk
         // byte saves a byte from disk every token, more than an expert byte does).
+        let streamed_of: Vec<Vec<&StoredTensor>> = units
+            .iter()
+            .map(|unit| {
+                unit.tensors
+                    .iter()
+                    .copied()
+                    .filter(|t| !resident.contains(&t.name))
+                    .collect()
+            })
+            .collect();
         let mut resident_rows = Vec::new();
         let mut first_streamed = vec![0usize; units.len()];
-        for (u, unit) in units.iter().enumerate() {
-            let streamed: Vec<&StoredTensor> = unit
-                .tensors
-                .iter()
-                .copied()
-                .filter(|t| !resident.contains(&t.name))
-                .collect();
+        for (u, (unit, streamed)) in units.iter().zip(&streamed_of).enumerate() {
             if !unit.part.splits() || streamed.is_empty() {
                 continue;
             }
             let rows = streamed[0].rows;
-            let Some(kept) = block_rows(&streamed, rows, left) else {
+            let Some(kept) = block_rows(streamed, rows, left) else {
                 continue;
             };
             // A whole matrix that fit was made resident above.
@@ -203,7 +207,7 @@ impl Layout {
             if kept == 0 {
                 continue;
             }
-            for t in &streamed {
+            for t in streamed {
                 let block = t.row_block(0..kept);
                 left -= block.resident_bytes();
                 resident_bytes += block.resident_bytes();
@@ -212,13 +216,7 @@ impl Layout {
             first_streamed[u] = kept;
         }
         let mut steps = Vec::new();
-        for (u, unit) in units.iter().enumerate() {
-            let streamed: Vec<&StoredTensor> = unit
-                .tensors
-                .iter()
-                .copied()
-                .filter(|t| !resident.contains(&t.name))
-                .collect();
+        for (u, (unit, streamed)) in units.iter().zip(streamed_of).enumerate() {
             if streamed.is_empty() {
                 continue;
             }
