@@ -10,7 +10,7 @@ use std::time::Duration;
 use k3_serve::cli::{k3_serve_flags, render_help};
 use serde_json::{Value, json};
 
-use crate::e2e::{free_port, request, request_with, run_captured, start, start_exactly};
+use crate::e2e::{free_port, post_chat, request, request_with, run_captured, start, start_exactly};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -178,14 +178,7 @@ fn llama_server_and_vllm_spellings_and_aliases() {
     for name in ["kimi-k3", "moonshotai/Kimi-K3", default.as_str()] {
         let body = json!({"model": name, "messages": [{"role": "user", "content": "zebra-secret"}],
                           "max_tokens": 4, "temperature": 0});
-        let (status, text) = request(
-            server.port,
-            "POST",
-            "/v1/chat/completions",
-            Some(&body.to_string()),
-        )
-        .unwrap();
-        assert_eq!(status, 200, "{name}: {text}");
+        let text = post_chat(server.port, &body, name);
         let answer: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(answer["model"], "kimi-k3");
         assert!(

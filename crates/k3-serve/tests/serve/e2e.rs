@@ -172,6 +172,20 @@ pub(crate) fn request(
     request_with(port, method, path, body, &[])
 }
 
+/// A chat completion of `body` on `port` that must answer 200: its body (`label` names the
+/// case in the failure message).
+pub(crate) fn post_chat(port: u16, body: &Value, label: &str) -> String {
+    let (status, text) = request(
+        port,
+        "POST",
+        "/v1/chat/completions",
+        Some(&body.to_string()),
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{label}: {text}");
+    text
+}
+
 /// [`request`] with extra header lines (`"Authorization: Bearer k"`).
 pub(crate) fn request_with(
     port: u16,
@@ -233,14 +247,7 @@ pub(crate) fn request_with(
 fn stream_chat(port: u16, seed: u64) -> String {
     let body = json!({"messages": [{"role": "user", "content": format!("Story number {seed}")}],
                       "stream": true, "max_tokens": 24, "temperature": 0.9, "seed": seed});
-    let (status, text) = request(
-        port,
-        "POST",
-        "/v1/chat/completions",
-        Some(&body.to_string()),
-    )
-    .unwrap();
-    assert_eq!(status, 200, "{text}");
+    let text = post_chat(port, &body, "stream");
     let data: Vec<&str> = text
         .lines()
         .filter_map(|l| l.strip_prefix("data: "))

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use serde_json::{Value, json};
 
-use crate::e2e::{free_port, request, start_exactly};
+use crate::e2e::{free_port, post_chat, start_exactly};
 
 /// A greedy chat turn on `port`: the answer's body.
 fn turn(port: u16) -> Value {
@@ -15,15 +15,7 @@ fn turn(port: u16) -> Value {
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "What is a prompt cache?"}],
         "max_tokens": 6, "temperature": 0});
-    let (status, text) = request(
-        port,
-        "POST",
-        "/v1/chat/completions",
-        Some(&body.to_string()),
-    )
-    .unwrap();
-    assert_eq!(status, 200, "{text}");
-    serde_json::from_str(&text).unwrap()
+    serde_json::from_str(&post_chat(port, &body, "turn")).unwrap()
 }
 
 /// The server on `tiny` with `extra` flags, its stderr into `log`.
