@@ -37,6 +37,9 @@ pub enum ModelError {
     Kernel(#[from] mxfp4_kernels::Error),
     #[error("worker pool: {0}")]
     Pool(String),
+    /// A memory plan that does not match the checkpoint it is applied to.
+    #[error("memory plan: {0}")]
+    Plan(String),
     #[error("token {token} is outside the vocabulary of {vocab}")]
     Token { token: usize, vocab: usize },
     /// An expert could not be read: this step fails (the session is then mid-step and must

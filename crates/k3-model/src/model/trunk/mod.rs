@@ -92,8 +92,8 @@ impl ResidentTrunk {
                 .checked_sub(t.offset)
                 .filter(|&w| w + block.bytes as usize <= t.bytes.len());
             let Some(within) = within else {
-                return Err(ModelError::Pool(format!(
-                    "the plan's resident rows of {} (bytes {}..{}) lie outside it (bytes {}..{})",
+                return Err(ModelError::Plan(format!(
+                    "the resident rows of {} (bytes {}..{}) lie outside it (bytes {}..{})",
                     block.name,
                     block.offset,
                     block.offset + block.bytes as usize,
