@@ -208,7 +208,10 @@ fn expert_bytes(
         (None, Some(b)) => b.min(total),
         (None, None) => total,
     };
-    let io = expert_store::store::io_buffers(experts.io_threads) as u64 * largest;
+    // The free list and reads in flight, and the landed experts a request hands out at once.
+    let io = (expert_store::store::io_buffers(experts.io_threads)
+        + expert_store::store::request_buffers(experts.io_threads)) as u64
+        * largest;
     Ok((cache, io))
 }
 

@@ -4,8 +4,10 @@
 //! flags' allocations ([`MemoryPlan`]). Where it does not, the plan decides:
 //!
 //! 1. the fixed costs: sequence state (KV, KDA), the f32 copies made at load, the expert
-//!    store's I/O buffers and one layer's selected experts in flight (fewer reads in flight
-//!    where their buffers would take more than a tenth of the budget);
+//!    store's I/O buffers (its free list, one read in flight per I/O thread, and the landed
+//!    experts a request hands out at once, at most one per I/O thread: a request keeps no more
+//!    reads outstanding); fewer reads in flight where their buffers would take more than a
+//!    tenth of the budget;
 //! 2. the trunk ([`Layout`]): stream buffers of a size (the cap) and count, and the trunk
 //!    bytes resident, to keep the most resident (every trunk byte is read by every token, so
 //!    residency is worth more per byte than any expert's). The trunk streams in small units
@@ -153,10 +155,14 @@ impl Plan {
             };
         }
         let largest = sizes.expert_largest;
-        let in_flight = (sizes.top_k * run.max_batch)
-            .min(sizes.experts_per_layer.iter().copied().max().unwrap_or(0))
-            as u64
-            * largest;
+        // The landed experts a layer's request hands out at once: at most its window of reads
+        // (one per I/O thread), and at most the experts a layer selects.
+        let in_flight = |io_threads: usize| {
+            (sizes.top_k * run.max_batch)
+                .min(sizes.experts_per_layer.iter().copied().max().unwrap_or(0))
+                .min(expert_store::store::request_buffers(io_threads)) as u64
+                * largest
+        };
         // The fixed costs with `io_threads` reads in flight, and the flag's whole copy of the
         // trunk where --resident-trunk asks for it.
         let fixed = |io_threads: usize| {
@@ -164,7 +170,7 @@ impl Plan {
                 resident_trunk: 0,
                 trunk_buffers: 0,
                 io_buffers: expert_store::store::io_buffers(io_threads) as u64 * largest
-                    + in_flight,
+                    + in_flight(io_threads),
                 ..flags
             };
             memory.expert_cache = 0;

@@ -45,6 +45,14 @@ pub fn io_buffers(io_threads: usize) -> usize {
     (FREE_BUFFERS_PER_THREAD + 1) * io_threads
 }
 
+/// Expert-sized buffers a request's caller may hold beyond [`io_buffers`] and the cache: the
+/// batch of landed experts it runs while the next reads are out. A request keeps at most one
+/// read per I/O thread outstanding (`ExpertStore::window`), so a batch holds at most that
+/// many; the outstanding reads themselves are [`io_buffers`]' reads in flight.
+pub fn request_buffers(io_threads: usize) -> usize {
+    io_threads
+}
+
 /// Bytes of the buffer one expert at `loc` is read into (each piece rounded out to 4 KiB).
 pub fn buffer_bytes(loc: &ExpertLocation) -> u64 {
     loc.pieces

@@ -62,7 +62,7 @@ use crate::io::ShardReader;
 use crate::layout::ExpertLayout;
 use crate::usage::UsageHistory;
 
-pub use buffer::{Expert, buffer_bytes, io_buffers};
+pub use buffer::{Expert, buffer_bytes, io_buffers, request_buffers};
 pub use config::{Capacity, Policy, Result, StoreConfig, StoreError};
 pub use preload::{PreloadProgress, PreloadReport};
 pub use request::Request;
@@ -95,6 +95,8 @@ struct Shared {
     busy: Mutex<Busy>,
     placement: std::sync::OnceLock<Placement>,
     free: Arc<FreeBuffers>,
+    /// Reads one request keeps outstanding at most ([`ExpertStore::window`]).
+    window: usize,
 }
 
 /// The routed experts of a checkpoint, behind a residency cache.
@@ -231,6 +233,7 @@ impl ExpertStore {
                 list: Mutex::new(Vec::new()),
                 max: FREE_BUFFERS_PER_THREAD * config.io_threads,
             }),
+            window: config.io_threads,
         });
         let (jobs, queue) = crossbeam_channel::unbounded::<Job>();
         let threads = (0..config.io_threads)

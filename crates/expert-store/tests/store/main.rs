@@ -6,3 +6,4 @@ mod checkpoint;
 mod io_threads;
 mod reshard;
 mod scan;
+mod window;

@@ -64,9 +64,11 @@ fn everything(sizes: &WeightSizes, flags: &MemoryPlan) -> u64 {
 /// costs: state, the least trunk layout (one buffer and what must be resident for it), the
 /// store's buffers and one selection of experts.
 fn minimum(sizes: &WeightSizes, flags: &MemoryPlan, io_threads: usize) -> u64 {
+    // A request hands out at most one landed expert per I/O thread at once.
     let selection = sizes
         .top_k
-        .min(*sizes.experts_per_layer.iter().max().unwrap()) as u64;
+        .min(*sizes.experts_per_layer.iter().max().unwrap())
+        .min(io_threads) as u64;
     let least = Layout::minimum(sizes);
     flags.kv_cache
         + flags.kda_state
