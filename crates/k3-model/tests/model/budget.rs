@@ -62,7 +62,8 @@ fn every_class_is_counted_from_the_checkpoint_and_the_run() {
         })
         .unwrap();
     assert_eq!(plan.resident_trunk, copied as u64);
-    // A full cache holds what a full preload reads; the store's buffers are 3 per I/O thread.
+    // A full cache holds what a full preload reads; the store's buffers are 4 per I/O thread
+    // (2 free, 1 read in flight, 1 landed expert handed out).
     let store = ExpertStore::open(
         &ckpt,
         k3_model::model::expert_layout(&cfg),
@@ -79,7 +80,7 @@ fn every_class_is_counted_from_the_checkpoint_and_the_run() {
         .map(expert_store::store::buffer_bytes)
         .max()
         .unwrap();
-    assert_eq!(plan.io_buffers, 3 * 16 * one);
+    assert_eq!(plan.io_buffers, 4 * 16 * one);
     // KV: latent + rope rows of every MLA layer, f32, for every sequence's every token.
     let mla = cfg.layers_of(AttentionKind::Mla).len() as u64;
     let row = (cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim) as u64 * 4;
