@@ -4,11 +4,13 @@
 //! MLP's matrices, the lm_head) cut into row blocks of at most the buffer size ("cap").
 //!
 //! For a cap, a unit that cannot be split and reads more than the cap keeps its largest
-//! tensors resident until the rest fits; then the remaining tensors are made resident while
-//! they fit, the unsplittable units' first (streamed, they are many small tensors per read),
-//! largest first (every trunk byte is read by every token, so any resident byte saves one
-//! byte from disk; what streams is then mostly large row blocks). [`Layout::best`] tries the caps that matter
-//! and keeps the one that leaves the most resident.
+//! tensors resident until the rest fits; then the units that cannot be split are made
+//! resident while they fit, largest first (streamed, they are many small tensors per read;
+//! every trunk byte is read by every token, so any resident byte saves one byte from disk).
+//! The matrices read in row blocks are resident whole where all of them fit; else each keeps
+//! the same share of its leading rows, so the streamed rows are spread over the pass (each
+//! part's blocks are read while the parts before it and its own resident rows compute).
+//! [`Layout::best`] tries the caps that matter and keeps the one that leaves the most resident.
 
 use std::collections::HashSet;
 use std::ops::Range;
@@ -168,8 +170,14 @@ impl Layout {
         rest.sort_by_key(|t| (t.part.splits(), std::cmp::Reverse(t.resident_bytes())));
         let forced = wanted.len();
         wanted.extend(rest);
+        let mut splittable_left: Vec<&StoredTensor> = Vec::new();
         for (i, t) in wanted.into_iter().enumerate() {
             if resident.contains(&t.name) {
+                continue;
+            }
+            if i >= forced && t.part.splits() {
+                // After every unit that cannot be split: whole only if all of them fit.
+                splittable_left.push(t);
                 continue;
             }
             if t.resident_bytes() <= left {
@@ -180,8 +188,19 @@ impl Layout {
                 return None;
             }
         }
+        let splittable_bytes: u64 = splittable_left.iter().map(|t| t.resident_bytes()).sum();
+        if splittable_bytes <= left {
+            for t in splittable_left {
+                left -= t.resident_bytes();
+                resident_bytes += t.resident_bytes();
+                resident.insert(t.name.clone());
+            }
+        }
         // What is left goes to the leading rows of the matrices read in row blocks (a trunk
-        // byte saves a byte from disk every token, more than an expert byte does).
+        // byte saves a byte from disk every token, more than an expert byte does), the same
+        // share of each: the streamed rows are spread over the pass, so each part's reads
+        // overlap the compute of its resident rows and of the parts before it, instead of
+        // one matrix streaming whole while the disk idles through the rest.
         let streamed_of: Vec<Vec<&StoredTensor>> = units
             .iter()
             .map(|unit| {
@@ -193,23 +212,48 @@ impl Layout {
             })
             .collect();
         let mut resident_rows = Vec::new();
-        let mut first_streamed = vec![0usize; units.len()];
-        for (u, (unit, streamed)) in units.iter().zip(&streamed_of).enumerate() {
-            if !unit.part.splits() || streamed.is_empty() {
-                continue;
+        let split: Vec<usize> = (0..units.len())
+            .filter(|&u| units[u].part.splits() && !streamed_of[u].is_empty())
+            .collect();
+        // Rows of unit `u` kept for a share `f` of its rows: whole blocks, never all of them.
+        let kept_rows = |u: usize, f: f64| {
+            let rows = streamed_of[u][0].rows;
+            let kept = (f * rows as f64) as usize / BLOCK_ROWS * BLOCK_ROWS;
+            kept.min(rows.saturating_sub(1) / BLOCK_ROWS * BLOCK_ROWS)
+        };
+        let cost = |f: f64| -> u64 {
+            split
+                .iter()
+                .map(|&u| {
+                    let kept = kept_rows(u, f);
+                    streamed_of[u]
+                        .iter()
+                        .map(|t| match kept {
+                            0 => 0,
+                            k => t.row_block(0..k).resident_bytes(),
+                        })
+                        .sum::<u64>()
+                })
+                .sum()
+        };
+        // The largest share that fits (bisection: the cost grows with the share).
+        let (mut lo, mut hi) = (0.0f64, 1.0f64);
+        for _ in 0..48 {
+            let mid = (lo + hi) / 2.0;
+            if cost(mid) <= left {
+                lo = mid;
+            } else {
+                hi = mid;
             }
-            let rows = streamed[0].rows;
-            let Some(kept) = block_rows(streamed, rows, left) else {
-                continue;
-            };
-            // A whole matrix that fit was made resident above.
-            let kept = kept.min(rows.saturating_sub(1) / BLOCK_ROWS * BLOCK_ROWS);
+        }
+        let mut first_streamed = vec![0usize; units.len()];
+        for &u in &split {
+            let kept = kept_rows(u, lo);
             if kept == 0 {
                 continue;
             }
-            for t in streamed {
+            for t in &streamed_of[u] {
                 let block = t.row_block(0..kept);
-                left -= block.resident_bytes();
                 resident_bytes += block.resident_bytes();
                 resident_rows.push(block);
             }

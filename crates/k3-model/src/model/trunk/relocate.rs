@@ -9,7 +9,7 @@ use mxfp4_kernels::{Bf16Matrix, F16Matrix, F32Matrix, MxFp4Matrix, WeightMatrix}
 use super::super::weights::{Attention, Kda, Mla, Mlp, Moe};
 use super::super::{Model, Result};
 use super::{Held, Pass};
-use crate::plan::Part;
+use crate::plan::{BLOCK_ROWS, Part};
 
 /// Weights for the pass that asked: borrowed as loaded, or relocated (into the resident
 /// buffer or a stream buffer the caller holds).
@@ -100,9 +100,9 @@ impl<'a> Model<'a> {
     }
 
     /// `w · x_t` for every token of `xs`, where `w` is `part` of layer `layer` (the layer
-    /// count for the head): where the plan streams it in row blocks, its resident leading
-    /// rows first, then block by block from the stream (each block's rows land at their
-    /// place: the same bits as one call), else as loaded or resident.
+    /// count for the head): where the plan streams it in row blocks, block by block from the
+    /// stream, each followed by a chunk of its resident leading rows (each block's rows land
+    /// at their place: the same bits as one call), else as loaded or resident.
     pub(in crate::model) fn planned_gemm<'m>(
         &'m self,
         pass: &mut Pass<'m>,
@@ -119,22 +119,32 @@ impl<'a> Model<'a> {
             return self.gemm(&relocated_matrix(w, &|b| trunk.relocate(None, b))?, xs);
         }
         let mut out = vec![vec![0.0; w.rows()]; xs.len()];
-        // The leading rows the plan keeps resident (the steps stream the rest, in order).
+        // The leading rows the plan keeps resident (the steps stream the rest, in order), cut
+        // into as many chunks as there are steps, in whole row blocks: each streamed step is
+        // taken first and then one resident chunk computes, so the buffer the step gives back
+        // is refilled with the step after next while that chunk computes.
         let first = steps[0].0.as_ref().map_or(0, |r| r.start);
-        if first > 0 {
-            let block = sub_rows(w, 0..first)?;
-            let block = relocated_matrix(&block, &|b| trunk.relocate(None, b))?;
-            for (o, y) in out.iter_mut().zip(self.gemm(&block, xs)?) {
-                o[..first].copy_from_slice(&y);
-            }
-        }
-        for (rows, step) in steps {
+        let n = steps.len();
+        let cut = |k: usize| match k {
+            k if k >= n => first,
+            k => first * k / n / BLOCK_ROWS * BLOCK_ROWS,
+        };
+        for (k, (rows, step)) in steps.iter().enumerate() {
             let rows = rows.clone().expect("a part read in row blocks has rows");
             let held = self.trunk_step(pass, *step)?;
             let block = sub_rows(w, rows.clone())?;
             let block = relocated_matrix(&block, &|b| trunk.relocate(Some(&held), b))?;
             for (o, y) in out.iter_mut().zip(self.gemm(&block, xs)?) {
                 o[rows.clone()].copy_from_slice(&y);
+            }
+            drop(held);
+            let resident = cut(k)..cut(k + 1);
+            if !resident.is_empty() {
+                let block = sub_rows(w, resident.clone())?;
+                let block = relocated_matrix(&block, &|b| trunk.relocate(None, b))?;
+                for (o, y) in out.iter_mut().zip(self.gemm(&block, xs)?) {
+                    o[resident.clone()].copy_from_slice(&y);
+                }
             }
         }
         Ok(out)
