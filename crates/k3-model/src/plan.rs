@@ -39,14 +39,13 @@ pub use stream::{BLOCK_ROWS, Layout, MIN_CAP, StreamStep, TrunkPlan, forced_byte
 pub const BUFFER_SHARE: u64 = 10;
 
 /// Expert reads in flight at most where the trunk streams. Measured on k3-wide (3 layers, 32
-/// experts of 17.5 MB) in a cgroup of 0.9x the model, 2 threads, the plan otherwise the same:
-/// before a request bounded its outstanding reads (every missing expert of a layer held a
-/// buffer), 2 reads 0.89-0.91 s/token, 1 read 0.97, 4 reads 0.98, 8 reads 1.10-1.15; with the
-/// bound (4 buffers per read in flight), alternating, 4 reads 0.89-0.93 s/token (median 0.91)
-/// and 2 reads 0.90-1.00 (median 0.95), though 4 keep 0.14 GB less of the trunk resident:
-/// the expert reads are on the critical path after each router, the trunk stream's overlap
-/// compute.
-pub const STREAMING_IO_THREADS: usize = 4;
+/// experts of 17.5 MB) in a cgroup of 0.9x the model, 2 threads, the plan otherwise the same,
+/// alternating: before a request bounded its outstanding reads, 2 reads 0.89-0.91 s/token,
+/// 1 read 0.97, 4 reads 0.98, 8 reads 1.10-1.15. With the bound (4 buffers per read in
+/// flight) and the stream spread over the pass, 5 pairs: 2 reads 0.875-0.907 s/token (median
+/// 0.877), 4 reads 0.838-1.016 (median 0.889); 2 read 0.936 GB from disk per token, 4 read
+/// 1.08 (their buffers keep 0.14 GB less of the trunk resident), and 2 vary less.
+pub const STREAMING_IO_THREADS: usize = 2;
 
 /// The safety margin taken off a budget the host reports (not off `--memory-gb`): 0.25 GB
 /// plus 2%, for what no class counts (activations, the binary, allocator slack, the pages of
