@@ -28,6 +28,11 @@ pub struct Activations {
     pub(crate) raw: Vec<f32>,
     /// Exact SIMD tiers (`avx512`, `avx2`): per 32 columns `[x0, x2, .., x30, x1, x3, .., x31]`, padded; stride `padded`.
     pub(crate) perm32: Vec<f32>,
+    /// `avx2` tier, for its MXFP4 kernels: per 32 columns, with `j` a logical lane (the byte
+    /// of the group whose low and high nibbles are columns `2j` and `2j + 1`), the low columns
+    /// of lanes `[0..4, 8..12]`, their high columns, then the same for lanes `[4..8, 12..16]`:
+    /// the order in which that tier's decode unpacks a group (`x86::avx2::mxfp4`).
+    pub(crate) avx2_mx: Vec<f32>,
     /// BF16 tiers: BF16 of `x` in column order, padded (BF16 matrices).
     pub(crate) bf16_natural: Vec<u16>,
     /// BF16 tier: BF16 of `x`, per 64 columns `[A even, B even, A odd, B odd]` where A and B
@@ -51,6 +56,7 @@ impl Activations {
             tokens: 0,
             raw: Vec::new(),
             perm32: Vec::new(),
+            avx2_mx: Vec::new(),
             bf16_natural: Vec::new(),
             bf16_mx: Vec::new(),
             q8: Vec::new(),
@@ -78,6 +84,7 @@ impl Activations {
         self.raw.clear();
         self.raw.extend_from_slice(x);
         self.perm32.clear();
+        self.avx2_mx.clear();
         self.q8_step.clear();
         self.bf16_natural.clear();
         self.bf16_mx.clear();
@@ -122,7 +129,11 @@ impl Activations {
             v[..self.cols].copy_from_slice(&self.raw[t * self.cols..(t + 1) * self.cols]);
             match self.tier {
                 Tier::Scalar => {}
-                Tier::Avx2 | Tier::Avx512 => permute32(&v, &mut self.perm32),
+                Tier::Avx512 => permute32(&v, &mut self.perm32),
+                Tier::Avx2 => {
+                    permute32(&v, &mut self.perm32);
+                    permute_avx2_mx(&v, &mut self.avx2_mx);
+                }
                 Tier::Avx512Bf16 | Tier::Avx512Vnni => {
                     self.bf16_natural.extend(v.iter().map(|&a| f32_to_bf16(a)));
                     if self.tier == Tier::Avx512Bf16 {
@@ -204,6 +215,18 @@ fn permute32(v: &[f32], out: &mut Vec<f32>) {
     for block in v.chunks_exact(32) {
         out.extend((0..16).map(|j| block[2 * j]));
         out.extend((0..16).map(|j| block[2 * j + 1]));
+    }
+}
+
+/// Per 32 columns, the `avx2` MXFP4 order (see `Activations::avx2_mx`).
+#[inline(always)]
+fn permute_avx2_mx(v: &[f32], out: &mut Vec<f32>) {
+    const LANES: [[usize; 8]; 2] = [[0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]];
+    for block in v.chunks_exact(32) {
+        for lanes in LANES {
+            out.extend(lanes.iter().map(|&j| block[2 * j]));
+            out.extend(lanes.iter().map(|&j| block[2 * j + 1]));
+        }
     }
 }
 

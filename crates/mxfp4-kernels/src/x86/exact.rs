@@ -223,6 +223,30 @@ fn e2m1_table() -> __m512 {
     unsafe { _mm512_loadu_ps(E2M1_VALUES.as_ptr()) }
 }
 
+/// `SCALED_TABLES` as the two high bytes of each f32, for `pshufb`: per scale byte, the 16
+/// codes' byte 2, then their byte 3. Every entry's two low bytes are zero (E2M1 has one
+/// mantissa bit, and a power of two times it is a BF16 value down to 2^-128 and up to
+/// infinity or NaN); the initialiser checks that, so the table is exact.
+pub(crate) static SCALED_BF16_BYTES: [[u8; 32]; 256] = {
+    let mut tables = [[0u8; 32]; 256];
+    let mut s = 0;
+    while s < 256 {
+        let mut code = 0;
+        while code < 16 {
+            let bits = (E2M1_VALUES[code] * E8M0_TO_F32_CONST[s]).to_bits();
+            assert!(
+                bits & 0xFFFF == 0,
+                "a scaled E2M1 value is not a BF16 value"
+            );
+            tables[s][code] = (bits >> 16) as u8;
+            tables[s][16 + code] = (bits >> 24) as u8;
+            code += 1;
+        }
+        s += 1;
+    }
+    tables
+};
+
 /// E2M1 x 2^(s-127) for every scale byte s: 256 tables of 16 f32 (16 KiB), each product exact,
 /// so a row's group decode loads its table instead of multiplying (one vector op fewer per 32
 /// weights; a decode uses only the few tables of the scales present).
