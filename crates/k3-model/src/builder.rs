@@ -305,6 +305,34 @@ impl Engine {
                 ));
             }
         }
+        // Where the plan found that everything fits and reads it all through the mapping,
+        // the decode's weights (all but the embedding table, of which a token reads one row)
+        // are read in and mapped now, so the first steps do not fault them in from disk one
+        // expert at a time (llama.cpp's loader likewise advises its whole mapping).
+        if plan.budget.is_some()
+            && plan.trunk.is_none()
+            && !options.resident_trunk
+            && store.is_none()
+        {
+            let embedding: std::collections::HashSet<String> =
+                crate::inventory::text_tensors(&config)
+                    .into_iter()
+                    .filter(|spec| spec.class == crate::inventory::TensorClass::Embedding)
+                    .filter_map(|spec| checkpoint.tensor(&spec.name).map(|t| t.name.to_owned()))
+                    .collect();
+            let started = Instant::now();
+            let warmed = checkpoint.warm(|stored| !embedding.contains(stored));
+            sink.line(&format!(
+                "warmed the mapping: {} of weights {} in {:.1} s",
+                crate::budget::gb(warmed.bytes),
+                if warmed.populated {
+                    "read in and mapped"
+                } else {
+                    "advised for read-ahead"
+                },
+                started.elapsed().as_secs_f64()
+            ));
+        }
         Ok(Self {
             usage_path: store.as_ref().and(experts.usage_path(dir)),
             resident,
@@ -410,6 +438,47 @@ mod tests {
         options.pool.threads = Some(threads);
         options.experts.usage_cache = false;
         options
+    }
+
+    /// Under a budget that everything fits, the mapped weights are read in at startup (all but
+    /// the embedding), and the logits are the unbudgeted run's; without a budget nothing is
+    /// warmed.
+    #[test]
+    fn a_budget_that_everything_fits_warms_the_mapping() {
+        let tiny = Tiny::new("warm");
+        let (plain, lines) = tiny.build(&options(1));
+        assert!(!lines.iter().any(|l| l.starts_with("warmed")), "{lines:?}");
+        let expected = fingerprints(&plain);
+        drop(plain);
+        let budget = MemoryBudget {
+            bytes: 64 << 30,
+            source: "a test budget".into(),
+        };
+        let mut lines = Vec::new();
+        let engine = Engine::build_within(
+            &tiny.0,
+            tiny.1.clone(),
+            &options(1),
+            Some(budget),
+            &mut |line: &str| lines.push(line.to_owned()),
+        )
+        .unwrap();
+        assert!(engine.plan.trunk.is_none() && engine.store.is_none());
+        let warmed = lines
+            .iter()
+            .find(|l| l.starts_with("warmed the mapping: "))
+            .unwrap_or_else(|| panic!("{lines:?}"));
+        // The tiny checkpoint's decode weights: more than nothing, less than the whole file.
+        let gb: f64 = warmed["warmed the mapping: ".len()..]
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let file = engine.checkpoint.data_bytes() as f64 / 1e9;
+        assert!(gb > 0.0 && gb < file + 0.01, "{warmed} of {file} GB");
+        assert!(warmed.contains("read in and mapped"), "{warmed}");
+        assert_eq!(fingerprints(&engine), expected);
     }
 
     /// A resident trunk (bound per domain, two synthetic domains) and a preloaded expert store

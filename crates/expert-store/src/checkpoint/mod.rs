@@ -17,6 +17,7 @@ mod experts;
 mod index;
 mod resident;
 mod views;
+mod warm;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -30,6 +31,7 @@ pub use experts::{ExpertLocation, ExpertPiece};
 use index::{read_index, vision_only};
 use resident::Resident;
 pub use views::{LINEAR_FORMATS, LinearStorage, VECTOR_FORMATS};
+pub use warm::Warmed;
 
 /// Name prefix of text tensors in the release (absent in some repacks).
 pub const TEXT_PREFIX: &str = "language_model.";

@@ -6,4 +6,5 @@ mod checkpoint;
 mod io_threads;
 mod reshard;
 mod scan;
+mod warm;
 mod window;
