@@ -133,7 +133,7 @@ pub fn library_flags() -> Vec<Flag> {
             Count,
             "16",
             experts,
-            "expert reads in flight at once (a memory plan that streams the trunk lowers it to 2)",
+            "expert reads in flight at once (a memory plan that cannot keep every weight resident lowers it to 2)",
         ),
         // NUMA.
         Flag::switch(

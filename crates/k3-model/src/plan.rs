@@ -38,7 +38,10 @@ pub use stream::{BLOCK_ROWS, Layout, MIN_CAP, StreamStep, TrunkPlan, forced_byte
 /// 1/`BUFFER_SHARE` of the budget: memory spent on buffers is memory not resident.
 pub const BUFFER_SHARE: u64 = 10;
 
-/// Expert reads in flight at most where the trunk streams. Measured on k3-wide (3 layers, 32
+/// Expert reads in flight at most where the trunk or the experts do not all fit. On k3-wide in
+/// a cgroup of 1.0x the model (the trunk resident, the experts not), alternating: 2 reads
+/// 0.55-0.65 s/token (0.29 GB from disk per token: the buffers 8 reads take go to the expert
+/// cache instead), 8 reads 0.74-0.88 (0.53 GB). Measured on k3-wide (3 layers, 32
 /// experts of 17.5 MB) in a cgroup of 0.9x the model, 2 threads, the plan otherwise the same,
 /// alternating: before a request bounded its outstanding reads, 2 reads 0.89-0.91 s/token,
 /// 1 read 0.97, 4 reads 0.98, 8 reads 1.10-1.15. With the bound (4 buffers per read in
@@ -201,10 +204,12 @@ impl Plan {
         {
             io_threads /= 2;
         }
-        // Where the trunk cannot all be resident beside them, the trunk stream keeps the disk
-        // busy and each byte of an expert buffer is a trunk byte read again every token:
+        // Where the trunk and every expert cannot all be resident beside them, each byte of an
+        // expert buffer is a trunk byte streamed or an expert byte missed again and again:
         // expert reads in flight drop to `STREAMING_IO_THREADS`.
-        if !run.resident_trunk && fixed(io_threads).total() + sizes.trunk_resident_bytes() > usable
+        if !run.resident_trunk
+            && fixed(io_threads).total() + sizes.trunk_resident_bytes() + sizes.expert_total
+                > usable
         {
             io_threads = io_threads.min(STREAMING_IO_THREADS);
         }

@@ -359,7 +359,12 @@ fn a_budget_below_the_minimum_is_refused_with_the_numbers() {
         ..sizes.clone()
     };
     let at = Plan::new(&many, flags, &options(), run(), budget(roomy), 0).unwrap();
-    assert_eq!((at.trunk.as_ref().unwrap().slots, at.io_threads), (2, 16));
+    // The experts cannot all be resident: the 16 reads asked for drop to
+    // STREAMING_IO_THREADS, whose fewer buffers leave more to the cache.
+    assert_eq!(
+        (at.trunk.as_ref().unwrap().slots, at.io_threads),
+        (2, super::STREAMING_IO_THREADS)
+    );
     // All of the trunk resident there: nothing to stream, no buffer.
     assert!(!at.streams());
     assert_eq!(at.memory.trunk_buffers, 0);
