@@ -242,9 +242,9 @@ impl Prefetch {
     }
 }
 
-/// The activations of token row `x` (a `perm32` row) at value block `block`: the even
-/// columns' halves, then the odd columns' halves (`avx512`'s `even` lanes 0..7, 8..15, then
-/// `odd`'s).
+/// The 32 activations of token row `x` at value block `block`, as 4 vectors in the row's
+/// order: for a `perm32` row the even columns' halves, then the odd columns' halves
+/// (`avx512`'s `even` lanes 0..7, 8..15, then `odd`'s); for an `avx2_mx` row, that layout's.
 ///
 /// # Safety
 /// `x + 32 * block + 32` f32 must be readable.

@@ -24,7 +24,7 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{Acc, Prefetch, by_tokens_avx2};
+use super::{Acc, Prefetch, act_block, by_tokens_avx2};
 use crate::activations::Activations;
 use crate::view::{GROUP, GROUP_BYTES, MxFp4Matrix};
 use crate::x86::exact::{SCALED_BF16_BYTES, SCALED_TABLES};
@@ -102,7 +102,8 @@ fn mxfp4_block<const R: usize, const T: usize, const C: usize>(
             };
             for t in 0..T {
                 // SAFETY: 32g + 32 <= cols <= stride, inside token tok0 + t's row of `avx2_mx`
-                // (length asserted above).
+                // (length asserted above). The 4 vectors are `[low, high]` of lanes
+                // `[0..4, 8..12]`, then of `[4..8, 12..16]` (that layout's order).
                 let xt = unsafe { act_block(x.add(t * stride), g) };
                 for v in 0..2 {
                     acc[r][t][v] = _mm256_fmadd_ps(w[2 * v], xt[2 * v], acc[r][t][v]);
@@ -115,26 +116,6 @@ fn mxfp4_block<const R: usize, const T: usize, const C: usize>(
         for (t, &a) in row_acc.iter().enumerate() {
             out[(tok0 + t) * n + local0 + r] = hsum_mx(a);
         }
-    }
-}
-
-/// Token row `x` of `avx2_mx` at group `block`: `[low, high]` of lanes `[0..4, 8..12]`, then of
-/// lanes `[4..8, 12..16]`.
-///
-/// # Safety
-/// `x + 32 * block + 32` f32 must be readable.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn act_block(x: *const f32, block: usize) -> [__m256; 4] {
-    // SAFETY: 32 readable f32 from x + 32 * block, by the caller.
-    unsafe {
-        let at = x.add(32 * block);
-        [
-            _mm256_loadu_ps(at),
-            _mm256_loadu_ps(at.add(8)),
-            _mm256_loadu_ps(at.add(16)),
-            _mm256_loadu_ps(at.add(24)),
-        ]
     }
 }
 
