@@ -21,22 +21,24 @@ fn wait_for_loads(store: &ExpertStore, at_least: u64) {
     }
 }
 
-fn open(dir: &std::path::Path, io_threads: usize) -> (Checkpoint, StoreConfig) {
-    let ckpt = Checkpoint::open(dir).unwrap();
+/// A scratch checkpoint of `EXPERTS` experts and a store over it with `io_threads` I/O
+/// threads and no cache (every use a read).
+fn store(tag: &str, io_threads: usize) -> (Scratch, Checkpoint, ExpertStore) {
+    let dir = Scratch::new(tag);
+    write_checkpoint(&dir.0, "");
+    let ckpt = Checkpoint::open(&dir.0).unwrap();
     let config = StoreConfig {
         capacity: Capacity::PerLayer(0),
         io_threads,
         ..StoreConfig::default()
     };
-    (ckpt, config)
+    let store = ExpertStore::open(&ckpt, layout(), config).unwrap();
+    (dir, ckpt, store)
 }
 
 #[test]
 fn a_request_keeps_at_most_one_read_per_io_thread_outstanding() {
-    let dir = Scratch::new("window");
-    write_checkpoint(&dir.0, "");
-    let (ckpt, config) = open(&dir.0, 2);
-    let store = ExpertStore::open(&ckpt, layout(), config).unwrap();
+    let (_dir, ckpt, store) = store("window", 2);
     assert_eq!(store.window(), 2);
     let experts: Vec<usize> = (0..EXPERTS).collect();
     let mut request = store.request(1, &experts);
@@ -76,10 +78,7 @@ fn a_request_keeps_at_most_one_read_per_io_thread_outstanding() {
 
 #[test]
 fn a_dropped_request_sends_what_another_request_joined() {
-    let dir = Scratch::new("window-drop");
-    write_checkpoint(&dir.0, "");
-    let (ckpt, config) = open(&dir.0, 1);
-    let store = ExpertStore::open(&ckpt, layout(), config).unwrap();
+    let (_dir, ckpt, store) = store("window-drop", 1);
     let experts: Vec<usize> = (0..EXPERTS).collect();
     // One read outstanding: expert 0 (first in the file); 11 waits in the queue...
     let first = store.request(1, &experts);
