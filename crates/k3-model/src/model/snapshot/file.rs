@@ -108,10 +108,30 @@ const MATRIX_SAMPLE: usize = 4096;
 /// pages are.
 pub fn checkpoint_identity(ckpt: &Checkpoint, config: &K3Config) -> u64 {
     let experts = crate::inventory::expert_layout(config);
-    let mut hash = Checksum::new();
-    hash.update(format!("{config:?}").as_bytes());
     let mut names: Vec<&str> = ckpt.tensor_names().collect();
     names.sort_unstable();
+    // The matrices' samples, read first (all of a file's in one pass).
+    let mut samples: Vec<(&str, &Path, std::ops::Range<usize>, &[u8])> = Vec::new();
+    for &name in &names {
+        let Some(t) = ckpt.tensor(name) else { continue };
+        // Expert names as the layout spells them: without the release's `language_model.`
+        // prefix.
+        let relative = name.strip_prefix("language_model.").unwrap_or(name);
+        if t.shape.len() != 1 && experts.parse(relative).is_none() {
+            let start = (t.bytes.len() / 2).saturating_sub(MATRIX_SAMPLE / 2);
+            let end = (start + MATRIX_SAMPLE).min(t.bytes.len());
+            samples.push((
+                name,
+                t.path,
+                t.offset + start..t.offset + end,
+                &t.bytes[start..end],
+            ));
+        }
+    }
+    let (read, _) = read_samples(&samples);
+    let mut sampled = samples.iter().map(|s| s.0).zip(read).peekable();
+    let mut hash = Checksum::new();
+    hash.update(format!("{config:?}").as_bytes());
     for name in names {
         let Some(t) = ckpt.tensor(name) else { continue };
         hash.update(name.as_bytes());
@@ -120,18 +140,50 @@ pub fn checkpoint_identity(ckpt: &Checkpoint, config: &K3Config) -> u64 {
         hash.update(&(t.bytes.len() as u64).to_le_bytes());
         if t.shape.len() == 1 {
             hash.update(&t.bytes[..t.bytes.len().min(1 << 20)]);
-        } else {
-            // Expert names as the layout spells them: without the release's
-            // `language_model.` prefix.
-            let relative = name.strip_prefix("language_model.").unwrap_or(name);
-            if experts.parse(relative).is_none() {
-                let start = (t.bytes.len() / 2).saturating_sub(MATRIX_SAMPLE / 2);
-                let end = (start + MATRIX_SAMPLE).min(t.bytes.len());
-                hash.update(&t.bytes[start..end]);
-            }
+        } else if let Some((_, sample)) = sampled.next_if(|(n, _)| *n == name) {
+            hash.update(&sample);
         }
     }
     hash.finish()
+}
+
+/// The bytes of `samples` (name, file, byte range in it, the same bytes in the mapping), each
+/// file's read in one pass with `O_DIRECT` where the filesystem takes it. Not through the
+/// mapping: a fault there reads a whole readahead window (8 MiB on some block devices) into
+/// the page cache for one page, which for a checkpoint of a few thousand matrices is GBs read
+/// at startup and held against a memory budget. Where a file cannot be read so (a checkpoint
+/// held in memory), the mapping's bytes, which are the same. Also returns how many were read
+/// from the files.
+fn read_samples(samples: &[(&str, &Path, std::ops::Range<usize>, &[u8])]) -> (Vec<Vec<u8>>, usize) {
+    let mut out: Vec<Option<Vec<u8>>> = vec![None; samples.len()];
+    let mut paths: Vec<&Path> = samples.iter().map(|s| s.1).collect();
+    paths.sort_unstable();
+    paths.dedup();
+    for path in paths {
+        let Ok(reader) = expert_store::io::ShardReader::open(path, true) else {
+            continue;
+        };
+        let mut mine: Vec<usize> = (0..samples.len())
+            .filter(|&i| samples[i].1 == path)
+            .collect();
+        mine.sort_by_key(|&i| samples[i].2.start);
+        let pieces: Vec<_> = mine
+            .iter()
+            .map(|&i| (&reader, samples[i].2.clone()))
+            .collect();
+        if let Ok((buf, starts)) = expert_store::io::read_pieces(&pieces, None, |_, _| {}) {
+            for (&i, &at) in mine.iter().zip(&starts) {
+                out[i] = Some(buf[at..at + samples[i].2.len()].to_vec());
+            }
+        }
+    }
+    let from_files = out.iter().filter(|o| o.is_some()).count();
+    let bytes = out
+        .into_iter()
+        .zip(samples)
+        .map(|(read, s)| read.unwrap_or_else(|| s.3.to_vec()))
+        .collect();
+    (bytes, from_files)
 }
 
 /// A snapshot file's header.
@@ -550,4 +602,42 @@ fn temp_path(path: &Path) -> PathBuf {
         NEXT.fetch_add(1, Ordering::Relaxed)
     ));
     path.with_file_name(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::{Preset, SynthOptions, generate};
+
+    /// The samples read from the files are the mapping's bytes, for every matrix (several
+    /// per shard, at unaligned offsets), so the identity is the one the mapping would give.
+    #[test]
+    fn samples_read_from_the_files_are_the_mapped_bytes() {
+        let dir = std::env::temp_dir().join(format!("k3-identity-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        generate(&dir, &SynthOptions::new(Preset::Tiny)).unwrap();
+        let ckpt = Checkpoint::open(&dir).unwrap();
+        let mut samples = Vec::new();
+        for name in ckpt.tensor_names() {
+            let t = ckpt.tensor(name).unwrap();
+            if t.shape.len() == 2 {
+                // An odd length at an odd place: neither end on a page boundary.
+                let start = t.bytes.len() / 3 + 1;
+                let end = (start + 5000).min(t.bytes.len());
+                samples.push((
+                    name,
+                    t.path,
+                    t.offset + start..t.offset + end,
+                    &t.bytes[start..end],
+                ));
+            }
+        }
+        assert!(samples.len() > 10, "{} matrices", samples.len());
+        let (read, from_files) = read_samples(&samples);
+        assert_eq!(from_files, samples.len());
+        for (s, bytes) in samples.iter().zip(&read) {
+            assert_eq!(bytes.as_slice(), s.3, "{}", s.0);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
