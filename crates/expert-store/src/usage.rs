@@ -1,5 +1,7 @@
 //! Per-(layer, expert) use counts kept across runs: a small JSON file that lets the next start
-//! preload the hottest experts first and seeds the usage-weighted eviction policy.
+//! preload the hottest experts first and seeds the usage-weighted eviction policy. It also
+//! keeps the last run's decode rates ([`DecodeRates`]), which a memory plan sizes the streamed
+//! part of the trunk by.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,10 +19,39 @@ pub enum UsageError {
     File { path: PathBuf, reason: String },
 }
 
-/// Use counts per layer (the checkpoint's 0-based layer index) and expert id.
+/// Use counts per layer (the checkpoint's 0-based layer index) and expert id, and the decode
+/// rates a run measured.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UsageHistory {
     counts: BTreeMap<usize, Vec<u64>>,
+    rates: Option<DecodeRates>,
+}
+
+/// What a run measured of its decode steps (one token per step): how fast the disk gave
+/// weights while it read them, and the compute a step took besides waiting for reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeRates {
+    /// Bytes read per second of read-busy time, in MB/s.
+    pub read_mbps: u64,
+    /// A step's wall time less its waits for reads, in microseconds.
+    pub compute_us: u64,
+}
+
+impl DecodeRates {
+    /// The bytes the disk reads while one step computes: what a read ahead of compute can
+    /// bring in without the step waiting for it.
+    pub fn hidden_bytes(&self) -> u64 {
+        self.read_mbps * self.compute_us
+    }
+
+    /// The mean of these rates and `earlier` ones: what a run saves, so one run on a noisy
+    /// host moves the next plan half as far.
+    pub fn blended(self, earlier: DecodeRates) -> Self {
+        Self {
+            read_mbps: (self.read_mbps + earlier.read_mbps).div_ceil(2),
+            compute_us: (self.compute_us + earlier.compute_us).div_ceil(2),
+        }
+    }
 }
 
 impl UsageHistory {
@@ -40,6 +71,16 @@ impl UsageHistory {
             row.resize(expert + 1, 0);
         }
         row[expert] += n;
+    }
+
+    /// The decode rates of the run that wrote the file, if it measured them.
+    pub fn rates(&self) -> Option<DecodeRates> {
+        self.rates
+    }
+
+    /// Replaces the decode rates (saved with the counts).
+    pub fn set_rates(&mut self, rates: DecodeRates) {
+        self.rates = Some(rates);
     }
 
     /// All uses counted.
@@ -84,6 +125,18 @@ impl UsageHistory {
                 .ok_or_else(|| fail(format!("layer {layer}: a count is not a whole number")))?;
             history.counts.insert(layer, row);
         }
+        // Optional: files from before the rates, or from runs that measured none.
+        if !json["rates"].is_null() {
+            let field = |name: &str| {
+                json["rates"][name]
+                    .as_u64()
+                    .ok_or_else(|| fail(format!("rates: {name} is not a whole number")))
+            };
+            history.rates = Some(DecodeRates {
+                read_mbps: field("read_mbps")?,
+                compute_us: field("compute_us")?,
+            });
+        }
         Ok(Some(history))
     }
 
@@ -94,7 +147,12 @@ impl UsageHistory {
             .iter()
             .map(|(layer, counts)| (layer.to_string(), serde_json::json!(counts)))
             .collect();
-        let text = serde_json::json!({ "format": USAGE_FORMAT, "layers": layers }).to_string();
+        let mut json = serde_json::json!({ "format": USAGE_FORMAT, "layers": layers });
+        if let Some(r) = self.rates {
+            json["rates"] =
+                serde_json::json!({ "read_mbps": r.read_mbps, "compute_us": r.compute_us });
+        }
+        let text = json.to_string();
         let tmp = path.with_extension("json.tmp");
         std::fs::write(&tmp, text)
             .and_then(|()| std::fs::rename(&tmp, path))
@@ -127,6 +185,41 @@ mod tests {
             (5, 0, 0)
         );
         assert_eq!(back.total(), 8);
+        assert_eq!(back.rates(), None);
+        // With the rates: they come back; a file without them (an older one) has none.
+        history.set_rates(DecodeRates {
+            read_mbps: 1100,
+            compute_us: 600_000,
+        });
+        history.save(&path).unwrap();
+        let back = UsageHistory::load(&path).unwrap().unwrap();
+        assert_eq!(back, history);
+        assert_eq!(back.rates().unwrap().hidden_bytes(), 660_000_000);
+        let later = DecodeRates {
+            read_mbps: 900,
+            compute_us: 500_001,
+        };
+        assert_eq!(
+            later.blended(back.rates().unwrap()),
+            DecodeRates {
+                read_mbps: 1000,
+                compute_us: 550_001
+            }
+        );
+        std::fs::write(
+            &path,
+            r#"{"format": "k3-expert-usage/1", "layers": {"2": [4]}}"#,
+        )
+        .unwrap();
+        let old = UsageHistory::load(&path).unwrap().unwrap();
+        assert_eq!((old.count(2, 0), old.rates()), (4, None));
+        std::fs::write(
+            &path,
+            r#"{"format": "k3-expert-usage/1", "layers": {}, "rates": {"read_mbps": -1}}"#,
+        )
+        .unwrap();
+        let err = UsageHistory::load(&path).unwrap_err().to_string();
+        assert!(err.contains("read_mbps"), "{err}");
         std::fs::write(&path, r#"{"format": "other", "layers": {}}"#).unwrap();
         let err = UsageHistory::load(&path).unwrap_err().to_string();
         assert!(err.contains("format") && err.contains(USAGE_FILE), "{err}");
