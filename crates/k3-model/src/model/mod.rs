@@ -14,7 +14,8 @@
 //! One idea per file: this one holds the public types and the layer loop; `weights` the
 //! weight structs and their loading; `dispatch` the pool dispatch and the trunk's GEMMs;
 //! `kda`, `mla` and `moe` the blocks; `experts` the routed experts' tasks; `source` where the
-//! routed experts come from ([`ExpertSource`]); `wide` the AVX-512-compiled wrapper.
+//! routed experts come from ([`ExpertSource`]); `clock` the decode clock a memory plan sizes
+//! its stream by; `wide` the AVX-512-compiled wrapper.
 
 use std::sync::Arc;
 
@@ -27,6 +28,9 @@ use crate::config::{AttentionKind, K3Config};
 use crate::ops::{attn_res_mix, rms_norm};
 use crate::plan::Part;
 use crate::profile::{Bucket, Profile};
+
+mod clock;
+pub use clock::DecodeClock;
 
 /// Errors of model construction and evaluation.
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +102,11 @@ pub struct Model<'a> {
     expert_placement: ExpertPlacement,
     /// Wall time by bucket, when asked for ([`Model::with_profile`]).
     profile: Option<Arc<Profile>>,
+    /// Where one-token passes add their compute time, when an engine keeps one
+    /// ([`Model::with_decode_clock`]).
+    clock: Option<Arc<DecodeClock>>,
+    /// Nanoseconds this model's passes have waited for reads (routed experts, the stream).
+    waited_ns: std::sync::atomic::AtomicU64,
 }
 
 /// Which tokens of a forward pass need logits (the lm_head is a large share of a step).
@@ -223,6 +232,13 @@ impl<'a> Model<'a> {
     /// How routed experts are spread over the pool's domains (results do not depend on it).
     pub fn with_expert_placement(mut self, placement: ExpertPlacement) -> Self {
         self.expert_placement = placement;
+        self
+    }
+
+    /// Adds the compute time of every one-token pass (its wall time less its waits for
+    /// reads) to `clock` (timing only: the logits are the same bits).
+    pub fn with_decode_clock(mut self, clock: Arc<DecodeClock>) -> Self {
+        self.clock = Some(clock);
         self
     }
 
@@ -363,6 +379,19 @@ impl<'a> Model<'a> {
     /// it consumes): per-token state advances in each sequence's token order, weights are read
     /// once for all tokens. Returns each group's logits, one row per token.
     fn forward_on_worker(
+        &self,
+        groups: &mut [(&mut Session, &[usize])],
+        wanted: Logits,
+    ) -> Result<Vec<Vec<Vec<f32>>>> {
+        let timer = self.pass_timer(groups.iter().map(|(_, t)| t.len()).sum());
+        let out = self.forward_pass(groups, wanted)?;
+        if let Some(timer) = timer {
+            self.pass_done(timer);
+        }
+        Ok(out)
+    }
+
+    fn forward_pass(
         &self,
         groups: &mut [(&mut Session, &[usize])],
         wanted: Logits,

@@ -76,7 +76,7 @@ impl Model<'_> {
                     }
                     Ok(())
                 },
-                wait: &|wait| self.timed(Bucket::LoadWait, wait),
+                wait: &|wait| self.timed(Bucket::LoadWait, || self.waiting(wait)),
                 run: &mut |experts| {
                     self.timed(Bucket::RoutedExperts, || {
                         self.run_experts(w.layer, experts, &routes, &zs, &mut outputs)

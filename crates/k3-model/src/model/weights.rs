@@ -229,6 +229,8 @@ impl<'a> Model<'a> {
             experts: source.unwrap_or_else(|| Box::new(MappedExperts { layers: mapped })),
             expert_placement: ExpertPlacement::default(),
             profile: None,
+            clock: None,
+            waited_ns: Default::default(),
         })
     }
 }

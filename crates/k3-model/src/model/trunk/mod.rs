@@ -319,7 +319,7 @@ impl<'a> Model<'a> {
             unreachable!("a step is asked for only of a stream");
         };
         loop {
-            let Filled { step: got, result } = filled.recv().map_err(|_| {
+            let Filled { step: got, result } = self.waiting(|| filled.recv()).map_err(|_| {
                 ModelError::Pool("the trunk stream's I/O thread has stopped".into())
             })?;
             let (buffer, starts) = match result {
