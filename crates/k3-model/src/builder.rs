@@ -14,7 +14,7 @@ use std::time::Instant;
 use expert_store::io::MemoryBudget;
 use expert_store::scan::ScanError;
 use expert_store::store::PreloadProgress;
-use expert_store::usage::UsageError;
+use expert_store::usage::{DecodeRates, UsageError, UsageHistory};
 use expert_store::{Checkpoint, CheckpointError, ExpertStore, StoreError};
 use mxfp4_kernels::{Kernels, Tier};
 use numa_sched::{Pool, PoolOptions, Ranks, RanksError};
@@ -23,7 +23,7 @@ use crate::budget::{MemoryPlan, RunShape};
 use crate::checkpoint::{trunk_tensor_names, validate};
 use crate::config::K3Config;
 use crate::experts::{ExpertOptions, ExpertOptionsError};
-use crate::model::{ExpertPlacement, Model, ModelError, ResidentTrunk};
+use crate::model::{DecodeClock, ExpertPlacement, Model, ModelError, ResidentTrunk};
 use crate::plan::{Plan, PlanError, WeightSizes, safety_margin};
 
 /// Everything an engine is built from besides the config and the checkpoint.
@@ -114,6 +114,10 @@ pub enum BuildError {
     Model(#[from] ModelError),
 }
 
+/// One-token steps a run decodes (after its first) before [`Engine::decode_rates`] trusts
+/// the mean.
+pub const RATE_STEPS: u64 = 3;
+
 /// An assembled engine: what a [`Model`] is made from, and what the binaries report on.
 #[derive(Debug)]
 pub struct Engine {
@@ -130,6 +134,9 @@ pub struct Engine {
     usage_path: Option<PathBuf>,
     /// The trunk tensors the plan keeps resident (models built here share them).
     resident: Option<Arc<ResidentTrunk>>,
+    /// The compute time of the one-token passes of every model built here, saved with the
+    /// usage counts for the next start's plan.
+    clock: Arc<DecodeClock>,
 }
 
 impl Engine {
@@ -202,7 +209,15 @@ impl Engine {
             ..MemoryPlan::new(&checkpoint, &config, &options.experts, run)?
         };
         let sizes = WeightSizes::new(&checkpoint, &config)?;
-        let plan = Plan::new(&sizes, flags, &options.experts, run, budget, margin)?;
+        // The decode rates an earlier run measured (kept with the usage counts): the streamed
+        // bytes a token's compute hides. A file that cannot be read only loses them.
+        let hidden = options
+            .experts
+            .usage_path(checkpoint.dir())
+            .and_then(|path| UsageHistory::load(&path).ok().flatten())
+            .and_then(|history| history.rates())
+            .map(|rates| rates.hidden_bytes());
+        let plan = Plan::hiding(&sizes, flags, &options.experts, run, budget, margin, hidden)?;
         sink.line(&format!("memory plan: {}", plan.describe()));
         let kernels = match options.kernel_tier {
             Some(tier) => Kernels::new(tier)?,
@@ -336,6 +351,7 @@ impl Engine {
         Ok(Self {
             usage_path: store.as_ref().and(experts.usage_path(dir)),
             resident,
+            clock: Arc::default(),
             config,
             checkpoint,
             kernels,
@@ -361,7 +377,8 @@ impl Engine {
         };
         let model = model
             .with_pool(Arc::clone(&self.pool))
-            .with_expert_placement(self.expert_placement);
+            .with_expert_placement(self.expert_placement)
+            .with_decode_clock(Arc::clone(&self.clock));
         match &self.plan.trunk {
             // What the plan does not keep resident is read from disk on an I/O thread on
             // domain 0's CPUs (contract 5), a layer ahead of compute.
@@ -380,7 +397,26 @@ impl Engine {
     /// read-only checkpoint directory only loses the next start's ordering).
     pub fn save_usage(&self) -> Option<(&Path, Result<(), UsageError>)> {
         let (store, path) = (self.store.as_ref()?, self.usage_path.as_deref()?);
-        Some((path, store.usage().save(path)))
+        let mut usage = store.usage();
+        if let Some(rates) = self.decode_rates() {
+            usage.set_rates(match usage.rates() {
+                Some(earlier) => rates.blended(earlier),
+                None => rates,
+            });
+        }
+        Some((path, usage.save(path)))
+    }
+
+    /// The decode rates of this run, once it decoded [`RATE_STEPS`] one-token steps and read
+    /// experts from disk: the store's read rate while reading, and a step's compute time (its
+    /// wall time less its waits for reads).
+    pub fn decode_rates(&self) -> Option<DecodeRates> {
+        let compute = self.clock.per_step(RATE_STEPS)?;
+        let stats = self.store.as_ref()?.stats();
+        (stats.loads > 0).then(|| DecodeRates {
+            read_mbps: (stats.read_gbps() * 1e3).round() as u64,
+            compute_us: compute.as_micros() as u64,
+        })
     }
 }
 
@@ -624,5 +660,51 @@ mod tests {
         assert_eq!(saved, path);
         outcome.unwrap();
         assert!(path.exists());
+        // Six one-token steps read experts: the rates of the five after the first are saved.
+        let rates = engine.decode_rates().expect("measured");
+        assert!(rates.read_mbps > 0 && rates.compute_us > 0, "{rates:?}");
+        let saved = UsageHistory::load(&path).unwrap().unwrap();
+        assert_eq!(saved.rates(), Some(rates));
+    }
+
+    /// A start whose usage file holds an earlier run's rates, under a budget that streams,
+    /// plans the stream to what they hide, with the same logits.
+    #[test]
+    fn an_earlier_runs_rates_size_the_stream() {
+        let tiny = Tiny::new("rates");
+        let mut options = options(1);
+        let unplanned = fingerprints(&tiny.build(&options).0);
+        let path = tiny.0.join("usage-rates.json");
+        options.experts.usage_cache = true;
+        options.experts.usage_file = Some(path.clone());
+        let sizes = WeightSizes::new(&Checkpoint::open(&tiny.0).unwrap(), &tiny.1).unwrap();
+        // About half the trunk resident: the trunk-first plan streams the rest.
+        options.memory_bytes = Some(sizes.trunk_resident_bytes() / 2 + 2_000_000);
+        let first = Engine::build(&tiny.0, tiny.1.clone(), &options, &mut |_: &str| {}).unwrap();
+        assert_eq!(first.plan.hidden, None);
+        let streamed = first
+            .plan
+            .trunk
+            .as_ref()
+            .map_or(0, |t| t.streamed_read_bytes());
+        assert!(streamed > 0, "{}", first.plan.describe());
+        // Rates that hide more than that: 1 MB/s for as many microseconds as bytes.
+        let hidden = streamed + sizes.expert_total / 4;
+        let mut history = UsageHistory::default();
+        history.set_rates(DecodeRates {
+            read_mbps: 1,
+            compute_us: hidden,
+        });
+        history.save(&path).unwrap();
+        let second = Engine::build(&tiny.0, tiny.1.clone(), &options, &mut |_: &str| {}).unwrap();
+        assert_eq!(second.plan.hidden, Some(hidden));
+        assert!(
+            second.plan.memory.expert_cache > first.plan.memory.expert_cache,
+            "{} / {}",
+            first.plan.describe(),
+            second.plan.describe()
+        );
+        assert_eq!(fingerprints(&first), unplanned);
+        assert_eq!(fingerprints(&second), unplanned);
     }
 }

@@ -590,3 +590,54 @@ fn the_prompt_cache_is_set_aside_before_the_weights() {
         .to_string();
     assert!(error.contains("prompt cache"), "{error}");
 }
+
+/// Told the bytes a token's compute hides, a plan whose trunk-first split streams less streams
+/// up to them (to a MB) and gives the room that frees to the expert cache; one that already
+/// streams more, one whose flags size the cache and one with a resident trunk stand as
+/// `Plan::new` makes them. Either way the plan fits the budget.
+#[test]
+fn a_hidden_stream_trades_trunk_residency_for_expert_cache() {
+    let (sizes, flags, _) = tiny("hiding");
+    let min = minimum(&sizes, &flags, 16);
+    // Room for about half the trunk beyond the minimum: trunk-first streams the rest.
+    let bytes = min + sizes.trunk_resident_bytes() / 2;
+    let first = Plan::new(&sizes, flags, &options(), run(), budget(bytes), 0).unwrap();
+    let streamed = |p: &Plan| p.trunk.as_ref().map_or(0, TrunkPlan::streamed_read_bytes);
+    let s0 = streamed(&first);
+    assert!(s0 > 0, "{}", first.describe());
+    let hidden = s0 + sizes.expert_total / 4;
+    let plan = |hidden, options: &ExpertOptions, run| {
+        Plan::hiding(&sizes, flags, options, run, budget(bytes), 0, Some(hidden)).unwrap()
+    };
+    let hiding = plan(hidden, &options(), run());
+    assert_eq!(hiding.hidden, Some(hidden));
+    assert!(hiding.memory.total() <= bytes, "{}", hiding.describe());
+    check_layout(&sizes, hiding.trunk.as_ref().unwrap());
+    let s = streamed(&hiding);
+    assert!(s <= hidden && s > s0, "{s0} -> {s}, hidden {hidden}");
+    // What the trunk gave up went to the cache.
+    assert!(hiding.memory.expert_cache > first.memory.expert_cache);
+    assert!(hiding.memory.resident_trunk < first.memory.resident_trunk);
+    assert!(
+        hiding.describe().contains("a token's compute hides"),
+        "{}",
+        hiding.describe()
+    );
+    // Hiding no more than trunk-first streams changes nothing.
+    assert_eq!(
+        plan(s0, &options(), run()),
+        Plan {
+            hidden: None,
+            ..first.clone()
+        }
+    );
+    // The flags' cache, or a resident trunk: the plan stands.
+    let asked = ExpertOptions {
+        cache_bytes: Some(sizes.expert_largest),
+        ..options()
+    };
+    assert_eq!(
+        plan(hidden, &asked, run()),
+        Plan::new(&sizes, flags, &asked, run(), budget(bytes), 0).unwrap()
+    );
+}
