@@ -70,6 +70,8 @@ pub(crate) fn run(config: &K3Config, machines: &Machines) -> Result<()> {
             machines.run,
             Some(budget),
             margin,
+            // No run of the release to measure rates from: trunk-first.
+            None,
         );
         let plan = match plan {
             Ok(p) => p,
@@ -161,6 +163,7 @@ mod tests {
                 run,
                 Some(budget(gb)),
                 0,
+                None,
             )
             .unwrap()
         };

@@ -217,7 +217,7 @@ impl Engine {
             .and_then(|path| UsageHistory::load(&path).ok().flatten())
             .and_then(|history| history.rates())
             .map(|rates| rates.hidden_bytes());
-        let plan = Plan::hiding(&sizes, flags, &options.experts, run, budget, margin, hidden)?;
+        let plan = Plan::new(&sizes, flags, &options.experts, run, budget, margin, hidden)?;
         sink.line(&format!("memory plan: {}", plan.describe()));
         let kernels = match options.kernel_tier {
             Some(tier) => Kernels::new(tier)?,

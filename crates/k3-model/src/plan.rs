@@ -77,7 +77,7 @@ pub struct Plan {
     /// Expert reads in flight at once (`--io-threads`, fewer where the budget is tight).
     pub io_threads: usize,
     /// The streamed trunk bytes a token's compute hides, where an earlier run measured it
-    /// ([`Plan::hiding`]) and the plan streamed up to it to cache more experts.
+    /// ([`Plan::new`]) and the plan streamed up to it to cache more experts.
     pub hidden: Option<u64>,
 }
 
@@ -124,28 +124,18 @@ impl Plan {
     /// Splits `budget` (less `margin`) over a run of `run` with the expert flags `experts`;
     /// `flags` is the plan of the flags alone ([`MemoryPlan::new`]), used as it is where
     /// everything fits.
-    pub fn new(
-        sizes: &WeightSizes,
-        flags: MemoryPlan,
-        experts: &ExpertOptions,
-        run: RunShape,
-        budget: Option<MemoryBudget>,
-        margin: u64,
-    ) -> Result<Self, PlanError> {
-        Self::hiding(sizes, flags, experts, run, budget, margin, None)
-    }
-
-    /// [`Plan::new`], told the bytes the disk reads while a token computes (`hidden`, from an
-    /// earlier run: `expert_store::usage::DecodeRates::hidden_bytes`). Streamed trunk rows are
-    /// read a step ahead, while the pass computes; a routed expert that misses is read after
-    /// its router, while the pass waits. So where the trunk-first plan streams less than
+    ///
+    /// `hidden`: the bytes the disk reads while a token computes, where an earlier run
+    /// measured them (`expert_store::usage::DecodeRates::hidden_bytes`). Streamed trunk rows
+    /// are read a step ahead, while the pass computes; a routed expert that misses is read
+    /// after its router, while the pass waits. So where the trunk-first plan streams less than
     /// `hidden`, the trunk streams up to `hidden` and the expert cache takes what that frees:
     /// the stream stays hidden and fewer reads are waited for. A token then takes about
     /// max(compute + missed / rate, (streamed + missed) / rate), least where the stream's
     /// reads take as long as the compute. Where the trunk-first plan already streams more,
     /// or the flags size the cache, it stands. k3-wide at 0.9x, alternating: 0.4 GB of
     /// expert cache for 0.4 GB more streamed, 0.84-0.92 s/token against 0.93-1.13.
-    pub fn hiding(
+    pub fn new(
         sizes: &WeightSizes,
         flags: MemoryPlan,
         experts: &ExpertOptions,

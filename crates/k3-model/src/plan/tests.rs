@@ -184,7 +184,7 @@ fn the_sizes_partition_the_checkpoint() {
 fn where_everything_fits_the_flags_decide_and_nothing_streams() {
     let (sizes, flags, _) = tiny("fits");
     let all = everything(&sizes, &flags);
-    let plan = Plan::new(&sizes, flags, &options(), run(), budget(all), 0).unwrap();
+    let plan = Plan::new(&sizes, flags, &options(), run(), budget(all), 0, None).unwrap();
     assert_eq!((plan.trunk.clone(), plan.expert_cache), (None, None));
     assert_eq!(plan.memory, flags);
     assert_eq!(plan.disk_per_token, 0);
@@ -194,20 +194,25 @@ fn where_everything_fits_the_flags_decide_and_nothing_streams() {
         plan.describe()
     );
     // One byte less and the plan takes over.
-    let plan = Plan::new(&sizes, flags, &options(), run(), budget(all - 1), 0).unwrap();
+    let plan = Plan::new(&sizes, flags, &options(), run(), budget(all - 1), 0, None).unwrap();
     assert!(plan.trunk.is_some() && plan.expert_cache.is_some());
     // Unknown budget: the same, nothing checked.
-    let plan = Plan::new(&sizes, flags, &options(), run(), None, 0).unwrap();
+    let plan = Plan::new(&sizes, flags, &options(), run(), None, 0, None).unwrap();
     assert_eq!(plan.trunk, None);
+}
+
+/// The tiny checkpoint's sizes and flags, and a budget with room for about half the trunk
+/// beyond the minimum (and no experts): the trunk-first plan streams the rest.
+fn half_the_trunk(tag: &str) -> (WeightSizes, MemoryPlan, u64) {
+    let (sizes, flags, _) = tiny(tag);
+    let bytes = minimum(&sizes, &flags, 16) + sizes.trunk_resident_bytes() / 2;
+    (sizes, flags, bytes)
 }
 
 #[test]
 fn below_everything_the_trunk_is_resident_first_and_the_rest_is_streamed() {
-    let (sizes, flags, _) = tiny("streams");
-    let min = minimum(&sizes, &flags, 16);
-    // Room for about half the trunk beyond the minimum, and no experts.
-    let bytes = min + sizes.trunk_resident_bytes() / 2;
-    let plan = Plan::new(&sizes, flags, &options(), run(), budget(bytes), 0).unwrap();
+    let (sizes, flags, bytes) = half_the_trunk("streams");
+    let plan = Plan::new(&sizes, flags, &options(), run(), budget(bytes), 0, None).unwrap();
     let trunk = plan.trunk.clone().expect("planned");
     assert!(plan.streams());
     assert!(plan.memory.total() <= bytes, "{}", plan.describe());
@@ -349,7 +354,17 @@ fn a_small_cap_reads_the_lm_head_and_the_dense_mlp_in_row_blocks() {
 #[test]
 fn a_budget_below_the_minimum_is_refused_with_the_numbers() {
     let (sizes, flags, _) = tiny("minimum");
-    let plan = |bytes, margin| Plan::new(&sizes, flags, &options(), run(), budget(bytes), margin);
+    let plan = |bytes, margin| {
+        Plan::new(
+            &sizes,
+            flags,
+            &options(),
+            run(),
+            budget(bytes),
+            margin,
+            None,
+        )
+    };
     // The reads in flight asked for, halved until their buffers take at most a tenth; two
     // trunk buffers where the second takes at most a tenth of the budget.
     let roomy = 20 * sizes.trunk_resident_bytes().max(48 * sizes.expert_largest);
@@ -358,7 +373,7 @@ fn a_budget_below_the_minimum_is_refused_with_the_numbers() {
         expert_total: 100 * roomy,
         ..sizes.clone()
     };
-    let at = Plan::new(&many, flags, &options(), run(), budget(roomy), 0).unwrap();
+    let at = Plan::new(&many, flags, &options(), run(), budget(roomy), 0, None).unwrap();
     // The experts cannot all be resident: the 16 reads asked for drop to
     // STREAMING_IO_THREADS, whose fewer buffers leave more to the cache.
     assert_eq!(
@@ -410,8 +425,8 @@ fn the_flags_override_parts_of_the_plan() {
         cache_bytes: Some(cache),
         ..options()
     };
-    let free = Plan::new(&sizes, flags, &options(), run(), budget(bytes), 0).unwrap();
-    let fixed = Plan::new(&sizes, flags, &asked, run(), budget(bytes), 0).unwrap();
+    let free = Plan::new(&sizes, flags, &options(), run(), budget(bytes), 0, None).unwrap();
+    let fixed = Plan::new(&sizes, flags, &asked, run(), budget(bytes), 0, None).unwrap();
     assert_eq!(fixed.memory.expert_cache, cache);
     assert!(fixed.memory.resident_trunk <= free.memory.resident_trunk);
     // --resident-trunk: the whole copy, nothing streamed; refused where it cannot fit.
@@ -423,9 +438,17 @@ fn the_flags_override_parts_of_the_plan() {
         resident_trunk: sizes.trunk_resident_bytes() + sizes.embed.next_multiple_of(64),
         ..flags
     };
-    let error = Plan::new(&sizes, ckpt_flags, &options(), resident_run, budget(min), 0)
-        .unwrap_err()
-        .to_string();
+    let error = Plan::new(
+        &sizes,
+        ckpt_flags,
+        &options(),
+        resident_run,
+        budget(min),
+        0,
+        None,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(error.contains("drop --resident-trunk"), "{error}");
     let roomy = min + ckpt_flags.resident_trunk;
     let plan = Plan::new(
@@ -435,6 +458,7 @@ fn the_flags_override_parts_of_the_plan() {
         resident_run,
         budget(roomy),
         0,
+        None,
     )
     .unwrap();
     assert_eq!(plan.trunk, None);
@@ -499,7 +523,7 @@ fn a_large_lm_head_streams_in_blocks_and_leaves_the_rest_resident() {
     let flags = MemoryPlan::default();
     let mut head_cut = false;
     for bytes in [2_000_000_000, 3_600_000_000, 6_700_000_000] {
-        let plan = Plan::new(&sizes, flags, &options(), run(), budget(bytes), 0).unwrap();
+        let plan = Plan::new(&sizes, flags, &options(), run(), budget(bytes), 0, None).unwrap();
         let trunk = plan.trunk.as_ref().unwrap();
         check_layout(&sizes, trunk);
         // No buffer the size of the lm_head or of a whole layer: the lm_head and the dense
@@ -557,7 +581,7 @@ fn the_prompt_cache_is_set_aside_before_the_weights() {
     };
     // Where the weights fit without the cache, its bytes make the plan take over: less than
     // every weight held, within the budget.
-    let plan = Plan::new(&sizes, with_cache, &options(), run(), budget(all), 0).unwrap();
+    let plan = Plan::new(&sizes, with_cache, &options(), run(), budget(all), 0, None).unwrap();
     assert!(plan.trunk.is_some(), "{}", plan.describe());
     assert!(
         plan.memory.resident_trunk + plan.memory.expert_cache
@@ -580,34 +604,32 @@ fn the_prompt_cache_is_set_aside_before_the_weights() {
         run(),
         budget(all + cache),
         0,
+        None,
     )
     .unwrap();
     assert_eq!(plan.trunk, None, "{}", plan.describe());
     // The minimum alone no longer fits once the cache is set aside: refused, naming it.
     let min = minimum(&sizes, &flags, 1);
-    let error = Plan::new(&sizes, with_cache, &options(), run(), budget(min), 0)
+    let error = Plan::new(&sizes, with_cache, &options(), run(), budget(min), 0, None)
         .unwrap_err()
         .to_string();
     assert!(error.contains("prompt cache"), "{error}");
 }
 
 /// Told the bytes a token's compute hides, a plan whose trunk-first split streams less streams
-/// up to them (to a MB) and gives the room that frees to the expert cache; one that already
-/// streams more, one whose flags size the cache and one with a resident trunk stand as
-/// `Plan::new` makes them. Either way the plan fits the budget.
+/// up to them and gives the room that frees to the expert cache; one that already streams as
+/// much, and one whose flags size the cache, stand as trunk-first makes them. Either way the
+/// plan fits the budget.
 #[test]
 fn a_hidden_stream_trades_trunk_residency_for_expert_cache() {
-    let (sizes, flags, _) = tiny("hiding");
-    let min = minimum(&sizes, &flags, 16);
-    // Room for about half the trunk beyond the minimum: trunk-first streams the rest.
-    let bytes = min + sizes.trunk_resident_bytes() / 2;
-    let first = Plan::new(&sizes, flags, &options(), run(), budget(bytes), 0).unwrap();
+    let (sizes, flags, bytes) = half_the_trunk("hiding");
+    let first = Plan::new(&sizes, flags, &options(), run(), budget(bytes), 0, None).unwrap();
     let streamed = |p: &Plan| p.trunk.as_ref().map_or(0, TrunkPlan::streamed_read_bytes);
     let s0 = streamed(&first);
     assert!(s0 > 0, "{}", first.describe());
     let hidden = s0 + sizes.expert_total / 4;
     let plan = |hidden, options: &ExpertOptions, run| {
-        Plan::hiding(&sizes, flags, options, run, budget(bytes), 0, Some(hidden)).unwrap()
+        Plan::new(&sizes, flags, options, run, budget(bytes), 0, Some(hidden)).unwrap()
     };
     let hiding = plan(hidden, &options(), run());
     assert_eq!(hiding.hidden, Some(hidden));
@@ -638,6 +660,6 @@ fn a_hidden_stream_trades_trunk_residency_for_expert_cache() {
     };
     assert_eq!(
         plan(hidden, &asked, run()),
-        Plan::new(&sizes, flags, &asked, run(), budget(bytes), 0).unwrap()
+        Plan::new(&sizes, flags, &asked, run(), budget(bytes), 0, None).unwrap()
     );
 }
