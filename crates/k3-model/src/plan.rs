@@ -282,16 +282,15 @@ impl Plan {
         }
         let room = usable - memory.total();
         let mut trunk = None;
-        let hidden = hidden.filter(|_| asked.is_none() && !run.resident_trunk);
+        // The hidden bytes in force: where the flags leave the cache to the plan and the
+        // trunk-first layout streams less.
         let mut hid = None;
         if !run.resident_trunk {
             let best = Layout::best(sizes, room, share).expect("the minimum layout fits");
-            let layout = match hidden {
-                Some(h) if best.trunk.streamed_read_bytes() < h => {
-                    hid = Some(h);
-                    hiding_layout(sizes, room, share, h)
-                }
-                _ => best,
+            hid = hidden.filter(|&h| asked.is_none() && best.trunk.streamed_read_bytes() < h);
+            let layout = match hid {
+                Some(h) => hiding_layout(sizes, room, share, h),
+                None => best,
             };
             memory.resident_trunk = layout.resident;
             memory.trunk_buffers = layout.buffers;
