@@ -109,7 +109,7 @@ pub fn library_flags() -> Vec<Flag> {
         Flag::switch(
             "no-usage-cache",
             experts,
-            "neither read nor write the expert usage file (the policy is then lru)",
+            "neither read nor write the expert usage file (the policy is then lru, and a memory plan keeps the trunk first)",
         ),
         Flag::value(
             "usage-file",
@@ -117,7 +117,7 @@ pub fn library_flags() -> Vec<Flag> {
             Text,
             "k3-expert-usage.json in the model directory",
             experts,
-            "where expert usage counts are read at startup and written at exit",
+            "where expert usage counts, and the decode rates a memory plan sizes its stream by, are read at startup and written at exit",
         ),
         Flag::value(
             "expert-policy",
