@@ -3,7 +3,7 @@
 
 use std::sync::Mutex;
 
-use mxfp4_kernels::{Activations, ExpertScratch, Kernels, Tier};
+use mxfp4_kernels::{Activations, ExpertScratch, Kernels, PackedBf16, Tier, WeightMatrix};
 
 use crate::{
     EXPERT_INTER, EXPERT_LATENT, Expert, ExpertViews, HIDDEN, HIDDEN_040B, HugeBuf, KDA_ROWS,
@@ -31,6 +31,9 @@ pub struct Workloads {
     /// The k3-0.40b lm_head (163840 x 1024): short 2 KB rows, the case where a GEMV's row
     /// streams are too short for the prefetchers.
     pub head_040b: HugeBuf,
+    /// `kda` and `head` packed (`mxfp4_kernels::packed`): the same values in 12.25 bits each.
+    pub kda_packed: PackedBf16,
+    pub head_packed: PackedBf16,
     /// 1 GiB for the STREAM-like read probe.
     pub probe: HugeBuf,
     pub z: Vec<f32>,
@@ -43,11 +46,16 @@ pub struct Workloads {
 impl Workloads {
     pub fn generate() -> Self {
         let ring: &'static [Expert] = Vec::leak(experts(RING, 42));
+        let kda = bf16_bytes(KDA_ROWS, HIDDEN, 7);
+        let head = bf16_bytes(LM_HEAD_SLICE_ROWS, HIDDEN, 8);
+        let pack = |b: &[u8], rows| PackedBf16::pack(b, rows, HIDDEN).expect("whole blocks");
         Self {
+            kda_packed: pack(&kda, KDA_ROWS),
+            head_packed: pack(&head, LM_HEAD_SLICE_ROWS),
             ring,
             views: ring.iter().map(Expert::views).collect(),
-            kda: bf16_bytes(KDA_ROWS, HIDDEN, 7),
-            head: bf16_bytes(LM_HEAD_SLICE_ROWS, HIDDEN, 8),
+            kda,
+            head,
             head_040b: bf16_bytes(LM_HEAD_040B_ROWS, HIDDEN_040B, 9),
             probe: bandwidth_buffer(1 << 30),
             z: activations(EXPERT_LATENT, 3),
@@ -258,6 +266,32 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
                     let range = split_rows(rows, threads, worker);
                     let mut y = outs[worker].lock().expect("no poisoning in benches");
                     k.matmul_bf16(&m, xa, range.clone(), &mut y[..range.len()])
+                        .expect("checked shapes");
+                })
+            }),
+        });
+    }
+    // The same two BF16 matrices packed: bytes are the packed body's (what a pass reads).
+    for (shape, packed) in [
+        ("kda_12288x7168", &w.kda_packed),
+        ("lm_head_16384x7168", &w.head_packed),
+    ] {
+        let m = WeightMatrix::from(packed.view());
+        let rows = m.rows();
+        let outs: Vec<Mutex<Vec<f32>>> =
+            (0..threads).map(|_| Mutex::new(vec![0.0; rows])).collect();
+        out.push(Case {
+            op: "bf16_packed_gemv",
+            shape,
+            cache: Cache::OutOfCache,
+            threads,
+            variant,
+            bytes: m.weight_bytes(),
+            run: Box::new(move || {
+                pool.broadcast(|worker| {
+                    let range = split_rows(rows, threads, worker);
+                    let mut y = outs[worker].lock().expect("no poisoning in benches");
+                    k.matmul(&m, xa, range.clone(), &mut y[..range.len()])
                         .expect("checked shapes");
                 })
             }),

@@ -54,6 +54,12 @@ pub enum Error {
         "unknown kernel tier {0:?} (expected scalar, avx2, avx512, avx512-bf16 or avx512-vnni)"
     )]
     UnknownTier(String),
+    #[error("{what}: cols {cols} is not a multiple of the packed BF16 block of 32")]
+    ColsNotBlockMultiple { what: &'static str, cols: usize },
+    #[error(
+        "{what}: the row exception index is not nondecreasing, or points past the exception blocks"
+    )]
+    BadPackedIndex { what: &'static str },
     #[error("expert FFN shapes disagree: {0}")]
     ExpertShapes(String),
 }

@@ -25,6 +25,7 @@ mod error;
 mod expert;
 pub mod ggml;
 mod isa;
+pub mod packed;
 mod scalar;
 pub mod situ;
 mod tier;
@@ -36,6 +37,7 @@ mod x86;
 pub use activations::{Activations, MAX_TOKENS};
 pub use error::{Error, Result};
 pub use expert::{ExpertScratch, GluActivation};
+pub use packed::{PackedBf16, PackedBf16Matrix};
 pub use situ::Situ;
 pub use tier::{Kernels, Tier};
 pub use view::{

@@ -7,6 +7,7 @@ use std::str::FromStr;
 use crate::activations::Activations;
 use crate::error::{Error, Result};
 pub(crate) use crate::isa::{Avx2, Avx512};
+use crate::packed::PackedBf16Matrix;
 use crate::scalar;
 use crate::view::{Bf16Matrix, F16Matrix, F32Matrix, MxFp4Matrix, WeightMatrix};
 
@@ -240,6 +241,26 @@ impl Kernels {
         Ok(())
     }
 
+    /// Decodes `rows` of a packed BF16 matrix to f32: the BF16 values it packs, widened
+    /// (exact in every tier).
+    pub fn dequant_packed_bf16(
+        &self,
+        matrix: &PackedBf16Matrix<'_>,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        check_rows(&rows, matrix.rows())?;
+        check_out(rows.len() * matrix.cols(), out.len())?;
+        let mut values = vec![0u16; matrix.cols()];
+        for (row, dst) in rows.zip(out.chunks_exact_mut(matrix.cols())) {
+            matrix.decode_row(row, &mut values);
+            for (d, &v) in dst.iter_mut().zip(&values) {
+                *d = f32::from_bits(u32::from(v) << 16);
+            }
+        }
+        Ok(())
+    }
+
     /// Widens `rows` of an F16 matrix to f32 (exact in every tier).
     pub fn dequant_f16(
         &self,
@@ -276,6 +297,7 @@ impl Kernels {
     ) -> Result<()> {
         match matrix {
             WeightMatrix::Bf16(m) => self.dequant_bf16(m, rows, out),
+            WeightMatrix::PackedBf16(m) => self.dequant_packed_bf16(m, rows, out),
             WeightMatrix::F16(m) => self.dequant_f16(m, rows, out),
             WeightMatrix::F32(m) => self.dequant_f32(m, rows, out),
             WeightMatrix::MxFp4(m) => self.dequant_mxfp4(m, rows, out),
@@ -349,6 +371,59 @@ impl Kernels {
             },
             #[cfg(not(target_arch = "x86_64"))]
             _ => unreachable!("non-scalar tiers cannot be constructed off x86_64"),
+        }
+        Ok(())
+    }
+
+    /// As [`Kernels::matmul_bf16`] on the BF16 matrix that `matrix` packs, with its bits in
+    /// every tier. `avx2` decodes each block in registers and runs the BF16 kernel's FMAs on
+    /// it; the other tiers decode a few rows at a time into an L2-sized buffer and run their
+    /// BF16 kernel over it (no row's result depends on how rows are blocked).
+    pub fn matmul_packed_bf16(
+        &self,
+        matrix: &PackedBf16Matrix<'_>,
+        act: &Activations,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.check_matmul(matrix.rows(), matrix.cols(), act, &rows, out)?;
+        match self.tier {
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx2 => {
+                let token = self.avx2().expect("an avx2 Kernels holds its token");
+                // SAFETY: the token proves avx2/fma/f16c; `check_matmul` proved the shapes.
+                unsafe { crate::x86::avx2::matmul_packed_bf16(token, matrix, act, rows, out) }
+            }
+            _ => self.packed_via_bf16(matrix, act, rows, out)?,
+        }
+        Ok(())
+    }
+
+    /// `matmul_packed_bf16` for the tiers without a packed kernel: rows decoded into a
+    /// 64 KiB buffer, that buffer's rows through the tier's BF16 kernel, each token's results
+    /// put at their place.
+    fn packed_via_bf16(
+        &self,
+        matrix: &PackedBf16Matrix<'_>,
+        act: &Activations,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let (n, tokens, cols) = (rows.len(), act.tokens(), matrix.cols());
+        let chunk = ((64 << 10) / (2 * cols)).max(1);
+        let mut bytes = vec![0u8; chunk * cols * 2];
+        let mut sums = vec![0f32; chunk * tokens];
+        let mut start = rows.start;
+        while start < rows.end {
+            let end = (start + chunk).min(rows.end);
+            let k = end - start;
+            matrix.decode_rows_bf16(start..end, &mut bytes[..k * cols * 2]);
+            let view = Bf16Matrix::new(&bytes[..k * cols * 2], k, cols)?;
+            self.matmul_bf16(&view, act, 0..k, &mut sums[..k * tokens])?;
+            for t in 0..tokens {
+                out[t * n + start - rows.start..][..k].copy_from_slice(&sums[t * k..(t + 1) * k]);
+            }
+            start = end;
         }
         Ok(())
     }
@@ -430,6 +505,7 @@ impl Kernels {
     ) -> Result<()> {
         match matrix {
             WeightMatrix::Bf16(m) => self.matmul_bf16(m, act, rows, out),
+            WeightMatrix::PackedBf16(m) => self.matmul_packed_bf16(m, act, rows, out),
             WeightMatrix::F16(m) => self.matmul_f16(m, act, rows, out),
             WeightMatrix::F32(m) => self.matmul_f32(m, act, rows, out),
             WeightMatrix::MxFp4(m) => self.matmul_mxfp4(m, act, rows, out),

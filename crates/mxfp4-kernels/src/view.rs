@@ -4,6 +4,7 @@
 
 use crate::codes::E8M0_NAN;
 use crate::error::{Error, Result};
+use crate::packed::PackedBf16Matrix;
 
 /// MXFP4 elements per shared E8M0 scale.
 pub const GROUP: usize = 32;
@@ -216,14 +217,17 @@ float_matrix!(
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum WeightFormat {
     Bf16,
+    /// BF16 packed losslessly in 12.25 bits per weight (`crate::packed`).
+    PackedBf16,
     F16,
     F32,
     MxFp4,
 }
 
 impl WeightFormat {
-    pub const ALL: [WeightFormat; 4] = [
+    pub const ALL: [WeightFormat; 5] = [
         WeightFormat::Bf16,
+        WeightFormat::PackedBf16,
         WeightFormat::F16,
         WeightFormat::F32,
         WeightFormat::MxFp4,
@@ -232,6 +236,7 @@ impl WeightFormat {
     pub fn name(self) -> &'static str {
         match self {
             WeightFormat::Bf16 => "bf16",
+            WeightFormat::PackedBf16 => "bf16-packed",
             WeightFormat::F16 => "f16",
             WeightFormat::F32 => "f32",
             WeightFormat::MxFp4 => "mxfp4",
@@ -252,6 +257,7 @@ impl std::fmt::Display for WeightFormat {
 #[derive(Debug, Clone, Copy)]
 pub enum WeightMatrix<'a> {
     Bf16(Bf16Matrix<'a>),
+    PackedBf16(PackedBf16Matrix<'a>),
     F16(F16Matrix<'a>),
     F32(F32Matrix<'a>),
     MxFp4(MxFp4Matrix<'a>),
@@ -261,6 +267,7 @@ impl WeightMatrix<'_> {
     pub fn format(&self) -> WeightFormat {
         match self {
             WeightMatrix::Bf16(_) => WeightFormat::Bf16,
+            WeightMatrix::PackedBf16(_) => WeightFormat::PackedBf16,
             WeightMatrix::F16(_) => WeightFormat::F16,
             WeightMatrix::F32(_) => WeightFormat::F32,
             WeightMatrix::MxFp4(_) => WeightFormat::MxFp4,
@@ -269,6 +276,7 @@ impl WeightMatrix<'_> {
     pub fn rows(&self) -> usize {
         match self {
             WeightMatrix::Bf16(m) => m.rows(),
+            WeightMatrix::PackedBf16(m) => m.rows(),
             WeightMatrix::F16(m) => m.rows(),
             WeightMatrix::F32(m) => m.rows(),
             WeightMatrix::MxFp4(m) => m.rows(),
@@ -277,6 +285,7 @@ impl WeightMatrix<'_> {
     pub fn cols(&self) -> usize {
         match self {
             WeightMatrix::Bf16(m) => m.cols(),
+            WeightMatrix::PackedBf16(m) => m.cols(),
             WeightMatrix::F16(m) => m.cols(),
             WeightMatrix::F32(m) => m.cols(),
             WeightMatrix::MxFp4(m) => m.cols(),
@@ -286,6 +295,7 @@ impl WeightMatrix<'_> {
     pub fn bytes_for_rows(&self, rows: usize) -> usize {
         match self {
             WeightMatrix::Bf16(m) => m.bytes_for_rows(rows),
+            WeightMatrix::PackedBf16(m) => m.bytes_for_rows(rows),
             WeightMatrix::F16(m) => m.bytes_for_rows(rows),
             WeightMatrix::F32(m) => m.bytes_for_rows(rows),
             WeightMatrix::MxFp4(m) => m.bytes_for_rows(rows),
@@ -300,6 +310,11 @@ impl WeightMatrix<'_> {
 impl<'a> From<Bf16Matrix<'a>> for WeightMatrix<'a> {
     fn from(m: Bf16Matrix<'a>) -> Self {
         WeightMatrix::Bf16(m)
+    }
+}
+impl<'a> From<PackedBf16Matrix<'a>> for WeightMatrix<'a> {
+    fn from(m: PackedBf16Matrix<'a>) -> Self {
+        WeightMatrix::PackedBf16(m)
     }
 }
 impl<'a> From<F16Matrix<'a>> for WeightMatrix<'a> {

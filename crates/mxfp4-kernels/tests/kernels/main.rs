@@ -5,4 +5,5 @@ mod common;
 mod edges;
 mod floats;
 mod oracle;
+mod packed;
 mod tiers;

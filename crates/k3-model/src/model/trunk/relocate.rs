@@ -183,6 +183,7 @@ fn sub_rows<'l>(w: &WeightMatrix<'l>, rows: Range<usize>) -> Result<WeightMatrix
     let (n, cols) = (rows.len(), w.cols());
     Ok(match w {
         WeightMatrix::Bf16(x) => Bf16Matrix::new(part(x.bytes()), n, cols)?.into(),
+        WeightMatrix::PackedBf16(x) => x.sub_rows(rows)?.into(),
         WeightMatrix::F16(x) => F16Matrix::new(part(x.bytes()), n, cols)?.into(),
         WeightMatrix::F32(x) => F32Matrix::new(part(x.bytes()), n, cols)?.into(),
         WeightMatrix::MxFp4(x) => {
@@ -198,6 +199,9 @@ fn relocated_matrix<'l>(
 ) -> Result<WeightMatrix<'l>> {
     Ok(match w {
         WeightMatrix::Bf16(x) => Bf16Matrix::new(relocate(x.bytes()), x.rows(), x.cols())?.into(),
+        // Packed matrices are built in memory, never mapped from the checkpoint whose byte
+        // ranges `relocate` translates: they stay where they are.
+        WeightMatrix::PackedBf16(x) => (*x).into(),
         WeightMatrix::F16(x) => F16Matrix::new(relocate(x.bytes()), x.rows(), x.cols())?.into(),
         WeightMatrix::F32(x) => F32Matrix::new(relocate(x.bytes()), x.rows(), x.cols())?.into(),
         WeightMatrix::MxFp4(x) => MxFp4Matrix::new(

@@ -163,6 +163,18 @@ unsafe fn split<const FORMAT: u8>(at: *const u8) -> [__m256; 4] {
     [even[0], even[1], odd[0], odd[1]]
 }
 
+/// 32 BF16 values from `at` as the BF16 kernel widens a block (the packed kernel's exception
+/// blocks).
+///
+/// # Safety
+/// 64 bytes from `at` must be readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn split_bf16(at: *const u8) -> [__m256; 4] {
+    // SAFETY: by the caller.
+    unsafe { split::<BF16>(at) }
+}
+
 /// 16 BF16 values: dword lane j holds column 2j (low half) and 2j + 1 (high half), so `<< 16`
 /// gives the even columns as f32 and masking the low half the odd ones (exact).
 ///

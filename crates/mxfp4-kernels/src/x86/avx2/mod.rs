@@ -15,11 +15,13 @@ use std::ops::Range;
 
 use super::{PREFETCH_AHEAD, lanes};
 use crate::activations::Activations;
+use crate::packed::PackedBf16Matrix;
 use crate::tier::Avx2;
 use crate::view::{Bf16Matrix, F16Matrix, F32Matrix, MxFp4Matrix};
 
 mod float;
 mod mxfp4;
+mod packed;
 
 /// One `avx512` accumulator: lanes 0..7 and lanes 8..15.
 pub(crate) type Acc = [__m256; 2];
@@ -136,6 +138,19 @@ pub(crate) unsafe fn matmul_bf16(
     out: &mut [f32],
 ) {
     float::matmul_bf16(matrix, act, rows, out);
+}
+
+/// # Safety
+/// As [`matmul_mxfp4`], for a packed BF16 matrix.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn matmul_packed_bf16(
+    _: Avx2,
+    matrix: &PackedBf16Matrix<'_>,
+    act: &Activations,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    packed::matmul_packed_bf16(matrix, act, rows, out);
 }
 
 /// # Safety

@@ -1,0 +1,152 @@
+//! Packed BF16 matrices (`crate::packed`) in the `avx2` tier: each block decoded in
+//! registers to the two 16-value halves `float::split_bf16` loads from a BF16 row, then the
+//! BF16 kernel's FMAs in its order, so every result has `matmul_bf16`'s bits.
+//!
+//! Decode of a block: the 16 code bytes in both lanes, the upper lane shifted down a nibble,
+//! give code `p` in byte `p`; one `pshufb` of the block's table (`0` for code 0, `base + c - 1` for
+//! code `c`) gives the exponents; with the sign/mantissa bytes, each value's low byte is
+//! `(e & 1) << 7 | mantissa` and its high byte `sign | e >> 1`. Interleaving the low and high
+//! bytes in each 128-bit lane puts the bytes' slots `[0..8 | 16..24]` and `[8..16 | 24..32]`
+//! in words, which the block's slot order (`packed::SLOT_COLUMN`) makes columns `0..16` and
+//! `16..32`. An exception block (base 0) is read from the matrix's kept BF16 blocks instead.
+//! 15 vector operations per block and row besides the FMAs, against 4 for BF16; on this Zen 3
+//! host that costs less than the 15 bytes per block it does not read (PERFORMANCE.md).
+
+use core::arch::x86_64::*;
+use std::ops::Range;
+
+use super::float::split_bf16;
+use super::{Prefetch, act_block, by_tokens_avx2, fma_block, store_sums};
+use crate::activations::Activations;
+use crate::packed::{BASE_AT, CODES_AT, EXCEPTION_BYTES, PACKED_BLOCK_BYTES, PackedBf16Matrix};
+use crate::x86::lanes::{HALF_BITS, HIGH_HALF};
+use crate::x86::{run_rows, width};
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn matmul_packed_bf16(
+    m: &PackedBf16Matrix<'_>,
+    act: &Activations,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    // GEMVs run 3 rows at a time: 2, 3 and 4 measured alike (12288x7168 from memory, 2
+    // threads, 9.7-11.6 GB/s of packed bytes), 3 at the top.
+    by_tokens_avx2!(packed_block, 3, m, act, rows, out);
+}
+
+/// `code -> exponent` offsets: entry 0 is masked to 0, entry `c` is `base + c - 1`.
+const OFFSETS: [i8; 16] = [0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14];
+/// Keeps entries 1..16 of the table.
+const NOT_FIRST: [i8; 16] = [
+    0, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+];
+
+/// Rows `row0..row0+R` for tokens `tok0..tok0+T`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
+fn packed_block<const R: usize, const T: usize, const C: usize>(
+    m: &PackedBf16Matrix<'_>,
+    act: &Activations,
+    tok0: usize,
+    row0: usize,
+    local0: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    let stride = act.padded();
+    assert!(row0 + R <= m.rows() && act.perm32.len() >= (tok0 + T) * stride);
+    let cols = width::<C>(m.cols());
+    let blocks = cols / 32;
+    let row_bytes = blocks * PACKED_BLOCK_BYTES;
+    let body = &m.body()[row0 * row_bytes..(row0 + R) * row_bytes];
+    let base = body.as_ptr();
+    let x = act.perm32[tok0 * stride..].as_ptr();
+    let exceptions = m.exceptions();
+    let mut next: [usize; R] = std::array::from_fn(|r| m.first_exception(row0 + r));
+    let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
+    let mut prefetch = Prefetch::new(R * row_bytes, blocks);
+    // SAFETY: the tables are 16 bytes each.
+    let (offsets, not_first) = unsafe {
+        (
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(OFFSETS.as_ptr().cast())),
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(NOT_FIRST.as_ptr().cast())),
+        )
+    };
+    for block in 0..blocks {
+        prefetch.step(base, block);
+        for r in 0..R {
+            let at = r * row_bytes + block * PACKED_BLOCK_BYTES;
+            let w = if body[at + BASE_AT] != 0 {
+                // SAFETY: the block's 49 bytes lie in `body` (`at + 49 <= R * row_bytes`).
+                unsafe { decode(base.add(at), offsets, not_first) }
+            } else {
+                let e = next[r];
+                assert!(
+                    e < m.first_exception(row0 + r + 1),
+                    "row {} of a packed matrix has more exception blocks than its index says",
+                    row0 + r
+                );
+                let raw = &exceptions[e * EXCEPTION_BYTES..(e + 1) * EXCEPTION_BYTES];
+                next[r] = e + 1;
+                // SAFETY: `raw` is 64 bytes, 32 BF16 values.
+                unsafe { split_bf16(raw.as_ptr()) }
+            };
+            for t in 0..T {
+                // SAFETY: 32 * block + 32 <= cols <= stride, inside token tok0 + t's row of
+                // `perm32` (length asserted above).
+                let xt = unsafe { act_block(x.add(t * stride), block) };
+                fma_block(&mut acc[r][t], &w, &xt);
+            }
+        }
+    }
+    store_sums::<R, T>(&acc, tok0, local0, n, out);
+}
+
+/// One packed block's 32 values as `split_bf16` gives a BF16 block's: `[even 0..7, even 8..15,
+/// odd 0..7, odd 8..15]` of its columns, exactly.
+///
+/// # Safety
+/// 49 bytes from `at` must be readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn decode(at: *const u8, offsets: __m256i, not_first: __m256i) -> [__m256; 4] {
+    // SAFETY: the block's 49 bytes, by the caller.
+    let (signs, codes, base) = unsafe {
+        (
+            _mm256_loadu_si256(at.cast()),
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(at.add(CODES_AT).cast())),
+            *at.add(BASE_AT),
+        )
+    };
+    let table = _mm256_and_si256(
+        _mm256_add_epi8(_mm256_set1_epi8(base as i8), offsets),
+        not_first,
+    );
+    // Slots 0..16 are the low nibbles, slots 16..32 the high ones: the upper lane shifted.
+    let slots = _mm256_and_si256(
+        _mm256_blend_epi32::<0xF0>(codes, _mm256_srli_epi16::<4>(codes)),
+        _mm256_set1_epi8(0x0F),
+    );
+    let e = _mm256_shuffle_epi8(table, slots);
+    let top = _mm256_set1_epi8(i8::MIN);
+    // Low byte: the exponent's bit 0 under the mantissa; high byte: sign over bits 7..1.
+    let rest = _mm256_set1_epi8(0x7F);
+    let low_bytes = _mm256_or_si256(
+        _mm256_andnot_si256(top, signs),
+        _mm256_and_si256(_mm256_slli_epi16::<7>(e), top),
+    );
+    let high_bytes = _mm256_or_si256(
+        _mm256_and_si256(signs, top),
+        _mm256_and_si256(_mm256_srli_epi16::<1>(e), rest),
+    );
+    let first = _mm256_unpacklo_epi8(low_bytes, high_bytes);
+    let second = _mm256_unpackhi_epi8(low_bytes, high_bytes);
+    let high_half = _mm256_set1_epi32(HIGH_HALF as i32);
+    [
+        _mm256_castsi256_ps(_mm256_slli_epi32::<{ HALF_BITS as i32 }>(first)),
+        _mm256_castsi256_ps(_mm256_slli_epi32::<{ HALF_BITS as i32 }>(second)),
+        _mm256_castsi256_ps(_mm256_and_si256(first, high_half)),
+        _mm256_castsi256_ps(_mm256_and_si256(second, high_half)),
+    ]
+}
