@@ -83,6 +83,11 @@ pub fn library_flags() -> Vec<Flag> {
             performance,
             "copy every weight but the routed experts into huge-page memory at startup, each NUMA domain's rows on its node",
         ),
+        Flag::switch(
+            "no-pack-trunk",
+            performance,
+            "keep the BF16 matrices a memory plan holds resident as stored (default: packed losslessly in 12.25 bits per weight, so 1.3x as many fit, at about 0.8x the BF16 GEMV rate; the same logits)",
+        ),
         // Experts.
         Flag::value(
             "expert-cache",
@@ -212,6 +217,9 @@ pub fn apply_library_flags(parsed: &Parsed, options: &mut EngineOptions) -> Resu
     }
     pool.hyperthreads |= parsed.switch("hyperthreads");
     options.resident_trunk |= parsed.switch("resident-trunk");
+    if parsed.switch("no-pack-trunk") {
+        options.pack_trunk = false;
+    }
     if let Some(gb) = parsed.get_f64("memory-gb")? {
         options.memory_bytes = Some((gb * 1e9) as u64);
     }

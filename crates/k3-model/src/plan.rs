@@ -31,7 +31,10 @@ use crate::experts::ExpertOptions;
 mod sizes;
 mod stream;
 
-pub use sizes::{MERGE_GAP, Part, StoredTensor, WeightSizes, merged_reads, read_bytes};
+pub use sizes::{
+    MERGE_GAP, PACKED_EXCEPTIONS_PER_10K, Part, StoredTensor, WeightSizes, merged_reads,
+    packed_resident_bytes, read_bytes,
+};
 pub use stream::{BLOCK_ROWS, Layout, MIN_CAP, StreamStep, TrunkPlan, forced_bytes};
 
 /// A second trunk buffer, and the expert store's read buffers, may each take at most
@@ -164,10 +167,10 @@ impl Plan {
         };
         let usable = budget.bytes.saturating_sub(margin);
         let state = flags.kv_cache + flags.kda_state + flags.f32_copies + flags.prompt_cache;
-        // Everything a decode reads held at once: trunk, every expert, state (of the embedding
-        // a token reads one row). Then the flags decide as before.
-        let everything =
-            state + sizes.trunk_resident_bytes() + sizes.expert_total + flags.io_buffers;
+        // Everything a decode reads held at once, as stored (the mapping packs nothing):
+        // trunk, every expert, state (of the embedding a token reads one row). Then the flags
+        // decide as before.
+        let everything = state + sizes.trunk_stored_bytes() + sizes.expert_total + flags.io_buffers;
         if everything <= usable {
             return if flags.total() <= usable {
                 Ok(mapped(flags, Some(budget)))

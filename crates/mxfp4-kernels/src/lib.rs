@@ -37,7 +37,7 @@ mod x86;
 pub use activations::{Activations, MAX_TOKENS};
 pub use error::{Error, Result};
 pub use expert::{ExpertScratch, GluActivation};
-pub use packed::{PackedBf16, PackedBf16Matrix};
+pub use packed::{PackedBf16, PackedBf16Matrix, pack_rows_into};
 pub use situ::Situ;
 pub use tier::{Kernels, Tier};
 pub use view::{

@@ -85,7 +85,6 @@ impl PackedBf16 {
                 found: bf16.len(),
             });
         }
-        let blocks = cols / PACKED_BLOCK;
         let mut packed = Self {
             body: vec![0; packed_body_bytes(rows, cols)],
             exceptions: Vec::new(),
@@ -93,20 +92,13 @@ impl PackedBf16 {
             rows,
             cols,
         };
-        for (r, row) in bf16.chunks_exact(cols * 2).enumerate() {
-            packed.row_exceptions.push(packed.exception_count());
-            let out =
-                &mut packed.body[r * blocks * PACKED_BLOCK_BYTES..][..blocks * PACKED_BLOCK_BYTES];
-            for (src, dst) in row
-                .chunks_exact(PACKED_BLOCK * 2)
-                .zip(out.chunks_exact_mut(PACKED_BLOCK_BYTES))
-            {
-                let dst: &mut [u8; PACKED_BLOCK_BYTES] = dst.try_into().expect("49 bytes");
-                if !pack_block(src, dst) {
-                    packed.exceptions.extend_from_slice(src);
-                }
-            }
-        }
+        pack_rows_into(
+            bf16,
+            cols,
+            &mut packed.body,
+            &mut packed.exceptions,
+            &mut packed.row_exceptions,
+        );
         packed.row_exceptions.push(packed.exception_count());
         Ok(packed)
     }
@@ -134,6 +126,45 @@ impl PackedBf16 {
     }
 }
 
+/// Packs whole rows of `cols` BF16 values (`bf16`, little-endian) into `body` (exactly their
+/// packed bytes), appending their exception blocks to `exceptions` and, per row, the index of
+/// its first exception block (`exceptions.len() / 64` before it) to `row_exceptions`. A
+/// matrix packed in pieces this way, with the final count pushed last, is the one
+/// [`PackedBf16::pack`] makes.
+pub fn pack_rows_into(
+    bf16: &[u8],
+    cols: usize,
+    body: &mut [u8],
+    exceptions: &mut Vec<u8>,
+    row_exceptions: &mut Vec<u32>,
+) {
+    assert!(
+        cols > 0 && cols.is_multiple_of(PACKED_BLOCK),
+        "whole blocks per row"
+    );
+    let row_bytes = cols / PACKED_BLOCK * PACKED_BLOCK_BYTES;
+    assert!(
+        bf16.len().is_multiple_of(2 * cols) && body.len() == bf16.len() / (2 * cols) * row_bytes,
+        "whole rows, and their packed bytes"
+    );
+    for (row, out) in bf16
+        .chunks_exact(cols * 2)
+        .zip(body.chunks_exact_mut(row_bytes))
+    {
+        let count = exceptions.len() / EXCEPTION_BYTES;
+        row_exceptions.push(u32::try_from(count).expect("under 2^32 exception blocks"));
+        for (src, dst) in row
+            .chunks_exact(PACKED_BLOCK * 2)
+            .zip(out.chunks_exact_mut(PACKED_BLOCK_BYTES))
+        {
+            let dst: &mut [u8; PACKED_BLOCK_BYTES] = dst.try_into().expect("49 bytes");
+            if !pack_block(src, dst) {
+                exceptions.extend_from_slice(src);
+            }
+        }
+    }
+}
+
 fn check_shape(what: &'static str, rows: usize, cols: usize) -> Result<()> {
     if rows == 0
         || cols == 0
@@ -153,21 +184,25 @@ fn check_shape(what: &'static str, rows: usize, cols: usize) -> Result<()> {
 /// Packs one block of 32 BF16 values (64 bytes, column order) into `dst`; `false` (and `dst`
 /// left as an exception: base 0) where its nonzero exponents span more than 15 values.
 fn pack_block(src: &[u8], dst: &mut [u8; PACKED_BLOCK_BYTES]) -> bool {
-    let value = |c: usize| u16::from_le_bytes([src[2 * c], src[2 * c + 1]]);
-    let exponent = |v: u16| ((v >> 7) & 0xFF) as u8;
-    let nonzero = (0..PACKED_BLOCK)
-        .map(|c| exponent(value(c)))
-        .filter(|&e| e != 0);
-    let (min, max) = nonzero.fold((u8::MAX, 0u8), |(lo, hi), e| (lo.min(e), hi.max(e)));
-    // No nonzero exponent: any base from 1 up decodes the block (every code is 0).
-    let base = if max == 0 { 1 } else { min };
+    let mut values = [0u16; PACKED_BLOCK];
+    let (mut min, mut max) = (u8::MAX, 0u8);
+    for (v, b) in values.iter_mut().zip(src.chunks_exact(2)) {
+        *v = u16::from_le_bytes([b[0], b[1]]);
+        let e = ((*v >> 7) & 0xFF) as u8;
+        if e != 0 {
+            min = min.min(e);
+            max = max.max(e);
+        }
+    }
     *dst = [0; PACKED_BLOCK_BYTES];
     if max != 0 && max - min > MAX_SPAN {
         return false;
     }
+    // No nonzero exponent: any base from 1 up decodes the block (every code is 0).
+    let base = if max == 0 { 1 } else { min };
     for (p, &c) in SLOT_COLUMN.iter().enumerate() {
-        let v = value(c);
-        let e = exponent(v);
+        let v = values[c];
+        let e = ((v >> 7) & 0xFF) as u8;
         dst[p] = ((v >> 8) as u8 & 0x80) | (v as u8 & 0x7F);
         let code = if e == 0 { 0 } else { e - base + 1 };
         dst[CODES_AT + p % 16] |= code << (4 * (p / 16));

@@ -76,7 +76,7 @@ mod wide;
 
 pub use snapshot::{Snapshot, SnapshotError, state_bytes};
 pub use source::{ExpertBatch, ExpertHooks, ExpertSource, StoreExperts};
-pub use trunk::ResidentTrunk;
+pub use trunk::{PackedSummary, ResidentTrunk};
 use weights::{Attention, Ffn, Layer};
 use wide::wide;
 

@@ -65,12 +65,42 @@ pub struct StoredTensor {
     pub bytes: u64,
     pub part: Part,
     pub rows: usize,
+    /// Columns of a BF16 matrix kept packed where it is resident
+    /// (`mxfp4_kernels::packed`): its resident bytes are the packed form's. `None`: kept as
+    /// stored.
+    pub pack_cols: Option<usize>,
+}
+
+/// Exception blocks (`mxfp4_kernels::packed`: 32 weights whose exponents span more than 15
+/// values, kept as BF16) a packed matrix is given room for, per 10,000 blocks: 200 (2%).
+/// k3-wide's BF16 matrices have 16 (0.16%); a matrix with more warns at load (the safety
+/// margin takes the rest).
+pub const PACKED_EXCEPTIONS_PER_10K: usize = 200;
+
+/// Bytes that `rows` rows of a `cols`-column BF16 matrix take packed: the body, room for
+/// [`PACKED_EXCEPTIONS_PER_10K`] exception blocks, the row index, rounded up to 4 KiB.
+pub fn packed_resident_bytes(rows: usize, cols: usize) -> u64 {
+    let blocks = rows * (cols / mxfp4_kernels::packed::PACKED_BLOCK);
+    let exceptions = (blocks * PACKED_EXCEPTIONS_PER_10K).div_ceil(10_000);
+    let bytes = mxfp4_kernels::packed::packed_body_bytes(rows, cols)
+        + exceptions * mxfp4_kernels::packed::EXCEPTION_BYTES
+        + 4 * (rows + 1);
+    bytes.next_multiple_of(expert_store::io::IO_ALIGN) as u64
 }
 
 impl StoredTensor {
     /// Bytes it takes in the resident copy (read alone with `O_DIRECT`: its range rounded
     /// out to 4 KiB).
     pub fn resident_bytes(&self) -> u64 {
+        match self.pack_cols {
+            Some(cols) => packed_resident_bytes(self.rows, cols),
+            None => self.stored_bytes(),
+        }
+    }
+
+    /// Bytes of its range rounded out to 4 KiB: what a copy as stored (or the page cache of
+    /// the mapping) holds.
+    pub fn stored_bytes(&self) -> u64 {
         aligned_span(&(self.offset..self.offset + self.bytes as usize)).1 as u64
     }
 
@@ -178,6 +208,8 @@ impl WeightSizes {
         for spec in text_tensors(config) {
             let part = part_of(&spec.name, spec.class, spec.role(), spec.layer);
             let rows = spec.shape.first().copied().unwrap_or(1);
+            // Only linear weights are packed: the forward pass reads them as matrices.
+            let linear = spec.role() == Role::Linear && part != Part::Copied;
             let stored = |name: &str| {
                 ckpt.tensor(name).map(|t| StoredTensor {
                     name: t.name.to_owned(),
@@ -186,6 +218,16 @@ impl WeightSizes {
                     bytes: t.bytes.len() as u64,
                     part,
                     rows,
+                    pack_cols: match (t.dtype, t.shape) {
+                        (expert_store::Dtype::BF16, &[r, cols])
+                            if linear
+                                && r == rows
+                                && cols.is_multiple_of(mxfp4_kernels::packed::PACKED_BLOCK) =>
+                        {
+                            Some(cols)
+                        }
+                        _ => None,
+                    },
                 })
             };
             let tensors: Vec<StoredTensor> = match ckpt.linear_format(&spec.name) {
@@ -249,6 +291,8 @@ impl WeightSizes {
                         bytes: bytes as u64,
                         part: part_of(&spec.name, spec.class, spec.role(), spec.layer),
                         rows: spec.shape.first().copied().unwrap_or(1),
+                        // Projections of checkpoints not at hand keep the stored form.
+                        pack_cols: None,
                     };
                     offsets[file] += bytes;
                     match layer {
@@ -278,6 +322,31 @@ impl WeightSizes {
             .flat_map(|(i, l)| l.iter().map(move |t| (i, t)))
             .chain(self.head.iter().map(move |t| (head, t)))
             .filter(|(_, t)| t.part != Part::Copied)
+    }
+
+    /// The same sizes with every matrix kept resident as stored (`--no-pack-trunk`).
+    pub fn unpacked(mut self) -> Self {
+        for layer in self.layers.iter_mut().chain([&mut self.head]) {
+            for t in layer {
+                t.pack_cols = None;
+            }
+        }
+        self
+    }
+
+    /// Columns of each tensor kept packed where resident, by stored name.
+    pub fn packed_cols(&self) -> std::collections::HashMap<String, usize> {
+        self.layers
+            .iter()
+            .chain([&self.head])
+            .flatten()
+            .filter_map(|t| t.pack_cols.map(|c| (t.name.clone(), c)))
+            .collect()
+    }
+
+    /// The trunk's bytes as stored: what the mapping holds of what a decode reads.
+    pub fn trunk_stored_bytes(&self) -> u64 {
+        self.read_tensors().map(|(_, t)| t.stored_bytes()).sum()
     }
 
     /// The trunk's bytes as the resident copy holds them: what a decode reads of the head

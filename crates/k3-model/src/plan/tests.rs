@@ -52,11 +52,12 @@ fn budget(bytes: u64) -> Option<MemoryBudget> {
     })
 }
 
+/// Everything a decode reads, as stored (what the mapping holds), with the state.
 fn everything(sizes: &WeightSizes, flags: &MemoryPlan) -> u64 {
     flags.kv_cache
         + flags.kda_state
         + flags.f32_copies
-        + sizes.trunk_resident_bytes()
+        + sizes.trunk_stored_bytes()
         + sizes.expert_total
 }
 
@@ -480,6 +481,7 @@ fn wide_like() -> WeightSizes {
             bytes,
             part,
             rows,
+            pack_cols: None,
         };
         offset += bytes.next_multiple_of(4096) as usize;
         t
@@ -571,8 +573,40 @@ fn a_large_lm_head_streams_in_blocks_and_leaves_the_rest_resident() {
 }
 
 #[test]
+fn a_packed_trunk_holds_what_the_stored_one_streams() {
+    let (sizes, flags, _) = tiny("packed");
+    let stored = sizes.clone().unpacked();
+    assert!(sizes.trunk_resident_bytes() * 10 < stored.trunk_resident_bytes() * 8);
+    assert_eq!(sizes.trunk_stored_bytes(), stored.trunk_resident_bytes());
+    // A budget the stored weights miss by a tenth of the trunk: the mapping is not chosen
+    // (it holds them as stored), the packed plan keeps every trunk byte and expert resident,
+    // the stored plan streams.
+    let all = everything(&sizes, &flags) + flags.io_buffers;
+    let tight = all - stored.trunk_resident_bytes() / 10;
+    let packed = Plan::new(&sizes, flags, &options(), run(), budget(tight), 0, None).unwrap();
+    let trunk = packed.trunk.as_ref().expect("a plan, not the mapping");
+    assert!(!trunk.streams(), "{}", packed.describe());
+    assert_eq!(packed.expert_fraction, 1.0, "{}", packed.describe());
+    assert_eq!(
+        packed.disk_per_token,
+        sizes.embed_row,
+        "{}",
+        packed.describe()
+    );
+    assert!(packed.memory.total() <= tight);
+    let plain = Plan::new(&stored, flags, &options(), run(), budget(tight), 0, None).unwrap();
+    assert!(
+        plain.disk_per_token > packed.disk_per_token,
+        "{}",
+        plain.describe()
+    );
+}
+
+#[test]
 fn the_prompt_cache_is_set_aside_before_the_weights() {
     let (sizes, flags, _) = tiny("prompt-cache");
+    // As stored: packed, the trunk and every expert would fit beside the cache here.
+    let sizes = sizes.unpacked();
     let all = everything(&sizes, &flags);
     let cache = sizes.trunk_resident_bytes() / 4;
     let with_cache = MemoryPlan {

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use expert_store::io::{AlignedBuf, PieceError, ShardReader, read_pieces};
 use expert_store::{Checkpoint, CheckpointError};
+use mxfp4_kernels::PackedBf16Matrix;
 
 use super::{Model, ModelError, Result};
 use crate::plan::{Part, StoredTensor, TrunkPlan, merged_reads};
@@ -63,26 +64,75 @@ struct StepReads {
     tensors: Vec<(usize, usize, usize, usize)>,
 }
 
-/// The trunk tensors the plan keeps resident, read once with `O_DIRECT` into one buffer (no
-/// copy of them stays in the page cache), shared by every model built over the engine.
+/// The trunk tensors the plan keeps resident, read once with `O_DIRECT` (no copy of them
+/// stays in the page cache), shared by every model built over the engine: BF16 matrices the
+/// plan packs (`StoredTensor::pack_cols`) in their packed form (`mxfp4_kernels::packed`,
+/// lossless), the rest as stored in one buffer.
 #[derive(Debug)]
 pub struct ResidentTrunk {
     buffer: AlignedBuf,
     /// `(address of the tensor in the mapping, its length, its offset in the buffer)`, by
     /// address.
     tensors: Vec<(usize, usize, usize)>,
+    /// The packed matrices' bodies, back to back.
+    bodies: AlignedBuf,
+    /// The packed matrices (or leading row blocks), by address.
+    packed: Vec<PackedPiece>,
 }
+
+/// A resident BF16 matrix (or row block) in packed form.
+#[derive(Debug)]
+struct PackedPiece {
+    /// Address and length of its BF16 bytes in the mapping.
+    address: usize,
+    len: usize,
+    /// Where its body starts in `ResidentTrunk::bodies`.
+    body_at: usize,
+    rows: usize,
+    cols: usize,
+    exceptions: Vec<u8>,
+    row_exceptions: Vec<u32>,
+}
+
+/// The packed part of a [`ResidentTrunk`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackedSummary {
+    /// Matrices (or leading row blocks) held packed.
+    pub pieces: usize,
+    /// Their blocks kept as BF16 (exponents too far apart for the codes).
+    pub exceptions: usize,
+    /// The BF16 bytes they stand for.
+    pub bf16_bytes: usize,
+    /// Bytes they take: bodies, exception blocks, row indexes.
+    pub packed_bytes: usize,
+}
+
+/// BF16 rows read at a time for packing: the staging buffer's size.
+const PACK_STAGING: usize = 32 << 20;
 
 impl ResidentTrunk {
     /// Reads the tensors of `ckpt` whose stored names are `names`, and the row blocks `rows`
-    /// (a [`TrunkPlan`]'s `resident` and `resident_rows`), in file order, each from a 4 KiB
-    /// boundary of one new buffer.
-    pub fn load(ckpt: &Checkpoint, names: &HashSet<String>, rows: &[StoredTensor]) -> Result<Self> {
-        // (file, offset in it, address in the mapping, length) of each piece.
+    /// (a [`TrunkPlan`]'s `resident` and `resident_rows`), in file order: those named in
+    /// `packed` (stored name to columns) a few MB at a time, packed as they land; the others
+    /// each from a 4 KiB boundary of one new buffer.
+    pub fn load(
+        ckpt: &Checkpoint,
+        names: &HashSet<String>,
+        rows: &[StoredTensor],
+        packed: &HashMap<String, usize>,
+    ) -> Result<Self> {
+        // (file, offset in it, address in the mapping, length, columns if packed) of each.
         let mut found = Vec::with_capacity(names.len() + rows.len());
         for name in names {
             let t = ckpt.require(name)?;
-            found.push((t.path, t.offset, t.bytes.as_ptr() as usize, t.bytes.len()));
+            let cols = packed.get(name).copied();
+            found.push((
+                t.path,
+                t.offset,
+                t.bytes.as_ptr() as usize,
+                t.bytes.len(),
+                cols,
+            ));
         }
         for block in rows {
             // A row block is a range of its tensor's bytes.
@@ -106,12 +156,14 @@ impl ResidentTrunk {
                 block.offset,
                 t.bytes.as_ptr() as usize + within,
                 block.bytes as usize,
+                packed.get(&block.name).copied(),
             ));
         }
         found.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        let (to_pack, plain): (Vec<_>, Vec<_>) = found.into_iter().partition(|f| f.4.is_some());
         let mut readers = Vec::new();
-        let mut pieces = Vec::with_capacity(found.len());
-        for &(path, offset, _, len) in &found {
+        let mut pieces = Vec::with_capacity(plain.len());
+        for &(path, offset, _, len, _) in &plain {
             pieces.push((reader(&mut readers, path)?, offset..offset + len));
         }
         let borrowed: Vec<(&ShardReader, Range<usize>)> = pieces
@@ -120,21 +172,103 @@ impl ResidentTrunk {
             .collect();
         let (buffer, starts) =
             read_pieces(&borrowed, None, |_, _| {}).map_err(|e| checkpoint_io(e.path, e.source))?;
-        let mut tensors: Vec<(usize, usize, usize)> = found
+        let mut tensors: Vec<(usize, usize, usize)> = plain
             .iter()
             .zip(&starts)
-            .map(|(&(_, _, address, len), &at)| (address, len, at))
+            .map(|(&(_, _, address, len, _), &at)| (address, len, at))
             .collect();
         tensors.sort_unstable();
-        Ok(Self { buffer, tensors })
+        // The packed ones: whole rows a staging buffer at a time, packed into their body.
+        let body_bytes = |len: usize, cols: usize| {
+            mxfp4_kernels::packed::packed_body_bytes(len / (2 * cols), cols)
+        };
+        let total: usize = to_pack
+            .iter()
+            .map(|f| body_bytes(f.3, f.4.unwrap_or(1)))
+            .sum();
+        let mut bodies = AlignedBuf::zeroed(total);
+        let mut packed = Vec::with_capacity(to_pack.len());
+        let mut staging = None;
+        let mut at = 0;
+        for &(path, offset, address, len, cols) in &to_pack {
+            let cols = cols.expect("partitioned on it");
+            let row = 2 * cols;
+            if len % row != 0 {
+                return Err(ModelError::Plan(format!(
+                    "packed resident bytes {offset}..{} of {} are not whole rows of {cols} BF16 values",
+                    offset + len,
+                    path.display()
+                )));
+            }
+            let rows = len / row;
+            let shard = reader(&mut readers, path)?;
+            let mut piece = PackedPiece {
+                address,
+                len,
+                body_at: at,
+                rows,
+                cols,
+                exceptions: Vec::new(),
+                row_exceptions: Vec::with_capacity(rows + 1),
+            };
+            let step = (PACK_STAGING / row).max(1);
+            let packed_row = body_bytes(row, cols);
+            for first in (0..rows).step_by(step) {
+                let last = (first + step).min(rows);
+                let range = offset + first * row..offset + last * row;
+                let (buf, starts) = read_pieces(&[(&*shard, range)], staging.take(), |_, _| {})
+                    .map_err(|e| checkpoint_io(e.path, e.source))?;
+                mxfp4_kernels::pack_rows_into(
+                    &buf[starts[0]..starts[0] + (last - first) * row],
+                    cols,
+                    &mut bodies[at + first * packed_row..at + last * packed_row],
+                    &mut piece.exceptions,
+                    &mut piece.row_exceptions,
+                );
+                staging = Some(buf);
+            }
+            let count = piece.exceptions.len() / mxfp4_kernels::packed::EXCEPTION_BYTES;
+            piece
+                .row_exceptions
+                .push(u32::try_from(count).expect("under 2^32 exception blocks"));
+            piece.exceptions.shrink_to_fit();
+            at += rows * packed_row;
+            packed.push(piece);
+        }
+        packed.sort_unstable_by_key(|p| p.address);
+        Ok(Self {
+            buffer,
+            tensors,
+            bodies,
+            packed,
+        })
     }
 
-    /// Bytes of the buffer.
+    /// Bytes held: the buffer, the packed bodies, their exception blocks and row indexes.
     pub fn bytes(&self) -> usize {
-        self.buffer.len()
+        self.buffer.len() + self.packed_summary().packed_bytes
     }
 
-    /// Where `bytes` (a loaded view's) are in the buffer, if they are resident.
+    /// What is held packed.
+    pub fn packed_summary(&self) -> PackedSummary {
+        PackedSummary {
+            pieces: self.packed.len(),
+            exceptions: self
+                .packed
+                .iter()
+                .map(|p| p.exceptions.len() / mxfp4_kernels::packed::EXCEPTION_BYTES)
+                .sum(),
+            bf16_bytes: self.packed.iter().map(|p| p.len).sum(),
+            packed_bytes: self.bodies.len()
+                + self
+                    .packed
+                    .iter()
+                    .map(|p| p.exceptions.len() + 4 * p.row_exceptions.len())
+                    .sum::<usize>(),
+        }
+    }
+
+    /// Where `bytes` (a loaded view's) are in the buffer, if they are resident as stored.
     fn find(&self, bytes: &[u8]) -> Option<&[u8]> {
         let at = bytes.as_ptr() as usize;
         let i = self.tensors.partition_point(|&(start, _, _)| start <= at);
@@ -143,6 +277,36 @@ impl ResidentTrunk {
             let from = offset + (at - start);
             &self.buffer[from..from + bytes.len()]
         })
+    }
+
+    /// The packed form of `bytes` (a loaded BF16 view's whole rows), if they are resident
+    /// packed.
+    fn find_packed(&self, bytes: &[u8]) -> Option<PackedBf16Matrix<'_>> {
+        let at = bytes.as_ptr() as usize;
+        let i = self.packed.partition_point(|p| p.address <= at);
+        let p = self.packed.get(i.checked_sub(1)?)?;
+        let (row, within) = (2 * p.cols, at - p.address);
+        if bytes.is_empty()
+            || at + bytes.len() > p.address + p.len
+            || within % row != 0
+            || bytes.len() % row != 0
+        {
+            return None;
+        }
+        let body = mxfp4_kernels::packed::packed_body_bytes(p.rows, p.cols);
+        let whole = PackedBf16Matrix::new(
+            &self.bodies[p.body_at..p.body_at + body],
+            &p.exceptions,
+            &p.row_exceptions,
+            p.rows,
+            p.cols,
+        )
+        .ok()?;
+        let rows = within / row..(within + bytes.len()) / row;
+        match rows.len() == p.rows {
+            true => Some(whole),
+            false => whole.sub_rows(rows).ok(),
+        }
     }
 }
 
@@ -390,6 +554,11 @@ impl TrunkStream {
             Some(resident) => resident.find(bytes).unwrap_or(bytes),
             None => bytes,
         }
+    }
+
+    /// The packed form of a BF16 view's `bytes`, where the resident copy holds them packed.
+    fn packed<'l>(&'l self, bytes: &[u8]) -> Option<PackedBf16Matrix<'l>> {
+        self.resident.as_ref()?.find_packed(bytes)
     }
 }
 

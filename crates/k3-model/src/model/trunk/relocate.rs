@@ -8,7 +8,7 @@ use mxfp4_kernels::{Bf16Matrix, F16Matrix, F32Matrix, MxFp4Matrix, WeightMatrix}
 
 use super::super::weights::{Attention, Kda, Mla, Mlp, Moe};
 use super::super::{Model, Result};
-use super::{Held, Pass};
+use super::{Held, Pass, TrunkStream};
 use crate::plan::{BLOCK_ROWS, Part};
 
 /// Weights for the pass that asked: borrowed as loaded, or relocated (into the resident
@@ -41,7 +41,7 @@ impl<'a> Model<'a> {
         let Some(trunk) = &self.trunk else {
             return Ok(WeightsRef::Loaded(attention));
         };
-        let m = |w: &'l WeightMatrix<'_>| relocated_matrix(w, &|b| trunk.relocate(held, b));
+        let m = |w: &'l WeightMatrix<'_>| relocated_matrix(w, &|b| trunk.relocate(held, b), trunk);
         Ok(WeightsRef::Relocated(match attention {
             Attention::Kda(w) => Attention::Kda(Kda {
                 q: m(&w.q)?,
@@ -79,7 +79,7 @@ impl<'a> Model<'a> {
         let Some(trunk) = &self.trunk else {
             return Ok(WeightsRef::Loaded(w));
         };
-        let m = |x: &'l WeightMatrix<'_>| relocated_matrix(x, &|b| trunk.relocate(held, b));
+        let m = |x: &'l WeightMatrix<'_>| relocated_matrix(x, &|b| trunk.relocate(held, b), trunk);
         Ok(WeightsRef::Relocated(Moe {
             router: m(&w.router)?,
             bias: w.bias.clone(),
@@ -116,7 +116,10 @@ impl<'a> Model<'a> {
         };
         let steps = self.trunk_steps(layer, part);
         if steps.is_empty() {
-            return self.gemm(&relocated_matrix(w, &|b| trunk.relocate(None, b))?, xs);
+            return self.gemm(
+                &relocated_matrix(w, &|b| trunk.relocate(None, b), trunk)?,
+                xs,
+            );
         }
         let mut out = vec![vec![0.0; w.rows()]; xs.len()];
         // The leading rows the plan keeps resident (the steps stream the rest, in order), cut
@@ -133,7 +136,7 @@ impl<'a> Model<'a> {
             let rows = rows.clone().expect("a part read in row blocks has rows");
             let held = self.trunk_step(pass, *step)?;
             let block = sub_rows(w, rows.clone())?;
-            let block = relocated_matrix(&block, &|b| trunk.relocate(Some(&held), b))?;
+            let block = relocated_matrix(&block, &|b| trunk.relocate(Some(&held), b), trunk)?;
             for (o, y) in out.iter_mut().zip(self.gemm(&block, xs)?) {
                 o[rows.clone()].copy_from_slice(&y);
             }
@@ -141,7 +144,7 @@ impl<'a> Model<'a> {
             let resident = cut(k)..cut(k + 1);
             if !resident.is_empty() {
                 let block = sub_rows(w, resident.clone())?;
-                let block = relocated_matrix(&block, &|b| trunk.relocate(None, b))?;
+                let block = relocated_matrix(&block, &|b| trunk.relocate(None, b), trunk)?;
                 for (o, y) in out.iter_mut().zip(self.gemm(&block, xs)?) {
                     o[resident.clone()].copy_from_slice(&y);
                 }
@@ -192,13 +195,18 @@ fn sub_rows<'l>(w: &WeightMatrix<'l>, rows: Range<usize>) -> Result<WeightMatrix
     })
 }
 
-/// `w` with its bytes passed through `relocate`.
+/// `w` with its bytes passed through `relocate`; a BF16 matrix that `trunk` holds packed,
+/// in its packed form (the same bits from every kernel).
 fn relocated_matrix<'l>(
     w: &'l WeightMatrix<'_>,
     relocate: &dyn Fn(&'l [u8]) -> &'l [u8],
+    trunk: &'l TrunkStream,
 ) -> Result<WeightMatrix<'l>> {
     Ok(match w {
-        WeightMatrix::Bf16(x) => Bf16Matrix::new(relocate(x.bytes()), x.rows(), x.cols())?.into(),
+        WeightMatrix::Bf16(x) => match trunk.packed(x.bytes()) {
+            Some(packed) => packed.into(),
+            None => Bf16Matrix::new(relocate(x.bytes()), x.rows(), x.cols())?.into(),
+        },
         // Packed matrices are built in memory, never mapped from the checkpoint whose byte
         // ranges `relocate` translates: they stay where they are.
         WeightMatrix::PackedBf16(x) => (*x).into(),

@@ -56,90 +56,126 @@ fn every_layout_streams_the_mapped_bits() {
         .config;
     let ckpt = Checkpoint::open(&dir).unwrap();
     let expected = fingerprints(&model(&ckpt, &config));
-    let sizes = WeightSizes::new(&ckpt, &config).unwrap();
-    let head: Vec<StoredTensor> = sizes
-        .head
-        .iter()
-        .filter(|t| t.part == Part::Head)
-        .cloned()
-        .collect();
-    let lm_head = read_bytes(&head);
-    let trunk = sizes.trunk_resident_bytes();
-    let forced = |cap| crate::plan::forced_bytes(&sizes, cap);
-    // (cap, room for resident tensors beyond what the cap forces, slots)
-    let cases = [
-        // Nothing resident, units whole (the lm_head one block).
-        (trunk, 0, 1),
-        (trunk, 0, 2),
-        // The lm_head and the dense MLP in row blocks, the large units part resident.
-        (lm_head / 4, 0, 1),
-        (lm_head / 4, 0, 2),
-        (lm_head / 7, 0, 2),
-        // An odd cap (the last block is short), more resident than the cap forces.
-        (lm_head / 3 + 777, trunk / 8, 1),
-        // Room for every tensor but about two thirds of the lm_head: its leading rows
-        // resident, the rest streamed.
-        (
-            lm_head / 4,
-            (trunk - 2 * lm_head / 3).saturating_sub(forced(lm_head / 4)),
-            2,
-        ),
-    ];
-    let mut split = std::collections::HashSet::new();
-    let mut partly_resident = 0;
-    for (cap, extra, slots) in cases {
-        let room = forced(cap) + extra + slots * cap;
-        let layout = Layout::new(&sizes, room, cap, slots).expect("room for the layout");
-        let plan = &layout.trunk;
-        assert!(
-            plan.streams(),
-            "cap {cap} lm_head {lm_head} trunk {trunk} forced {}",
-            forced(cap)
-        );
-        // Matrices cut into more than one block: the lm_head's, a dense MLP's.
-        for part in [Part::Head, Part::Gate, Part::Up, Part::Down] {
-            let blocks = plan.steps.iter().filter(|s| s.part == part).count();
-            if blocks > 1 {
-                split.insert(part);
+    // Resident BF16 matrices as stored, then packed: the same bits either way.
+    let mut packed_pieces = 0;
+    for pack in [false, true] {
+        let sizes = match pack {
+            true => WeightSizes::new(&ckpt, &config).unwrap(),
+            false => WeightSizes::new(&ckpt, &config).unwrap().unpacked(),
+        };
+        let head: Vec<StoredTensor> = sizes
+            .head
+            .iter()
+            .filter(|t| t.part == Part::Head)
+            .cloned()
+            .collect();
+        let lm_head = read_bytes(&head);
+        let trunk = sizes.trunk_resident_bytes();
+        let forced = |cap| crate::plan::forced_bytes(&sizes, cap);
+        // (cap, room for resident tensors beyond what the cap forces, slots)
+        let cases = [
+            // Nothing resident, units whole (the lm_head one block).
+            (trunk, 0, 1),
+            (trunk, 0, 2),
+            // The lm_head and the dense MLP in row blocks, the large units part resident.
+            (lm_head / 4, 0, 1),
+            (lm_head / 4, 0, 2),
+            (lm_head / 7, 0, 2),
+            // An odd cap (the last block is short), more resident than the cap forces.
+            (lm_head / 3 + 777, trunk / 8, 1),
+            // Room for every tensor but about two thirds of the lm_head: its leading rows
+            // resident, the rest streamed.
+            (
+                lm_head / 4,
+                (trunk - 2 * lm_head / 3).saturating_sub(forced(lm_head / 4)),
+                2,
+            ),
+        ];
+        let mut split = std::collections::HashSet::new();
+        let mut partly_resident = 0;
+        for (cap, extra, slots) in cases {
+            let room = forced(cap) + extra + slots * cap;
+            let layout = Layout::new(&sizes, room, cap, slots).expect("room for the layout");
+            let plan = &layout.trunk;
+            assert!(
+                plan.streams(),
+                "cap {cap} lm_head {lm_head} trunk {trunk} forced {}",
+                forced(cap)
+            );
+            // Matrices cut into more than one block: the lm_head's, a dense MLP's.
+            for part in [Part::Head, Part::Gate, Part::Up, Part::Down] {
+                let blocks = plan.steps.iter().filter(|s| s.part == part).count();
+                if blocks > 1 {
+                    split.insert(part);
+                }
             }
+            if !plan.resident_rows.is_empty() {
+                partly_resident += 1;
+            }
+            let resident =
+                (!plan.resident.is_empty() || !plan.resident_rows.is_empty()).then(|| {
+                    Arc::new(
+                        ResidentTrunk::load(
+                            &ckpt,
+                            &plan.resident,
+                            &plan.resident_rows,
+                            &sizes.packed_cols(),
+                        )
+                        .unwrap(),
+                    )
+                });
+            if let Some(r) = &resident {
+                let summary = r.packed_summary();
+                packed_pieces += summary.pieces;
+                assert_eq!(summary.pieces > 0, pack, "cap {cap}: {summary:?}");
+                if pack {
+                    // The plan counts room for 2% of blocks kept as BF16; the tiny checkpoint's
+                    // weights need fewer.
+                    let bytes = r.bytes() as u64;
+                    assert!(
+                        bytes <= layout.resident,
+                        "cap {cap}: {bytes} > {}",
+                        layout.resident
+                    );
+                    assert!(
+                        summary.packed_bytes * 10 < summary.bf16_bytes * 8,
+                        "{summary:?}"
+                    );
+                } else {
+                    assert_eq!(r.bytes() as u64, layout.resident, "cap {cap}");
+                }
+            }
+            let streamed = model(&ckpt, &config)
+                .with_planned_trunk(&ckpt, plan, resident, &[])
+                .unwrap();
+            assert_eq!(
+                fingerprints(&streamed),
+                expected,
+                "cap {cap}, {} steps, {} buffers, {} bytes resident",
+                plan.steps.len(),
+                slots,
+                layout.resident
+            );
+            // Every pass read the whole stream, the lm_head's steps too where the pass skipped
+            // it (the I/O thread runs up to `slots` steps ahead): 7 steps, 2 chunks scored, 2
+            // chunks prefilled and a step.
+            let passes = (TOKENS.len() + 2 + 2 + 1) as u64;
+            let per_pass = plan.streamed_read_bytes();
+            let read = streamed.streamed_trunk_bytes();
+            assert!(
+                read >= passes * per_pass
+                    && read <= passes * per_pass + slots * plan.buffer_bytes(),
+                "{read} bytes read for {passes} passes of {per_pass}"
+            );
         }
-        if !plan.resident_rows.is_empty() {
-            partly_resident += 1;
-        }
-        let resident = (!plan.resident.is_empty() || !plan.resident_rows.is_empty()).then(|| {
-            Arc::new(ResidentTrunk::load(&ckpt, &plan.resident, &plan.resident_rows).unwrap())
-        });
-        if let Some(r) = &resident {
-            assert_eq!(r.bytes() as u64, layout.resident, "cap {cap}");
-        }
-        let streamed = model(&ckpt, &config)
-            .with_planned_trunk(&ckpt, plan, resident, &[])
-            .unwrap();
-        assert_eq!(
-            fingerprints(&streamed),
-            expected,
-            "cap {cap}, {} steps, {} buffers, {} bytes resident",
-            plan.steps.len(),
-            slots,
-            layout.resident
-        );
-        // Every pass read the whole stream, the lm_head's steps too where the pass skipped
-        // it (the I/O thread runs up to `slots` steps ahead): 7 steps, 2 chunks scored, 2
-        // chunks prefilled and a step.
-        let passes = (TOKENS.len() + 2 + 2 + 1) as u64;
-        let per_pass = plan.streamed_read_bytes();
-        let read = streamed.streamed_trunk_bytes();
+        assert_eq!(split.len(), 4, "cut in row blocks: {split:?}");
+        // Some layout kept the leading rows of a matrix resident and streamed the rest.
         assert!(
-            read >= passes * per_pass && read <= passes * per_pass + slots * plan.buffer_bytes(),
-            "{read} bytes read for {passes} passes of {per_pass}"
+            partly_resident > 0,
+            "no layout kept part of a matrix resident"
         );
     }
-    assert_eq!(split.len(), 4, "cut in row blocks: {split:?}");
-    // Some layout kept the leading rows of a matrix resident and streamed the rest.
-    assert!(
-        partly_resident > 0,
-        "no layout kept part of a matrix resident"
-    );
+    assert!(packed_pieces > 0, "no layout kept a packed matrix");
     drop(ckpt);
     let _ = std::fs::remove_dir_all(&dir);
 }
