@@ -273,6 +273,8 @@ impl Engine {
                 &trunk.resident,
                 &trunk.resident_rows,
                 &sizes.packed_cols(),
+                &pool,
+                &pool.topology().domains[0].cpus,
             )?;
             let packed = loaded.packed_summary();
             sink.line(&format!(

@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use expert_store::io::{AlignedBuf, PieceError, ShardReader, read_pieces};
 use expert_store::{Checkpoint, CheckpointError};
 use mxfp4_kernels::PackedBf16Matrix;
+use numa_sched::Pool;
 
 use super::{Model, ModelError, Result};
 use crate::plan::{Part, StoredTensor, TrunkPlan, merged_reads};
@@ -115,11 +116,16 @@ impl ResidentTrunk {
     /// (a [`TrunkPlan`]'s `resident` and `resident_rows`), in file order: those named in
     /// `packed` (stored name to columns) a few MB at a time, packed as they land; the others
     /// each from a 4 KiB boundary of one new buffer.
+    ///
+    /// Packing runs on `pool`'s workers, the reads on an I/O thread on `io_cpus`, a chunk
+    /// ahead.
     pub fn load(
         ckpt: &Checkpoint,
         names: &HashSet<String>,
         rows: &[StoredTensor],
         packed: &HashMap<String, usize>,
+        pool: &Pool,
+        io_cpus: &[usize],
     ) -> Result<Self> {
         // (file, offset in it, address in the mapping, length, columns if packed) of each.
         let mut found = Vec::with_capacity(names.len() + rows.len());
@@ -188,7 +194,9 @@ impl ResidentTrunk {
             .sum();
         let mut bodies = AlignedBuf::zeroed(total);
         let mut packed = Vec::with_capacity(to_pack.len());
-        let mut staging = None;
+        // Per piece: its shard, offset and row bytes; then every piece's chunks of whole rows.
+        let mut sources = Vec::with_capacity(to_pack.len());
+        let mut chunks = Vec::new();
         let mut at = 0;
         for &(path, offset, address, len, cols) in &to_pack {
             let cols = cols.expect("partitioned on it");
@@ -201,8 +209,12 @@ impl ResidentTrunk {
                 )));
             }
             let rows = len / row;
-            let shard = reader(&mut readers, path)?;
-            let mut piece = PackedPiece {
+            let step = (PACK_STAGING / row).max(1);
+            for first in (0..rows).step_by(step) {
+                chunks.push((packed.len(), first, (first + step).min(rows)));
+            }
+            sources.push((reader(&mut readers, path)?, offset, row));
+            packed.push(PackedPiece {
                 address,
                 len,
                 body_at: at,
@@ -210,30 +222,55 @@ impl ResidentTrunk {
                 cols,
                 exceptions: Vec::new(),
                 row_exceptions: Vec::with_capacity(rows + 1),
-            };
-            let step = (PACK_STAGING / row).max(1);
-            let packed_row = body_bytes(row, cols);
-            for first in (0..rows).step_by(step) {
-                let last = (first + step).min(rows);
-                let range = offset + first * row..offset + last * row;
-                let (buf, starts) = read_pieces(&[(&*shard, range)], staging.take(), |_, _| {})
-                    .map_err(|e| checkpoint_io(e.path, e.source))?;
-                mxfp4_kernels::pack_rows_into(
+            });
+            at += body_bytes(len, cols);
+        }
+        if !chunks.is_empty() {
+            // The I/O thread reads the next chunk while the pool packs this one: two or
+            // three 32 MB staging buffers at startup, before the expert store's buffers exist.
+            let (full_tx, full) = std::sync::mpsc::sync_channel(0);
+            let (free, free_rx) = channel::<AlignedBuf>();
+            let order = chunks.clone();
+            let io = numa_sched::spawn_io_thread(TRUNK_IO_THREAD, io_cpus, move || {
+                for (piece, first, last) in order {
+                    let (shard, offset, row): &(Arc<ShardReader>, usize, usize) = &sources[piece];
+                    let range = offset + first * row..offset + last * row;
+                    let read =
+                        read_pieces(&[(&**shard, range)], free_rx.try_recv().ok(), |_, _| {})
+                            .map_err(|e| (e.path, e.source));
+                    let failed = read.is_err();
+                    if full_tx.send(read).is_err() || failed {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| checkpoint_io(ckpt.dir().to_owned(), e))?;
+            for &(piece, first, last) in &chunks {
+                let (buf, starts) = full
+                    .recv()
+                    .map_err(|_| ModelError::Pool("the packing reader stopped".into()))?
+                    .map_err(|(path, e)| checkpoint_io(path, e))?;
+                let p = &mut packed[piece];
+                let row = 2 * p.cols;
+                let packed_row = body_bytes(row, p.cols);
+                pack_on(
+                    pool,
                     &buf[starts[0]..starts[0] + (last - first) * row],
-                    cols,
-                    &mut bodies[at + first * packed_row..at + last * packed_row],
-                    &mut piece.exceptions,
-                    &mut piece.row_exceptions,
-                );
-                staging = Some(buf);
+                    p.cols,
+                    &mut bodies[p.body_at + first * packed_row..p.body_at + last * packed_row],
+                    &mut p.exceptions,
+                    &mut p.row_exceptions,
+                )?;
+                let _ = free.send(buf);
             }
-            let count = piece.exceptions.len() / mxfp4_kernels::packed::EXCEPTION_BYTES;
-            piece
-                .row_exceptions
+            drop(full);
+            let _ = io.join();
+        }
+        for p in &mut packed {
+            let count = p.exceptions.len() / mxfp4_kernels::packed::EXCEPTION_BYTES;
+            p.row_exceptions
                 .push(u32::try_from(count).expect("under 2^32 exception blocks"));
-            piece.exceptions.shrink_to_fit();
-            at += rows * packed_row;
-            packed.push(piece);
+            p.exceptions.shrink_to_fit();
         }
         packed.sort_unstable_by_key(|p| p.address);
         Ok(Self {
@@ -308,6 +345,44 @@ impl ResidentTrunk {
             false => whole.sub_rows(rows).ok(),
         }
     }
+}
+
+/// Packs whole rows of `cols` BF16 values (`src`) into `dst`, the rows split over `pool`'s
+/// workers; appends their exception blocks and row starts as one [`pack_rows_into`] would.
+///
+/// [`pack_rows_into`]: mxfp4_kernels::pack_rows_into
+fn pack_on(
+    pool: &Pool,
+    src: &[u8],
+    cols: usize,
+    dst: &mut [u8],
+    exceptions: &mut Vec<u8>,
+    row_exceptions: &mut Vec<u32>,
+) -> Result<()> {
+    let rows = src.len() / (2 * cols);
+    let packed_row = dst.len() / rows.max(1);
+    let per = rows.div_ceil(pool.threads().max(1)).max(1);
+    let parts: Vec<Mutex<(&[u8], &mut [u8])>> = src
+        .chunks(per * 2 * cols)
+        .zip(dst.chunks_mut(per * packed_row))
+        .map(Mutex::new)
+        .collect();
+    let packed = pool
+        .map(parts.len(), |i| {
+            let mut part = parts[i].lock().unwrap_or_else(|e| e.into_inner());
+            let (src, dst) = &mut *part;
+            let (mut exceptions, mut starts) = (Vec::new(), Vec::with_capacity(per));
+            mxfp4_kernels::pack_rows_into(src, cols, dst, &mut exceptions, &mut starts);
+            (exceptions, starts)
+        })
+        .map_err(|e| ModelError::Pool(e.to_string()))?;
+    for (more, starts) in packed {
+        let before = u32::try_from(exceptions.len() / mxfp4_kernels::packed::EXCEPTION_BYTES)
+            .expect("under 2^32 exception blocks");
+        row_exceptions.extend(starts.iter().map(|s| s + before));
+        exceptions.extend_from_slice(&more);
+    }
+    Ok(())
 }
 
 /// The reader of `path` among `readers`, opened (with `O_DIRECT`) if it is not there yet.

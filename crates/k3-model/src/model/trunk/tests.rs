@@ -120,6 +120,8 @@ fn every_layout_streams_the_mapped_bits() {
                             &plan.resident,
                             &plan.resident_rows,
                             &sizes.packed_cols(),
+                            &Pool::new(2).unwrap(),
+                            &[],
                         )
                         .unwrap(),
                     )
