@@ -290,7 +290,12 @@ impl Plan {
         let mut hid = None;
         if !run.resident_trunk {
             let best = Layout::best(sizes, room, share).expect("the minimum layout fits");
-            hid = hidden.filter(|&h| asked.is_none() && best.trunk.streamed_read_bytes() < h);
+            // Only where the trunk-first layout leaves experts out: with the whole trunk and
+            // every expert resident (a packed trunk can do that) there is nothing to trade.
+            let caches_all = best.resident + best.buffers + sizes.expert_total <= room;
+            hid = hidden.filter(|&h| {
+                asked.is_none() && !caches_all && best.trunk.streamed_read_bytes() < h
+            });
             let layout = match hid {
                 Some(h) => hiding_layout(sizes, room, share, h),
                 None => best,
