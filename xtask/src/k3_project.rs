@@ -37,7 +37,8 @@ pub(crate) fn run(config: &K3Config, machines: &Machines) -> Result<()> {
     );
     println!(
         "\nprojection: ctx {}, max batch {}; drives of {:.1} GB/s each; memory read at {:.0} GB/s; \
-         {:.1} GB of weights read per token; uniform routing (no skew)\n",
+         {:.1} GB of weights read per token; uniform routing (no skew); the resident trunk's \
+         BF16 matrices packed (12.25 bits per weight, as the engine keeps them)\n",
         machines.run.ctx,
         machines.run.max_batch,
         machines.drive_rate / 1e9,

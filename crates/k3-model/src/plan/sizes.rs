@@ -9,7 +9,7 @@ use expert_store::io::aligned_span;
 use expert_store::{Checkpoint, CheckpointError};
 
 use crate::config::K3Config;
-use crate::inventory::{MlaNames, MlpNames, Role, TensorClass, expert_layout, text_tensors};
+use crate::inventory::{DType, MlaNames, MlpNames, Role, TensorClass, expert_layout, text_tensors};
 
 /// Reads closer than this are merged into one (the gap is read and ignored): a layer's small
 /// tensors (norms, biases) lie between its matrices.
@@ -291,8 +291,22 @@ impl WeightSizes {
                         bytes: bytes as u64,
                         part: part_of(&spec.name, spec.class, spec.role(), spec.layer),
                         rows: spec.shape.first().copied().unwrap_or(1),
-                        // Projections of checkpoints not at hand keep the stored form.
-                        pack_cols: None,
+                        // Packed where resident, as `WeightSizes::new` marks a real checkpoint's.
+                        pack_cols: match (spec.dtype, spec.role(), &spec.shape[..]) {
+                            (DType::Bf16, Role::Linear, &[_, cols])
+                                if cols.is_multiple_of(mxfp4_kernels::packed::PACKED_BLOCK) =>
+                            {
+                                Some(cols)
+                            }
+                            _ => None,
+                        },
+                    };
+                    let tensor = match tensor.part {
+                        Part::Copied => StoredTensor {
+                            pack_cols: None,
+                            ..tensor
+                        },
+                        _ => tensor,
                     };
                     offsets[file] += bytes;
                     match layer {
