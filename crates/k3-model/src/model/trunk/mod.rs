@@ -201,7 +201,7 @@ impl ResidentTrunk {
         for &(path, offset, address, len, cols) in &to_pack {
             let cols = cols.expect("partitioned on it");
             let row = 2 * cols;
-            if len % row != 0 {
+            if !len.is_multiple_of(row) {
                 return Err(ModelError::Plan(format!(
                     "packed resident bytes {offset}..{} of {} are not whole rows of {cols} BF16 values",
                     offset + len,
@@ -325,8 +325,8 @@ impl ResidentTrunk {
         let (row, within) = (2 * p.cols, at - p.address);
         if bytes.is_empty()
             || at + bytes.len() > p.address + p.len
-            || within % row != 0
-            || bytes.len() % row != 0
+            || !within.is_multiple_of(row)
+            || !bytes.len().is_multiple_of(row)
         {
             return None;
         }
