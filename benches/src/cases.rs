@@ -233,55 +233,46 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
     }
     out.push(case(Cache::OutOfCache, ffn(1)));
 
-    // BF16 GEMV: KDA projection and lm_head slice (each alone is 5-7x the L3).
-    for (shape, bytes, rows, cols, xa) in [
-        ("kda_12288x7168", &w.kda, KDA_ROWS, HIDDEN, xa),
+    // BF16 GEMV: KDA projection and lm_head slice (each alone is 5-7x the L3); then the first
+    // two packed (bytes are the packed body's: what a pass reads).
+    let bf16 = |bytes, rows, cols| WeightMatrix::from(bf16_view(bytes, rows, cols));
+    for (op, shape, m, xa) in [
         (
-            "lm_head_16384x7168",
-            &w.head,
-            LM_HEAD_SLICE_ROWS,
-            HIDDEN,
+            "bf16_gemv",
+            "kda_12288x7168",
+            bf16(&w.kda, KDA_ROWS, HIDDEN),
             xa,
         ),
         (
+            "bf16_gemv",
+            "lm_head_16384x7168",
+            bf16(&w.head, LM_HEAD_SLICE_ROWS, HIDDEN),
+            xa,
+        ),
+        (
+            "bf16_gemv",
             "lm_head_163840x1024",
-            &w.head_040b,
-            LM_HEAD_040B_ROWS,
-            HIDDEN_040B,
+            bf16(&w.head_040b, LM_HEAD_040B_ROWS, HIDDEN_040B),
             xa_040b,
         ),
+        (
+            "bf16_packed_gemv",
+            "kda_12288x7168",
+            w.kda_packed.view().into(),
+            xa,
+        ),
+        (
+            "bf16_packed_gemv",
+            "lm_head_16384x7168",
+            w.head_packed.view().into(),
+            xa,
+        ),
     ] {
-        let m = bf16_view(bytes, rows, cols);
-        let outs: Vec<Mutex<Vec<f32>>> =
-            (0..threads).map(|_| Mutex::new(vec![0.0; rows])).collect();
-        out.push(Case {
-            op: "bf16_gemv",
-            shape,
-            cache: Cache::OutOfCache,
-            threads,
-            variant,
-            bytes: m.weight_bytes(),
-            run: Box::new(move || {
-                pool.broadcast(|worker| {
-                    let range = split_rows(rows, threads, worker);
-                    let mut y = outs[worker].lock().expect("no poisoning in benches");
-                    k.matmul_bf16(&m, xa, range.clone(), &mut y[..range.len()])
-                        .expect("checked shapes");
-                })
-            }),
-        });
-    }
-    // The same two BF16 matrices packed: bytes are the packed body's (what a pass reads).
-    for (shape, packed) in [
-        ("kda_12288x7168", &w.kda_packed),
-        ("lm_head_16384x7168", &w.head_packed),
-    ] {
-        let m = WeightMatrix::from(packed.view());
         let rows = m.rows();
         let outs: Vec<Mutex<Vec<f32>>> =
             (0..threads).map(|_| Mutex::new(vec![0.0; rows])).collect();
         out.push(Case {
-            op: "bf16_packed_gemv",
+            op,
             shape,
             cache: Cache::OutOfCache,
             threads,

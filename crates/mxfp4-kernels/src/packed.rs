@@ -24,6 +24,7 @@
 //! which the `avx2` decode's in-lane byte interleave yields the columns in order.
 
 use crate::error::{Error, Result};
+use crate::view::check_length;
 
 /// Weights per block.
 pub const PACKED_BLOCK: usize = 32;
@@ -75,16 +76,7 @@ impl PackedBf16 {
     pub fn pack(bf16: &[u8], rows: usize, cols: usize) -> Result<Self> {
         let what = "packed bf16 matrix";
         check_shape(what, rows, cols)?;
-        if bf16.len() != rows * cols * 2 {
-            return Err(Error::BufferLength {
-                what,
-                buffer: "bf16 data",
-                rows,
-                cols,
-                expected: rows * cols * 2,
-                found: bf16.len(),
-            });
-        }
+        check_length(what, "bf16 data", (rows, cols), rows * cols * 2, bf16.len())?;
         let mut packed = Self {
             body: vec![0; packed_body_bytes(rows, cols)],
             exceptions: Vec::new(),
@@ -258,20 +250,8 @@ impl<'a> PackedBf16Matrix<'a> {
     ) -> Result<Self> {
         let what = "packed bf16 matrix";
         check_shape(what, rows, cols)?;
-        let check = |buffer, expected: usize, found: usize| {
-            if expected == found {
-                Ok(())
-            } else {
-                Err(Error::BufferLength {
-                    what,
-                    buffer,
-                    rows,
-                    cols,
-                    expected,
-                    found,
-                })
-            }
-        };
+        let check =
+            |buffer, expected, found| check_length(what, buffer, (rows, cols), expected, found);
         check("packed body", packed_body_bytes(rows, cols), body.len())?;
         check("row exception index", rows + 1, row_exceptions.len())?;
         let ordered = row_exceptions.windows(2).all(|w| w[0] <= w[1]);

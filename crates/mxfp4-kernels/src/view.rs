@@ -43,20 +43,8 @@ impl<'a> MxFp4Matrix<'a> {
         if !cols.is_multiple_of(GROUP) {
             return Err(Error::ColsNotGroupMultiple { what, cols });
         }
-        let check = |buffer, expected: usize, found: usize| {
-            if expected == found {
-                Ok(())
-            } else {
-                Err(Error::BufferLength {
-                    what,
-                    buffer,
-                    rows,
-                    cols,
-                    expected,
-                    found,
-                })
-            }
-        };
+        let check =
+            |buffer, expected, found| check_length(what, buffer, (rows, cols), expected, found);
         check("weight_packed", rows * cols / 2, packed.len())?;
         check("weight_scale", rows * (cols / GROUP), scales.len())?;
         if let Some(pos) = first_nan_scale(scales) {
@@ -331,6 +319,28 @@ impl<'a> From<MxFp4Matrix<'a>> for WeightMatrix<'a> {
     fn from(m: MxFp4Matrix<'a>) -> Self {
         WeightMatrix::MxFp4(m)
     }
+}
+
+/// `Ok` where `buffer` of the `[rows, cols]` matrix `what` holds the `expected` bytes, else
+/// the error naming both.
+pub(crate) fn check_length(
+    what: &'static str,
+    buffer: &'static str,
+    (rows, cols): (usize, usize),
+    expected: usize,
+    found: usize,
+) -> Result<()> {
+    if expected == found {
+        return Ok(());
+    }
+    Err(Error::BufferLength {
+        what,
+        buffer,
+        rows,
+        cols,
+        expected,
+        found,
+    })
 }
 
 /// The position of the first E8M0 NaN byte in `scales`. Every landed expert's scales are
