@@ -119,6 +119,26 @@ pub enum BuildError {
     Model(#[from] ModelError),
 }
 
+/// The plan-sized expert cache (`cache`) less `overrun`, the bytes a packed trunk took beyond
+/// its plan (`planned`): the cache gives them up; where it cannot (none, or too small), the build is
+/// refused with the numbers rather than run past the budget.
+fn take_overrun(cache: Option<u64>, overrun: u64, planned: u64) -> Result<Option<u64>, String> {
+    if overrun == 0 {
+        return Ok(cache);
+    }
+    match cache {
+        Some(bytes) if bytes >= overrun => Ok(Some(bytes - overrun)),
+        _ => Err(format!(
+            "the packed trunk holds {} more than the plan's {} (blocks whose exponents span too \
+             far are kept as BF16) and the expert cache ({}) cannot give that up; run with \
+             --no-pack-trunk",
+            crate::budget::gb(overrun),
+            crate::budget::gb(planned),
+            crate::budget::gb(cache.unwrap_or(0)),
+        )),
+    }
+}
+
 /// One-token steps a run decodes (after its first) before [`Engine::decode_rates`] trusts
 /// the mean.
 pub const RATE_STEPS: u64 = 3;
@@ -246,6 +266,8 @@ impl Engine {
         // The flag's copy (the whole trunk, through the mapping, each domain's rows of every
         // matrix on its node on real NUMA), or the plan's share of it (read with O_DIRECT).
         let mut resident = None;
+        // Bytes the packed trunk holds beyond the plan (more wide blocks than it allowed for).
+        let mut overrun = 0;
         if options.resident_trunk {
             let keep = trunk_tensor_names(&checkpoint, &config);
             let started = Instant::now();
@@ -292,13 +314,12 @@ impl Engine {
                     ),
                 }
             ));
-            let planned = plan.memory.resident_trunk;
-            if loaded.bytes() as u64 > planned {
-                // More wide blocks than the plan allowed for: the safety margin takes it.
+            overrun = (loaded.bytes() as u64).saturating_sub(plan.memory.resident_trunk);
+            if overrun > 0 {
                 sink.line(&format!(
-                    "warning: the packed trunk holds {} more than planned ({} wide blocks kept as \
-                     BF16, over the {} per 10,000 allowed); --no-pack-trunk plans it as stored",
-                    crate::budget::gb(loaded.bytes() as u64 - planned),
+                    "the packed trunk holds {} more than planned ({} wide blocks kept as BF16, \
+                     over the {} per 10,000 planned for); the expert cache gives it up",
+                    crate::budget::gb(overrun),
                     packed.exceptions,
                     crate::plan::PACKED_EXCEPTIONS_PER_10K,
                 ));
@@ -307,10 +328,11 @@ impl Engine {
         }
         // Under a plan, the store holds the plan's share of experts, filled at startup.
         let mut experts = options.experts.clone();
-        if let Some(bytes) = plan.expert_cache
-            && experts.cache_experts.is_none()
-            && experts.cache_bytes.is_none()
-        {
+        let plan_sized = experts.cache_experts.is_none() && experts.cache_bytes.is_none();
+        let cache = plan.expert_cache.filter(|_| plan_sized);
+        let cache =
+            take_overrun(cache, overrun, plan.memory.resident_trunk).map_err(ModelError::Plan)?;
+        if let Some(bytes) = cache {
             experts.cache_bytes = Some(bytes);
             experts.preload = true;
         }
@@ -459,6 +481,20 @@ impl Engine {
 
 #[cfg(test)]
 mod tests {
+
+    /// Bytes a packed trunk holds beyond its plan come out of the plan-sized expert cache, or
+    /// the build is refused with the numbers.
+    #[test]
+    fn a_packed_trunk_over_its_plan_takes_from_the_expert_cache() {
+        assert_eq!(take_overrun(Some(500), 0, 1000).unwrap(), Some(500));
+        assert_eq!(take_overrun(None, 0, 1000).unwrap(), None);
+        assert_eq!(take_overrun(Some(500), 200, 1000).unwrap(), Some(300));
+        assert_eq!(take_overrun(Some(500), 500, 1000).unwrap(), Some(0));
+        for cache in [Some(499), None] {
+            let error = take_overrun(cache, 500, 1000).unwrap_err();
+            assert!(error.contains("--no-pack-trunk"), "{error}");
+        }
+    }
     use super::*;
     use crate::model::fingerprint;
     use crate::synth::{Preset, SynthOptions, generate};
