@@ -73,8 +73,8 @@ pub struct StoredTensor {
 
 /// Exception blocks (`mxfp4_kernels::packed`: 32 weights whose exponents span more than 15
 /// values, kept as BF16) a packed matrix is given room for, per 10,000 blocks: 200 (2%).
-/// k3-wide's BF16 matrices have 16 (0.16%); a matrix with more warns at load (the safety
-/// margin takes the rest).
+/// k3-wide's BF16 matrices have 16 (0.16%); a trunk with more takes the excess from the
+/// plan-sized expert cache at load, or the build is refused (`builder::take_overrun`).
 pub const PACKED_EXCEPTIONS_PER_10K: usize = 200;
 
 /// Bytes that `rows` rows of a `cols`-column BF16 matrix take packed: the body, room for
