@@ -233,10 +233,10 @@ impl Engine {
             prompt_cache: options.prompt_cache_bytes,
             ..MemoryPlan::new(&checkpoint, &config, &options.experts, run)?
         };
-        let sizes = match options.pack_trunk {
-            true => WeightSizes::new(&checkpoint, &config)?,
-            false => WeightSizes::new(&checkpoint, &config)?.unpacked(),
-        };
+        let mut sizes = WeightSizes::new(&checkpoint, &config)?;
+        if !options.pack_trunk {
+            sizes = sizes.unpacked();
+        }
         // The decode rates an earlier run measured (kept with the usage counts): the streamed
         // bytes a token's compute hides. A file that cannot be read only loses them.
         let hidden = options
@@ -481,20 +481,6 @@ impl Engine {
 
 #[cfg(test)]
 mod tests {
-
-    /// Bytes a packed trunk holds beyond its plan come out of the plan-sized expert cache, or
-    /// the build is refused with the numbers.
-    #[test]
-    fn a_packed_trunk_over_its_plan_takes_from_the_expert_cache() {
-        assert_eq!(take_overrun(Some(500), 0, 1000).unwrap(), Some(500));
-        assert_eq!(take_overrun(None, 0, 1000).unwrap(), None);
-        assert_eq!(take_overrun(Some(500), 200, 1000).unwrap(), Some(300));
-        assert_eq!(take_overrun(Some(500), 500, 1000).unwrap(), Some(0));
-        for cache in [Some(499), None] {
-            let error = take_overrun(cache, 500, 1000).unwrap_err();
-            assert!(error.contains("--no-pack-trunk"), "{error}");
-        }
-    }
     use super::*;
     use crate::model::fingerprint;
     use crate::synth::{Preset, SynthOptions, generate};
@@ -547,6 +533,20 @@ mod tests {
         options.pool.threads = Some(threads);
         options.experts.usage_cache = false;
         options
+    }
+
+    /// Bytes a packed trunk holds beyond its plan come out of the plan-sized expert cache, or
+    /// the build is refused with the numbers.
+    #[test]
+    fn a_packed_trunk_over_its_plan_takes_from_the_expert_cache() {
+        assert_eq!(take_overrun(Some(500), 0, 1000).unwrap(), Some(500));
+        assert_eq!(take_overrun(None, 0, 1000).unwrap(), None);
+        assert_eq!(take_overrun(Some(500), 200, 1000).unwrap(), Some(300));
+        assert_eq!(take_overrun(Some(500), 500, 1000).unwrap(), Some(0));
+        for cache in [Some(499), None] {
+            let error = take_overrun(cache, 500, 1000).unwrap_err();
+            assert!(error.contains("--no-pack-trunk"), "{error}");
+        }
     }
 
     /// Under a budget that everything fits, the mapped weights are read in at startup (all but

@@ -9,7 +9,9 @@ use expert_store::io::aligned_span;
 use expert_store::{Checkpoint, CheckpointError};
 
 use crate::config::K3Config;
-use crate::inventory::{DType, MlaNames, MlpNames, Role, TensorClass, expert_layout, text_tensors};
+use crate::inventory::{
+    DType, MlaNames, MlpNames, Role, TensorClass, TensorSpec, expert_layout, text_tensors,
+};
 
 /// Reads closer than this are merged into one (the gap is read and ignored): a layer's small
 /// tensors (norms, biases) lie between its matrices.
@@ -76,6 +78,23 @@ pub struct StoredTensor {
 /// k3-wide's BF16 matrices have 16 (0.16%); a trunk with more takes the excess from the
 /// plan-sized expert cache at load, or the build is refused (`builder::take_overrun`).
 pub const PACKED_EXCEPTIONS_PER_10K: usize = 200;
+
+/// The columns of `spec`'s weight where it is kept packed when resident: a linear weight read
+/// as a matrix (not copied at load), stored as BF16 (`bf16`, as the caller knows the stored
+/// dtype) in a `shape` of `[rows, cols]` with whole 32-blocks. `None`: kept as stored.
+fn pack_cols(bf16: bool, shape: &[usize], spec: &TensorSpec, part: Part) -> Option<usize> {
+    match *shape {
+        [_, cols]
+            if bf16
+                && spec.role() == Role::Linear
+                && part != Part::Copied
+                && cols.is_multiple_of(mxfp4_kernels::packed::PACKED_BLOCK) =>
+        {
+            Some(cols)
+        }
+        _ => None,
+    }
+}
 
 /// Bytes that `rows` rows of a `cols`-column BF16 matrix take packed: the body, room for
 /// [`PACKED_EXCEPTIONS_PER_10K`] exception blocks, the row index, rounded up to 4 KiB.
@@ -208,8 +227,6 @@ impl WeightSizes {
         for spec in text_tensors(config) {
             let part = part_of(&spec.name, spec.class, spec.role(), spec.layer);
             let rows = spec.shape.first().copied().unwrap_or(1);
-            // Only linear weights are packed: the forward pass reads them as matrices.
-            let linear = spec.role() == Role::Linear && part != Part::Copied;
             let stored = |name: &str| {
                 ckpt.tensor(name).map(|t| StoredTensor {
                     name: t.name.to_owned(),
@@ -218,16 +235,12 @@ impl WeightSizes {
                     bytes: t.bytes.len() as u64,
                     part,
                     rows,
-                    pack_cols: match (t.dtype, t.shape) {
-                        (expert_store::Dtype::BF16, &[r, cols])
-                            if linear
-                                && r == rows
-                                && cols.is_multiple_of(mxfp4_kernels::packed::PACKED_BLOCK) =>
-                        {
-                            Some(cols)
-                        }
-                        _ => None,
-                    },
+                    pack_cols: pack_cols(
+                        t.dtype == expert_store::Dtype::BF16 && t.shape.first() == Some(&rows),
+                        t.shape,
+                        &spec,
+                        part,
+                    ),
                 })
             };
             let tensors: Vec<StoredTensor> = match ckpt.linear_format(&spec.name) {
@@ -284,29 +297,16 @@ impl WeightSizes {
                 }
                 (_, layer) => {
                     let file = layer.unwrap_or(config.num_layers());
+                    let part = part_of(&spec.name, spec.class, spec.role(), spec.layer);
                     let tensor = StoredTensor {
                         name: spec.name.clone(),
                         path: PathBuf::from(format!("part-{file:03}.safetensors")),
                         offset: offsets[file],
                         bytes: bytes as u64,
-                        part: part_of(&spec.name, spec.class, spec.role(), spec.layer),
+                        part,
                         rows: spec.shape.first().copied().unwrap_or(1),
                         // Packed where resident, as `WeightSizes::new` marks a real checkpoint's.
-                        pack_cols: match (spec.dtype, spec.role(), &spec.shape[..]) {
-                            (DType::Bf16, Role::Linear, &[_, cols])
-                                if cols.is_multiple_of(mxfp4_kernels::packed::PACKED_BLOCK) =>
-                            {
-                                Some(cols)
-                            }
-                            _ => None,
-                        },
-                    };
-                    let tensor = match tensor.part {
-                        Part::Copied => StoredTensor {
-                            pack_cols: None,
-                            ..tensor
-                        },
-                        _ => tensor,
+                        pack_cols: pack_cols(spec.dtype == DType::Bf16, &spec.shape, &spec, part),
                     };
                     offsets[file] += bytes;
                     match layer {

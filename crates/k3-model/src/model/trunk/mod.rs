@@ -89,7 +89,6 @@ struct PackedPiece {
     len: usize,
     /// Where its body starts in `ResidentTrunk::bodies`.
     body_at: usize,
-    rows: usize,
     cols: usize,
     exceptions: Vec<u8>,
     row_exceptions: Vec<u32>,
@@ -188,11 +187,6 @@ impl ResidentTrunk {
         let body_bytes = |len: usize, cols: usize| {
             mxfp4_kernels::packed::packed_body_bytes(len / (2 * cols), cols)
         };
-        let total: usize = to_pack
-            .iter()
-            .map(|f| body_bytes(f.3, f.4.unwrap_or(1)))
-            .sum();
-        let mut bodies = AlignedBuf::zeroed(total);
         let mut packed = Vec::with_capacity(to_pack.len());
         // Per piece: its shard, offset and row bytes; then every piece's chunks of whole rows.
         let mut sources = Vec::with_capacity(to_pack.len());
@@ -218,13 +212,13 @@ impl ResidentTrunk {
                 address,
                 len,
                 body_at: at,
-                rows,
                 cols,
                 exceptions: Vec::new(),
                 row_exceptions: Vec::with_capacity(rows + 1),
             });
             at += body_bytes(len, cols);
         }
+        let mut bodies = AlignedBuf::zeroed(at);
         if !chunks.is_empty() {
             // The I/O thread reads the next chunk while the pool packs this one: two or
             // three 32 MB staging buffers at startup, before the expert store's buffers exist.
@@ -330,20 +324,18 @@ impl ResidentTrunk {
         {
             return None;
         }
-        let body = mxfp4_kernels::packed::packed_body_bytes(p.rows, p.cols);
-        let whole = PackedBf16Matrix::new(
-            &self.bodies[p.body_at..p.body_at + body],
+        // Only those rows: the view checks the index of the rows it covers.
+        let rows = within / row..(within + bytes.len()) / row;
+        let packed_row = mxfp4_kernels::packed::packed_body_bytes(1, p.cols);
+        let at = p.body_at + rows.start * packed_row;
+        PackedBf16Matrix::new(
+            &self.bodies[at..at + rows.len() * packed_row],
             &p.exceptions,
-            &p.row_exceptions,
-            p.rows,
+            &p.row_exceptions[rows.start..=rows.end],
+            rows.len(),
             p.cols,
         )
-        .ok()?;
-        let rows = within / row..(within + bytes.len()) / row;
-        match rows.len() == p.rows {
-            true => Some(whole),
-            false => whole.sub_rows(rows).ok(),
-        }
+        .ok()
     }
 }
 

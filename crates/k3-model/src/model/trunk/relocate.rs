@@ -41,7 +41,7 @@ impl<'a> Model<'a> {
         let Some(trunk) = &self.trunk else {
             return Ok(WeightsRef::Loaded(attention));
         };
-        let m = |w: &'l WeightMatrix<'_>| relocated_matrix(w, &|b| trunk.relocate(held, b), trunk);
+        let m = |w: &'l WeightMatrix<'_>| relocated_matrix(w, trunk, held);
         Ok(WeightsRef::Relocated(match attention {
             Attention::Kda(w) => Attention::Kda(Kda {
                 q: m(&w.q)?,
@@ -79,7 +79,7 @@ impl<'a> Model<'a> {
         let Some(trunk) = &self.trunk else {
             return Ok(WeightsRef::Loaded(w));
         };
-        let m = |x: &'l WeightMatrix<'_>| relocated_matrix(x, &|b| trunk.relocate(held, b), trunk);
+        let m = |x: &'l WeightMatrix<'_>| relocated_matrix(x, trunk, held);
         Ok(WeightsRef::Relocated(Moe {
             router: m(&w.router)?,
             bias: w.bias.clone(),
@@ -116,10 +116,7 @@ impl<'a> Model<'a> {
         };
         let steps = self.trunk_steps(layer, part);
         if steps.is_empty() {
-            return self.gemm(
-                &relocated_matrix(w, &|b| trunk.relocate(None, b), trunk)?,
-                xs,
-            );
+            return self.gemm(&relocated_matrix(w, trunk, None)?, xs);
         }
         let mut out = vec![vec![0.0; w.rows()]; xs.len()];
         // The leading rows the plan keeps resident (the steps stream the rest, in order), cut
@@ -136,7 +133,7 @@ impl<'a> Model<'a> {
             let rows = rows.clone().expect("a part read in row blocks has rows");
             let held = self.trunk_step(pass, *step)?;
             let block = sub_rows(w, rows.clone())?;
-            let block = relocated_matrix(&block, &|b| trunk.relocate(Some(&held), b), trunk)?;
+            let block = relocated_matrix(&block, trunk, Some(&held))?;
             for (o, y) in out.iter_mut().zip(self.gemm(&block, xs)?) {
                 o[rows.clone()].copy_from_slice(&y);
             }
@@ -144,7 +141,7 @@ impl<'a> Model<'a> {
             let resident = cut(k)..cut(k + 1);
             if !resident.is_empty() {
                 let block = sub_rows(w, resident.clone())?;
-                let block = relocated_matrix(&block, &|b| trunk.relocate(None, b), trunk)?;
+                let block = relocated_matrix(&block, trunk, None)?;
                 for (o, y) in out.iter_mut().zip(self.gemm(&block, xs)?) {
                     o[resident.clone()].copy_from_slice(&y);
                 }
@@ -195,13 +192,15 @@ fn sub_rows<'l>(w: &WeightMatrix<'l>, rows: Range<usize>) -> Result<WeightMatrix
     })
 }
 
-/// `w` with its bytes passed through `relocate`; a BF16 matrix that `trunk` holds packed,
-/// in its packed form (the same bits from every kernel).
+/// `w` as `trunk` holds it for the pass: its bytes relocated into the resident copy or
+/// `held` (the buffer of its step), or, for a BF16 matrix the resident copy holds packed, in
+/// its packed form (the same bits from every kernel).
 fn relocated_matrix<'l>(
     w: &'l WeightMatrix<'_>,
-    relocate: &dyn Fn(&'l [u8]) -> &'l [u8],
     trunk: &'l TrunkStream,
+    held: Option<&'l Held<'_>>,
 ) -> Result<WeightMatrix<'l>> {
+    let relocate = |bytes| trunk.relocate(held, bytes);
     Ok(match w {
         WeightMatrix::Bf16(x) => match trunk.packed(x.bytes()) {
             Some(packed) => packed.into(),
