@@ -23,7 +23,9 @@ use crate::budget::{MemoryPlan, RunShape};
 use crate::checkpoint::{trunk_tensor_names, validate};
 use crate::config::K3Config;
 use crate::experts::{ExpertOptions, ExpertOptionsError};
+use crate::model::snapshot::file::checkpoint_identity;
 use crate::model::{DecodeClock, ExpertPlacement, Model, ModelError, ResidentTrunk};
+use crate::packcache::{Outcome, PackCache, PackCachePlace};
 use crate::plan::{Plan, PlanError, WeightSizes, safety_margin};
 
 /// Everything an engine is built from besides the config and the checkpoint.
@@ -42,8 +44,12 @@ pub struct EngineOptions {
     pub resident_trunk: bool,
     /// Where a memory plan keeps BF16 matrices of the trunk resident, keep them packed
     /// (`mxfp4_kernels::packed`: lossless, 12.25 bits per weight, so 1.3x as many fit; their
-    /// GEMVs run at about 0.8x the BF16 rate on two Zen 3 cores). `--no-pack-trunk` clears it.
+    /// GEMVs run at about 0.8x the BF16 rate on two Zen 3 cores), and read the ones it streams
+    /// packed from the pack cache ([`Self::pack_cache`]). `--no-pack-trunk` clears it.
     pub pack_trunk: bool,
+    /// Where the pack cache is kept (`--pack-cache DIR|off`): by default beside the checkpoint,
+    /// else in the user's cache directory.
+    pub pack_cache: PackCachePlace,
     /// Read every weight once first: a NaN/Inf in a float tensor or a 0xFF E8M0 scale fails
     /// the build, naming the tensors.
     pub scan: bool,
@@ -71,6 +77,7 @@ impl Default for EngineOptions {
             expert_placement: ExpertPlacement::default(),
             resident_trunk: false,
             pack_trunk: true,
+            pack_cache: PackCachePlace::Auto,
             scan: false,
             max_batch: 1,
             ctx: 4096,
@@ -159,6 +166,9 @@ pub struct Engine {
     usage_path: Option<PathBuf>,
     /// The trunk tensors the plan keeps resident (models built here share them).
     resident: Option<Arc<ResidentTrunk>>,
+    /// The pack cache the plan reads streamed BF16 matrices from (exception blocks and row
+    /// indexes in memory).
+    pack: Option<Arc<PackCache>>,
     /// The compute time of the one-token passes of every model built here, saved with the
     /// usage counts for the next start's plan.
     clock: Arc<DecodeClock>,
@@ -245,13 +255,86 @@ impl Engine {
             .and_then(|path| UsageHistory::load(&path).ok().flatten())
             .and_then(|history| history.rates())
             .map(|rates| rates.hidden_bytes());
-        let plan = Plan::new(&sizes, flags, &options.experts, run, budget, margin, hidden)?;
-        sink.line(&format!("memory plan: {}", plan.describe()));
         let kernels = match options.kernel_tier {
             Some(tier) => Kernels::new(tier)?,
             None => Kernels::detect(),
         };
         let pool = Arc::new(options.pool.build_for(Arc::clone(&options.ranks))?);
+        let mut plan = Plan::new(
+            &sizes,
+            flags,
+            &options.experts,
+            run,
+            budget.clone(),
+            margin,
+            hidden,
+        )?;
+        // Where the plan streams BF16 matrices, they are read packed from the pack cache
+        // (written on the first such run), and the plan is made again with their packed sizes.
+        let mut pack = None;
+        let streams_packable = plan.trunk.as_ref().is_some_and(|t| {
+            t.steps
+                .iter()
+                .flat_map(|s| &s.tensors)
+                .any(|t| t.pack_cols.is_some())
+        });
+        if streams_packable && !matches!(options.pack_cache, PackCachePlace::Off) {
+            let dirs = match &options.pack_cache {
+                PackCachePlace::Dir(dir) => vec![dir.clone()],
+                _ => crate::packcache::default_dirs(checkpoint.dir()),
+            };
+            let identity = checkpoint_identity(&checkpoint, &config);
+            let opened = PackCache::open_or_write(
+                &dirs,
+                identity,
+                &sizes.packable(),
+                &pool,
+                &pool.topology().domains[0].cpus,
+            );
+            // The plan again with the matrices' packed sizes (which may not fit a budget at
+            // the stored plan's minimum: the cache's exception blocks and indexes are held too).
+            let packed = opened.map_err(|errors| {
+                errors
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            });
+            let replanned = packed.and_then(|(cache, outcome)| {
+                let sizes = sizes.clone().with_pack_cache(&cache);
+                match Plan::new(&sizes, flags, &options.experts, run, budget, margin, hidden) {
+                    Ok(plan) => Ok((cache, outcome, sizes, plan)),
+                    Err(e) => Err(format!("the plan with it: {e}")),
+                }
+            });
+            match replanned {
+                Ok((cache, outcome, packed_sizes, packed_plan)) => {
+                    let (body, bf16) = cache.body_bytes();
+                    sink.line(&format!(
+                        "pack cache: {} ({} of BF16 matrices packed in {}, {} held in memory){}; \
+                         the streamed matrices are read packed (--pack-cache off reads them as \
+                         stored)",
+                        cache.path().display(),
+                        crate::budget::gb(bf16),
+                        crate::budget::gb(body),
+                        crate::budget::gb(cache.side_bytes()),
+                        match outcome {
+                            Outcome::Opened => String::new(),
+                            Outcome::Written { why, seconds } => {
+                                format!(", written in {seconds:.1} s ({why})")
+                            }
+                        }
+                    ));
+                    sizes = packed_sizes;
+                    plan = packed_plan;
+                    pack = Some(Arc::new(cache));
+                }
+                Err(why) => sink.line(&format!(
+                    "pack cache: not used ({why}); the streamed matrices are read as stored"
+                )),
+            }
+        }
+        sink.line(&format!("memory plan: {}", plan.describe()));
         sink.line(&pool.topology().describe());
         sink.line(&format!(
             "kernel tier {}, {} compute threads ({} per domain)",
@@ -410,6 +493,7 @@ impl Engine {
         Ok(Self {
             usage_path: store.as_ref().and(experts.usage_path(dir)),
             resident,
+            pack,
             clock: Arc::default(),
             config,
             checkpoint,
@@ -445,6 +529,7 @@ impl Engine {
                 &self.checkpoint,
                 trunk,
                 self.resident.clone(),
+                self.pack.clone(),
                 &self.pool.topology().domains[0].cpus,
             ),
             _ => Ok(model),
@@ -667,6 +752,15 @@ mod tests {
         let mut lines = Vec::new();
         let engine = build(minimum, &mut lines).unwrap();
         assert!(engine.plan.streams(), "{}", engine.plan.describe());
+        // At the stored plan's minimum the packed plan does not fit (the pack cache's exception
+        // blocks and indexes are held too): the matrices stream as stored, and the line says so.
+        assert!(engine.pack.is_none());
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("pack cache: not used (the plan with it: ")),
+            "{lines:?}"
+        );
         assert_eq!(engine.plan.memory.total(), minimum);
         let plan_line = lines.iter().find(|l| l.starts_with("memory plan: "));
         assert!(
@@ -704,6 +798,15 @@ mod tests {
             .sum();
         let mut lines = Vec::new();
         let engine = build(minimum + layers / 2, &mut lines).unwrap();
+        // The streamed BF16 matrices are read packed from the pack cache, written beside the
+        // checkpoint on this first run that streams them.
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("pack cache: ") && l.contains("read packed")),
+            "{lines:?}"
+        );
+        assert!(engine.pack.is_some());
         let trunk = engine.plan.trunk.as_ref().unwrap();
         assert!(trunk.streams() && !trunk.resident.is_empty(), "{trunk:?}");
         assert!(engine.store.is_some());

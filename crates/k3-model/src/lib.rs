@@ -18,6 +18,7 @@ pub mod experts;
 pub mod inventory;
 pub mod model;
 pub mod ops;
+pub mod packcache;
 pub mod plan;
 pub mod profile;
 pub mod sampling;

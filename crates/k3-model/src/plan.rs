@@ -32,7 +32,7 @@ mod sizes;
 mod stream;
 
 pub use sizes::{
-    MERGE_GAP, PACKED_EXCEPTIONS_PER_10K, Part, StoredTensor, WeightSizes, merged_reads,
+    MERGE_GAP, PACKED_EXCEPTIONS_PER_10K, PackedAt, Part, StoredTensor, WeightSizes, merged_reads,
     packed_resident_bytes, read_bytes,
 };
 pub use stream::{BLOCK_ROWS, Layout, MIN_CAP, StreamStep, TrunkPlan, forced_bytes};

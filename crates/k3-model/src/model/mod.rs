@@ -77,6 +77,9 @@ mod wide;
 pub use snapshot::{Snapshot, SnapshotError, state_bytes};
 pub use source::{ExpertBatch, ExpertHooks, ExpertSource, StoreExperts};
 pub use trunk::{PackedSummary, ResidentTrunk};
+pub(crate) use trunk::{
+    pack_on as trunk_pack_on, read_chunks as trunk_read_chunks, reader as trunk_reader,
+};
 use weights::{Attention, Ffn, Layer};
 use wide::wide;
 

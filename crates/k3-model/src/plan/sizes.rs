@@ -71,6 +71,20 @@ pub struct StoredTensor {
     /// (`mxfp4_kernels::packed`): its resident bytes are the packed form's. `None`: kept as
     /// stored.
     pub pack_cols: Option<usize>,
+    /// Where the pack cache (`crate::packcache`) holds its packed body: the stream reads that
+    /// instead of the BF16 bytes, and its resident bytes are the body's alone (the exception
+    /// blocks and row indexes of every cached matrix are counted once, in
+    /// [`WeightSizes::packed_side`]). `None`: not cached.
+    pub packed_at: Option<PackedAt>,
+}
+
+/// A packed body in the pack cache: the cache file, where the whole matrix's body starts in
+/// it, and the first row of the tensor (or row block) this is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackedAt {
+    pub path: PathBuf,
+    pub body: usize,
+    pub first_row: usize,
 }
 
 /// Exception blocks (`mxfp4_kernels::packed`: 32 weights whose exponents span more than 15
@@ -111,9 +125,26 @@ impl StoredTensor {
     /// Bytes it takes in the resident copy (read alone with `O_DIRECT`: its range rounded
     /// out to 4 KiB).
     pub fn resident_bytes(&self) -> u64 {
-        match self.pack_cols {
-            Some(cols) => packed_resident_bytes(self.rows, cols),
-            None => self.stored_bytes(),
+        match (self.pack_cols, &self.packed_at) {
+            // Its exception blocks and index are in `WeightSizes::packed_side`.
+            (Some(cols), Some(_)) => (mxfp4_kernels::packed::packed_body_bytes(self.rows, cols)
+                as u64)
+                .next_multiple_of(expert_store::io::IO_ALIGN as u64),
+            (Some(cols), None) => packed_resident_bytes(self.rows, cols),
+            (None, _) => self.stored_bytes(),
+        }
+    }
+
+    /// The file and byte range a stream reads for it: its packed body where the pack cache
+    /// holds one, else its bytes as stored.
+    pub fn read_range(&self) -> (&std::path::Path, Range<usize>) {
+        match (self.pack_cols, &self.packed_at) {
+            (Some(cols), Some(at)) => {
+                let row = mxfp4_kernels::packed::packed_body_bytes(1, cols);
+                let start = at.body + at.first_row * row;
+                (&at.path, start..start + self.rows * row)
+            }
+            _ => (&self.path, self.offset..self.offset + self.bytes as usize),
         }
     }
 
@@ -130,24 +161,28 @@ impl StoredTensor {
             offset: self.offset + rows.start * per_row,
             bytes: (rows.len() * per_row) as u64,
             rows: rows.len(),
+            packed_at: self.packed_at.as_ref().map(|at| PackedAt {
+                first_row: at.first_row + rows.start,
+                ..at.clone()
+            }),
             ..self.clone()
         }
     }
 }
 
-/// The reads that fetch `tensors` (in file order): one per run of tensors in one file whose
-/// gaps are at most [`MERGE_GAP`].
+/// The reads that fetch `tensors` (in file order; each where [`StoredTensor::read_range`]
+/// says): one per run of tensors in one file whose gaps are at most [`MERGE_GAP`].
 pub fn merged_reads(tensors: &[StoredTensor]) -> Vec<(PathBuf, Range<usize>)> {
     let mut reads: Vec<(PathBuf, Range<usize>)> = Vec::new();
     for t in tensors {
-        let range = t.offset..t.offset + t.bytes as usize;
+        let (at, range) = t.read_range();
         match reads.last_mut() {
             Some((path, r))
-                if *path == t.path && r.end <= range.start && range.start - r.end <= MERGE_GAP =>
+                if path == at && r.end <= range.start && range.start - r.end <= MERGE_GAP =>
             {
                 r.end = range.end;
             }
-            _ => reads.push((t.path.clone(), range)),
+            _ => reads.push((at.to_owned(), range)),
         }
     }
     reads
@@ -178,6 +213,9 @@ pub struct WeightSizes {
     pub experts_per_layer: Vec<usize>,
     /// Experts each token selects per MoE layer.
     pub top_k: usize,
+    /// Bytes the pack cache's exception blocks and row indexes take, for every matrix it
+    /// holds (resident or streamed, they are kept in memory): 0 without one.
+    pub packed_side: u64,
 }
 
 /// The part of the forward pass that reads `name` (of `class`, `role`, in `layer`).
@@ -218,6 +256,7 @@ impl WeightSizes {
             expert_largest: 0,
             experts_per_layer: Vec::new(),
             top_k: config.moe.router.top_k,
+            packed_side: 0,
         }
     }
 
@@ -241,6 +280,7 @@ impl WeightSizes {
                         &spec,
                         part,
                     ),
+                    packed_at: None,
                 })
             };
             let tensors: Vec<StoredTensor> = match ckpt.linear_format(&spec.name) {
@@ -307,6 +347,7 @@ impl WeightSizes {
                         rows: spec.shape.first().copied().unwrap_or(1),
                         // Packed where resident, as `WeightSizes::new` marks a real checkpoint's.
                         pack_cols: pack_cols(spec.dtype == DType::Bf16, &spec.shape, &spec, part),
+                        packed_at: None,
                     };
                     offsets[file] += bytes;
                     match layer {
@@ -343,8 +384,44 @@ impl WeightSizes {
         for layer in self.layers.iter_mut().chain([&mut self.head]) {
             for t in layer {
                 t.pack_cols = None;
+                t.packed_at = None;
             }
         }
+        self.packed_side = 0;
+        self
+    }
+
+    /// Every matrix kept packed where resident (`pack_cols`), whole, in file order: what a
+    /// pack cache holds.
+    pub fn packable(&self) -> Vec<&StoredTensor> {
+        let mut all: Vec<&StoredTensor> = self
+            .read_tensors()
+            .map(|(_, t)| t)
+            .filter(|t| t.pack_cols.is_some())
+            .collect();
+        all.sort_by(|a, b| (&a.path, a.offset).cmp(&(&b.path, b.offset)));
+        all
+    }
+
+    /// The same sizes with the matrices `cache` holds read from it where streamed
+    /// ([`StoredTensor::packed_at`]), its exception blocks and indexes counted in
+    /// [`Self::packed_side`].
+    pub fn with_pack_cache(mut self, cache: &crate::packcache::PackCache) -> Self {
+        for layer in self.layers.iter_mut().chain([&mut self.head]) {
+            for t in layer {
+                if let (Some(cols), Some(held)) = (t.pack_cols, cache.get(&t.name))
+                    && held.cols == cols
+                    && held.rows == t.rows
+                {
+                    t.packed_at = Some(PackedAt {
+                        path: cache.path().to_owned(),
+                        body: held.body,
+                        first_row: 0,
+                    });
+                }
+            }
+        }
+        self.packed_side = cache.side_bytes();
         self
     }
 

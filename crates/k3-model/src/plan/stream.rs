@@ -134,7 +134,10 @@ pub struct Layout {
 /// Rows of a row block of `tensors` (of `rows` rows each) that fit `cap` with each read
 /// rounded out to pages; `None` where not even [`BLOCK_ROWS`] rows fit.
 fn block_rows(tensors: &[&StoredTensor], rows: usize, cap: u64) -> Option<usize> {
-    let per_row: u64 = tensors.iter().map(|t| t.bytes / t.rows.max(1) as u64).sum();
+    let per_row: u64 = tensors
+        .iter()
+        .map(|t| t.read_range().1.len() as u64 / t.rows.max(1) as u64)
+        .sum();
     let slack = 2 * IO_ALIGN as u64 * tensors.len() as u64;
     let fit = cap.saturating_sub(slack) / per_row.max(1);
     let fit = fit as usize / BLOCK_ROWS * BLOCK_ROWS;
@@ -145,9 +148,10 @@ impl Layout {
     /// The layout for buffers of at most `cap` bytes, `slots` of them, within `room` bytes
     /// (resident copy and buffers together); `None` where it cannot fit.
     pub fn new(sizes: &WeightSizes, room: u64, cap: u64, slots: u64) -> Option<Self> {
-        let mut left = room.checked_sub(slots * cap)?;
+        // The pack cache's exception blocks and row indexes are held whatever streams.
+        let mut left = room.checked_sub(slots * cap + sizes.packed_side)?;
         let mut resident = HashSet::new();
-        let mut resident_bytes = 0;
+        let mut resident_bytes = sizes.packed_side;
         let units = units(sizes);
         let mut wanted: Vec<&StoredTensor> = Vec::new();
         // Units that must shrink to the cap: their largest tensors resident first.
@@ -348,7 +352,14 @@ impl Layout {
     pub fn minimum(sizes: &WeightSizes) -> Self {
         Self::caps(sizes, 0)
             .into_iter()
-            .filter_map(|cap| Self::new(sizes, forced_bytes(sizes, cap) + cap, cap, 1))
+            .filter_map(|cap| {
+                Self::new(
+                    sizes,
+                    forced_bytes(sizes, cap) + cap + sizes.packed_side,
+                    cap,
+                    1,
+                )
+            })
             .min_by_key(|l| (l.resident + l.buffers, l.buffers))
             .expect("the largest unit's cap always fits")
     }

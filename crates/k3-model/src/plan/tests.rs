@@ -482,6 +482,7 @@ fn wide_like() -> WeightSizes {
             part,
             rows,
             pack_cols: None,
+            packed_at: None,
         };
         offset += bytes.next_multiple_of(4096) as usize;
         t
@@ -516,6 +517,7 @@ fn wide_like() -> WeightSizes {
         expert_largest: 17_500_000,
         experts_per_layer: vec![32, 32],
         top_k: 16,
+        packed_side: 0,
     }
 }
 

@@ -25,6 +25,7 @@ use mxfp4_kernels::PackedBf16Matrix;
 use numa_sched::Pool;
 
 use super::{Model, ModelError, Result};
+use crate::packcache::PackCache;
 use crate::plan::{Part, StoredTensor, TrunkPlan, merged_reads};
 
 mod relocate;
@@ -36,6 +37,8 @@ const TRUNK_IO_THREAD: usize = 999;
 pub(super) struct TrunkStream {
     /// The tensors kept resident (`None`: none).
     resident: Option<Arc<ResidentTrunk>>,
+    /// The pack cache the packed steps are read from: their exception blocks and row indexes.
+    pack: Option<Arc<PackCache>>,
     /// Per step of the plan: how its tensors are read.
     steps: Vec<StepReads>,
     /// Per layer (the layer count for the head) and part: its steps, with their rows for a
@@ -63,6 +66,10 @@ struct StepReads {
     reads: Arc<Reads>,
     /// `(address of the tensor in the mapping, its length, read index, offset in the read)`.
     tensors: Vec<(usize, usize, usize, usize)>,
+    /// The same for the BF16 matrices (or row blocks) read packed from the pack cache:
+    /// `(address, length of its BF16 bytes, read index, offset of its body in the read, its
+    /// first row, its index in the cache)`.
+    packed: Vec<(usize, usize, usize, usize, usize, usize)>,
 }
 
 /// The trunk tensors the plan keeps resident, read once with `O_DIRECT` (no copy of them
@@ -219,47 +226,18 @@ impl ResidentTrunk {
             at += body_bytes(len, cols);
         }
         let mut bodies = AlignedBuf::zeroed(at);
-        if !chunks.is_empty() {
-            // The I/O thread reads the next chunk while the pool packs this one: two or
-            // three 32 MB staging buffers at startup, before the expert store's buffers exist.
-            let (full_tx, full) = std::sync::mpsc::sync_channel(0);
-            let (free, free_rx) = channel::<AlignedBuf>();
-            let order = chunks.clone();
-            let io = numa_sched::spawn_io_thread(TRUNK_IO_THREAD, io_cpus, move || {
-                for (piece, first, last) in order {
-                    let (shard, offset, row): &(Arc<ShardReader>, usize, usize) = &sources[piece];
-                    let range = offset + first * row..offset + last * row;
-                    let read =
-                        read_pieces(&[(&**shard, range)], free_rx.try_recv().ok(), |_, _| {})
-                            .map_err(|e| (e.path, e.source));
-                    let failed = read.is_err();
-                    if full_tx.send(read).is_err() || failed {
-                        return;
-                    }
-                }
-            })
-            .map_err(|e| checkpoint_io(ckpt.dir().to_owned(), e))?;
-            for &(piece, first, last) in &chunks {
-                let (buf, starts) = full
-                    .recv()
-                    .map_err(|_| ModelError::Pool("the packing reader stopped".into()))?
-                    .map_err(|(path, e)| checkpoint_io(path, e))?;
-                let p = &mut packed[piece];
-                let row = 2 * p.cols;
-                let packed_row = body_bytes(row, p.cols);
-                pack_on(
-                    pool,
-                    &buf[starts[0]..starts[0] + (last - first) * row],
-                    p.cols,
-                    &mut bodies[p.body_at + first * packed_row..p.body_at + last * packed_row],
-                    &mut p.exceptions,
-                    &mut p.row_exceptions,
-                )?;
-                let _ = free.send(buf);
-            }
-            drop(full);
-            let _ = io.join();
-        }
+        read_chunks(sources, &chunks, io_cpus, |piece, first, last, bf16| {
+            let p = &mut packed[piece];
+            let packed_row = body_bytes(2 * p.cols, p.cols);
+            pack_on(
+                pool,
+                bf16,
+                p.cols,
+                &mut bodies[p.body_at + first * packed_row..p.body_at + last * packed_row],
+                &mut p.exceptions,
+                &mut p.row_exceptions,
+            )
+        })?;
         for p in &mut packed {
             let count = p.exceptions.len() / mxfp4_kernels::packed::EXCEPTION_BYTES;
             p.row_exceptions
@@ -339,11 +317,65 @@ impl ResidentTrunk {
     }
 }
 
+/// Reads `chunks` (a piece, its first and end row) of `sources` (per piece: its shard, the
+/// offset of its row 0 and its bytes per row) in order, on an I/O thread on `io_cpus` a chunk
+/// ahead, and hands each chunk's bytes to `each` (two or three staging buffers of a chunk).
+pub(crate) fn read_chunks(
+    sources: Vec<(Arc<ShardReader>, usize, usize)>,
+    chunks: &[(usize, usize, usize)],
+    io_cpus: &[usize],
+    mut each: impl FnMut(usize, usize, usize, &[u8]) -> Result<()>,
+) -> Result<()> {
+    if chunks.is_empty() {
+        return Ok(());
+    }
+    let rows: Vec<usize> = sources.iter().map(|s| s.2).collect();
+    let (full_tx, full) = std::sync::mpsc::sync_channel(0);
+    let (free, free_rx) = channel::<AlignedBuf>();
+    let order = chunks.to_vec();
+    let io = numa_sched::spawn_io_thread(TRUNK_IO_THREAD, io_cpus, move || {
+        for (piece, first, last) in order {
+            let (shard, offset, row): &(Arc<ShardReader>, usize, usize) = &sources[piece];
+            let range = offset + first * row..offset + last * row;
+            let read = read_pieces(&[(&**shard, range)], free_rx.try_recv().ok(), |_, _| {})
+                .map_err(|e| (e.path, e.source));
+            let failed = read.is_err();
+            if full_tx.send(read).is_err() || failed {
+                return;
+            }
+        }
+    })
+    .map_err(|e| ModelError::Pool(format!("the packing reader: {e}")))?;
+    let mut result = Ok(());
+    for &(piece, first, last) in chunks {
+        let (buf, starts) = match full.recv() {
+            Ok(Ok(read)) => read,
+            Ok(Err((path, e))) => {
+                result = Err(checkpoint_io(path, e));
+                break;
+            }
+            Err(_) => {
+                result = Err(ModelError::Pool("the packing reader stopped".into()));
+                break;
+            }
+        };
+        let len = (last - first) * rows[piece];
+        result = each(piece, first, last, &buf[starts[0]..starts[0] + len]);
+        let _ = free.send(buf);
+        if result.is_err() {
+            break;
+        }
+    }
+    drop(full);
+    let _ = io.join();
+    result
+}
+
 /// Packs whole rows of `cols` BF16 values (`src`) into `dst`, the rows split over `pool`'s
 /// workers; appends their exception blocks and row starts as one [`pack_rows_into`] would.
 ///
 /// [`pack_rows_into`]: mxfp4_kernels::pack_rows_into
-fn pack_on(
+pub(crate) fn pack_on(
     pool: &Pool,
     src: &[u8],
     cols: usize,
@@ -378,7 +410,10 @@ fn pack_on(
 }
 
 /// The reader of `path` among `readers`, opened (with `O_DIRECT`) if it is not there yet.
-fn reader(readers: &mut Vec<Arc<ShardReader>>, path: &std::path::Path) -> Result<Arc<ShardReader>> {
+pub(crate) fn reader(
+    readers: &mut Vec<Arc<ShardReader>>,
+    path: &std::path::Path,
+) -> Result<Arc<ShardReader>> {
     if let Some(reader) = readers.iter().find(|r| r.path == path) {
         return Ok(Arc::clone(reader));
     }
@@ -433,14 +468,16 @@ impl Drop for TrunkStream {
 impl<'a> Model<'a> {
     /// Takes the trunk as `plan` places it: the tensors it keeps resident from `resident`
     /// ([`ResidentTrunk::load`] of `plan.resident`), the ones it streams read from `ckpt`
-    /// (the checkpoint this model was loaded from) with `O_DIRECT` on an I/O thread on
-    /// `io_cpus`, through `plan.slots` buffers, a step ahead of compute. Logits are the same
-    /// bits.
+    /// (the checkpoint this model was loaded from), or their packed bodies from `pack` where
+    /// the plan reads them there ([`StoredTensor::packed_at`]), with `O_DIRECT` on an I/O
+    /// thread on `io_cpus`, through `plan.slots` buffers, a step ahead of compute. Logits are
+    /// the same bits.
     pub fn with_planned_trunk(
         mut self,
         ckpt: &'a Checkpoint,
         plan: &TrunkPlan,
         resident: Option<Arc<ResidentTrunk>>,
+        pack: Option<Arc<PackCache>>,
         io_cpus: &[usize],
     ) -> Result<Self> {
         if !plan.streams() && resident.is_none() {
@@ -455,23 +492,51 @@ impl<'a> Model<'a> {
                 reads.push((reader(&mut readers, &path)?, range));
             }
             let mut tensors = Vec::with_capacity(step.tensors.len());
+            let mut packed = Vec::new();
             for stored in &step.tensors {
                 // A row block is a range of its tensor's bytes.
                 let t = ckpt.require(&stored.name)?;
-                let range = stored.offset..stored.offset + stored.bytes as usize;
+                let (path, range) = stored.read_range();
                 let read = reads
                     .iter()
                     .position(|(r, span)| {
-                        r.path == t.path && span.start <= range.start && range.end <= span.end
+                        r.path == path && span.start <= range.start && range.end <= span.end
                     })
                     .expect("every streamed tensor lies in one of its step's reads");
                 let within = range.start - reads[read].1.start;
                 let at = t.bytes.as_ptr() as usize + (stored.offset - t.offset);
-                tensors.push((at, range.len(), read, within));
+                let len = stored.bytes as usize;
+                match (&stored.packed_at, stored.pack_cols) {
+                    (Some(packed_at), Some(cols)) => {
+                        let cache = pack.as_ref().ok_or_else(|| {
+                            ModelError::Plan(format!(
+                                "{} is planned packed from {}, but no pack cache was given",
+                                stored.name,
+                                packed_at.path.display()
+                            ))
+                        })?;
+                        let k = cache
+                            .position(&stored.name)
+                            .filter(|&k| {
+                                let held = cache.at(k);
+                                held.cols == cols && held.body == packed_at.body
+                            })
+                            .ok_or_else(|| {
+                                ModelError::Plan(format!(
+                                    "the pack cache {} does not hold {} as planned",
+                                    cache.path().display(),
+                                    stored.name
+                                ))
+                            })?;
+                        packed.push((at, len, read, within, packed_at.first_row, k));
+                    }
+                    _ => tensors.push((at, len, read, within)),
+                }
             }
             steps.push(StepReads {
                 reads: Arc::new(reads),
                 tensors,
+                packed,
             });
             index
                 .entry((step.layer, step.part))
@@ -513,6 +578,7 @@ impl<'a> Model<'a> {
         };
         self.trunk = Some(TrunkStream {
             resident,
+            pack,
             steps,
             index,
             free,
@@ -609,6 +675,15 @@ impl TrunkStream {
     fn relocate<'l>(&'l self, held: Option<&'l Held<'_>>, bytes: &'l [u8]) -> &'l [u8] {
         let at = bytes.as_ptr() as usize;
         if let Some(held) = held {
+            // A step's packed matrices are reached only through `packed` (their BF16 bytes are
+            // not in the buffer; the mapping's would be read through the page cache).
+            debug_assert!(
+                !self.steps[held.step]
+                    .packed
+                    .iter()
+                    .any(|&(start, len, ..)| at >= start && at < start + len),
+                "a packed step's matrix asked for as stored"
+            );
             let buffer: &[u8] = held.buffer.as_deref().expect("held until dropped");
             for &(start, len, read, within) in &self.steps[held.step].tensors {
                 if at >= start && at + bytes.len() <= start + len {
@@ -623,9 +698,50 @@ impl TrunkStream {
         }
     }
 
-    /// The packed form of a BF16 view's `bytes`, where the resident copy holds them packed.
-    fn packed<'l>(&'l self, bytes: &[u8]) -> Option<PackedBf16Matrix<'l>> {
-        self.resident.as_ref()?.find_packed(bytes)
+    /// The packed form of a BF16 view's `bytes` (whole rows), where `held` holds them read
+    /// packed from the pack cache or the resident copy holds them packed; an error where a
+    /// packed step holds them but not as whole rows of one matrix.
+    fn packed<'l>(
+        &'l self,
+        held: Option<&'l Held<'_>>,
+        bytes: &[u8],
+    ) -> Result<Option<PackedBf16Matrix<'l>>> {
+        let at = bytes.as_ptr() as usize;
+        if let (Some(held), Some(cache)) = (held, &self.pack) {
+            let buffer: &[u8] = held.buffer.as_deref().expect("held until dropped");
+            for &(start, len, read, within, first_row, k) in &self.steps[held.step].packed {
+                if at < start || at + bytes.len() > start + len {
+                    continue;
+                }
+                let t = cache.at(k);
+                let row = 2 * t.cols;
+                if bytes.is_empty()
+                    || !(at - start).is_multiple_of(row)
+                    || !bytes.len().is_multiple_of(row)
+                {
+                    return Err(ModelError::Plan(format!(
+                        "{}: {} bytes at {} of a packed step are not whole rows",
+                        t.name,
+                        bytes.len(),
+                        at - start
+                    )));
+                }
+                let (skip, rows) = ((at - start) / row, bytes.len() / row);
+                let packed_row = mxfp4_kernels::packed::packed_body_bytes(1, t.cols);
+                let from = held.starts[read] + within + skip * packed_row;
+                let first = first_row + skip;
+                return PackedBf16Matrix::new(
+                    &buffer[from..from + rows * packed_row],
+                    &t.exceptions,
+                    &t.row_exceptions[first..=first + rows],
+                    rows,
+                    t.cols,
+                )
+                .map(Some)
+                .map_err(ModelError::from);
+            }
+        }
+        Ok(self.resident.as_ref().and_then(|r| r.find_packed(bytes)))
     }
 }
 

@@ -193,8 +193,9 @@ fn sub_rows<'l>(w: &WeightMatrix<'l>, rows: Range<usize>) -> Result<WeightMatrix
 }
 
 /// `w` as `trunk` holds it for the pass: its bytes relocated into the resident copy or
-/// `held` (the buffer of its step), or, for a BF16 matrix the resident copy holds packed, in
-/// its packed form (the same bits from every kernel).
+/// `held` (the buffer of its step), or, for a BF16 matrix the resident copy holds packed or
+/// `held` holds read packed from the pack cache, in its packed form (the same bits from every
+/// kernel).
 fn relocated_matrix<'l>(
     w: &'l WeightMatrix<'_>,
     trunk: &'l TrunkStream,
@@ -202,7 +203,7 @@ fn relocated_matrix<'l>(
 ) -> Result<WeightMatrix<'l>> {
     let relocate = |bytes| trunk.relocate(held, bytes);
     Ok(match w {
-        WeightMatrix::Bf16(x) => match trunk.packed(x.bytes()) {
+        WeightMatrix::Bf16(x) => match trunk.packed(held, x.bytes())? {
             Some(packed) => packed.into(),
             None => Bf16Matrix::new(relocate(x.bytes()), x.rows(), x.cols())?.into(),
         },

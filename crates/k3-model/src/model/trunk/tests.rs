@@ -56,13 +56,31 @@ fn every_layout_streams_the_mapped_bits() {
         .config;
     let ckpt = Checkpoint::open(&dir).unwrap();
     let expected = fingerprints(&model(&ckpt, &config));
-    // Resident BF16 matrices as stored, then packed: the same bits either way.
+    // Resident BF16 matrices as stored, then packed, then packed with the streamed ones read
+    // packed from a pack cache: the same bits every way.
     let mut packed_pieces = 0;
-    for pack in [false, true] {
-        let sizes = match pack {
+    let mut cache_steps = 0;
+    let cache_path = dir.join("cache").join(crate::packcache::file_name(1));
+    for (pack, cached) in [(false, false), (true, false), (true, true)] {
+        let mut sizes = match pack {
             true => WeightSizes::new(&ckpt, &config).unwrap(),
             false => WeightSizes::new(&ckpt, &config).unwrap().unpacked(),
         };
+        let cache = cached.then(|| {
+            let cache = crate::packcache::PackCache::write(
+                &cache_path,
+                1,
+                &sizes.packable(),
+                &Pool::new(2).unwrap(),
+                &[],
+            )
+            .unwrap();
+            Arc::new(cache)
+        });
+        if let Some(cache) = &cache {
+            sizes = sizes.with_pack_cache(cache);
+            assert!(sizes.packed_side > 0);
+        }
         let head: Vec<StoredTensor> = sizes
             .head
             .iter()
@@ -94,7 +112,7 @@ fn every_layout_streams_the_mapped_bits() {
         let mut split = std::collections::HashSet::new();
         let mut partly_resident = 0;
         for (cap, extra, slots) in cases {
-            let room = forced(cap) + extra + slots * cap;
+            let room = forced(cap) + extra + slots * cap + sizes.packed_side;
             let layout = Layout::new(&sizes, room, cap, slots).expect("room for the layout");
             let plan = &layout.trunk;
             assert!(
@@ -112,6 +130,17 @@ fn every_layout_streams_the_mapped_bits() {
             if !plan.resident_rows.is_empty() {
                 partly_resident += 1;
             }
+            let from_cache = plan
+                .steps
+                .iter()
+                .filter(|s| s.tensors.iter().any(|t| t.packed_at.is_some()))
+                .count();
+            assert_eq!(
+                from_cache > 0,
+                cached,
+                "cap {cap}: steps read from the pack cache"
+            );
+            cache_steps += from_cache;
             let resident =
                 (!plan.resident.is_empty() || !plan.resident_rows.is_empty()).then(|| {
                     Arc::new(
@@ -148,7 +177,7 @@ fn every_layout_streams_the_mapped_bits() {
                 }
             }
             let streamed = model(&ckpt, &config)
-                .with_planned_trunk(&ckpt, plan, resident, &[])
+                .with_planned_trunk(&ckpt, plan, resident, cache.clone(), &[])
                 .unwrap();
             assert_eq!(
                 fingerprints(&streamed),
@@ -178,6 +207,7 @@ fn every_layout_streams_the_mapped_bits() {
         );
     }
     assert!(packed_pieces > 0, "no layout kept a packed matrix");
+    assert!(cache_steps > 0, "no layout read packed steps");
     drop(ckpt);
     let _ = std::fs::remove_dir_all(&dir);
 }
