@@ -29,7 +29,8 @@ pub(crate) struct Machines {
 
 /// Prints the plan and the projected time per token for each machine and drive count.
 pub(crate) fn run(config: &K3Config, machines: &Machines) -> Result<()> {
-    let sizes = WeightSizes::of_config(config);
+    // The streamed matrices read packed too, from the pack cache a first run writes.
+    let sizes = WeightSizes::of_config(config).with_projected_pack_cache();
     let bytes_per_token = BytePlan::new(config).bytes_per_token as f64;
     ensure!(
         sizes.expert_total > 0,
@@ -37,8 +38,9 @@ pub(crate) fn run(config: &K3Config, machines: &Machines) -> Result<()> {
     );
     println!(
         "\nprojection: ctx {}, max batch {}; drives of {:.1} GB/s each; memory read at {:.0} GB/s; \
-         {:.1} GB of weights read per token; uniform routing (no skew); the resident trunk's \
-         BF16 matrices packed (12.25 bits per weight, as the engine keeps them)\n",
+         {:.1} GB of weights read per token; uniform routing (no skew); the trunk's BF16 \
+         matrices packed (12.25 bits per weight), resident and streamed (from the pack cache), \
+         as the engine keeps them\n",
         machines.run.ctx,
         machines.run.max_batch,
         machines.drive_rate / 1e9,
@@ -180,5 +182,42 @@ mod tests {
         // More memory caches more experts and reads less per token.
         assert!(large.expert_fraction > small.expert_fraction);
         assert!(large.disk_per_token < small.disk_per_token);
+    }
+
+    /// On a machine that streams the trunk, reading the streamed matrices packed from the
+    /// pack cache reads at most 0.8x the bytes (packed: 49 bytes for 64, plus the rows the
+    /// resident room gains), and the exception allowance is held in memory.
+    #[test]
+    fn the_projected_pack_cache_streams_fewer_bytes() {
+        let config = K3Config::from_json(RELEASE).unwrap();
+        let stored = WeightSizes::of_config(&config);
+        let packed = stored.clone().with_projected_pack_cache();
+        assert!(packed.packed_side > 0);
+        let run = RunShape {
+            resident_trunk: false,
+            max_batch: 1,
+            ctx: 4096,
+        };
+        let streamed = |s: &WeightSizes| {
+            let plan = Plan::new(
+                s,
+                MemoryPlan::state(&config, run),
+                &ExpertOptions::default(),
+                run,
+                Some(MemoryBudget {
+                    bytes: 64_000_000_000,
+                    source: "test".into(),
+                }),
+                0,
+                None,
+            )
+            .unwrap();
+            plan.trunk.as_ref().unwrap().streamed_read_bytes()
+        };
+        let (stored, packed) = (streamed(&stored), streamed(&packed));
+        assert!(
+            stored > 0 && packed * 10 <= stored * 8,
+            "{packed} of {stored}"
+        );
     }
 }

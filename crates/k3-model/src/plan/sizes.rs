@@ -425,6 +425,28 @@ impl WeightSizes {
         self
     }
 
+    /// The same sizes as if a pack cache held every matrix kept packed (for plans of a
+    /// checkpoint not at hand, as `cargo xtask k3-plan` makes them): their bodies in one file
+    /// in file order, their exception blocks counted at [`PACKED_EXCEPTIONS_PER_10K`].
+    pub fn with_projected_pack_cache(mut self) -> Self {
+        let (mut at, mut side) = (expert_store::io::IO_ALIGN, 0u64);
+        for layer in self.layers.iter_mut().chain([&mut self.head]) {
+            for t in layer.iter_mut().filter(|t| t.part != Part::Copied) {
+                let Some(cols) = t.pack_cols else { continue };
+                t.packed_at = Some(PackedAt {
+                    path: PathBuf::from("k3-packed.bin"),
+                    body: at,
+                    first_row: 0,
+                });
+                let body = mxfp4_kernels::packed::packed_body_bytes(t.rows, cols);
+                at += body.next_multiple_of(expert_store::io::IO_ALIGN);
+                side += packed_resident_bytes(t.rows, cols) - body as u64;
+            }
+        }
+        self.packed_side = side;
+        self
+    }
+
     /// Columns of each tensor kept packed where resident, by stored name.
     pub fn packed_cols(&self) -> std::collections::HashMap<String, usize> {
         self.layers
