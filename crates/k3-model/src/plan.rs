@@ -142,6 +142,12 @@ impl Plan {
     /// reads take as long as the compute. Where the trunk-first plan already streams more,
     /// or the flags size the cache, it stands. k3-wide at 0.9x, alternating: 0.4 GB of
     /// expert cache for 0.4 GB more streamed, 0.84-0.92 s/token against 0.93-1.13.
+    ///
+    /// The expert store's free list (buffers of dropped experts kept for the next reads) is
+    /// counted only where the cache holds an expert: without one, a read takes a new buffer
+    /// only when none is free, so the store never holds more buffers than its reads in
+    /// flight and the landed experts handed out (a cache's evictions are what can fill the
+    /// free list beyond that).
     pub fn new(
         sizes: &WeightSizes,
         flags: MemoryPlan,
@@ -150,6 +156,46 @@ impl Plan {
         budget: Option<MemoryBudget>,
         margin: u64,
         hidden: Option<u64>,
+    ) -> Result<Self, PlanError> {
+        let full = Self::new_with(
+            sizes,
+            flags,
+            experts,
+            run,
+            budget.clone(),
+            margin,
+            hidden,
+            true,
+        );
+        let caches_none = |p: &Self| {
+            p.expert_cache
+                .is_some_and(|cache| cache < sizes.expert_largest.max(1))
+        };
+        let flags_cache = experts.cache_experts.is_some() || experts.cache_bytes.is_some();
+        if flags_cache || run.resident_trunk || full.as_ref().is_ok_and(|p| !caches_none(p)) {
+            return full;
+        }
+        // Without the free list the trunk gets its room (and the minimum is lower), if the
+        // cache still holds no expert.
+        let lean = Self::new_with(sizes, flags, experts, run, budget, margin, hidden, false);
+        match (full, lean) {
+            (_, Ok(lean)) if caches_none(&lean) => Ok(lean),
+            (Ok(full), _) => Ok(full),
+            (Err(_), Err(e)) | (Err(e), Ok(_)) => Err(e),
+        }
+    }
+
+    /// [`Plan::new`], counting the expert store's free list (`free_list`) or not.
+    #[allow(clippy::too_many_arguments)]
+    fn new_with(
+        sizes: &WeightSizes,
+        flags: MemoryPlan,
+        experts: &ExpertOptions,
+        run: RunShape,
+        budget: Option<MemoryBudget>,
+        margin: u64,
+        hidden: Option<u64>,
+        free_list: bool,
     ) -> Result<Self, PlanError> {
         let mapped = |memory: MemoryPlan, budget| Self {
             io_threads: experts.io_threads,
@@ -198,7 +244,12 @@ impl Plan {
             let mut memory = MemoryPlan {
                 resident_trunk: 0,
                 trunk_buffers: 0,
-                io_buffers: expert_store::store::io_buffers(io_threads) as u64 * largest
+                io_buffers: match free_list {
+                    true => expert_store::store::io_buffers(io_threads),
+                    // One read in flight per I/O thread.
+                    false => io_threads,
+                } as u64
+                    * largest
                     + in_flight(io_threads),
                 ..flags
             };

@@ -65,7 +65,8 @@ fn everything(sizes: &WeightSizes, flags: &MemoryPlan) -> u64 {
 /// costs: state, the least trunk layout (one buffer and what must be resident for it), the
 /// store's buffers and one selection of experts.
 fn minimum(sizes: &WeightSizes, flags: &MemoryPlan, io_threads: usize) -> u64 {
-    // A request hands out at most one landed expert per I/O thread at once.
+    // A request hands out at most one landed expert per I/O thread at once; at the minimum
+    // the cache holds no expert, so no free list is counted (one read in flight per thread).
     let selection = sizes
         .top_k
         .min(*sizes.experts_per_layer.iter().max().unwrap())
@@ -76,7 +77,7 @@ fn minimum(sizes: &WeightSizes, flags: &MemoryPlan, io_threads: usize) -> u64 {
         + flags.f32_copies
         + least.resident
         + least.buffers
-        + (3 * io_threads as u64 + selection) * sizes.expert_largest
+        + (io_threads as u64 + selection) * sizes.expert_largest
 }
 
 /// Every read tensor is resident or streamed (whole, or in row blocks that cover its rows in
@@ -697,5 +698,69 @@ fn a_hidden_stream_trades_trunk_residency_for_expert_cache() {
     assert_eq!(
         plan(hidden, &asked, run()),
         Plan::new(&sizes, flags, &asked, run(), budget(bytes), 0, None).unwrap()
+    );
+}
+
+/// The expert store's free list is counted only where the cache holds an expert: without
+/// one, the store never holds more buffers than its reads in flight and the landed experts
+/// handed out, and the room goes to the trunk.
+#[test]
+fn the_free_list_is_counted_only_where_the_cache_holds_an_expert() {
+    let sizes = wide_like();
+    let flags = MemoryPlan::default();
+    let largest = sizes.expert_largest;
+    let tight = Plan::new(
+        &sizes,
+        flags,
+        &options(),
+        run(),
+        budget(3_600_000_000),
+        0,
+        None,
+    )
+    .unwrap();
+    assert!(
+        tight.expert_cache.unwrap() < largest,
+        "{}",
+        tight.describe()
+    );
+    let io = tight.io_threads as u64;
+    // One read in flight and one handed-out expert per I/O thread.
+    assert_eq!(tight.memory.io_buffers, 2 * io * largest);
+    // The same budget with the free list counted keeps less of the trunk resident.
+    let counted = Plan::new_with(
+        &sizes,
+        flags,
+        &options(),
+        run(),
+        budget(3_600_000_000),
+        0,
+        None,
+        true,
+    )
+    .unwrap();
+    assert_eq!(
+        counted.memory.io_buffers,
+        (expert_store::store::io_buffers(tight.io_threads) as u64 + io) * largest
+    );
+    assert!(counted.memory.resident_trunk < tight.memory.resident_trunk);
+    let roomy = Plan::new(
+        &sizes,
+        flags,
+        &options(),
+        run(),
+        budget(7_800_000_000),
+        0,
+        None,
+    )
+    .unwrap();
+    assert!(
+        roomy.expert_cache.unwrap() >= largest,
+        "{}",
+        roomy.describe()
+    );
+    assert_eq!(
+        roomy.memory.io_buffers,
+        (expert_store::store::io_buffers(roomy.io_threads) + roomy.io_threads) as u64 * largest
     );
 }
