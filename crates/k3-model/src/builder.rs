@@ -378,6 +378,7 @@ impl Engine {
                 &trunk.resident,
                 &trunk.resident_rows,
                 &sizes.packed_cols(),
+                pack.as_deref(),
                 &pool,
                 &pool.topology().domains[0].cpus,
             )?;
@@ -389,8 +390,12 @@ impl Engine {
                 match packed.pieces {
                     0 => String::new(),
                     n => format!(
-                        "; {n} BF16 matrices (or leading rows) packed: {:.2} GB of BF16 in {:.2} GB \
-                         ({} blocks kept as BF16; --no-pack-trunk keeps every matrix as stored)",
+                        "; {n} BF16 matrices (or leading rows) packed{}: {:.2} GB of BF16 in {:.2} \
+                         GB ({} blocks kept as BF16; --no-pack-trunk keeps every matrix as stored)",
+                        match packed.cached {
+                            0 => String::new(),
+                            c => format!(" ({c} read from the pack cache)"),
+                        },
                         packed.bf16_bytes as f64 / 1e9,
                         packed.packed_bytes as f64 / 1e9,
                         packed.exceptions,

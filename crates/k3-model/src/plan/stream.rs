@@ -339,7 +339,14 @@ impl Layout {
                 let Some(layout) = Self::new(sizes, room, cap, slots) else {
                     continue;
                 };
-                let key = |l: &Self| (l.trunk.slots, l.resident, std::cmp::Reverse(l.buffers));
+                let key = |l: &Self| {
+                    (
+                        l.trunk.slots,
+                        std::cmp::Reverse(l.trunk.streamed_read_bytes()),
+                        l.resident,
+                        std::cmp::Reverse(l.buffers),
+                    )
+                };
                 if best.as_ref().is_none_or(|b| key(&layout) > key(b)) {
                     best = Some(layout);
                 }

@@ -99,6 +99,8 @@ struct PackedPiece {
     cols: usize,
     exceptions: Vec<u8>,
     row_exceptions: Vec<u32>,
+    /// Read packed from the pack cache (else packed at load).
+    cached: bool,
 }
 
 /// The packed part of a [`ResidentTrunk`].
@@ -106,6 +108,8 @@ struct PackedPiece {
 pub struct PackedSummary {
     /// Matrices (or leading row blocks) held packed.
     pub pieces: usize,
+    /// Of them, those read packed from the pack cache.
+    pub cached: usize,
     /// Their blocks kept as BF16 (exponents too far apart for the codes).
     pub exceptions: usize,
     /// The BF16 bytes they stand for.
@@ -124,16 +128,19 @@ impl ResidentTrunk {
     /// each from a 4 KiB boundary of one new buffer.
     ///
     /// Packing runs on `pool`'s workers, the reads on an I/O thread on `io_cpus`, a chunk
-    /// ahead.
+    /// ahead. The packed matrices `cache` holds are read packed from it instead (0.77x the
+    /// bytes, nothing to pack), with its exception blocks and row index.
     pub fn load(
         ckpt: &Checkpoint,
         names: &HashSet<String>,
         rows: &[StoredTensor],
         packed: &HashMap<String, usize>,
+        cache: Option<&PackCache>,
         pool: &Pool,
         io_cpus: &[usize],
     ) -> Result<Self> {
-        // (file, offset in it, address in the mapping, length, columns if packed) of each.
+        // (file, offset in it, address in the mapping, length, columns if packed, stored
+        // name, offset in the tensor) of each.
         let mut found = Vec::with_capacity(names.len() + rows.len());
         for name in names {
             let t = ckpt.require(name)?;
@@ -144,6 +151,8 @@ impl ResidentTrunk {
                 t.bytes.as_ptr() as usize,
                 t.bytes.len(),
                 cols,
+                t.name,
+                0,
             ));
         }
         for block in rows {
@@ -169,13 +178,15 @@ impl ResidentTrunk {
                 t.bytes.as_ptr() as usize + within,
                 block.bytes as usize,
                 packed.get(&block.name).copied(),
+                t.name,
+                within,
             ));
         }
         found.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
         let (to_pack, plain): (Vec<_>, Vec<_>) = found.into_iter().partition(|f| f.4.is_some());
         let mut readers = Vec::new();
         let mut pieces = Vec::with_capacity(plain.len());
-        for &(path, offset, _, len, _) in &plain {
+        for &(path, offset, _, len, ..) in &plain {
             pieces.push((reader(&mut readers, path)?, offset..offset + len));
         }
         let borrowed: Vec<(&ShardReader, Range<usize>)> = pieces
@@ -187,7 +198,7 @@ impl ResidentTrunk {
         let mut tensors: Vec<(usize, usize, usize)> = plain
             .iter()
             .zip(&starts)
-            .map(|(&(_, _, address, len, _), &at)| (address, len, at))
+            .map(|(&(_, _, address, len, ..), &at)| (address, len, at))
             .collect();
         tensors.sort_unstable();
         // The packed ones: whole rows a staging buffer at a time, packed into their body.
@@ -199,46 +210,78 @@ impl ResidentTrunk {
         let mut sources = Vec::with_capacity(to_pack.len());
         let mut chunks = Vec::new();
         let mut at = 0;
-        for &(path, offset, address, len, cols) in &to_pack {
+        for &(path, offset, address, len, cols, name, within) in &to_pack {
             let cols = cols.expect("partitioned on it");
             let row = 2 * cols;
-            if !len.is_multiple_of(row) {
+            if !len.is_multiple_of(row) || !within.is_multiple_of(row) {
                 return Err(ModelError::Plan(format!(
                     "packed resident bytes {offset}..{} of {} are not whole rows of {cols} BF16 values",
                     offset + len,
                     path.display()
                 )));
             }
-            let rows = len / row;
-            let step = (PACK_STAGING / row).max(1);
+            let (rows, first_row) = (len / row, within / row);
+            let packed_row = body_bytes(row, cols);
+            let held = cache.and_then(|c| {
+                let t = c.at(c.position(name)?);
+                (t.cols == cols && first_row + rows <= t.rows).then_some((c, t))
+            });
+            let (unit, exceptions, row_exceptions) = match held {
+                Some((c, t)) => {
+                    sources.push((
+                        reader(&mut readers, c.path())?,
+                        t.body + first_row * packed_row,
+                        packed_row,
+                    ));
+                    // Those rows' exception blocks and index, counted from their first.
+                    let index = &t.row_exceptions[first_row..=first_row + rows];
+                    let bytes = mxfp4_kernels::packed::EXCEPTION_BYTES;
+                    (
+                        packed_row,
+                        t.exceptions[index[0] as usize * bytes..index[rows] as usize * bytes]
+                            .to_vec(),
+                        index.iter().map(|&i| i - index[0]).collect(),
+                    )
+                }
+                None => {
+                    sources.push((reader(&mut readers, path)?, offset, row));
+                    (row, Vec::new(), Vec::with_capacity(rows + 1))
+                }
+            };
+            let step = (PACK_STAGING / unit).max(1);
             for first in (0..rows).step_by(step) {
                 chunks.push((packed.len(), first, (first + step).min(rows)));
             }
-            sources.push((reader(&mut readers, path)?, offset, row));
             packed.push(PackedPiece {
                 address,
                 len,
                 body_at: at,
                 cols,
-                exceptions: Vec::new(),
-                row_exceptions: Vec::with_capacity(rows + 1),
+                exceptions,
+                row_exceptions,
+                cached: held.is_some(),
             });
             at += body_bytes(len, cols);
         }
         let mut bodies = AlignedBuf::zeroed(at);
-        read_chunks(sources, &chunks, io_cpus, |piece, first, last, bf16| {
+        read_chunks(sources, &chunks, io_cpus, |piece, first, last, bytes| {
             let p = &mut packed[piece];
             let packed_row = body_bytes(2 * p.cols, p.cols);
+            let body = &mut bodies[p.body_at + first * packed_row..p.body_at + last * packed_row];
+            if p.cached {
+                body.copy_from_slice(bytes);
+                return Ok(());
+            }
             pack_on(
                 pool,
-                bf16,
+                bytes,
                 p.cols,
-                &mut bodies[p.body_at + first * packed_row..p.body_at + last * packed_row],
+                body,
                 &mut p.exceptions,
                 &mut p.row_exceptions,
             )
         })?;
-        for p in &mut packed {
+        for p in packed.iter_mut().filter(|p| !p.cached) {
             let count = p.exceptions.len() / mxfp4_kernels::packed::EXCEPTION_BYTES;
             p.row_exceptions
                 .push(u32::try_from(count).expect("under 2^32 exception blocks"));
@@ -262,6 +305,7 @@ impl ResidentTrunk {
     pub fn packed_summary(&self) -> PackedSummary {
         PackedSummary {
             pieces: self.packed.len(),
+            cached: self.packed.iter().filter(|p| p.cached).count(),
             exceptions: self
                 .packed
                 .iter()

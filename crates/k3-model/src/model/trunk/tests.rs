@@ -149,6 +149,7 @@ fn every_layout_streams_the_mapped_bits() {
                             &plan.resident,
                             &plan.resident_rows,
                             &sizes.packed_cols(),
+                            cache.as_deref(),
                             &Pool::new(2).unwrap(),
                             &[],
                         )
@@ -159,6 +160,9 @@ fn every_layout_streams_the_mapped_bits() {
                 let summary = r.packed_summary();
                 packed_pieces += summary.pieces;
                 assert_eq!(summary.pieces > 0, pack, "cap {cap}: {summary:?}");
+                // With a pack cache every packed piece is read from it.
+                let cached_pieces = if cached { summary.pieces } else { 0 };
+                assert_eq!(summary.cached, cached_pieces, "cap {cap}: {summary:?}");
                 if pack {
                     // The plan counts room for 2% of blocks kept as BF16; the tiny checkpoint's
                     // weights need fewer.
