@@ -289,7 +289,7 @@ pub fn drop_page_cache(file: &File, offset: u64, len: u64) -> std::io::Result<()
 }
 
 /// Reads into `dst` from `offset` until it is full or the file ends; returns the bytes read.
-fn read_full(file: &File, dst: &mut [u8], offset: usize) -> std::io::Result<usize> {
+pub fn read_full(file: &File, dst: &mut [u8], offset: usize) -> std::io::Result<usize> {
     let mut done = 0;
     while done < dst.len() {
         match file.read_at(&mut dst[done..], (offset + done) as u64) {

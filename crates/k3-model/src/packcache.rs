@@ -23,7 +23,7 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use expert_store::io::{AlignedBuf, IO_ALIGN, ShardReader, drop_page_cache};
+use expert_store::io::{AlignedBuf, IO_ALIGN, ShardReader, drop_page_cache, read_full};
 use mxfp4_kernels::packed::{EXCEPTION_BYTES, packed_body_bytes};
 use numa_sched::Pool;
 
@@ -262,7 +262,7 @@ impl PackCache {
             Err(e) => return Err(io(path)(e)),
         };
         let mut header = [0u8; 64];
-        let got = read_at_most(&file, &mut header, 0).map_err(io(path))?;
+        let got = read_full(&file, &mut header, 0).map_err(io(path))?;
         let mut r = Reader(&header[..got]);
         if r.take(8) != Some(MAGIC) {
             return Ok(Err("it is not a pack cache".into()));
@@ -280,7 +280,7 @@ impl PackCache {
             return Ok(Err("its header is cut short".into()));
         };
         let mut manifest = vec![0u8; len as usize];
-        let got = read_at_most(&file, &mut manifest, at as usize).map_err(io(path))?;
+        let got = read_full(&file, &mut manifest, at as usize).map_err(io(path))?;
         let _ = drop_page_cache(&file, 0, 0);
         if got as u64 != len || checksum(&manifest) != sum {
             return Ok(Err("its manifest is damaged".into()));
@@ -517,20 +517,6 @@ fn free_bytes(dir: &Path) -> std::io::Result<u64> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(st.f_bavail as u64 * st.f_frsize as u64)
-}
-
-/// Reads into `dst` from `offset` until full or the file ends; the bytes read.
-fn read_at_most(file: &File, dst: &mut [u8], offset: usize) -> std::io::Result<usize> {
-    let mut done = 0;
-    while done < dst.len() {
-        match file.read_at(&mut dst[done..], (offset + done) as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
 }
 
 fn checksum(bytes: &[u8]) -> u64 {

@@ -157,16 +157,196 @@ impl Plan {
         margin: u64,
         hidden: Option<u64>,
     ) -> Result<Self, PlanError> {
-        let full = Self::new_with(
-            sizes,
-            flags,
-            experts,
-            run,
-            budget.clone(),
-            margin,
-            hidden,
-            true,
-        );
+        // One pass of the plan, counting the expert store's free list (`free_list`) or not.
+        let pass = |free_list: bool| -> Result<Self, PlanError> {
+            let budget = budget.clone();
+            let mapped = |memory: MemoryPlan, budget| Self {
+                io_threads: experts.io_threads,
+                memory,
+                budget,
+                margin,
+                trunk: None,
+                expert_cache: None,
+                expert_fraction: 0.0,
+                disk_per_token: 0,
+                hidden: None,
+            };
+            let Some(budget) = budget else {
+                return Ok(mapped(flags, None));
+            };
+            let usable = budget.bytes.saturating_sub(margin);
+            let state = flags.kv_cache + flags.kda_state + flags.f32_copies + flags.prompt_cache;
+            // Everything a decode reads held at once, as stored (the mapping packs nothing):
+            // trunk, every expert, state (of the embedding a token reads one row). Then the flags
+            // decide as before.
+            let everything =
+                state + sizes.trunk_stored_bytes() + sizes.expert_total + flags.io_buffers;
+            if everything <= usable {
+                return if flags.total() <= usable {
+                    Ok(mapped(flags, Some(budget)))
+                } else {
+                    Err(PlanError::Flags {
+                        budget,
+                        margin,
+                        plan: flags,
+                        advice: "lower the expert cache (--expert-cache/--expert-cache-gb), --max-batch or --ctx",
+                    })
+                };
+            }
+            let largest = sizes.expert_largest;
+            // The landed experts a layer's request hands out at once: at most its window of reads
+            // (one per I/O thread), and at most the experts a layer selects.
+            let in_flight = |io_threads: usize| {
+                (sizes.top_k * run.max_batch)
+                    .min(sizes.experts_per_layer.iter().copied().max().unwrap_or(0))
+                    .min(expert_store::store::request_buffers(io_threads)) as u64
+                    * largest
+            };
+            // The fixed costs with `io_threads` reads in flight, and the flag's whole copy of the
+            // trunk where --resident-trunk asks for it.
+            let fixed = |io_threads: usize| {
+                let mut memory = MemoryPlan {
+                    resident_trunk: 0,
+                    trunk_buffers: 0,
+                    io_buffers: match free_list {
+                        true => expert_store::store::io_buffers(io_threads),
+                        // One read in flight per I/O thread.
+                        false => io_threads,
+                    } as u64
+                        * largest
+                        + in_flight(io_threads),
+                    ..flags
+                };
+                memory.expert_cache = 0;
+                if run.resident_trunk {
+                    memory.resident_trunk = flags.resident_trunk;
+                }
+                memory
+            };
+            // The least trunk layout (one buffer, what must be resident for it).
+            let least = (!run.resident_trunk).then(|| Layout::minimum(sizes));
+            let minimum = |io_threads: usize| {
+                let mut memory = fixed(io_threads);
+                if let Some(least) = &least {
+                    memory.resident_trunk = least.resident;
+                    memory.trunk_buffers = least.buffers;
+                }
+                memory
+            };
+            // Buffers cost residency: the expert reads in flight asked for, halved until their
+            // buffers take at most a tenth of the budget, then down to one where the minimum
+            // needs it.
+            let share = usable / BUFFER_SHARE;
+            let mut io_threads = experts.io_threads.max(1);
+            while io_threads > 1
+                && expert_store::store::io_buffers(io_threads) as u64 * largest > share
+            {
+                io_threads /= 2;
+            }
+            // Where the trunk and every expert cannot all be resident beside them, each byte of an
+            // expert buffer is a trunk byte streamed or an expert byte missed again and again:
+            // expert reads in flight drop to `STREAMING_IO_THREADS`.
+            if !run.resident_trunk
+                && fixed(io_threads).total() + sizes.trunk_resident_bytes() + sizes.expert_total
+                    > usable
+            {
+                io_threads = io_threads.min(STREAMING_IO_THREADS);
+            }
+            while io_threads > 1 && minimum(io_threads).total() > usable {
+                io_threads /= 2;
+            }
+            if minimum(io_threads).total() > usable {
+                return Err(if run.resident_trunk {
+                    PlanError::Flags {
+                        budget,
+                        margin,
+                        plan: minimum(io_threads),
+                        advice: "drop --resident-trunk (the plan then streams what does not fit)",
+                    }
+                } else {
+                    PlanError::BelowMinimum {
+                        budget,
+                        margin,
+                        minimum: minimum(io_threads),
+                    }
+                });
+            }
+            let mut memory = fixed(io_threads);
+            // The flags' expert cache, if they set one, before the trunk takes the rest.
+            let asked = match (experts.cache_experts, experts.cache_bytes) {
+                (Some(n), _) => Some(
+                    sizes
+                        .experts_per_layer
+                        .iter()
+                        .map(|&c| c.min(n) as u64)
+                        .sum::<u64>()
+                        * largest,
+                ),
+                (None, Some(b)) => Some(b.min(sizes.expert_total)),
+                (None, None) => None,
+            };
+            let trunk_floor = least.as_ref().map_or(0, |l| l.resident + l.buffers);
+            if let Some(cache) = asked {
+                memory.expert_cache = cache;
+                if usable < memory.total() + trunk_floor {
+                    memory.resident_trunk += least.as_ref().map_or(0, |l| l.resident);
+                    memory.trunk_buffers = least.as_ref().map_or(0, |l| l.buffers);
+                    return Err(PlanError::Flags {
+                        budget,
+                        margin,
+                        plan: memory,
+                        advice: "lower --expert-cache/--expert-cache-gb, or leave the expert cache to the plan",
+                    });
+                }
+            }
+            let room = usable - memory.total();
+            let mut trunk = None;
+            // The hidden bytes in force: where the flags leave the cache to the plan and the
+            // trunk-first layout streams less.
+            let mut hid = None;
+            if !run.resident_trunk {
+                let best = Layout::best(sizes, room, share).expect("the minimum layout fits");
+                // Only where the trunk-first layout leaves experts out: with the whole trunk and
+                // every expert resident (a packed trunk can do that) there is nothing to trade.
+                let caches_all = best.resident + best.buffers + sizes.expert_total <= room;
+                hid = hidden.filter(|&h| {
+                    asked.is_none() && !caches_all && best.trunk.streamed_read_bytes() < h
+                });
+                let layout = match hid {
+                    Some(h) => hiding_layout(sizes, room, share, h),
+                    None => best,
+                };
+                memory.resident_trunk = layout.resident;
+                memory.trunk_buffers = layout.buffers;
+                trunk = Some(layout.trunk);
+            }
+            let left = usable - memory.total();
+            if asked.is_none() {
+                memory.expert_cache = left.min(sizes.expert_total);
+            }
+            let fraction = match sizes.expert_total {
+                0 => 1.0,
+                total => memory.expert_cache as f64 / total as f64,
+            };
+            // Uniform routing: each selection hits the cache with the cache's share of experts.
+            let moe_layers = sizes.experts_per_layer.len() as u64;
+            let experts_read = ((moe_layers * sizes.top_k as u64 * largest) as f64
+                * (1.0 - fraction.min(1.0)))
+            .round() as u64;
+            let streamed = trunk.as_ref().map_or(0, TrunkPlan::streamed_read_bytes);
+            Ok(Self {
+                memory,
+                budget: Some(budget),
+                margin,
+                disk_per_token: streamed + experts_read + sizes.embed_row,
+                trunk,
+                expert_cache: Some(memory.expert_cache),
+                expert_fraction: fraction.min(1.0),
+                io_threads,
+                hidden: hid,
+            })
+        };
+        let full = pass(true);
         let caches_none = |p: &Self| {
             p.expert_cache
                 .is_some_and(|cache| cache < sizes.expert_largest.max(1))
@@ -177,209 +357,12 @@ impl Plan {
         }
         // Without the free list the trunk gets its room (and the minimum is lower), if the
         // cache still holds no expert.
-        let lean = Self::new_with(sizes, flags, experts, run, budget, margin, hidden, false);
+        let lean = pass(false);
         match (full, lean) {
             (_, Ok(lean)) if caches_none(&lean) => Ok(lean),
             (Ok(full), _) => Ok(full),
             (Err(_), Err(e)) | (Err(e), Ok(_)) => Err(e),
         }
-    }
-
-    /// [`Plan::new`], counting the expert store's free list (`free_list`) or not.
-    #[allow(clippy::too_many_arguments)]
-    fn new_with(
-        sizes: &WeightSizes,
-        flags: MemoryPlan,
-        experts: &ExpertOptions,
-        run: RunShape,
-        budget: Option<MemoryBudget>,
-        margin: u64,
-        hidden: Option<u64>,
-        free_list: bool,
-    ) -> Result<Self, PlanError> {
-        let mapped = |memory: MemoryPlan, budget| Self {
-            io_threads: experts.io_threads,
-            memory,
-            budget,
-            margin,
-            trunk: None,
-            expert_cache: None,
-            expert_fraction: 0.0,
-            disk_per_token: 0,
-            hidden: None,
-        };
-        let Some(budget) = budget else {
-            return Ok(mapped(flags, None));
-        };
-        let usable = budget.bytes.saturating_sub(margin);
-        let state = flags.kv_cache + flags.kda_state + flags.f32_copies + flags.prompt_cache;
-        // Everything a decode reads held at once, as stored (the mapping packs nothing):
-        // trunk, every expert, state (of the embedding a token reads one row). Then the flags
-        // decide as before.
-        let everything = state + sizes.trunk_stored_bytes() + sizes.expert_total + flags.io_buffers;
-        if everything <= usable {
-            return if flags.total() <= usable {
-                Ok(mapped(flags, Some(budget)))
-            } else {
-                Err(PlanError::Flags {
-                    budget,
-                    margin,
-                    plan: flags,
-                    advice: "lower the expert cache (--expert-cache/--expert-cache-gb), --max-batch or --ctx",
-                })
-            };
-        }
-        let largest = sizes.expert_largest;
-        // The landed experts a layer's request hands out at once: at most its window of reads
-        // (one per I/O thread), and at most the experts a layer selects.
-        let in_flight = |io_threads: usize| {
-            (sizes.top_k * run.max_batch)
-                .min(sizes.experts_per_layer.iter().copied().max().unwrap_or(0))
-                .min(expert_store::store::request_buffers(io_threads)) as u64
-                * largest
-        };
-        // The fixed costs with `io_threads` reads in flight, and the flag's whole copy of the
-        // trunk where --resident-trunk asks for it.
-        let fixed = |io_threads: usize| {
-            let mut memory = MemoryPlan {
-                resident_trunk: 0,
-                trunk_buffers: 0,
-                io_buffers: match free_list {
-                    true => expert_store::store::io_buffers(io_threads),
-                    // One read in flight per I/O thread.
-                    false => io_threads,
-                } as u64
-                    * largest
-                    + in_flight(io_threads),
-                ..flags
-            };
-            memory.expert_cache = 0;
-            if run.resident_trunk {
-                memory.resident_trunk = flags.resident_trunk;
-            }
-            memory
-        };
-        // The least trunk layout (one buffer, what must be resident for it).
-        let least = (!run.resident_trunk).then(|| Layout::minimum(sizes));
-        let minimum = |io_threads: usize| {
-            let mut memory = fixed(io_threads);
-            if let Some(least) = &least {
-                memory.resident_trunk = least.resident;
-                memory.trunk_buffers = least.buffers;
-            }
-            memory
-        };
-        // Buffers cost residency: the expert reads in flight asked for, halved until their
-        // buffers take at most a tenth of the budget, then down to one where the minimum
-        // needs it.
-        let share = usable / BUFFER_SHARE;
-        let mut io_threads = experts.io_threads.max(1);
-        while io_threads > 1 && expert_store::store::io_buffers(io_threads) as u64 * largest > share
-        {
-            io_threads /= 2;
-        }
-        // Where the trunk and every expert cannot all be resident beside them, each byte of an
-        // expert buffer is a trunk byte streamed or an expert byte missed again and again:
-        // expert reads in flight drop to `STREAMING_IO_THREADS`.
-        if !run.resident_trunk
-            && fixed(io_threads).total() + sizes.trunk_resident_bytes() + sizes.expert_total
-                > usable
-        {
-            io_threads = io_threads.min(STREAMING_IO_THREADS);
-        }
-        while io_threads > 1 && minimum(io_threads).total() > usable {
-            io_threads /= 2;
-        }
-        if minimum(io_threads).total() > usable {
-            return Err(if run.resident_trunk {
-                PlanError::Flags {
-                    budget,
-                    margin,
-                    plan: minimum(io_threads),
-                    advice: "drop --resident-trunk (the plan then streams what does not fit)",
-                }
-            } else {
-                PlanError::BelowMinimum {
-                    budget,
-                    margin,
-                    minimum: minimum(io_threads),
-                }
-            });
-        }
-        let mut memory = fixed(io_threads);
-        // The flags' expert cache, if they set one, before the trunk takes the rest.
-        let asked = match (experts.cache_experts, experts.cache_bytes) {
-            (Some(n), _) => Some(
-                sizes
-                    .experts_per_layer
-                    .iter()
-                    .map(|&c| c.min(n) as u64)
-                    .sum::<u64>()
-                    * largest,
-            ),
-            (None, Some(b)) => Some(b.min(sizes.expert_total)),
-            (None, None) => None,
-        };
-        let trunk_floor = least.as_ref().map_or(0, |l| l.resident + l.buffers);
-        if let Some(cache) = asked {
-            memory.expert_cache = cache;
-            if usable < memory.total() + trunk_floor {
-                memory.resident_trunk += least.as_ref().map_or(0, |l| l.resident);
-                memory.trunk_buffers = least.as_ref().map_or(0, |l| l.buffers);
-                return Err(PlanError::Flags {
-                    budget,
-                    margin,
-                    plan: memory,
-                    advice: "lower --expert-cache/--expert-cache-gb, or leave the expert cache to the plan",
-                });
-            }
-        }
-        let room = usable - memory.total();
-        let mut trunk = None;
-        // The hidden bytes in force: where the flags leave the cache to the plan and the
-        // trunk-first layout streams less.
-        let mut hid = None;
-        if !run.resident_trunk {
-            let best = Layout::best(sizes, room, share).expect("the minimum layout fits");
-            // Only where the trunk-first layout leaves experts out: with the whole trunk and
-            // every expert resident (a packed trunk can do that) there is nothing to trade.
-            let caches_all = best.resident + best.buffers + sizes.expert_total <= room;
-            hid = hidden.filter(|&h| {
-                asked.is_none() && !caches_all && best.trunk.streamed_read_bytes() < h
-            });
-            let layout = match hid {
-                Some(h) => hiding_layout(sizes, room, share, h),
-                None => best,
-            };
-            memory.resident_trunk = layout.resident;
-            memory.trunk_buffers = layout.buffers;
-            trunk = Some(layout.trunk);
-        }
-        let left = usable - memory.total();
-        if asked.is_none() {
-            memory.expert_cache = left.min(sizes.expert_total);
-        }
-        let fraction = match sizes.expert_total {
-            0 => 1.0,
-            total => memory.expert_cache as f64 / total as f64,
-        };
-        // Uniform routing: each selection hits the cache with the cache's share of experts.
-        let moe_layers = sizes.experts_per_layer.len() as u64;
-        let experts_read = ((moe_layers * sizes.top_k as u64 * largest) as f64
-            * (1.0 - fraction.min(1.0)))
-        .round() as u64;
-        let streamed = trunk.as_ref().map_or(0, TrunkPlan::streamed_read_bytes);
-        Ok(Self {
-            memory,
-            budget: Some(budget),
-            margin,
-            disk_per_token: streamed + experts_read + sizes.embed_row,
-            trunk,
-            expert_cache: Some(memory.expert_cache),
-            expert_fraction: fraction.min(1.0),
-            io_threads,
-            hidden: hid,
-        })
     }
 
     /// Whether the plan streams part of the trunk.

@@ -707,60 +707,50 @@ fn a_hidden_stream_trades_trunk_residency_for_expert_cache() {
 #[test]
 fn the_free_list_is_counted_only_where_the_cache_holds_an_expert() {
     let sizes = wide_like();
-    let flags = MemoryPlan::default();
     let largest = sizes.expert_largest;
-    let tight = Plan::new(
-        &sizes,
-        flags,
-        &options(),
-        run(),
-        budget(3_600_000_000),
-        0,
-        None,
-    )
-    .unwrap();
+    let plan = |bytes, experts: &ExpertOptions| {
+        Plan::new(
+            &sizes,
+            MemoryPlan::default(),
+            experts,
+            run(),
+            budget(bytes),
+            0,
+            None,
+        )
+        .unwrap()
+    };
+    let tight = plan(3_600_000_000, &options());
     assert!(
         tight.expert_cache.unwrap() < largest,
         "{}",
         tight.describe()
     );
     let io = tight.io_threads as u64;
+    let free_list = |p: &Plan| expert_store::store::io_buffers(p.io_threads) as u64 * largest;
     // One read in flight and one handed-out expert per I/O thread.
     assert_eq!(tight.memory.io_buffers, 2 * io * largest);
-    // The same budget with the free list counted keeps less of the trunk resident.
-    let counted = Plan::new_with(
-        &sizes,
-        flags,
-        &options(),
-        run(),
-        budget(3_600_000_000),
-        0,
-        None,
-        true,
-    )
-    .unwrap();
+    // A cache the flags size (here 0 bytes) keeps the free list counted, and less of the
+    // trunk resident.
+    let sized = ExpertOptions {
+        cache_bytes: Some(0),
+        ..options()
+    };
+    let counted = plan(3_600_000_000, &sized);
     assert_eq!(
         counted.memory.io_buffers,
-        (expert_store::store::io_buffers(tight.io_threads) as u64 + io) * largest
+        free_list(&counted) + io * largest
     );
     assert!(counted.memory.resident_trunk < tight.memory.resident_trunk);
-    let roomy = Plan::new(
-        &sizes,
-        flags,
-        &options(),
-        run(),
-        budget(7_800_000_000),
-        0,
-        None,
-    )
-    .unwrap();
+    let roomy = plan(7_800_000_000, &options());
     assert!(
         roomy.expert_cache.unwrap() >= largest,
         "{}",
         roomy.describe()
     );
+    let threads = roomy.io_threads as u64;
     assert_eq!(
         roomy.memory.io_buffers,
-        (expert_store::store::io_buffers(roomy.io_threads) + roomy.io_threads) as u64 * largest
+        free_list(&roomy) + threads * largest
     );
 }
