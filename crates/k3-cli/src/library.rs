@@ -93,7 +93,7 @@ pub fn library_flags() -> Vec<Flag> {
             "pack-cache",
             "DIR|off",
             Text,
-            "the model directory, else $XDG_CACHE_HOME/k3 ($HOME/.cache/k3)",
+            "the model directory, else (k3-serve) $XDG_CACHE_HOME/k3 or $HOME/.cache/k3",
             performance,
             "where the packed copy of the BF16 matrices a memory plan streams is written once (k3-packed-<identity>.bin, about 0.77x their size) and read from; off: stream them as stored",
         ),

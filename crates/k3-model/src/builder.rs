@@ -48,7 +48,7 @@ pub struct EngineOptions {
     /// packed from the pack cache ([`Self::pack_cache`]). `--no-pack-trunk` clears it.
     pub pack_trunk: bool,
     /// Where the pack cache is kept (`--pack-cache DIR|off`): by default beside the checkpoint,
-    /// else in the user's cache directory.
+    /// else where `PackCachePlace::Auto` says (k3-serve: `$XDG_CACHE_HOME/k3`).
     pub pack_cache: PackCachePlace,
     /// Read every weight once first: a NaN/Inf in a float tensor or a 0xFF E8M0 scale fails
     /// the build, naming the tensors.
@@ -77,7 +77,7 @@ impl Default for EngineOptions {
             expert_placement: ExpertPlacement::default(),
             resident_trunk: false,
             pack_trunk: true,
-            pack_cache: PackCachePlace::Auto,
+            pack_cache: PackCachePlace::default(),
             scan: false,
             max_batch: 1,
             ctx: 4096,
@@ -281,7 +281,10 @@ impl Engine {
         if streams_packable && !matches!(options.pack_cache, PackCachePlace::Off) {
             let dirs = match &options.pack_cache {
                 PackCachePlace::Dir(dir) => vec![dir.clone()],
-                _ => crate::packcache::default_dirs(checkpoint.dir()),
+                PackCachePlace::Auto(fallback) => {
+                    crate::packcache::default_dirs(checkpoint.dir(), fallback.as_deref())
+                }
+                PackCachePlace::Off => unreachable!("checked above"),
             };
             let identity = checkpoint_identity(&checkpoint, &config);
             let opened = PackCache::open_or_write(

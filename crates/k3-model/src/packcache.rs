@@ -1,6 +1,6 @@
 //! The pack cache: the trunk's BF16 matrices packed losslessly (`mxfp4_kernels::packed`: 49
-//! bytes per 32 weights instead of 64), written once to a file beside the checkpoint (or in
-//! the user's cache directory where the checkpoint's is read-only), keyed by the checkpoint's
+//! bytes per 32 weights instead of 64), written once to a file beside the checkpoint (or in a
+//! directory the caller gives where the checkpoint's is read-only), keyed by the checkpoint's
 //! identity, so a memory plan's trunk stream reads 0.77x the bytes it would read as stored.
 //!
 //! The file: a header page (magic, version, the checkpoint identity, where the manifest lies
@@ -100,15 +100,21 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PackCacheError + '_ {
 }
 
 /// Where the pack cache is kept.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PackCachePlace {
-    /// Beside the checkpoint, else in the user's cache directory ([`default_dirs`]).
-    #[default]
-    Auto,
+    /// Beside the checkpoint, else in the directory given (k3-serve gives
+    /// `$XDG_CACHE_HOME/k3`; [`default_dirs`]).
+    Auto(Option<PathBuf>),
     /// In this directory.
     Dir(PathBuf),
     /// Nowhere: streamed matrices are read as stored.
     Off,
+}
+
+impl Default for PackCachePlace {
+    fn default() -> Self {
+        Self::Auto(None)
+    }
 }
 
 /// What [`PackCache::open_or_write`] did.
@@ -150,17 +156,11 @@ pub fn file_name(identity: u64) -> String {
     format!("k3-packed-{identity:016x}.bin")
 }
 
-/// Where the cache goes by default: the checkpoint's directory, else
-/// `$XDG_CACHE_HOME/k3` (`$HOME/.cache/k3`).
-pub fn default_dirs(checkpoint_dir: &Path) -> Vec<PathBuf> {
+/// Where the cache goes by default: the checkpoint's directory, else `fallback` (a binary's
+/// user cache directory; the library reads no environment).
+pub fn default_dirs(checkpoint_dir: &Path, fallback: Option<&Path>) -> Vec<PathBuf> {
     let mut dirs = vec![checkpoint_dir.to_owned()];
-    let user = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")));
-    if let Some(user) = user {
-        dirs.push(user.join("k3"));
-    }
+    dirs.extend(fallback.map(Path::to_owned));
     dirs
 }
 

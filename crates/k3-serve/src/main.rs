@@ -18,6 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use k3_model::builder::EngineOptions;
+use k3_model::packcache::PackCachePlace;
 
 mod follower;
 use k3_model::chat::ThinkingEffort;
@@ -92,6 +93,10 @@ fn parse(
         ..EngineOptions::default()
     };
     cli::apply_library_flags(&p, &mut engine)?;
+    if engine.pack_cache == PackCachePlace::Auto(None) {
+        // Where the checkpoint's directory is read-only, the pack cache goes to the user's.
+        engine.pack_cache = PackCachePlace::Auto(Some(user_cache_dir().join("k3")));
+    }
     let seconds = |name: &str| -> Result<Duration, UsageError> {
         Ok(Duration::from_secs_f64(p.get_or_default(table, name)?))
     };
@@ -244,12 +249,18 @@ fn prompt_cache_options(args: &Args) -> PromptCacheOptions {
     }
 }
 
-/// The cached `tiny` checkpoint, generated on first use.
-fn default_model() -> Result<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
+/// The user's cache directory: `$XDG_CACHE_HOME`, else `$HOME/.cache`, else the temporary
+/// directory.
+fn user_cache_dir() -> PathBuf {
+    std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
+        .unwrap_or_else(std::env::temp_dir)
+}
+
+/// The cached `tiny` checkpoint, generated on first use.
+fn default_model() -> Result<PathBuf> {
+    let base = user_cache_dir();
     let dir = base.join("k3").join("tiny");
     if !dir.join("config.json").exists() {
         let partial = base
