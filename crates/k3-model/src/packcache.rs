@@ -330,6 +330,7 @@ impl PackCache {
     ) -> Result<Self, PackCacheError> {
         let dir = path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).map_err(io(dir))?;
+        remove_abandoned(path);
         let (bodies, end) = layout(want);
         // The manifest: about the side bytes plus names; bounded by a 2% share of exceptions.
         let rows: usize = want.iter().map(|t| t.rows).sum();
@@ -355,6 +356,31 @@ impl PackCache {
                 path: path.to_owned(),
                 source: std::io::Error::other(format!("written, then read back: {why}")),
             }),
+        }
+    }
+}
+
+/// Removes the temporary files (`<stem>.tmp<pid>`) that writers of `path` killed mid-write left
+/// beside it: those whose process is gone.
+fn remove_abandoned(path: &Path) {
+    let (Some(dir), Some(stem)) = (path.parent(), path.file_stem()) else {
+        return;
+    };
+    let prefix = format!("{}.tmp", stem.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::remove_file(entry.path());
         }
     }
 }

@@ -50,7 +50,16 @@ fn each_matrix_is_held_as_pack_rows_into_makes_it_and_the_file_reopens() {
     let want = sizes.packable();
     assert!(want.len() > 3, "the tiny trunk has BF16 matrices");
     let path = tiny.0.join("cache").join(file_name(7));
+    // A writer killed mid-write left its temporary file (no process has that pid); one of a
+    // live process (pid 1) is left alone.
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let abandoned = path.with_extension(format!("tmp{}", u32::MAX));
+    let live = path.with_extension("tmp1");
+    std::fs::write(&abandoned, b"partial").unwrap();
+    std::fs::write(&live, b"partial").unwrap();
     let cache = PackCache::write(&path, 7, &want, &pool(), &[]).unwrap();
+    assert!(!abandoned.exists() && live.exists());
+    std::fs::remove_file(&live).unwrap();
     let file = std::fs::read(&path).unwrap();
     let mut exceptions_seen = 0;
     for t in &want {
