@@ -278,14 +278,8 @@ impl Engine {
                 .flat_map(|s| &s.tensors)
                 .any(|t| t.pack_cols.is_some())
         });
-        if streams_packable && !matches!(options.pack_cache, PackCachePlace::Off) {
-            let dirs = match &options.pack_cache {
-                PackCachePlace::Dir(dir) => vec![dir.clone()],
-                PackCachePlace::Auto(fallback) => {
-                    crate::packcache::default_dirs(checkpoint.dir(), fallback.as_deref())
-                }
-                PackCachePlace::Off => unreachable!("checked above"),
-            };
+        let dirs = options.pack_cache.dirs(checkpoint.dir());
+        if streams_packable && !dirs.is_empty() {
             let identity = checkpoint_identity(&checkpoint, &config);
             let opened = PackCache::open_or_write(
                 &dirs,

@@ -103,7 +103,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PackCacheError + '_ {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PackCachePlace {
     /// Beside the checkpoint, else in the directory given (k3-serve gives
-    /// `$XDG_CACHE_HOME/k3`; [`default_dirs`]).
+    /// `$XDG_CACHE_HOME/k3`; the library reads no environment).
     Auto(Option<PathBuf>),
     /// In this directory.
     Dir(PathBuf),
@@ -114,6 +114,19 @@ pub enum PackCachePlace {
 impl Default for PackCachePlace {
     fn default() -> Self {
         Self::Auto(None)
+    }
+}
+
+impl PackCachePlace {
+    /// The directories to try, in order, for a checkpoint in `checkpoint_dir` (none: off).
+    pub fn dirs(&self, checkpoint_dir: &Path) -> Vec<PathBuf> {
+        match self {
+            Self::Auto(fallback) => std::iter::once(checkpoint_dir.to_owned())
+                .chain(fallback.clone())
+                .collect(),
+            Self::Dir(dir) => vec![dir.clone()],
+            Self::Off => Vec::new(),
+        }
     }
 }
 
@@ -137,6 +150,26 @@ struct Source {
 }
 
 impl Source {
+    /// The distinct source files of `want` (each stated once, in first use), and per matrix
+    /// the index of its own.
+    fn of_all(want: &[&StoredTensor]) -> Result<(Vec<Self>, Vec<usize>), PackCacheError> {
+        let mut paths: Vec<&Path> = Vec::new();
+        let mut sources = Vec::new();
+        let mut source_of = Vec::with_capacity(want.len());
+        for t in want {
+            let i = match paths.iter().position(|&p| p == t.path) {
+                Some(i) => i,
+                None => {
+                    sources.push(Self::of(&t.path)?);
+                    paths.push(&t.path);
+                    paths.len() - 1
+                }
+            };
+            source_of.push(i);
+        }
+        Ok((sources, source_of))
+    }
+
     fn of(path: &Path) -> Result<Self, PackCacheError> {
         let meta = std::fs::metadata(path).map_err(io(path))?;
         Ok(Self {
@@ -156,14 +189,6 @@ pub fn file_name(identity: u64) -> String {
     format!("k3-packed-{identity:016x}.bin")
 }
 
-/// Where the cache goes by default: the checkpoint's directory, else `fallback` (a binary's
-/// user cache directory; the library reads no environment).
-pub fn default_dirs(checkpoint_dir: &Path, fallback: Option<&Path>) -> Vec<PathBuf> {
-    let mut dirs = vec![checkpoint_dir.to_owned()];
-    dirs.extend(fallback.map(Path::to_owned));
-    dirs
-}
-
 /// The body offsets of `want` laid out from the header page, each at a 4 KiB boundary, and
 /// the end of the last.
 fn layout(want: &[&StoredTensor]) -> (Vec<usize>, usize) {
@@ -180,7 +205,7 @@ fn layout(want: &[&StoredTensor]) -> (Vec<usize>, usize) {
 impl PackCache {
     /// The matrix named `name` (as stored), if the cache holds it.
     pub fn get(&self, name: &str) -> Option<&PackedTensor> {
-        self.by_name.get(name).map(|&i| &self.tensors[i])
+        self.position(name).map(|i| self.at(i))
     }
 
     /// The index of the matrix named `name`, if the cache holds it ([`Self::at`]).
@@ -295,12 +320,13 @@ impl PackCache {
             .enumerate()
             .map(|(i, (t, _, _))| (t.name.clone(), i))
             .collect();
-        for (w, &body) in want.iter().zip(&bodies) {
+        let (now, now_of) = Source::of_all(want)?;
+        for ((w, &body), &own) in want.iter().zip(&bodies).zip(&now_of) {
             let Some(&(ref t, source, offset)) = by_name.get(&w.name).map(|&i| &tensors[i]) else {
                 return Ok(Err(format!("it does not hold {}", w.name)));
             };
-            let now = Source::of(&w.path)?;
-            if Some(&now) != sources.get(source)
+            let now = &now[own];
+            if Some(now) != sources.get(source)
                 || offset != w.offset
                 || Some(t.cols) != w.pack_cols
                 || t.rows != w.rows
@@ -413,21 +439,11 @@ fn write_file(
         Err(e) => return Err(io(tmp)(e)),
     };
     let mut readers: Vec<Arc<ShardReader>> = Vec::new();
-    let mut sources: Vec<Source> = Vec::new();
-    let mut source_of = Vec::with_capacity(want.len());
+    let (sources, source_of) = Source::of_all(want)?;
     let mut pieces = Vec::with_capacity(want.len());
     let mut chunks = Vec::new();
     for (i, t) in want.iter().enumerate() {
         let cols = t.pack_cols.expect("only packable matrices are cached");
-        let source = Source::of(&t.path)?;
-        let s = match sources.iter().position(|s| *s == source) {
-            Some(s) => s,
-            None => {
-                sources.push(source);
-                sources.len() - 1
-            }
-        };
-        source_of.push(s);
         let reader = crate::model::trunk_reader(&mut readers, &t.path)?;
         let row = 2 * cols;
         let step = (STAGING / row).max(1);

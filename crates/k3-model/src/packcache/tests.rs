@@ -178,3 +178,16 @@ fn a_place_that_cannot_take_the_file_says_why() {
     assert!(matches!(outcome, Outcome::Written { .. }), "{outcome:?}");
     assert!(cache.path().starts_with(&good));
 }
+
+#[test]
+fn the_places_tried_follow_the_option() {
+    let ckpt = Path::new("/models/k3");
+    let user = PathBuf::from("/home/u/.cache/k3");
+    assert_eq!(PackCachePlace::default().dirs(ckpt), [ckpt.to_owned()]);
+    assert_eq!(
+        PackCachePlace::Auto(Some(user.clone())).dirs(ckpt),
+        [ckpt.to_owned(), user.clone()]
+    );
+    assert_eq!(PackCachePlace::Dir(user.clone()).dirs(ckpt), [user]);
+    assert!(PackCachePlace::Off.dirs(ckpt).is_empty());
+}

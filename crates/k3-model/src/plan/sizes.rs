@@ -431,7 +431,8 @@ impl WeightSizes {
     pub fn with_projected_pack_cache(mut self) -> Self {
         let (mut at, mut side) = (expert_store::io::IO_ALIGN, 0u64);
         for layer in self.layers.iter_mut().chain([&mut self.head]) {
-            for t in layer.iter_mut().filter(|t| t.part != Part::Copied) {
+            for t in layer.iter_mut() {
+                // Set only on matrices the pass reads (`pack_cols`), never on copied ones.
                 let Some(cols) = t.pack_cols else { continue };
                 t.packed_at = Some(PackedAt {
                     path: PathBuf::from("k3-packed.bin"),
