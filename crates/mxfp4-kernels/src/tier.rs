@@ -376,9 +376,10 @@ impl Kernels {
     }
 
     /// As [`Kernels::matmul_bf16`] on the BF16 matrix that `matrix` packs, with its bits in
-    /// every tier. `avx2` decodes each block in registers and runs the BF16 kernel's FMAs on
-    /// it; the other tiers decode a few rows at a time into an L2-sized buffer and run their
-    /// BF16 kernel over it (no row's result depends on how rows are blocked).
+    /// every tier. `avx2` and `avx512` decode each block in registers and run their BF16
+    /// kernel's FMAs on it; the other tiers decode a few rows at a time into an L2-sized
+    /// buffer and run their BF16 kernel over it (no row's result depends on how rows are
+    /// blocked).
     pub fn matmul_packed_bf16(
         &self,
         matrix: &PackedBf16Matrix<'_>,
@@ -394,6 +395,11 @@ impl Kernels {
                 // SAFETY: the token proves avx2/fma/f16c; `check_matmul` proved the shapes.
                 unsafe { crate::x86::avx2::matmul_packed_bf16(token, matrix, act, rows, out) }
             }
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves avx512f/bw/vl; shapes checked above.
+            Tier::Avx512 => unsafe {
+                crate::x86::packed::matmul_packed_bf16(matrix, act, rows, out)
+            },
             _ => self.packed_via_bf16(matrix, act, rows, out)?,
         }
         Ok(())

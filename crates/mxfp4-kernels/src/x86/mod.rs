@@ -17,6 +17,7 @@ pub(crate) mod float;
 pub(crate) mod lanes;
 #[cfg(test)]
 mod model;
+pub(crate) mod packed;
 pub(crate) mod vnni;
 
 /// Runs `$kernel::<R, T, C>` for tokens `$tok0..$tok0 + T` over `$rows` in blocks of `R` rows

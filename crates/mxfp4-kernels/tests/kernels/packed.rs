@@ -87,3 +87,14 @@ fn packed_gemv_at_model_widths() {
         }
     }
 }
+
+/// The widths the kernels have copies compiled for (`C`), and row counts past the GEMV's row
+/// block (8 or 16 rows) with a tail, one token and several.
+#[test]
+fn packed_matmul_has_the_bf16_bits_at_compiled_widths() {
+    for (seed, blocks) in [(1, 16), (2, 48)] {
+        for tokens in [1, 5] {
+            check(seed, 37, blocks, tokens, 3, 5);
+        }
+    }
+}

@@ -21,7 +21,7 @@ use crate::view::{Bf16Matrix, F16Matrix, F32Matrix, MxFp4Matrix};
 
 mod float;
 mod mxfp4;
-mod packed;
+pub(crate) mod packed;
 
 /// One `avx512` accumulator: lanes 0..7 and lanes 8..15.
 pub(crate) type Acc = [__m256; 2];

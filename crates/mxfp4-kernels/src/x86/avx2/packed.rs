@@ -66,13 +66,7 @@ fn packed_block<const R: usize, const T: usize, const C: usize>(
     let mut next: [usize; R] = std::array::from_fn(|r| m.first_exception(row0 + r));
     let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
     let mut prefetch = Prefetch::new(R * row_bytes, blocks);
-    // SAFETY: the tables are 16 bytes each.
-    let (offsets, not_first) = unsafe {
-        (
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(OFFSETS.as_ptr().cast())),
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(NOT_FIRST.as_ptr().cast())),
-        )
-    };
+    let (offsets, not_first) = tables();
     for block in 0..blocks {
         prefetch.step(base, block);
         for r in 0..R {
@@ -112,6 +106,43 @@ fn packed_block<const R: usize, const T: usize, const C: usize>(
 #[inline]
 unsafe fn decode(at: *const u8, offsets: __m256i, not_first: __m256i) -> [__m256; 4] {
     // SAFETY: the block's 49 bytes, by the caller.
+    let (first, second) = unsafe { decode_words(at, offsets, not_first) };
+    let high_half = _mm256_set1_epi32(HIGH_HALF as i32);
+    [
+        _mm256_castsi256_ps(_mm256_slli_epi32::<{ HALF_BITS as i32 }>(first)),
+        _mm256_castsi256_ps(_mm256_slli_epi32::<{ HALF_BITS as i32 }>(second)),
+        _mm256_castsi256_ps(_mm256_and_si256(first, high_half)),
+        _mm256_castsi256_ps(_mm256_and_si256(second, high_half)),
+    ]
+}
+
+/// The decode's tables: `OFFSETS` and `NOT_FIRST` in both lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) fn tables() -> (__m256i, __m256i) {
+    // SAFETY: the tables are 16 bytes each.
+    unsafe {
+        (
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(OFFSETS.as_ptr().cast())),
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(NOT_FIRST.as_ptr().cast())),
+        )
+    }
+}
+
+/// One packed block's 32 BF16 values, exactly, as a BF16 row holds them: columns `0..16`,
+/// then `16..32`, one 16-bit word each (`tables()` gives `offsets` and `not_first`). The
+/// `avx512` tier joins the halves into one vector.
+///
+/// # Safety
+/// 49 bytes from `at` must be readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn decode_words(
+    at: *const u8,
+    offsets: __m256i,
+    not_first: __m256i,
+) -> (__m256i, __m256i) {
+    // SAFETY: the block's 49 bytes, by the caller.
     let (signs, codes, base) = unsafe {
         (
             _mm256_loadu_si256(at.cast()),
@@ -140,13 +171,10 @@ unsafe fn decode(at: *const u8, offsets: __m256i, not_first: __m256i) -> [__m256
         _mm256_and_si256(signs, top),
         _mm256_and_si256(_mm256_srli_epi16::<1>(e), rest),
     );
-    let first = _mm256_unpacklo_epi8(low_bytes, high_bytes);
-    let second = _mm256_unpackhi_epi8(low_bytes, high_bytes);
-    let high_half = _mm256_set1_epi32(HIGH_HALF as i32);
-    [
-        _mm256_castsi256_ps(_mm256_slli_epi32::<{ HALF_BITS as i32 }>(first)),
-        _mm256_castsi256_ps(_mm256_slli_epi32::<{ HALF_BITS as i32 }>(second)),
-        _mm256_castsi256_ps(_mm256_and_si256(first, high_half)),
-        _mm256_castsi256_ps(_mm256_and_si256(second, high_half)),
-    ]
+    // In each 128-bit lane: slots [0..8 | 16..24] and [8..16 | 24..32], i.e. (by
+    // `packed::SLOT_COLUMN`) columns 0..16 and 16..32.
+    (
+        _mm256_unpacklo_epi8(low_bytes, high_bytes),
+        _mm256_unpackhi_epi8(low_bytes, high_bytes),
+    )
 }
