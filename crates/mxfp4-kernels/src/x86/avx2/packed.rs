@@ -178,3 +178,90 @@ pub(crate) unsafe fn decode_words(
         _mm256_unpackhi_epi8(low_bytes, high_bytes),
     )
 }
+
+/// Rows `rows` of `m` as little-endian BF16 bytes (`rows.len() * cols * 2`), exactly: what
+/// `PackedBf16Matrix::decode_rows_bf16` gives, a block at a time in registers. The tiers that
+/// run a GEMM of many tokens over decoded rows (`Kernels::packed_via_bf16`) use it.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn decode_rows_bf16(m: &PackedBf16Matrix<'_>, rows: Range<usize>, out: &mut [u8]) {
+    let cols = m.cols();
+    assert_eq!(out.len(), rows.len() * cols * 2, "the rows' bytes");
+    let row_bytes = cols / 32 * PACKED_BLOCK_BYTES;
+    let (offsets, not_first) = tables();
+    let exceptions = m.exceptions();
+    for (row, dst) in rows.zip(out.chunks_exact_mut(cols * 2)) {
+        let body = &m.body()[row * row_bytes..(row + 1) * row_bytes];
+        let mut next = m.first_exception(row);
+        for (block, d) in body
+            .chunks_exact(PACKED_BLOCK_BYTES)
+            .zip(dst.chunks_exact_mut(64))
+        {
+            if block[BASE_AT] != 0 {
+                // SAFETY: `block` is the block's 49 bytes; `d` is 64 writable bytes.
+                unsafe {
+                    let (first, second) = decode_words(block.as_ptr(), offsets, not_first);
+                    _mm256_storeu_si256(d.as_mut_ptr().cast(), first);
+                    _mm256_storeu_si256(d.as_mut_ptr().add(32).cast(), second);
+                }
+            } else {
+                assert!(
+                    next < m.first_exception(row + 1),
+                    "row {row} of a packed matrix has more exception blocks than its index says"
+                );
+                d.copy_from_slice(
+                    &exceptions[next * EXCEPTION_BYTES..(next + 1) * EXCEPTION_BYTES],
+                );
+                next += 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::packed::PackedBf16;
+
+    /// The in-register row decode gives the portable decode's bytes, exception blocks (every
+    /// fifth block spans 40 exponents) and zeros included, for any row range.
+    #[test]
+    fn decode_rows_matches_the_portable_decode() {
+        if !(is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c"))
+        {
+            eprintln!("note: no avx2 here; the in-register decode is not tested");
+            return;
+        }
+        let (rows, cols) = (11, 320);
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let bf16: Vec<u8> = (0..rows * cols)
+            .flat_map(|i| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let r = (s >> 24) as u16;
+                let e = match ((i / 32) % 5, r % 53) {
+                    (4, _) => 90 + (r >> 10) % 40,
+                    (_, 0) => 0,
+                    _ => 115 + (r >> 10) % 9,
+                };
+                ((r & 0x807F) | (e << 7)).to_le_bytes()
+            })
+            .collect();
+        let packed = PackedBf16::pack(&bf16, rows, cols).unwrap();
+        assert!(
+            packed.exception_count() > 0,
+            "the test has exception blocks"
+        );
+        let m = packed.view();
+        for range in [0..rows, 3..7, 10..11] {
+            let mut want = vec![0u8; range.len() * cols * 2];
+            let mut got = vec![0u8; range.len() * cols * 2];
+            m.decode_rows_bf16(range.clone(), &mut want);
+            // SAFETY: avx2, fma and f16c were detected above.
+            unsafe { super::decode_rows_bf16(&m, range.clone(), &mut got) };
+            assert_eq!(got, want, "rows {range:?}");
+            assert_eq!(want, bf16[range.start * cols * 2..range.end * cols * 2]);
+        }
+    }
+}
