@@ -318,6 +318,9 @@ pub struct MemoryBudget {
     pub source: String,
 }
 
+/// The source of a [`memory_budget`] that no cgroup limits (the host's free memory).
+pub const MEM_AVAILABLE: &str = "MemAvailable in /proc/meminfo";
+
 /// The memory this process may still allocate: the smallest of `MemAvailable` and, for its
 /// memory cgroup (v1 or v2) and every parent, the limit minus the usage. `None` where neither
 /// can be read.
@@ -327,7 +330,7 @@ pub fn memory_budget() -> Option<MemoryBudget> {
         .and_then(|t| parse_mem_available(&t))
         .map(|bytes| MemoryBudget {
             bytes,
-            source: "MemAvailable in /proc/meminfo".into(),
+            source: MEM_AVAILABLE.into(),
         });
     let cgroup = match (
         read(Path::new("/proc/self/cgroup")),

@@ -198,7 +198,12 @@ impl Engine {
                 (budget, margin)
             }
         };
-        Self::build_planned(dir, config, options, budget, margin, sink)
+        // A limit the process runs under: --memory-gb, or a cgroup's (the host's free memory
+        // is not one).
+        let limit = budget
+            .as_ref()
+            .is_some_and(|b| b.source != expert_store::io::MEM_AVAILABLE);
+        Self::build_planned(dir, config, options, budget, margin, limit, sink)
     }
 
     /// [`Engine::build`] against a given budget taken as it is (`None`: unknown, nothing is
@@ -210,7 +215,20 @@ impl Engine {
         budget: Option<MemoryBudget>,
         sink: &mut dyn BuildSink,
     ) -> Result<Self, BuildError> {
-        Self::build_planned(dir, config, options, budget, 0, sink)
+        Self::build_planned(dir, config, options, budget, 0, false, sink)
+    }
+
+    /// [`Engine::build_within`] where `budget` is a limit the process runs under (a cgroup's,
+    /// --memory-gb), as [`Engine::build`] finds it: where everything fits as stored, the
+    /// plan may hold it all in memory, the trunk packed ([`Plan::resident_everything`]).
+    pub fn build_within_limit(
+        dir: &Path,
+        config: K3Config,
+        options: &EngineOptions,
+        budget: MemoryBudget,
+        sink: &mut dyn BuildSink,
+    ) -> Result<Self, BuildError> {
+        Self::build_planned(dir, config, options, Some(budget), 0, true, sink)
     }
 
     fn build_planned(
@@ -219,6 +237,7 @@ impl Engine {
         options: &EngineOptions,
         budget: Option<MemoryBudget>,
         margin: u64,
+        limit: bool,
         sink: &mut dyn BuildSink,
     ) -> Result<Self, BuildError> {
         let mut checkpoint = Checkpoint::open(dir)?;
@@ -269,6 +288,29 @@ impl Engine {
             margin,
             hidden,
         )?;
+        // Under a limit that everything fits as stored, on a tier whose packed GEMV runs at
+        // the memory's rate: the whole trunk resident and packed, every expert cached, rather
+        // than the mapping (whose pages count against the limit and are the kernel's to
+        // evict). One domain and one rank: the mapping's per-domain placement and the ranks'
+        // shares are not planned here.
+        if limit
+            && plan.trunk.is_none()
+            && options.pack_trunk
+            && kernels.packed_at_memory_rate()
+            && pool.domains() == 1
+            && options.ranks.size() == 1
+        {
+            if let Some(resident) = Plan::resident_everything(
+                &sizes,
+                flags,
+                &options.experts,
+                run,
+                budget.clone(),
+                margin,
+            ) {
+                plan = resident;
+            }
+        }
         // Where the plan streams BF16 matrices, they are read packed from the pack cache
         // (written on the first such run), and the plan is made again with their packed sizes.
         let mut pack = None;
@@ -675,6 +717,49 @@ mod tests {
         assert!(gb > 0.0 && gb < file + 0.01, "{warmed} of {file} GB");
         assert!(warmed.contains("read in and mapped"), "{warmed}");
         assert_eq!(fingerprints(&engine), expected);
+    }
+
+    /// Under a limit that everything fits, a tier whose packed GEMV runs at the memory's rate
+    /// (`avx512`) holds the whole trunk resident and packed and every expert cached, with the
+    /// mapped run's logits; the other tiers read through the mapping as without a limit.
+    #[test]
+    fn a_limit_that_everything_fits_holds_the_trunk_packed() {
+        let tiny = Tiny::new("limit");
+        let limit = MemoryBudget {
+            bytes: 64 << 30,
+            source: "a test limit".into(),
+        };
+        for kernels in Kernels::available() {
+            let mut options = options(1);
+            options.kernel_tier = Some(kernels.tier());
+            let (plain, _) = tiny.build(&options);
+            let expected = fingerprints(&plain);
+            drop(plain);
+            let mut lines = Vec::new();
+            let engine = Engine::build_within_limit(
+                &tiny.0,
+                tiny.1.clone(),
+                &options,
+                limit.clone(),
+                &mut |line: &str| lines.push(line.to_owned()),
+            )
+            .unwrap();
+            if kernels.packed_at_memory_rate() {
+                let trunk = engine.plan.trunk.as_ref().expect("planned");
+                assert!(!trunk.streams(), "{lines:?}");
+                assert_eq!(engine.plan.expert_fraction, 1.0);
+                let packed = engine.resident.as_ref().expect("resident").packed_summary();
+                assert!(packed.pieces > 0, "{lines:?}");
+                assert!(
+                    lines.iter().any(|l| l.starts_with("resident trunk: ")),
+                    "{lines:?}"
+                );
+            } else {
+                assert!(engine.plan.trunk.is_none(), "{lines:?}");
+                assert!(engine.resident.is_none());
+            }
+            assert_eq!(fingerprints(&engine), expected, "{}", kernels.tier());
+        }
     }
 
     /// A resident trunk (bound per domain, two synthetic domains) and a preloaded expert store

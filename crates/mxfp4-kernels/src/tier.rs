@@ -184,6 +184,15 @@ impl Kernels {
         self.tier
     }
 
+    /// Whether packed BF16 matrices multiply at about the memory's rate in this tier, so
+    /// that reading 0.77x the bytes makes a GEMV faster than on the BF16 it packs: `avx512`
+    /// (k3-wide's packed trunk decodes 1.6x faster than its mapped BF16 on Zen 5). Not
+    /// `avx2`: its 15 decode operations per block ran at 0.65-0.8x the BF16 GEMV's weights
+    /// per second on Zen 3, no faster per token; nor the tiers that decode into a buffer.
+    pub fn packed_at_memory_rate(&self) -> bool {
+        self.tier == Tier::Avx512
+    }
+
     /// The AVX-512 token of an AVX-512 tier (`None` for `scalar` and `avx2`).
     pub(crate) fn avx512(&self) -> Option<Avx512> {
         match self.isa {

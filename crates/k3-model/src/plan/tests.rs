@@ -203,6 +203,44 @@ fn where_everything_fits_the_flags_decide_and_nothing_streams() {
     assert_eq!(plan.trunk, None);
 }
 
+/// Where everything fits as stored, `resident_everything` holds the trunk resident (packed:
+/// less than stored) and every expert, streaming nothing; where the packed trunk and every
+/// expert do not fit, or the flags size the cache, or no budget is known, there is none.
+#[test]
+fn resident_everything_holds_the_packed_trunk_and_every_expert() {
+    let (sizes, flags, _) = tiny("everything");
+    let all = everything(&sizes, &flags);
+    let plan = Plan::resident_everything(&sizes, flags, &options(), run(), budget(all), 0)
+        .expect("fits packed where it fits as stored");
+    let trunk = plan.trunk.clone().expect("planned");
+    assert!(!trunk.streams() && trunk.resident_rows.is_empty());
+    assert_eq!(plan.expert_fraction, 1.0);
+    assert_eq!(plan.disk_per_token, sizes.embed_row);
+    assert!(
+        plan.memory.resident_trunk < sizes.trunk_stored_bytes(),
+        "packed: {} of {} stored",
+        plan.memory.resident_trunk,
+        sizes.trunk_stored_bytes()
+    );
+    // Too small for the packed trunk and every expert: none (`Plan::new` streams instead).
+    let tight = plan.memory.resident_trunk + sizes.expert_total / 2;
+    assert_eq!(
+        Plan::resident_everything(&sizes, flags, &options(), run(), budget(tight), 0),
+        None
+    );
+    // The flags' expert cache, or no budget: none.
+    let mut sized = options();
+    sized.cache_experts = Some(1);
+    assert_eq!(
+        Plan::resident_everything(&sizes, flags, &sized, run(), budget(all), 0),
+        None
+    );
+    assert_eq!(
+        Plan::resident_everything(&sizes, flags, &options(), run(), None, 0),
+        None
+    );
+}
+
 /// The tiny checkpoint's sizes and flags, and a budget with room for about half the trunk
 /// beyond the minimum (and no experts): the trunk-first plan streams the rest.
 fn half_the_trunk(tag: &str) -> (WeightSizes, MemoryPlan, u64) {
