@@ -300,18 +300,17 @@ impl Engine {
             && kernels.packed_at_memory_rate()
             && pool.domains() == 1
             && options.ranks.size() == 1
-        {
-            if let Some(resident) = Plan::resident_everything(
+            && let Some(resident) = Plan::resident_everything(
                 &sizes,
                 flags,
                 &options.experts,
                 run,
                 budget.clone(),
                 margin,
-            ) {
-                plan = resident;
-                resident_all = true;
-            }
+            )
+        {
+            plan = resident;
+            resident_all = true;
         }
         // Where the plan streams BF16 matrices, they are read packed from the pack cache
         // (written on the first such run), and the plan is made again with their packed sizes.
