@@ -293,7 +293,6 @@ impl Engine {
         // than the mapping (whose pages count against the limit and are the kernel's to
         // evict). One domain and one rank: the mapping's per-domain placement and the ranks'
         // shares are not planned here.
-        let mut resident_all = false;
         if limit
             && plan.trunk.is_none()
             && options.pack_trunk
@@ -310,7 +309,6 @@ impl Engine {
             )
         {
             plan = resident;
-            resident_all = true;
         }
         // Where the plan streams BF16 matrices, they are read packed from the pack cache
         // (written on the first such run), and the plan is made again with their packed sizes.
@@ -372,64 +370,6 @@ impl Engine {
                 Err(why) => sink.line(&format!(
                     "pack cache: not used ({why}); the streamed matrices are read as stored"
                 )),
-            }
-        }
-        // A plan that streams nothing but holds packable matrices resident reads them packed
-        // from a pack cache already there (a run that streamed wrote it) rather than packing
-        // them at load (k3-wide: 6.75 GB of BF16 packed in 11-12 s on 2 cores); it writes
-        // none. Planned again with the cache's side bytes, kept only if that still streams
-        // nothing.
-        let packable = sizes.packed_cols();
-        let holds_packable = plan.trunk.as_ref().is_some_and(|t| {
-            !t.streams()
-                && t.resident
-                    .iter()
-                    .chain(t.resident_rows.iter().map(|r| &r.name))
-                    .any(|name| packable.contains_key(name))
-        });
-        if pack.is_none() && holds_packable && !dirs.is_empty() {
-            let identity = checkpoint_identity(&checkpoint, &config);
-            let want = sizes.packable();
-            let found = dirs.iter().find_map(|dir| {
-                PackCache::open(
-                    &dir.join(crate::packcache::file_name(identity)),
-                    identity,
-                    &want,
-                )
-                .ok()?
-                .ok()
-            });
-            if let Some(cache) = found {
-                let cached = sizes.clone().with_pack_cache(&cache);
-                let replanned = match resident_all {
-                    true => Plan::resident_everything(
-                        &cached,
-                        flags,
-                        &options.experts,
-                        run,
-                        plan.budget.clone(),
-                        margin,
-                    ),
-                    false => Plan::new(
-                        &cached,
-                        flags,
-                        &options.experts,
-                        run,
-                        plan.budget.clone(),
-                        margin,
-                        hidden,
-                    )
-                    .ok(),
-                };
-                if let Some(replanned) = replanned.filter(|p| !p.streams() && p.trunk.is_some()) {
-                    sink.line(&format!(
-                        "pack cache: {} (the resident BF16 matrices are read packed from it)",
-                        cache.path().display()
-                    ));
-                    sizes = cached;
-                    plan = replanned;
-                    pack = Some(Arc::new(cache));
-                }
             }
         }
         sink.line(&format!("memory plan: {}", plan.describe()));
@@ -964,43 +904,6 @@ mod tests {
         assert!(
             lines.iter().any(|l| l.starts_with("resident trunk: ")),
             "{lines:?}"
-        );
-        assert_eq!(fingerprints(&engine), expected);
-        drop(engine);
-        // One byte below everything as stored: the packed trunk and every expert fit, nothing
-        // streams, and the resident matrices are read packed from the cache written above
-        // (not packed at load).
-        let ckpt = Checkpoint::open(&tiny.0).unwrap();
-        let run = RunShape {
-            resident_trunk: false,
-            max_batch: options.max_batch,
-            ctx: options.ctx,
-        };
-        let flags = MemoryPlan::new(&ckpt, &tiny.1, &options.experts, run).unwrap();
-        let everything = flags.kv_cache
-            + flags.kda_state
-            + flags.f32_copies
-            + flags.prompt_cache
-            + flags.io_buffers
-            + sizes.trunk_stored_bytes()
-            + sizes.expert_total;
-        let mut lines = Vec::new();
-        let engine = build(everything - 1, &mut lines).unwrap();
-        assert!(
-            engine.plan.trunk.is_some() && !engine.plan.streams(),
-            "{}",
-            engine.plan.describe()
-        );
-        assert!(
-            lines
-                .iter()
-                .any(|l| l.starts_with("pack cache: ") && l.contains("read packed from it")),
-            "{lines:?}"
-        );
-        let summary = engine.resident.as_ref().expect("resident").packed_summary();
-        assert!(
-            summary.pieces > 0 && summary.cached == summary.pieces,
-            "{summary:?}"
         );
         assert_eq!(fingerprints(&engine), expected);
     }
