@@ -294,6 +294,17 @@ impl<'a> PackedBf16Matrix<'a> {
     pub fn first_exception(&self, row: usize) -> usize {
         self.row_exceptions[row] as usize
     }
+    /// Exception block `next` (64 BF16 bytes) for the next exception block met in row `row`,
+    /// and `next` moved past it. Panics where the row has no more than its index says.
+    pub fn take_exception(&self, row: usize, next: &mut usize) -> &'a [u8] {
+        let e = *next;
+        assert!(
+            e < self.first_exception(row + 1),
+            "row {row} of a packed matrix has more exception blocks than its index says"
+        );
+        *next = e + 1;
+        &self.exceptions[e * EXCEPTION_BYTES..(e + 1) * EXCEPTION_BYTES]
+    }
     /// Bytes of weights that one pass over `rows` reads (the body's; exceptions are few).
     pub fn bytes_for_rows(&self, rows: usize) -> usize {
         rows * self.row_bytes()
@@ -333,15 +344,10 @@ impl<'a> PackedBf16Matrix<'a> {
         {
             let block: &[u8; PACKED_BLOCK_BYTES] = block.try_into().expect("49 bytes");
             if block[BASE_AT] == 0 {
-                assert!(
-                    next < self.first_exception(row + 1),
-                    "row {row} of a packed matrix has more exception blocks than its index says"
-                );
-                let raw = &self.exceptions[next * EXCEPTION_BYTES..][..EXCEPTION_BYTES];
+                let raw = self.take_exception(row, &mut next);
                 for (d, b) in dst.iter_mut().zip(raw.chunks_exact(2)) {
                     *d = u16::from_le_bytes([b[0], b[1]]);
                 }
-                next += 1;
             } else {
                 dst.copy_from_slice(&decode_block(block));
             }

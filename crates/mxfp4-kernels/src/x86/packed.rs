@@ -16,7 +16,7 @@ use super::avx2::packed::{decode_words, tables};
 use super::lanes::{HALF_BITS, HIGH_HALF};
 use super::{by_tokens, run_rows, store_sums, width};
 use crate::activations::Activations;
-use crate::packed::{BASE_AT, EXCEPTION_BYTES, PACKED_BLOCK_BYTES, PackedBf16Matrix};
+use crate::packed::{BASE_AT, PACKED_BLOCK_BYTES, PackedBf16Matrix};
 
 /// # Safety
 /// The CPU must have avx512f/bw/vl (which imply avx2, fma and f16c); `rows` must lie inside
@@ -63,7 +63,6 @@ fn packed_block<const R: usize, const T: usize, const C: usize>(
     let body = &m.body()[row0 * row_bytes..(row0 + R) * row_bytes];
     let base = body.as_ptr();
     let x = act.perm32[tok0 * stride..].as_ptr();
-    let exceptions = m.exceptions();
     let mut next: [usize; R] = std::array::from_fn(|r| m.first_exception(row0 + r));
     let mut acc = [[_mm512_setzero_ps(); T]; R];
     let mut prefetch = Prefetch::new(R * row_bytes, blocks);
@@ -88,14 +87,7 @@ fn packed_block<const R: usize, const T: usize, const C: usize>(
                 let (first, second) = unsafe { decode_words(base.add(at), offsets, not_first) };
                 _mm512_inserti64x4::<1>(_mm512_castsi256_si512(first), second)
             } else {
-                let e = next[r];
-                assert!(
-                    e < m.first_exception(row0 + r + 1),
-                    "row {} of a packed matrix has more exception blocks than its index says",
-                    row0 + r
-                );
-                let raw = &exceptions[e * EXCEPTION_BYTES..(e + 1) * EXCEPTION_BYTES];
-                next[r] = e + 1;
+                let raw = m.take_exception(row0 + r, &mut next[r]);
                 // SAFETY: `raw` is 64 bytes, 32 BF16 values.
                 unsafe { _mm512_loadu_si512(raw.as_ptr().cast()) }
             };

@@ -18,7 +18,7 @@ use std::ops::Range;
 use super::float::split_bf16;
 use super::{Prefetch, act_block, by_tokens_avx2, fma_block, store_sums};
 use crate::activations::Activations;
-use crate::packed::{BASE_AT, CODES_AT, EXCEPTION_BYTES, PACKED_BLOCK_BYTES, PackedBf16Matrix};
+use crate::packed::{BASE_AT, CODES_AT, PACKED_BLOCK_BYTES, PackedBf16Matrix};
 use crate::x86::lanes::{HALF_BITS, HIGH_HALF};
 use crate::x86::{run_rows, width};
 
@@ -62,7 +62,6 @@ fn packed_block<const R: usize, const T: usize, const C: usize>(
     let body = &m.body()[row0 * row_bytes..(row0 + R) * row_bytes];
     let base = body.as_ptr();
     let x = act.perm32[tok0 * stride..].as_ptr();
-    let exceptions = m.exceptions();
     let mut next: [usize; R] = std::array::from_fn(|r| m.first_exception(row0 + r));
     let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
     let mut prefetch = Prefetch::new(R * row_bytes, blocks);
@@ -75,14 +74,7 @@ fn packed_block<const R: usize, const T: usize, const C: usize>(
                 // SAFETY: the block's 49 bytes lie in `body` (`at + 49 <= R * row_bytes`).
                 unsafe { decode(base.add(at), offsets, not_first) }
             } else {
-                let e = next[r];
-                assert!(
-                    e < m.first_exception(row0 + r + 1),
-                    "row {} of a packed matrix has more exception blocks than its index says",
-                    row0 + r
-                );
-                let raw = &exceptions[e * EXCEPTION_BYTES..(e + 1) * EXCEPTION_BYTES];
-                next[r] = e + 1;
+                let raw = m.take_exception(row0 + r, &mut next[r]);
                 // SAFETY: `raw` is 64 bytes, 32 BF16 values.
                 unsafe { split_bf16(raw.as_ptr()) }
             };
@@ -188,7 +180,6 @@ pub(crate) fn decode_rows_bf16(m: &PackedBf16Matrix<'_>, rows: Range<usize>, out
     assert_eq!(out.len(), rows.len() * cols * 2, "the rows' bytes");
     let row_bytes = cols / 32 * PACKED_BLOCK_BYTES;
     let (offsets, not_first) = tables();
-    let exceptions = m.exceptions();
     for (row, dst) in rows.zip(out.chunks_exact_mut(cols * 2)) {
         let body = &m.body()[row * row_bytes..(row + 1) * row_bytes];
         let mut next = m.first_exception(row);
@@ -204,14 +195,7 @@ pub(crate) fn decode_rows_bf16(m: &PackedBf16Matrix<'_>, rows: Range<usize>, out
                     _mm256_storeu_si256(d.as_mut_ptr().add(32).cast(), second);
                 }
             } else {
-                assert!(
-                    next < m.first_exception(row + 1),
-                    "row {row} of a packed matrix has more exception blocks than its index says"
-                );
-                d.copy_from_slice(
-                    &exceptions[next * EXCEPTION_BYTES..(next + 1) * EXCEPTION_BYTES],
-                );
-                next += 1;
+                d.copy_from_slice(m.take_exception(row, &mut next));
             }
         }
     }
