@@ -178,7 +178,7 @@ pub(crate) unsafe fn decode_words(
 pub(crate) fn decode_rows_bf16(m: &PackedBf16Matrix<'_>, rows: Range<usize>, out: &mut [u8]) {
     let cols = m.cols();
     assert_eq!(out.len(), rows.len() * cols * 2, "the rows' bytes");
-    let row_bytes = cols / 32 * PACKED_BLOCK_BYTES;
+    let row_bytes = m.row_bytes();
     let (offsets, not_first) = tables();
     for (row, dst) in rows.zip(out.chunks_exact_mut(cols * 2)) {
         let body = &m.body()[row * row_bytes..(row + 1) * row_bytes];
