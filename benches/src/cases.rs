@@ -34,6 +34,9 @@ pub struct Workloads {
     /// `kda` and `head` packed (`mxfp4_kernels::packed`): the same values in 12.25 bits each.
     pub kda_packed: PackedBf16,
     pub head_packed: PackedBf16,
+    /// The first 1024 rows of `kda` packed (5.3 MB, inside the L3): the packed GEMV's compute
+    /// ceiling, as `kda_slice_1024x7168` is the BF16 GEMV's.
+    pub kda_packed_slice: PackedBf16,
     /// 1 GiB for the STREAM-like read probe.
     pub probe: HugeBuf,
     pub z: Vec<f32>,
@@ -52,6 +55,7 @@ impl Workloads {
         Self {
             kda_packed: pack(&kda, KDA_ROWS),
             head_packed: pack(&head, LM_HEAD_SLICE_ROWS),
+            kda_packed_slice: pack(&kda[..1024 * HIDDEN * 2], 1024),
             ring,
             views: ring.iter().map(Expert::views).collect(),
             kda,
@@ -303,6 +307,25 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
                     let mut y = y.lock().expect("no poisoning in benches");
                     for _ in 0..BATCH {
                         k.matmul_bf16(&small, xa, 0..1024, &mut y)
+                            .expect("checked shapes");
+                    }
+                })
+            }),
+        });
+        let small = w.kda_packed_slice.view();
+        let y = Mutex::new(vec![0.0; 1024]);
+        out.push(Case {
+            op: "bf16_packed_gemv",
+            shape: "kda_slice_1024x7168",
+            cache: Cache::L3,
+            threads,
+            variant,
+            bytes: BATCH * small.weight_bytes(),
+            run: Box::new(move || {
+                pool.broadcast(|_| {
+                    let mut y = y.lock().expect("no poisoning in benches");
+                    for _ in 0..BATCH {
+                        k.matmul(&small.into(), xa, 0..1024, &mut y)
                             .expect("checked shapes");
                     }
                 })
