@@ -251,7 +251,7 @@ pub enum WeightMatrix<'a> {
     MxFp4(MxFp4Matrix<'a>),
 }
 
-impl WeightMatrix<'_> {
+impl<'a> WeightMatrix<'a> {
     pub fn format(&self) -> WeightFormat {
         match self {
             WeightMatrix::Bf16(_) => WeightFormat::Bf16,
@@ -292,6 +292,25 @@ impl WeightMatrix<'_> {
     /// Bytes of the whole matrix.
     pub fn weight_bytes(&self) -> usize {
         self.bytes_for_rows(self.rows())
+    }
+    /// The stored bytes a read of row `row` touches: the row (an MXFP4 row's codes, then its
+    /// scales; a packed row's body, not its exception blocks, which are few and elsewhere).
+    /// For asking the OS to read them in before a lookup (the embedding in `k3-model`).
+    ///
+    /// # Panics
+    /// If `row` is not below [`WeightMatrix::rows`].
+    pub fn row_storage(&self, row: usize) -> Vec<&'a [u8]> {
+        assert!(row < self.rows(), "row {row} of {} rows", self.rows());
+        match self {
+            WeightMatrix::Bf16(m) => vec![m.row_bytes(row)],
+            WeightMatrix::F16(m) => vec![m.row_bytes(row)],
+            WeightMatrix::F32(m) => vec![m.row_bytes(row)],
+            WeightMatrix::MxFp4(m) => vec![m.packed_row(row), m.scale_row(row)],
+            WeightMatrix::PackedBf16(m) => {
+                let n = m.row_bytes();
+                vec![&m.body()[row * n..(row + 1) * n]]
+            }
+        }
     }
 }
 

@@ -31,7 +31,7 @@ pub use experts::{ExpertLocation, ExpertPiece};
 use index::{read_index, vision_only};
 use resident::Resident;
 pub use views::{LINEAR_FORMATS, LinearStorage, VECTOR_FORMATS};
-pub use warm::Warmed;
+pub use warm::{Warmed, read_ahead};
 
 /// Name prefix of text tensors in the release (absent in some repacks).
 pub const TEXT_PREFIX: &str = "language_model.";
