@@ -1,22 +1,28 @@
 //! Packed BF16 matrices (`crate::packed`) in the exact `avx512` tier: each block decoded in
-//! registers to the 32 BF16 words a BF16 row holds (the `avx2` decode's two 16-word halves,
-//! joined), widened as `exact::bf16_block` widens a BF16 row's 64 bytes, then its FMAs in its
-//! order, so every result has `matmul_bf16`'s bits. An exception block (base 0) is read from
-//! the matrix's kept BF16 blocks instead.
+//! registers to the 32 BF16 words a BF16 row holds, widened as `exact::bf16_block` widens a
+//! BF16 row's 64 bytes, then its FMAs in its order, so every result has `matmul_bf16`'s bits.
+//! An exception block (base 0) is read from the matrix's kept BF16 blocks instead.
 //!
-//! Without it this tier decoded a few rows at a time into a buffer and ran the BF16 kernel
+//! Two decodes, picked once per CPU: with avx512vbmi (`vpermb`; Ice Lake, Zen 4 and later)
+//! [`decode_words_vbmi`], else the `avx2` decode's two 16-word halves, joined. Without any
+//! packed kernel this tier decoded a few rows at a time into a buffer and ran the BF16 kernel
 //! over it (`Kernels::packed_via_bf16`): on k3-wide at half the model's size in memory, where
 //! most of the trunk is packed, that made a token's compute 2.3 s (PERFORMANCE.md, phase 16).
+//!
+//! A GEMV's memory stream: while a block of `R` rows computes, the next row block (one
+//! contiguous window) is prefetched in step, the same number of lines at every value block
+//! ([`prefetch_next_rows`]).
 
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::avx2::Prefetch;
 use super::avx2::packed::{decode_words, tables};
 use super::lanes::{HALF_BITS, HIGH_HALF};
-use super::{by_tokens, run_rows, store_sums, width};
+use super::{PREFETCH_AHEAD, by_tokens, run_rows, store_sums, width};
 use crate::activations::Activations;
-use crate::packed::{BASE_AT, PACKED_BLOCK_BYTES, PackedBf16Matrix};
+use crate::packed::{
+    BASE_AT, CODES_AT, PACKED_BLOCK, PACKED_BLOCK_BYTES, PackedBf16Matrix, SLOT_COLUMN,
+};
 
 /// # Safety
 /// The CPU must have avx512f/bw/vl (which imply avx2, fma and f16c); `rows` must lie inside
@@ -28,6 +34,11 @@ pub(crate) unsafe fn matmul_packed_bf16(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
+    if has_vbmi() {
+        // SAFETY: avx512vbmi detected; the rest by this function's contract.
+        unsafe { matmul_packed_bf16_vbmi(matrix, act, rows, out) };
+        return;
+    }
     // GEMVs run 4 rows at a time: on k3-wide in a cgroup of 0.9x the model (the whole trunk
     // packed and resident), 2 threads, alternating, 4 rows 131-151 ms/token (mean of 8 steps),
     // 8 rows 138-157, 16 rows 157-167.
@@ -42,62 +53,400 @@ pub(crate) unsafe fn matmul_packed_bf16(
     );
 }
 
-/// Rows `row0..row0+R` for tokens `tok0..tok0+T`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-#[inline]
-#[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
-fn packed_block<const R: usize, const T: usize, const C: usize>(
-    m: &PackedBf16Matrix<'_>,
+/// [`matmul_packed_bf16`] with the `vpermb` decode.
+///
+/// # Safety
+/// As [`matmul_packed_bf16`], and the CPU must have avx512vbmi.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn matmul_packed_bf16_vbmi(
+    matrix: &PackedBf16Matrix<'_>,
     act: &Activations,
-    tok0: usize,
-    row0: usize,
-    local0: usize,
-    n: usize,
+    rows: Range<usize>,
     out: &mut [f32],
 ) {
-    let stride = act.padded();
-    assert!(row0 + R <= m.rows() && act.perm32.len() >= (tok0 + T) * stride);
-    let cols = width::<C>(m.cols());
-    let blocks = cols / 32;
-    let row_bytes = blocks * PACKED_BLOCK_BYTES;
-    let body = &m.body()[row0 * row_bytes..(row0 + R) * row_bytes];
-    let base = body.as_ptr();
-    let x = act.perm32[tok0 * stride..].as_ptr();
-    let mut next: [usize; R] = std::array::from_fn(|r| m.first_exception(row0 + r));
-    let mut acc = [[_mm512_setzero_ps(); T]; R];
-    let mut prefetch = Prefetch::new(R * row_bytes, blocks);
-    let (offsets, not_first) = tables();
-    let high_half = _mm512_set1_epi32(HIGH_HALF as i32);
-    for block in 0..blocks {
-        prefetch.step(base, block);
-        let mut even = [_mm512_setzero_ps(); T];
-        let mut odd = [_mm512_setzero_ps(); T];
-        for t in 0..T {
-            // SAFETY: 32 * block + 32 <= cols <= stride, inside token tok0 + t's row of
-            // `perm32` (length asserted above).
-            unsafe {
-                even[t] = _mm512_loadu_ps(x.add(t * stride + 32 * block));
-                odd[t] = _mm512_loadu_ps(x.add(t * stride + 32 * block + 16));
+    by_tokens!(
+        packed_block_vbmi,
+        4,
+        [7168, 12288, 6144, 3584, 1536, 512],
+        matrix,
+        act,
+        rows,
+        out
+    );
+}
+
+/// Whether this CPU has avx512vbmi, detected once.
+pub(crate) fn has_vbmi() -> bool {
+    static VBMI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *VBMI.get_or_init(|| std::arch::is_x86_feature_detected!("avx512vbmi"))
+}
+
+/// Prefetches, at value block `block` of a block of `R` rows of `row_bytes` starting at `start`,
+/// the same share of the row block `ahead` bytes further on: `R` blocks' bytes, as whole lines
+/// from where that share starts. The row blocks of a range are one contiguous stream, so the
+/// steps cover the next window in order, a line at most missed at a step's end being the next
+/// step's first. Fixed work per step: the stream that counted lines to each step's exact end
+/// (`avx2::Prefetch`) cost a third of the `vpermb` kernel's rate in cache (PERFORMANCE.md,
+/// phase 17).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn prefetch_next_rows<const R: usize>(start: *const u8, ahead: usize, block: usize) {
+    let from = start.wrapping_add(ahead + block * R * PACKED_BLOCK_BYTES);
+    for line in 0..(R * PACKED_BLOCK_BYTES).div_ceil(64) {
+        // Prefetch hint only: it never faults, so an address past the matrix is harmless.
+        _mm_prefetch::<_MM_HINT_T0>(from.wrapping_add(64 * line).cast());
+    }
+}
+
+/// How far ahead of a row block [`prefetch_next_rows`] runs: `PREFETCH_AHEAD` rounded up to
+/// whole row blocks of `window` bytes.
+#[inline(always)]
+fn ahead_of(window: usize) -> usize {
+    PREFETCH_AHEAD.div_ceil(window.max(1)) * window
+}
+
+/// A packed row block kernel: `$tables` is set up once per row block, and `$decode` gives the
+/// 32 words of the block at `$at` whose base byte `$b` is not 0.
+macro_rules! packed_block_fn {
+    ($(#[$attr:meta])* $name:ident, $features:literal, $tables:ident = $setup:expr, |$at:ident, $b:ident| $decode:expr) => {
+        $(#[$attr])*
+        #[target_feature(enable = $features)]
+        #[inline]
+        #[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
+        fn $name<const R: usize, const T: usize, const C: usize>(
+            m: &PackedBf16Matrix<'_>,
+            act: &Activations,
+            tok0: usize,
+            row0: usize,
+            local0: usize,
+            n: usize,
+            out: &mut [f32],
+        ) {
+            let stride = act.padded();
+            assert!(row0 + R <= m.rows() && act.perm32.len() >= (tok0 + T) * stride);
+            let cols = width::<C>(m.cols());
+            let blocks = cols / 32;
+            let row_bytes = blocks * PACKED_BLOCK_BYTES;
+            let body = &m.body()[row0 * row_bytes..(row0 + R) * row_bytes];
+            let base = body.as_ptr();
+            let x = act.perm32[tok0 * stride..].as_ptr();
+            let mut next: [usize; R] = std::array::from_fn(|r| m.first_exception(row0 + r));
+            let mut acc = [[_mm512_setzero_ps(); T]; R];
+            let ahead = ahead_of(R * row_bytes);
+            let high_half = _mm512_set1_epi32(HIGH_HALF as i32);
+            let $tables = $setup;
+            for block in 0..blocks {
+                prefetch_next_rows::<R>(base, ahead, block);
+                let mut even = [_mm512_setzero_ps(); T];
+                let mut odd = [_mm512_setzero_ps(); T];
+                for t in 0..T {
+                    // SAFETY: 32 * block + 32 <= cols <= stride, inside token tok0 + t's row
+                    // of `perm32` (length asserted above).
+                    unsafe {
+                        even[t] = _mm512_loadu_ps(x.add(t * stride + 32 * block));
+                        odd[t] = _mm512_loadu_ps(x.add(t * stride + 32 * block + 16));
+                    }
+                }
+                for r in 0..R {
+                    let at = r * row_bytes + block * PACKED_BLOCK_BYTES;
+                    let $b = body[at + BASE_AT];
+                    let v = if $b != 0 {
+                        // SAFETY: the block's 49 bytes lie in `body` (`at + 49 <= R *
+                        // row_bytes`).
+                        let $at = unsafe { base.add(at) };
+                        $decode
+                    } else {
+                        let raw = m.take_exception(row0 + r, &mut next[r]);
+                        // SAFETY: `raw` is 64 bytes, 32 BF16 values.
+                        unsafe { _mm512_loadu_si512(raw.as_ptr().cast()) }
+                    };
+                    let w_even = _mm512_castsi512_ps(_mm512_slli_epi32::<HALF_BITS>(v));
+                    let w_odd = _mm512_castsi512_ps(_mm512_and_si512(v, high_half));
+                    for t in 0..T {
+                        acc[r][t] = _mm512_fmadd_ps(w_even, even[t], acc[r][t]);
+                        acc[r][t] = _mm512_fmadd_ps(w_odd, odd[t], acc[r][t]);
+                    }
+                }
             }
+            store_sums(&acc, tok0, local0, n, out);
         }
-        for r in 0..R {
-            let at = r * row_bytes + block * PACKED_BLOCK_BYTES;
-            let v = if body[at + BASE_AT] != 0 {
-                // SAFETY: the block's 49 bytes lie in `body` (`at + 49 <= R * row_bytes`).
-                let (first, second) = unsafe { decode_words(base.add(at), offsets, not_first) };
-                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(first), second)
-            } else {
-                let raw = m.take_exception(row0 + r, &mut next[r]);
-                // SAFETY: `raw` is 64 bytes, 32 BF16 values.
-                unsafe { _mm512_loadu_si512(raw.as_ptr().cast()) }
-            };
-            let w_even = _mm512_castsi512_ps(_mm512_slli_epi32::<HALF_BITS>(v));
-            let w_odd = _mm512_castsi512_ps(_mm512_and_si512(v, high_half));
-            for t in 0..T {
-                acc[r][t] = _mm512_fmadd_ps(w_even, even[t], acc[r][t]);
-                acc[r][t] = _mm512_fmadd_ps(w_odd, odd[t], acc[r][t]);
+    };
+}
+
+packed_block_fn!(
+    /// Rows `row0..row0+R` for tokens `tok0..tok0+T`, the `avx2` decode.
+    packed_block,
+    "avx512f,avx512bw,avx512vl,avx2,fma,f16c",
+    offsets = tables(),
+    |at, _b| {
+        // SAFETY: `at` is a whole block (above).
+        let (first, second) = unsafe { decode_words(at, offsets.0, offsets.1) };
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(first), second)
+    }
+);
+
+packed_block_fn!(
+    /// Rows `row0..row0+R` for tokens `tok0..tok0+T`, the `vpermb` decode.
+    packed_block_vbmi,
+    "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c",
+    t = vbmi_tables(),
+    |at, b| {
+        // SAFETY: `at` is a whole block and `b` its base, not 0 (above).
+        unsafe { decode_words_vbmi(at, b, t) }
+    }
+);
+
+/// The bytes of a block a 64-byte masked load takes: the other 15 are never read, so the last
+/// block of a body needs nothing past it.
+const BLOCK_MASK: u64 = (1 << PACKED_BLOCK_BYTES) - 1;
+
+/// For each base byte `b`, the exponent of each code: code 0 is exponent 0, code `c` is
+/// `b + c - 1` (the packer keeps every block's exponents within `b..b + 15`, so the sum is an
+/// exponent; base 0 marks an exception, whose row is never used).
+static EXPONENTS: [[u8; 16]; 256] = {
+    let mut t = [[0u8; 16]; 256];
+    let mut b = 0;
+    while b < 256 {
+        let mut c = 1;
+        while c < 16 {
+            t[b][c] = (b + c - 1) as u8;
+            c += 1;
+        }
+        b += 1;
+    }
+    t
+};
+
+/// `vpermb` indices: word `j` (column `j`) takes its slot's sign/mantissa byte into both of its
+/// bytes (`SLOT_COLUMN` is its own inverse: the slot of column `j` is `SLOT_COLUMN[j]`).
+const SM_INDEX: [u8; 64] = {
+    let mut t = [0u8; 64];
+    let mut j = 0;
+    while j < PACKED_BLOCK {
+        t[2 * j] = SLOT_COLUMN[j] as u8;
+        t[2 * j + 1] = SLOT_COLUMN[j] as u8;
+        j += 1;
+    }
+    t
+};
+
+/// `vpermb` indices: word `j` takes the code byte that holds its slot's code (slot `s`'s is
+/// byte `s % 16`: the low nibble for slots 0..16, the high one for 16..32).
+const CODE_INDEX: [u8; 64] = {
+    let mut t = [0u8; 64];
+    let mut j = 0;
+    while j < PACKED_BLOCK {
+        let byte = (CODES_AT + SLOT_COLUMN[j] % 16) as u8;
+        t[2 * j] = byte;
+        t[2 * j + 1] = byte;
+        j += 1;
+    }
+    t
+};
+
+/// Word `j`'s right shift that brings its code to bits 3..0.
+const CODE_SHIFT: [u16; 32] = {
+    let mut t = [0u16; 32];
+    let mut j = 0;
+    while j < PACKED_BLOCK {
+        t[j] = if SLOT_COLUMN[j] < 16 { 0 } else { 4 };
+        j += 1;
+    }
+    t
+};
+
+/// The `vpermb` decode's constant vectors.
+#[derive(Clone, Copy)]
+struct VbmiTables {
+    sm: __m512i,
+    code: __m512i,
+    shift: __m512i,
+    /// Per word, the exponent's bits 14..7 (the rest is the sign/mantissa byte's).
+    exponent_bits: __m512i,
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+#[inline]
+fn vbmi_tables() -> VbmiTables {
+    // SAFETY: each table is 64 bytes.
+    unsafe {
+        VbmiTables {
+            sm: _mm512_loadu_si512(SM_INDEX.as_ptr().cast()),
+            code: _mm512_loadu_si512(CODE_INDEX.as_ptr().cast()),
+            shift: _mm512_loadu_si512(CODE_SHIFT.as_ptr().cast()),
+            exponent_bits: _mm512_set1_epi16(0x7F80),
+        }
+    }
+}
+
+/// One packed block's 32 BF16 words in column order (what [`decode_words`]' halves joined
+/// give) with `vpermb`: word `j` gathers its slot's sign/mantissa byte (into both of its
+/// bytes) and its code byte; the code is shifted to bits 3..0 and looked up in the base's
+/// exponent row (`vpermb` reads bits 5..0 of an index, and the 16-byte row fills all four
+/// lanes, so the bits above the code do not matter); one bit-select then takes the exponent's
+/// bits 14..7 from the lookup shifted by 7, the sign (bit 15) and the mantissa (bits 6..0)
+/// from the doubled byte. 9 vector operations where the `avx2` decode joined takes 16.
+///
+/// # Safety
+/// The block's 49 bytes from `at` must be readable; `base` is its base byte, not 0.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+#[inline]
+unsafe fn decode_words_vbmi(at: *const u8, base: u8, t: VbmiTables) -> __m512i {
+    // SAFETY: the masked load reads the block's 49 bytes only (readable, by the caller); an
+    // exponent row is 16 bytes.
+    let (block, exponents) = unsafe {
+        (
+            _mm512_maskz_loadu_epi8(BLOCK_MASK, at.cast()),
+            _mm512_broadcast_i32x4(_mm_loadu_si128(EXPONENTS[base as usize].as_ptr().cast())),
+        )
+    };
+    let sm = _mm512_permutexvar_epi8(t.sm, block);
+    let code = _mm512_srlv_epi16(_mm512_permutexvar_epi8(t.code, block), t.shift);
+    let exponent = _mm512_slli_epi16::<7>(_mm512_permutexvar_epi8(code, exponents));
+    // Bit-select (imm 0xCA: a ? b : c) with the exponent's bits as the selector.
+    _mm512_ternarylogic_epi32::<0xCA>(t.exponent_bits, exponent, sm)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packed::PackedBf16;
+    use crate::view::Bf16Matrix;
+    use crate::{Kernels, Tier};
+
+    fn avx512() -> bool {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+    }
+
+    /// A generator for the tests' bytes.
+    fn next(s: &mut u64) -> u64 {
+        *s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        *s >> 16
+    }
+
+    /// `vpermb`'s decode gives the `avx2` decode's 32 words for every base byte and random
+    /// sign/mantissa and code bytes (every code, the high exponents that reach 255 included).
+    #[test]
+    fn vbmi_decode_gives_the_avx2_decodes_words() {
+        if !(avx512() && has_vbmi()) {
+            eprintln!("note: no avx512vbmi here; its decode is not tested");
+            return;
+        }
+        let mut s = 7u64;
+        let mut block = [0u8; PACKED_BLOCK_BYTES];
+        for base in 1..=255u8 {
+            for _ in 0..64 {
+                for b in &mut block[..BASE_AT] {
+                    *b = next(&mut s) as u8;
+                }
+                block[BASE_AT] = base;
+                // SAFETY: avx512f/bw/vl and vbmi were detected (which imply avx2, fma and
+                // f16c); `block` is 49 readable bytes.
+                let (got, want) = unsafe {
+                    let (offsets, not_first) = tables();
+                    let (first, second) = decode_words(block.as_ptr(), offsets, not_first);
+                    (
+                        std::mem::transmute::<__m512i, [u16; 32]>(decode_words_vbmi(
+                            block.as_ptr(),
+                            base,
+                            vbmi_tables(),
+                        )),
+                        std::mem::transmute::<[__m256i; 2], [u16; 32]>([first, second]),
+                    )
+                };
+                assert_eq!(got, want, "base {base}, block {block:?}");
             }
         }
     }
-    store_sums(&acc, tok0, local0, n, out);
+
+    /// Runs `avx2_decode` or the `vpermb` kernel over `rows` of `m` for `act`'s tokens.
+    ///
+    /// # Safety
+    /// avx512f/bw/vl, and avx512vbmi where `vbmi`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    unsafe fn run(
+        vbmi: bool,
+        m: &PackedBf16Matrix<'_>,
+        act: &Activations,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) {
+        if vbmi {
+            // SAFETY: by this function's contract.
+            unsafe { matmul_packed_bf16_vbmi(m, act, rows, out) };
+        } else {
+            by_tokens!(
+                packed_block,
+                4,
+                [7168, 12288, 6144, 3584, 1536, 512],
+                m,
+                act,
+                rows,
+                out
+            );
+        }
+    }
+
+    /// Both decodes' kernels give the exact BF16 kernel's bits: compiled widths and others,
+    /// 1-6 tokens, row ranges with tails, exception blocks (every seventh block spans 40
+    /// exponents), zeros, subnormals, and in every third row blocks of exponents up to 254
+    /// (sums that overflow).
+    /// Not exponent 255: which NaN payload an FMA of two NaNs keeps depends on the operand
+    /// order the compiler picks for each kernel, not on the decode; the decode test above
+    /// covers those words.
+    #[test]
+    fn both_decodes_have_the_bf16_kernels_bits() {
+        if !avx512() {
+            eprintln!("note: no avx512 here; its packed kernels are not tested");
+            return;
+        }
+        let k = Kernels::new(Tier::Avx512).unwrap();
+        let mut s = 11u64;
+        for (rows, cols) in [(13, 512), (9, 1536), (6, 320), (5, 7168)] {
+            let bf16: Vec<u8> = (0..rows * cols)
+                .flat_map(|i| {
+                    let r = next(&mut s) as u16;
+                    let e = match ((i / 32) % 7, r % 53) {
+                        (6, _) => 90 + (r >> 10) % 40,
+                        (5, _) if (i / cols) % 3 == 0 => 240 + (r >> 10) % 15,
+                        (_, 0) => 0,
+                        _ => 115 + (r >> 10) % 9,
+                    };
+                    ((r & 0x807F) | (e << 7)).to_le_bytes()
+                })
+                .collect();
+            let packed = PackedBf16::pack(&bf16, rows, cols).unwrap();
+            assert!(packed.exception_count() > 0, "the test has exceptions");
+            let (m, b) = (packed.view(), Bf16Matrix::new(&bf16, rows, cols).unwrap());
+            for tokens in 1..=6 {
+                let x: Vec<f32> = (0..tokens * cols)
+                    .map(|_| (next(&mut s) % 2001) as f32 / 1000.0 - 1.0)
+                    .collect();
+                let act = k.prepare(&x, cols).unwrap();
+                for range in [0..rows, 1..rows, rows - 1..rows] {
+                    let mut want = vec![0f32; range.len() * tokens];
+                    k.matmul_bf16(&b, &act, range.clone(), &mut want).unwrap();
+                    for vbmi in [false, true] {
+                        if vbmi && !has_vbmi() {
+                            continue;
+                        }
+                        let mut got = vec![f32::NAN; range.len() * tokens];
+                        // SAFETY: avx512f/bw/vl detected, vbmi where asked; the range lies in
+                        // the matrix and `got` holds its rows for every token.
+                        unsafe { run(vbmi, &m, &act, range.clone(), &mut got) };
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(&got),
+                            bits(&want),
+                            "vbmi {vbmi}, [{rows}x{cols}] rows {range:?}, {tokens} tokens"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
