@@ -14,8 +14,8 @@ use super::lanes::{
     HALF_BITS, HIGH_HALF, INTERLEAVE_FIRST, INTERLEAVE_SECOND, ODD_WORDS, block_offset,
 };
 use super::{
-    bf16_prefetch_offset, by_tokens, by_tokens_bf16, load_bytes64, prefetch_ahead, run_rows,
-    store_sums, width,
+    bf16_prefetch_offset, by_tokens, by_tokens_bf16, load_bytes64, prefetch_distance,
+    prefetch_step, run_rows, store_sums, width,
 };
 use crate::activations::Activations;
 use crate::codes::{E2M1_VALUES, E8M0_TO_F32};
@@ -100,6 +100,7 @@ fn mxfp4_block<const R: usize, const T: usize, const C: usize>(
     let scales = m.scales()[row0 * groups..(row0 + R) * groups].as_ptr();
     let x = act.perm32[tok0 * stride..].as_ptr();
     let mut acc = [[_mm512_setzero_ps(); T]; R];
+    let ahead = prefetch_distance(R * row_bytes);
     for g in 0..groups {
         let mut even = [_mm512_setzero_ps(); T];
         let mut odd = [_mm512_setzero_ps(); T];
@@ -111,7 +112,7 @@ fn mxfp4_block<const R: usize, const T: usize, const C: usize>(
                 odd[t] = _mm512_loadu_ps(x.add(t * stride + GROUP * g + 16));
             }
         }
-        prefetch_ahead(packed, R * row_bytes, g, groups);
+        prefetch_step(packed, ahead, g, R * GROUP_BYTES);
         for r in 0..R {
             // SAFETY: row0 + r < rows (assert above); the group's 16 bytes lie in that row.
             let v = _mm512_cvtepu8_epi32(unsafe {

@@ -331,6 +331,38 @@ pub(crate) fn prefetch_ahead(start: *const u8, window: usize, step: usize, steps
     }
 }
 
+/// A row block's stream in fixed steps: a kernel that walks a block of rows in equal steps of
+/// `step_bytes` (a value block or group of each of its rows) prefetches at step `step` the
+/// lines from `start + ahead + step * step_bytes`, `step_bytes` rounded up to whole lines, so
+/// the steps cover the window `ahead` bytes on in order (a line at most missed at a step's end
+/// is the next step's first). The row blocks of a range are one contiguous window, so this
+/// streams the next row block while this one computes. No division and no data-dependent trip
+/// count: `prefetch_ahead`'s two divisions per step, and `avx2::Prefetch`'s count of the lines
+/// up to each step's exact end, cost the packed kernels a third of their rate in cache
+/// (PERFORMANCE.md, phase 17).
+#[target_feature(enable = "sse")]
+#[inline]
+pub(crate) fn prefetch_step(start: *const u8, ahead: usize, step: usize, step_bytes: usize) {
+    for offset in step_offsets(ahead, step, step_bytes) {
+        // Prefetch hint only: it never faults, so an address past the matrix is harmless.
+        _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(offset).cast());
+    }
+}
+
+/// The offsets [`prefetch_step`] prefetches at step `step`, one per line.
+#[inline(always)]
+fn step_offsets(ahead: usize, step: usize, step_bytes: usize) -> impl Iterator<Item = usize> {
+    let from = ahead + step * step_bytes;
+    (0..step_bytes.div_ceil(64)).map(move |line| from + 64 * line)
+}
+
+/// How far ahead a row block of `window` bytes prefetches ([`prefetch_step`]):
+/// `PREFETCH_AHEAD` rounded up to whole row blocks.
+#[inline(always)]
+pub(crate) fn prefetch_distance(window: usize) -> usize {
+    PREFETCH_AHEAD.div_ceil(window.max(1)) * window
+}
+
 /// How far ahead the MXFP4 row-block prefetch runs (measured best of 5-28 KB, PERFORMANCE.md).
 pub(crate) const PREFETCH_AHEAD: usize = 16 << 10;
 
@@ -363,6 +395,34 @@ pub(crate) const PREFETCH_BF16: usize = 256;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fixed-step stream prefetches every line of the window ahead (the row block after
+    /// this one, or the one after that for small blocks) by the end of the walk, for the
+    /// kernels' row blocks and steps: packed blocks of 3 and 4 rows, MXFP4 groups of 4 and 8.
+    #[test]
+    fn prefetch_steps_cover_the_next_row_block() {
+        for (rows, step_bytes_per_row) in [(3usize, 49usize), (4, 49), (4, 16), (8, 16)] {
+            for steps in [1usize, 16, 48, 112, 224, 384] {
+                let step_bytes = rows * step_bytes_per_row;
+                let window = steps * step_bytes;
+                let ahead = prefetch_distance(window);
+                assert!(ahead >= PREFETCH_AHEAD && ahead.is_multiple_of(window));
+                let lines: std::collections::BTreeSet<usize> = (0..steps)
+                    .flat_map(|s| step_offsets(ahead, s, step_bytes))
+                    .map(|o| o / 64)
+                    .collect();
+                for byte in (ahead..ahead + window)
+                    .step_by(16)
+                    .chain([ahead + window - 1])
+                {
+                    assert!(
+                        lines.contains(&(byte / 64)),
+                        "{rows} rows x {step_bytes_per_row} bytes, {steps} steps: byte {byte}"
+                    );
+                }
+            }
+        }
+    }
 
     /// `hsum16` gives every vector `hsum`'s bits, on values of mixed signs and magnitudes
     /// (where the order of additions shows in the last bits).

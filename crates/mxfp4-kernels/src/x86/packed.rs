@@ -9,16 +9,15 @@
 //! over it (`Kernels::packed_via_bf16`): on k3-wide at half the model's size in memory, where
 //! most of the trunk is packed, that made a token's compute 2.3 s (PERFORMANCE.md, phase 16).
 //!
-//! A GEMV's memory stream: while a block of `R` rows computes, the next row block (one
-//! contiguous window) is prefetched in step, the same number of lines at every value block
-//! ([`prefetch_next_rows`]).
+//! A GEMV's memory stream: while a block of `R` rows computes, the next row block is
+//! prefetched in fixed steps (`x86::prefetch_step`).
 
 use core::arch::x86_64::*;
 use std::ops::Range;
 
 use super::avx2::packed::{decode_words, tables};
 use super::lanes::{HALF_BITS, HIGH_HALF};
-use super::{PREFETCH_AHEAD, by_tokens, run_rows, store_sums, width};
+use super::{by_tokens, prefetch_distance, prefetch_step, run_rows, store_sums, width};
 use crate::activations::Activations;
 use crate::packed::{
     BASE_AT, CODES_AT, PACKED_BLOCK, PACKED_BLOCK_BYTES, PackedBf16Matrix, SLOT_COLUMN,
@@ -81,30 +80,6 @@ pub(crate) fn has_vbmi() -> bool {
     *VBMI.get_or_init(|| std::arch::is_x86_feature_detected!("avx512vbmi"))
 }
 
-/// Prefetches, at value block `block` of a block of `R` rows of `row_bytes` starting at `start`,
-/// the same share of the row block `ahead` bytes further on: `R` blocks' bytes, as whole lines
-/// from where that share starts. The row blocks of a range are one contiguous stream, so the
-/// steps cover the next window in order, a line at most missed at a step's end being the next
-/// step's first. Fixed work per step: the stream that counted lines to each step's exact end
-/// (`avx2::Prefetch`) cost a third of the `vpermb` kernel's rate in cache (PERFORMANCE.md,
-/// phase 17).
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn prefetch_next_rows<const R: usize>(start: *const u8, ahead: usize, block: usize) {
-    let from = start.wrapping_add(ahead + block * R * PACKED_BLOCK_BYTES);
-    for line in 0..(R * PACKED_BLOCK_BYTES).div_ceil(64) {
-        // Prefetch hint only: it never faults, so an address past the matrix is harmless.
-        _mm_prefetch::<_MM_HINT_T0>(from.wrapping_add(64 * line).cast());
-    }
-}
-
-/// How far ahead of a row block [`prefetch_next_rows`] runs: `PREFETCH_AHEAD` rounded up to
-/// whole row blocks of `window` bytes.
-#[inline(always)]
-fn ahead_of(window: usize) -> usize {
-    PREFETCH_AHEAD.div_ceil(window.max(1)) * window
-}
-
 /// A packed row block kernel: `$tables` is set up once per row block, and `$decode` gives the
 /// 32 words of the block at `$at` whose base byte `$b` is not 0.
 macro_rules! packed_block_fn {
@@ -132,11 +107,11 @@ macro_rules! packed_block_fn {
             let x = act.perm32[tok0 * stride..].as_ptr();
             let mut next: [usize; R] = std::array::from_fn(|r| m.first_exception(row0 + r));
             let mut acc = [[_mm512_setzero_ps(); T]; R];
-            let ahead = ahead_of(R * row_bytes);
+            let ahead = prefetch_distance(R * row_bytes);
             let high_half = _mm512_set1_epi32(HIGH_HALF as i32);
             let $tables = $setup;
             for block in 0..blocks {
-                prefetch_next_rows::<R>(base, ahead, block);
+                prefetch_step(base, ahead, block, R * PACKED_BLOCK_BYTES);
                 let mut even = [_mm512_setzero_ps(); T];
                 let mut odd = [_mm512_setzero_ps(); T];
                 for t in 0..T {

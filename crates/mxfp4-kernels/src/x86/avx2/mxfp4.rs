@@ -24,12 +24,12 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{Acc, Prefetch, act_block, by_tokens_avx2};
+use super::{Acc, act_block, by_tokens_avx2};
 use crate::activations::Activations;
 use crate::view::{GROUP, GROUP_BYTES, MxFp4Matrix};
 use crate::x86::exact::{SCALED_BF16_BYTES, SCALED_TABLES};
 use crate::x86::lanes;
-use crate::x86::{run_rows, width};
+use crate::x86::{prefetch_distance, prefetch_step, run_rows, width};
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn matmul(m: &MxFp4Matrix<'_>, act: &Activations, rows: Range<usize>, out: &mut [f32]) {
@@ -89,9 +89,9 @@ fn mxfp4_block<const R: usize, const T: usize, const C: usize>(
     let scales = &m.scales()[row0 * groups..(row0 + R) * groups];
     let x = act.avx2_mx[tok0 * stride..].as_ptr();
     let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
-    let mut prefetch = Prefetch::new(R * row_bytes, groups);
+    let ahead = prefetch_distance(R * row_bytes);
     for g in 0..groups {
-        prefetch.step(packed, g);
+        prefetch_step(packed, ahead, g, R * GROUP_BYTES);
         for r in 0..R {
             // SAFETY: row0 + r < rows (asserted above); the group's 16 bytes lie in that row.
             let w = unsafe {

@@ -16,11 +16,11 @@ use core::arch::x86_64::*;
 use std::ops::Range;
 
 use super::float::split_bf16;
-use super::{Prefetch, act_block, by_tokens_avx2, fma_block, store_sums};
+use super::{act_block, by_tokens_avx2, fma_block, store_sums};
 use crate::activations::Activations;
 use crate::packed::{BASE_AT, CODES_AT, PACKED_BLOCK_BYTES, PackedBf16Matrix};
 use crate::x86::lanes::{HALF_BITS, HIGH_HALF};
-use crate::x86::{run_rows, width};
+use crate::x86::{prefetch_distance, prefetch_step, run_rows, width};
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn matmul_packed_bf16(
@@ -64,10 +64,10 @@ fn packed_block<const R: usize, const T: usize, const C: usize>(
     let x = act.perm32[tok0 * stride..].as_ptr();
     let mut next: [usize; R] = std::array::from_fn(|r| m.first_exception(row0 + r));
     let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
-    let mut prefetch = Prefetch::new(R * row_bytes, blocks);
+    let ahead = prefetch_distance(R * row_bytes);
     let (offsets, not_first) = tables();
     for block in 0..blocks {
-        prefetch.step(base, block);
+        prefetch_step(base, ahead, block, R * PACKED_BLOCK_BYTES);
         for r in 0..R {
             let at = r * row_bytes + block * PACKED_BLOCK_BYTES;
             let w = if body[at + BASE_AT] != 0 {
