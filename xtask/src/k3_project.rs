@@ -63,6 +63,7 @@ pub(crate) fn run(config: &K3Config, machines: &Machines) -> Result<()> {
         let budget = MemoryBudget {
             bytes: memory,
             source: format!("a {:.0} GB machine", memory as f64 / 1e9),
+            limit: false,
         };
         let margin = safety_margin(memory);
         let flags = MemoryPlan::state(config, machines.run);
@@ -157,6 +158,7 @@ mod tests {
         let budget = |gb: u64| MemoryBudget {
             bytes: gb * 1_000_000_000,
             source: "test".into(),
+            limit: false,
         };
         let plan = |gb| {
             Plan::new(
@@ -207,6 +209,7 @@ mod tests {
                 Some(MemoryBudget {
                     bytes: 64_000_000_000,
                     source: "test".into(),
+                    limit: false,
                 }),
                 0,
                 None,

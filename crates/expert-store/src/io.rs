@@ -316,6 +316,10 @@ pub struct MemoryBudget {
     /// Where the number came from (`MemAvailable in /proc/meminfo`, or the cgroup's files
     /// with its limit and usage), for messages.
     pub source: String,
+    /// Whether the number is a limit the process runs under (a cgroup's, or one its user
+    /// gave) rather than the host's free memory: under a limit, memory left unused is not
+    /// anyone else's, so a plan may fill it (`k3-model`'s `Plan::resident_everything`).
+    pub limit: bool,
 }
 
 /// The source of a [`memory_budget`] that no cgroup limits (the host's free memory).
@@ -331,6 +335,7 @@ pub fn memory_budget() -> Option<MemoryBudget> {
         .map(|bytes| MemoryBudget {
             bytes,
             source: MEM_AVAILABLE.into(),
+            limit: false,
         });
     let cgroup = match (
         read(Path::new("/proc/self/cgroup")),
@@ -421,6 +426,7 @@ pub fn cgroup_headroom(
                             files[0],
                             files[1]
                         ),
+                        limit: true,
                     });
                 }
             }

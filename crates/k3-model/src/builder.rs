@@ -189,6 +189,7 @@ impl Engine {
                 Some(MemoryBudget {
                     bytes,
                     source: "--memory-gb".into(),
+                    limit: true,
                 }),
                 0,
             ),
@@ -198,16 +199,11 @@ impl Engine {
                 (budget, margin)
             }
         };
-        // A limit the process runs under: --memory-gb, or a cgroup's (the host's free memory
-        // is not one).
-        let limit = budget
-            .as_ref()
-            .is_some_and(|b| b.source != expert_store::io::MEM_AVAILABLE);
-        Self::build_planned(dir, config, options, budget, margin, limit, sink)
+        Self::build_planned(dir, config, options, budget, margin, sink)
     }
 
-    /// [`Engine::build`] against a given budget taken as it is (`None`: unknown, nothing is
-    /// planned or refused).
+    /// [`Engine::build`] against a given budget taken as it is, its `limit` included (`None`:
+    /// unknown, nothing is planned or refused).
     pub fn build_within(
         dir: &Path,
         config: K3Config,
@@ -215,12 +211,12 @@ impl Engine {
         budget: Option<MemoryBudget>,
         sink: &mut dyn BuildSink,
     ) -> Result<Self, BuildError> {
-        Self::build_planned(dir, config, options, budget, 0, false, sink)
+        Self::build_planned(dir, config, options, budget, 0, sink)
     }
 
-    /// [`Engine::build_within`] where `budget` is a limit the process runs under (a cgroup's,
-    /// --memory-gb), as [`Engine::build`] finds it: where everything fits as stored, the
-    /// plan may hold it all in memory, the trunk packed ([`Plan::resident_everything`]).
+    /// [`Engine::build_within`] with `budget` taken as a limit the process runs under (a
+    /// cgroup's, --memory-gb), whatever its `limit` says: where everything fits as stored,
+    /// the plan may hold it all in memory, the trunk packed ([`Plan::resident_everything`]).
     pub fn build_within_limit(
         dir: &Path,
         config: K3Config,
@@ -228,7 +224,11 @@ impl Engine {
         budget: MemoryBudget,
         sink: &mut dyn BuildSink,
     ) -> Result<Self, BuildError> {
-        Self::build_planned(dir, config, options, Some(budget), 0, true, sink)
+        let budget = MemoryBudget {
+            limit: true,
+            ..budget
+        };
+        Self::build_planned(dir, config, options, Some(budget), 0, sink)
     }
 
     fn build_planned(
@@ -237,9 +237,10 @@ impl Engine {
         options: &EngineOptions,
         budget: Option<MemoryBudget>,
         margin: u64,
-        limit: bool,
         sink: &mut dyn BuildSink,
     ) -> Result<Self, BuildError> {
+        // A limit the process runs under (--memory-gb, a cgroup's), not the host's free memory.
+        let limit = budget.as_ref().is_some_and(|b| b.limit);
         let mut checkpoint = Checkpoint::open(dir)?;
         validate(&checkpoint, &config)?;
         crate::shares::same_checkpoint(&checkpoint, &config, &options.ranks)?;
@@ -690,6 +691,7 @@ mod tests {
         let budget = MemoryBudget {
             bytes: 64 << 30,
             source: "a test budget".into(),
+            limit: false,
         };
         let mut lines = Vec::new();
         let engine = Engine::build_within(
@@ -727,6 +729,7 @@ mod tests {
         let limit = MemoryBudget {
             bytes: 64 << 30,
             source: "a test limit".into(),
+            limit: true,
         };
         for kernels in Kernels::available() {
             let mut options = options(1);
@@ -815,6 +818,7 @@ mod tests {
             Some(MemoryBudget {
                 bytes,
                 source: "a test budget".into(),
+                limit: false,
             })
         };
         let build = |bytes, lines: &mut Vec<String>| {

@@ -215,6 +215,7 @@ fn prompt_cache_options(args: &Args) -> PromptCacheOptions {
         Some(bytes) => Some(expert_store::io::MemoryBudget {
             bytes,
             source: "--memory-gb".into(),
+            limit: true,
         }),
         None => expert_store::io::memory_budget(),
     };

@@ -53,6 +53,7 @@ fn cgroup_v1_limit_minus_usage() {
     ]);
     let budget = cgroup_headroom(V1_CGROUPS, V1_MOUNTS, read).unwrap();
     assert_eq!(budget.bytes, 3_000_000_000);
+    assert!(budget.limit, "a cgroup's headroom is a limit");
     assert!(
         budget
             .source
@@ -85,6 +86,7 @@ fn an_unlimited_child_of_a_limited_parent_gets_the_parents_headroom() {
     ]);
     let budget = cgroup_headroom(V1_CGROUPS, V1_MOUNTS, read).unwrap();
     assert_eq!(budget.bytes, 500);
+    assert!(budget.limit, "a cgroup's headroom is a limit");
     assert!(
         budget.source.ends_with("usage_in_bytes 1500 bytes"),
         "{}",

@@ -49,6 +49,7 @@ fn budget(bytes: u64) -> Option<MemoryBudget> {
     Some(MemoryBudget {
         bytes,
         source: "a test budget".into(),
+        limit: false,
     })
 }
 

@@ -138,6 +138,7 @@ fn a_plan_over_the_budget_names_every_class_the_total_and_the_source() {
     let budget = MemoryBudget {
         bytes: plan.total() - 1,
         source: "cgroup v1 /sys/fs/cgroup/memory/test".into(),
+        limit: true,
     };
     let err = plan.check(Some(budget.clone())).unwrap_err().to_string();
     for needle in [
