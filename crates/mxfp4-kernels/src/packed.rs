@@ -286,6 +286,11 @@ impl<'a> PackedBf16Matrix<'a> {
     pub fn body(&self) -> &'a [u8] {
         self.body
     }
+    /// Row `row`'s blocks in the body ([`Self::row_bytes`] bytes; its exception blocks are
+    /// kept aside).
+    pub fn row_body(&self, row: usize) -> &'a [u8] {
+        &self.body[row * self.row_bytes()..][..self.row_bytes()]
+    }
     /// Every exception block of the matrix this view was cut from.
     pub fn exceptions(&self) -> &'a [u8] {
         self.exceptions
@@ -336,7 +341,7 @@ impl<'a> PackedBf16Matrix<'a> {
     /// Row `row`'s BF16 values, exactly, into `out` (`cols` values).
     pub fn decode_row(&self, row: usize, out: &mut [u16]) {
         assert_eq!(out.len(), self.cols, "one row of values");
-        let body = &self.body[row * self.row_bytes()..][..self.row_bytes()];
+        let body = self.row_body(row);
         let mut next = self.first_exception(row);
         for (block, dst) in body
             .chunks_exact(PACKED_BLOCK_BYTES)

@@ -306,10 +306,7 @@ impl<'a> WeightMatrix<'a> {
             WeightMatrix::F16(m) => vec![m.row_bytes(row)],
             WeightMatrix::F32(m) => vec![m.row_bytes(row)],
             WeightMatrix::MxFp4(m) => vec![m.packed_row(row), m.scale_row(row)],
-            WeightMatrix::PackedBf16(m) => {
-                let n = m.row_bytes();
-                vec![&m.body()[row * n..(row + 1) * n]]
-            }
+            WeightMatrix::PackedBf16(m) => vec![m.row_body(row)],
         }
     }
 }

@@ -323,7 +323,7 @@ pub(crate) unsafe fn load_bytes64(ptr: *const u8, n: usize) -> __m512i {
 #[target_feature(enable = "sse")]
 #[inline]
 pub(crate) fn prefetch_ahead(start: *const u8, window: usize, step: usize, steps: usize) {
-    let ahead = PREFETCH_AHEAD.div_ceil(window) * window;
+    let ahead = prefetch_distance(window);
     let lines = window.div_ceil(64);
     for line in lines * step / steps..lines * (step + 1) / steps {
         // Prefetch hint only: it never faults, so an address past the matrix is harmless.
@@ -356,8 +356,8 @@ fn step_offsets(ahead: usize, step: usize, step_bytes: usize) -> impl Iterator<I
     (0..step_bytes.div_ceil(64)).map(move |line| from + 64 * line)
 }
 
-/// How far ahead a row block of `window` bytes prefetches ([`prefetch_step`]):
-/// `PREFETCH_AHEAD` rounded up to whole row blocks.
+/// How far ahead a row block of `window` bytes prefetches ([`prefetch_step`],
+/// [`prefetch_ahead`], `avx2::Prefetch`): `PREFETCH_AHEAD` rounded up to whole row blocks.
 #[inline(always)]
 pub(crate) fn prefetch_distance(window: usize) -> usize {
     PREFETCH_AHEAD.div_ceil(window.max(1)) * window

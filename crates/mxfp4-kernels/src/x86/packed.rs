@@ -74,10 +74,9 @@ unsafe fn matmul_packed_bf16_vbmi(
     );
 }
 
-/// Whether this CPU has avx512vbmi, detected once.
+/// Whether this CPU has avx512vbmi (`is_x86_feature_detected!` caches what it detects).
 pub(crate) fn has_vbmi() -> bool {
-    static VBMI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *VBMI.get_or_init(|| std::arch::is_x86_feature_detected!("avx512vbmi"))
+    std::arch::is_x86_feature_detected!("avx512vbmi")
 }
 
 /// A packed row block kernel: `$tables` is set up once per row block, and `$decode` gives the

@@ -13,7 +13,7 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{PREFETCH_AHEAD, lanes};
+use super::{lanes, prefetch_distance};
 use crate::activations::Activations;
 use crate::packed::PackedBf16Matrix;
 use crate::tier::Avx2;
@@ -227,7 +227,7 @@ impl Prefetch {
     /// A stream over a row block of `window` bytes walked in `steps` steps.
     #[inline(always)]
     pub(crate) fn new(window: usize, steps: usize) -> Self {
-        let ahead = PREFETCH_AHEAD.div_ceil(window.max(1)) * window;
+        let ahead = prefetch_distance(window);
         Self {
             next: ahead,
             per_step: window.div_ceil(steps.max(1)),
@@ -292,6 +292,7 @@ pub(crate) fn fma_block(acc: &mut Acc, w: &[__m256; 4], x: &[__m256; 4]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::x86::PREFETCH_AHEAD;
 
     /// Over a row block's steps the stream prefetches each line once, in order, from `ahead`
     /// (`PREFETCH_AHEAD` rounded up to whole windows) through the whole window, as

@@ -178,10 +178,9 @@ pub(crate) unsafe fn decode_words(
 pub(crate) fn decode_rows_bf16(m: &PackedBf16Matrix<'_>, rows: Range<usize>, out: &mut [u8]) {
     let cols = m.cols();
     assert_eq!(out.len(), rows.len() * cols * 2, "the rows' bytes");
-    let row_bytes = m.row_bytes();
     let (offsets, not_first) = tables();
     for (row, dst) in rows.zip(out.chunks_exact_mut(cols * 2)) {
-        let body = &m.body()[row * row_bytes..(row + 1) * row_bytes];
+        let body = m.row_body(row);
         let mut next = m.first_exception(row);
         for (block, d) in body
             .chunks_exact(PACKED_BLOCK_BYTES)
