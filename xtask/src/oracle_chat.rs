@@ -106,9 +106,10 @@ fn readme(command: &str, template_sha256: &str, json: &serde_json::Value, cases:
          - renderer: jinja2 {jinja2}, {environment}\n\
          - conversations.json sha256: `{conversations}` (recorded in rendered.json; the test \
          checks it)\n\n\
-         Object arguments in `conversations.json` keep their keys in byte order at every level: \
-         the template writes them in insertion order, and `serde_json::Map` (without \
-         `preserve_order`) keeps keys sorted, so only such objects can match.\n",
+         Objects in `conversations.json` keep their keys in the order written (the template \
+         writes them in insertion order, and the engine's `serde_json` is built with \
+         `preserve_order`); several conversations give a call's arguments and the tools' \
+         schemas keys that are not sorted, as a model writes them.\n",
         jinja2 = json["packages"]["jinja2"].as_str().unwrap_or("?"),
         environment = json["environment"].as_str().unwrap_or("?"),
         conversations = json["conversations_sha256"].as_str().unwrap_or("?"),

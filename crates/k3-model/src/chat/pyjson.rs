@@ -3,11 +3,10 @@
 //! template's `json_sorted` macro (keys sorted case-insensitively, no spaces) for tool
 //! declarations and response schemas.
 //!
-//! Two differences from the reference remain, both from `serde_json::Map` keeping its keys in
-//! byte order rather than in the order they arrived: `dumps` writes object keys in byte order
-//! (Python keeps insertion order), and `sorted` breaks ties between keys that differ only in
-//! case by byte order (Python's stable sort keeps insertion order). Integers beyond 64 bits
-//! arrive as floats.
+//! `serde_json` is built with `preserve_order` (workspace `Cargo.toml`), so a `Map` keeps its
+//! keys in the order they arrived, as a Python `dict` does: `dumps` writes them in that order
+//! and `sorted` breaks ties between keys that differ only in case by it (Python's stable
+//! sort). Integers beyond 64 bits arrive as floats.
 
 use serde_json::{Map, Number, Value};
 
