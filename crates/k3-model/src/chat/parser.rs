@@ -4,7 +4,9 @@
 //! the think closer or, when the model skips it, to the response opener; text after the think
 //! closer is content even without a response opener; a call holds `argument` elements. It also
 //! takes a `json` block inside a call as the call's arguments (a string), the form the
-//! reference template renders string arguments in.
+//! reference template renders string arguments in. With [`OutputParser::calls_as_text`] (a
+//! request whose `tool_choice` is `none`) a `tools` element the model writes anyway is passed
+//! on as content, markers and all, instead of being parsed into calls.
 
 use serde_json::Value;
 
@@ -25,6 +27,8 @@ enum Place {
     Think,
     Response,
     Tools,
+    /// Inside a `tools` element passed on as text.
+    ToolsText,
     Argument,
     Json,
     Elsewhere,
@@ -47,6 +51,8 @@ pub struct OutputParser {
     argument: Option<(String, String, String)>,
     /// The open `json` block's text.
     json: Option<String>,
+    /// A `tools` element is content, not calls.
+    calls_as_text: bool,
 }
 
 impl OutputParser {
@@ -66,7 +72,16 @@ impl OutputParser {
             call: None,
             argument: None,
             json: None,
+            calls_as_text: false,
         })
+    }
+
+    /// This parser passes a `tools` element on as content (its markers' text included)
+    /// instead of parsing it into tool calls: for a request that told the model not to call
+    /// tools, whose answer must not carry calls.
+    pub fn calls_as_text(mut self) -> Self {
+        self.calls_as_text = true;
+        self
     }
 
     /// Feeds one generated token (its id and decoded bytes); returns what it completes.
@@ -92,6 +107,16 @@ impl OutputParser {
     pub fn finish(&mut self) -> Vec<Delta> {
         let mut out = Vec::new();
         self.flush(&mut out, true);
+        // A marker left open inside a `tools` element passed on as text is text too.
+        if self.place == Place::ToolsText
+            && let Some((opening, text)) = self.tag.take()
+        {
+            let marker = if opening { OPEN } else { CLOSE };
+            out.push(Delta::Content(format!(
+                "{marker}{}",
+                String::from_utf8_lossy(&text)
+            )));
+        }
         out
     }
 
@@ -108,7 +133,7 @@ impl OutputParser {
         self.pending.drain(..valid);
         match self.place {
             Place::Think => out.push(Delta::Reasoning(text)),
-            Place::Response => out.push(Delta::Content(text)),
+            Place::Response | Place::ToolsText => out.push(Delta::Content(text)),
             Place::Argument => {
                 if let Some((_, _, value)) = &mut self.argument {
                     value.push_str(&text);
@@ -125,6 +150,19 @@ impl OutputParser {
 
     fn enter(&mut self, opening: bool, tag: &str, out: &mut Vec<Delta>) {
         let (name, attributes) = parse_tag(tag);
+        let as_text =
+            self.place == Place::ToolsText || (self.calls_as_text && opening && name == "tools");
+        if as_text {
+            let marker = if opening { OPEN } else { CLOSE };
+            out.push(Delta::Content(format!("{marker}{tag}{SEP}")));
+            // After the element, as after a parsed one: nothing more is content.
+            self.place = if !opening && name == "tools" {
+                Place::Elsewhere
+            } else {
+                Place::ToolsText
+            };
+            return;
+        }
         match (opening, name.as_str()) {
             (true, "think") => self.place = Place::Think,
             // The response opener ends reasoning whether or not the think closer came; text

@@ -167,7 +167,18 @@ fn parse(
     ids: &[u32],
     thinking: bool,
 ) -> (String, String, Vec<ToolCall>, Vec<Delta>) {
-    let mut parser = OutputParser::new(tokenizer, thinking).unwrap();
+    parse_with(
+        OutputParser::new(tokenizer, thinking).unwrap(),
+        tokenizer,
+        ids,
+    )
+}
+
+fn parse_with(
+    mut parser: OutputParser,
+    tokenizer: &Tokenizer,
+    ids: &[u32],
+) -> (String, String, Vec<ToolCall>, Vec<Delta>) {
     let mut deltas = Vec::new();
     for &id in ids {
         deltas.extend(parser.push(id, &tokenizer.decode_bytes(&[id])));
@@ -313,6 +324,8 @@ fn streamed_output_splits_into_reasoning_content_and_tool_calls() {
     assert_eq!(calls.len(), 2);
     assert_eq!(calls[0].name, "get_time");
     assert_eq!(calls[0].arguments, json!({"zone": "UTC", "n": 3}));
+    // In the order the model wrote them (issue 31: not sorted).
+    assert_eq!(calls[0].arguments_json(), r#"{"zone":"UTC","n":3}"#);
     // A `json` block is the call's arguments as they were written.
     assert_eq!(calls[1].name, "A&B\"");
     assert_eq!(calls[1].arguments, json!("{\"q\": \"x\"}"));
@@ -326,6 +339,36 @@ fn streamed_output_splits_into_reasoning_content_and_tool_calls() {
             );
         }
     }
+}
+
+/// With `calls_as_text` (a request's `tool_choice: "none"`), a `tools` element the model
+/// writes anyway is content, exactly as generated (markers included), and no call comes out;
+/// what follows it is dropped, as after a parsed `tools` element.
+#[test]
+fn calls_as_text_passes_a_tools_element_on_as_content() {
+    let tokenizer = Tokenizer::from_dir(&data_dir("tiktoken")).unwrap();
+    let tools = "<|open|>tools<|sep|><|open|>call tool=\"get_time\" index=\"1\"<|sep|><|open|>argument key=\"zone\" type=\"string\"<|sep|>UTC<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|>";
+    let generated = format!(
+        "Hmm.<|close|>think<|sep|><|open|>response<|sep|>Sure.<|close|>response<|sep|>{tools}After.<|close|>message<|sep|>"
+    );
+    let ids = generated_ids(&tokenizer, &generated);
+    let parser = OutputParser::new(&tokenizer, true).unwrap().calls_as_text();
+    let (reasoning, content, calls, _) = parse_with(parser, &tokenizer, &ids);
+    assert_eq!(reasoning, "Hmm.");
+    assert!(calls.is_empty(), "{calls:?}");
+    assert_eq!(content, format!("Sure.{tools}"));
+    // Cut off inside the element: what was written is still content.
+    let cut = &ids[..ids.len() - 12];
+    let parser = OutputParser::new(&tokenizer, true).unwrap().calls_as_text();
+    let (_, content, calls, _) = parse_with(parser, &tokenizer, cut);
+    assert!(calls.is_empty());
+    assert!(
+        content.starts_with("Sure.<|open|>tools<|sep|><|open|>call"),
+        "{content}"
+    );
+    // Without it, the same tokens give the call.
+    let (_, content, calls, _) = parse(&tokenizer, &ids, true);
+    assert_eq!((content.as_str(), calls.len()), ("Sure.", 1));
 }
 
 #[test]
