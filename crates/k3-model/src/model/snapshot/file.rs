@@ -7,7 +7,7 @@
 //!
 //! Layout: `magic (8) | format u32 | header length u32 | header | header checksum u64 |
 //! payload | checksum u64`. The header: engine version (u16 length + UTF-8), checkpoint
-//! identity u64, position u64, token count u64 + one u32 per token, layer count u32, then per
+//! identity u64, namespace (16 bytes, opaque: see [`FileHeader::namespace`]), position u64, token count u64 + one u32 per token, layer count u32, then per
 //! layer a kind byte (0 none, 1 KDA, 2 MLA) and its arrays' lengths as u64 (KDA: window,
 //! state; MLA: latent, k_pe). The payload: per KDA layer its three windows then its state,
 //! per MLA layer its latent rows then its `k_pe` rows.
@@ -30,8 +30,9 @@ use writer::Writer;
 
 /// The first bytes of every snapshot file.
 pub const MAGIC: [u8; 8] = *b"K3STATE\0";
-/// The layout this code writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The layout this code writes and reads (2: the namespace added; a format 1 file is refused
+/// like any other foreign format).
+pub const FORMAT_VERSION: u32 = 2;
 /// The engine whose bits a snapshot holds: a state is only valid for the code that made it.
 pub const ENGINE_VERSION: &str = concat!("k3-model ", env!("CARGO_PKG_VERSION"));
 /// Largest header accepted (a corrupt length must not make us allocate gigabytes).
@@ -190,6 +191,10 @@ fn read_samples(samples: &[(&str, &Path, std::ops::Range<usize>, &[u8])]) -> (Ve
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileHeader {
     pub identity: Identity,
+    /// An opaque tag its writer stored with the state ([`save_in`]): k3-serve's prompt cache
+    /// keeps the tenant's cache namespace there, so a file is only ever found again for the
+    /// tenant that wrote it. Zeros from [`save`].
+    pub namespace: [u8; 16],
     /// The tokens the state covers, in order (as many as the position).
     pub tokens: Vec<u32>,
     /// Bytes of the whole file.
@@ -234,10 +239,22 @@ pub struct WriteReport {
 }
 
 /// Writes `snapshot`, which covers `tokens`, to `path` for `identity` (atomically: a
-/// temporary file in the same directory, synced, then renamed over `path`).
+/// temporary file in the same directory, synced, then renamed over `path`), with a zero
+/// namespace.
 pub fn save(
     path: &Path,
     identity: &Identity,
+    tokens: &[usize],
+    snapshot: &Snapshot,
+) -> Result<WriteReport> {
+    save_in(path, identity, [0; 16], tokens, snapshot)
+}
+
+/// [`save`], with `namespace` stored in the header ([`FileHeader::namespace`]).
+pub fn save_in(
+    path: &Path,
+    identity: &Identity,
+    namespace: [u8; 16],
     tokens: &[usize],
     snapshot: &Snapshot,
 ) -> Result<WriteReport> {
@@ -247,7 +264,7 @@ pub fn save(
             position: snapshot.position(),
         });
     }
-    let header = encode_header(identity, tokens, snapshot)?;
+    let header = encode_header(identity, namespace, tokens, snapshot)?;
     let tmp = temp_path(path);
     let io = |source| FileError::Io {
         path: tmp.clone(),
@@ -464,7 +481,12 @@ fn header_of(file: &mut File, len: u64) -> Result<FileHeader> {
     decode_header(&body[..body_len], payload_at, len)
 }
 
-fn encode_header(identity: &Identity, tokens: &[usize], snapshot: &Snapshot) -> Result<Vec<u8>> {
+fn encode_header(
+    identity: &Identity,
+    namespace: [u8; 16],
+    tokens: &[usize],
+    snapshot: &Snapshot,
+) -> Result<Vec<u8>> {
     let mut body = Vec::new();
     let engine = identity.engine.as_bytes();
     let engine_len = u16::try_from(engine.len()).map_err(|_| FileError::Header {
@@ -476,6 +498,7 @@ fn encode_header(identity: &Identity, tokens: &[usize], snapshot: &Snapshot) -> 
     body.extend_from_slice(&engine_len.to_le_bytes());
     body.extend_from_slice(engine);
     body.extend_from_slice(&identity.checkpoint.to_le_bytes());
+    body.extend_from_slice(&namespace);
     body.extend_from_slice(&(snapshot.position() as u64).to_le_bytes());
     body.extend_from_slice(&(tokens.len() as u64).to_le_bytes());
     for &token in tokens {
@@ -533,6 +556,7 @@ fn decode_header(body: &[u8], payload_at: u64, file_bytes: u64) -> Result<FileHe
         reason: format!("engine version is not UTF-8: {e}"),
     })?;
     let checkpoint = u64_at(take(8)?);
+    let namespace: [u8; 16] = take(16)?.try_into().expect("16 bytes");
     let position = u64_at(take(8)?);
     let count = u64_at(take(8)?);
     if count != position || count > (body.len() / 4) as u64 {
@@ -584,6 +608,7 @@ fn decode_header(body: &[u8], payload_at: u64, file_bytes: u64) -> Result<FileHe
     }
     Ok(FileHeader {
         identity: Identity { engine, checkpoint },
+        namespace,
         tokens,
         file_bytes,
         layers,
