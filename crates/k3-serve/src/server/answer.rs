@@ -48,6 +48,8 @@ pub(super) struct Chunks {
     logprobs: bool,
     include_usage: bool,
     first: bool,
+    /// Characters of the completion's token texts so far (completions' `text_offset`).
+    text_offset: usize,
     /// A finish or an error was sent.
     ended: bool,
     /// `[DONE]` was queued.
@@ -74,6 +76,7 @@ impl Chunks {
             logprobs,
             include_usage,
             first: true,
+            text_offset: 0,
             ended: false,
             done: false,
         }
@@ -93,6 +96,12 @@ impl Chunks {
             self.done = true;
             return;
         };
+        let logprobs = match &event {
+            Event::Delta { logprobs, .. } if self.logprobs => {
+                Some(logprobs_json(logprobs, self.chat, &mut self.text_offset))
+            }
+            _ => None,
+        };
         let mut chunk = stream_chunk(
             &self.id,
             &self.model,
@@ -100,7 +109,7 @@ impl Chunks {
             self.chat,
             &event,
             self.first,
-            self.logprobs,
+            logprobs,
         );
         self.first = false;
         if self.include_usage && chunk.get("choices").is_some() {
@@ -175,14 +184,42 @@ fn tool_calls_json(calls: &[k3_model::chat::ToolCall], first_index: usize) -> Va
     )
 }
 
-fn logprobs_json(entries: &[TokenLogprob]) -> Value {
-    json!({"content": entries.iter().map(|e| json!({
-        "token": e.token, "logprob": e.logprob, "bytes": e.token.as_bytes(),
-        "top_logprobs": e.top.iter().map(|(t, l)| json!({"token": t, "logprob": l, "bytes": t.as_bytes()})).collect::<Vec<_>>(),
-    })).collect::<Vec<_>>()})
+/// Log-probabilities in the endpoint's shape: chat's `{"content": [{token, logprob, bytes,
+/// top_logprobs: [...]}]}`, or the completions API's `{tokens, token_logprobs, top_logprobs,
+/// text_offset}`, whose `top_logprobs` are maps from token text to log-probability (the
+/// alternatives, highest first, and the chosen token, so up to N + 1 entries) and whose
+/// `text_offset`s count characters from the completion's start (`offset`: the characters
+/// before these tokens; advanced past them).
+fn logprobs_json(entries: &[TokenLogprob], chat: bool, offset: &mut usize) -> Value {
+    if chat {
+        return json!({"content": entries.iter().map(|e| json!({
+            "token": e.token, "logprob": e.logprob, "bytes": e.token.as_bytes(),
+            "top_logprobs": e.top.iter().map(|(t, l)| json!({"token": t, "logprob": l, "bytes": t.as_bytes()})).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>()});
+    }
+    let mut tokens = Vec::with_capacity(entries.len());
+    let mut token_logprobs = Vec::with_capacity(entries.len());
+    let mut top_logprobs = Vec::with_capacity(entries.len());
+    let mut text_offset = Vec::with_capacity(entries.len());
+    for e in entries {
+        tokens.push(json!(e.token));
+        token_logprobs.push(json!(e.logprob));
+        // Two ids may decode to the same text: the most likely keeps the key, except that
+        // the chosen token's text always maps to its own log-probability.
+        let mut top = serde_json::Map::new();
+        for (text, logprob) in &e.top {
+            top.entry(text.clone()).or_insert_with(|| json!(logprob));
+        }
+        top.insert(e.token.clone(), json!(e.logprob));
+        top_logprobs.push(Value::Object(top));
+        text_offset.push(json!(*offset));
+        *offset += e.token.chars().count();
+    }
+    json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+           "text_offset": text_offset})
 }
 
-/// One SSE chunk for `event`.
+/// One SSE chunk for `event`, with its log-probabilities when asked (`logprobs`).
 fn stream_chunk(
     id: &str,
     model: &str,
@@ -190,7 +227,7 @@ fn stream_chunk(
     chat: bool,
     event: &Event,
     first: bool,
-    logprobs: bool,
+    logprobs: Option<Value>,
 ) -> Value {
     let object = if chat {
         "chat.completion.chunk"
@@ -202,13 +239,9 @@ fn stream_chunk(
             reasoning,
             content,
             tool_calls,
-            logprobs: lps,
+            ..
         } => {
-            let lp = if logprobs {
-                logprobs_json(lps)
-            } else {
-                Value::Null
-            };
+            let lp = logprobs.unwrap_or(Value::Null);
             if chat {
                 let mut delta = json!({});
                 if first {
@@ -302,7 +335,7 @@ impl Collected {
             finish
         };
         let lp = if logprobs {
-            logprobs_json(&self.logprobs)
+            logprobs_json(&self.logprobs, chat, &mut 0)
         } else {
             Value::Null
         };

@@ -92,9 +92,12 @@ impl Answer {
 async fn job(state: &AppState, ids: Vec<u32>, max_tokens: usize) -> Answer {
     let request: k3_serve::api::CompletionRequest = serde_json::from_value(json!({
         "model": "tiny", "prompt": "(the job's ids are given)", "max_tokens": max_tokens,
-        "temperature": 0, "logprobs": true, "top_logprobs": 20}))
+        "temperature": 0, "logprobs": 5}))
     .unwrap();
-    let request = request.validate(&state.limits).unwrap();
+    let mut request = request.validate(&state.limits).unwrap();
+    // The completions API caps alternatives at 5; the engine takes any count, and 20 of them
+    // show more of the logits.
+    request.sampling.top_logprobs = 20;
     let (events, mut received) = tokio::sync::mpsc::unbounded_channel();
     state
         .engine
@@ -102,6 +105,7 @@ async fn job(state: &AppState, ids: Vec<u32>, max_tokens: usize) -> Answer {
             request,
             prompt_ids: ids,
             system_tokens: 0,
+            cache_namespace: Default::default(),
             events,
             log_id: None,
             submitted: Instant::now(),

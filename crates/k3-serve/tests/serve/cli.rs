@@ -312,19 +312,19 @@ fn unseeded_requests_differ_and_seeded_ones_repeat() {
     // tokens, so two different samples can both read as "" on the random tiny model.
     let tokens = |body: &Value| {
         let mut body = body.clone();
-        body["logprobs"] = json!(true);
+        body["logprobs"] = json!(0);
         let (status, text) =
             request(port, "POST", "/v1/completions", Some(&body.to_string())).unwrap();
         assert_eq!(status, 200, "{text}");
         let v: Value = serde_json::from_str(&text).unwrap();
-        let content = v["choices"][0]["logprobs"]["content"]
+        let tokens = v["choices"][0]["logprobs"]["tokens"]
             .as_array()
             .unwrap()
             .clone();
-        assert_eq!(content.len(), 64, "{text}");
-        content
+        assert_eq!(tokens.len(), 64, "{text}");
+        tokens
             .iter()
-            .map(|e| e["token"].as_str().unwrap().to_owned())
+            .map(|t| t.as_str().unwrap().to_owned())
             .collect::<Vec<_>>()
     };
     let (a, b) = (tokens(&body), tokens(&body));
@@ -336,14 +336,14 @@ fn unseeded_requests_differ_and_seeded_ones_repeat() {
         complete(port, seeded.clone())
     );
     // The premise of the bound above.
-    seeded["logprobs"] = json!(true);
+    seeded["logprobs"] = json!(0);
     let (_, text) = request(port, "POST", "/v1/completions", Some(&seeded.to_string())).unwrap();
     let v: Value = serde_json::from_str(&text).unwrap();
-    let lps: Vec<f64> = v["choices"][0]["logprobs"]["content"]
+    let lps: Vec<f64> = v["choices"][0]["logprobs"]["token_logprobs"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|e| e["logprob"].as_f64().unwrap())
+        .map(|l| l.as_f64().unwrap())
         .collect();
     let mean = lps.iter().sum::<f64>() / lps.len() as f64;
     assert!(mean < 0.5f64.ln(), "mean chosen-token logprob {mean}");

@@ -6,6 +6,7 @@ mod e2e;
 mod fuzz;
 mod prompt_cache_log;
 mod router;
+mod validation;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
