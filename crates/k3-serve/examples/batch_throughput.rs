@@ -73,6 +73,7 @@ fn main() -> Result<()> {
         options,
         queue: 64,
         panic_on_prompt: None,
+        scripted_answers: Vec::new(),
         prefill_chunk: 8,
         prompt_cache: Default::default(),
     })?;
@@ -128,6 +129,7 @@ fn run(engine: &EngineHandle, streams: usize, tokens: usize) -> Result<(f64, f64
             stream: true,
             include_usage: false,
             logprobs: false,
+            cache_salt: None,
         };
         let ids = prompt_ids(&engine.tokenizer, &request.prompt);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -136,6 +138,7 @@ fn run(engine: &EngineHandle, streams: usize, tokens: usize) -> Result<(f64, f64
                 request,
                 prompt_ids: ids,
                 system_tokens: 0,
+                cache_namespace: Default::default(),
                 events: tx,
                 log_id: None,
                 submitted: Instant::now(),

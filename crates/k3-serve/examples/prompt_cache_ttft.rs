@@ -120,6 +120,7 @@ fn main() -> Result<()> {
                 dir: None,
             },
             panic_on_prompt: None,
+            scripted_answers: Vec::new(),
         })?;
         if !wait_ready(&engine, Duration::from_secs(600)) {
             bail!("the model did not load");
@@ -243,6 +244,7 @@ fn chat(
                 request,
                 prompt_ids: ids,
                 system_tokens,
+                cache_namespace: Default::default(),
                 events: tx,
                 log_id: None,
                 submitted: start,

@@ -1,14 +1,20 @@
-//! `--api-key`: an axum middleware that, when a key is configured, answers every `/v1` route
-//! without `Authorization: Bearer <key>` with 401 and OpenAI's error object. `/health`,
-//! `/metrics` and every other path stay open; with no key configured everything is open.
+//! `--api-key` and tenants: an axum middleware that, when keys are configured, answers every
+//! `/v1` route without `Authorization: Bearer <one of the keys>` with 401 and OpenAI's error
+//! object, and marks every request it lets through with its [`Tenant`] (a request
+//! extension). `/health`, `/metrics` and every other path stay open; with no key configured
+//! everything is open and every request is [`Tenant::OPEN`].
+//!
+//! Each key is its own tenant: the prompt cache shares snapshots only between requests of one
+//! tenant, further split by a request's `cache_salt` ([`Tenant::cache_namespace`]), so what
+//! one client sent cannot change what another is told (`cached_tokens`, time to first token).
 //!
 //! ```
-//! use k3_serve::auth::{ApiKey, require_api_key};
+//! use k3_serve::auth::{ApiKeys, require_api_key};
 //! // In the binary the router is `server::app(state)`; any axum router takes the layer.
 //! let router: axum::Router = axum::Router::new()
 //!     .route("/v1/models", axum::routing::get(|| async { "[]" }))
 //!     .layer(axum::middleware::from_fn_with_state(
-//!         ApiKey::new(Some("sk-local")),
+//!         ApiKeys::new(["sk-team-a", "sk-team-b"]),
 //!         require_api_key,
 //!     ));
 //! # let _ = router;
@@ -21,39 +27,121 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
+use sha2::{Digest, Sha256};
 
-/// The configured key, or none (the API is open). Cheap to clone.
-#[derive(Clone)]
-pub struct ApiKey(Option<Arc<[u8]>>);
+use crate::prompt_cache::Namespace;
 
-impl std::fmt::Debug for ApiKey {
-    // Never prints the key.
+/// Whose request this is: the API key it came with, as 16 bytes of its SHA-256 (the key itself
+/// is kept only in [`ApiKeys`]).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Tenant([u8; 16]);
+
+impl std::fmt::Debug for Tenant {
+    // A short, stable tag for logs; never the key.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "ApiKey(set)"
-        } else {
-            "ApiKey(none)"
-        })
+        write!(
+            f,
+            "Tenant({:02x}{:02x}{:02x}{:02x})",
+            self.0[0], self.0[1], self.0[2], self.0[3]
+        )
     }
 }
 
-impl ApiKey {
-    /// `None` or an empty key: the API is open.
-    pub fn new(key: Option<&str>) -> Self {
-        Self(key.filter(|k| !k.is_empty()).map(|k| k.as_bytes().into()))
+impl Tenant {
+    /// Every request of a server without keys.
+    pub const OPEN: Tenant = Tenant([0; 16]);
+
+    /// The tenant of `key`.
+    pub fn of_key(key: &[u8]) -> Self {
+        let digest = Sha256::new()
+            .chain_update(b"k3-serve tenant\0")
+            .chain_update(key)
+            .finalize();
+        Self(digest[..16].try_into().expect("16 of 32 bytes"))
     }
 
+    /// The prompt-cache namespace of this tenant's requests with `cache_salt` (none: the
+    /// tenant's shared one). Different tenants, or different salts, never share one.
+    pub fn cache_namespace(&self, cache_salt: Option<&str>) -> Namespace {
+        let mut hash = Sha256::new()
+            .chain_update(b"k3-serve cache namespace\0")
+            .chain_update(self.0);
+        match cache_salt {
+            None => hash.update([0u8]),
+            Some(salt) => {
+                hash.update([1u8]);
+                hash.update(salt.as_bytes());
+            }
+        }
+        Namespace(hash.finalize()[..16].try_into().expect("16 of 32 bytes"))
+    }
+}
+
+/// One configured key and its tenant.
+struct Key {
+    bytes: Box<[u8]>,
+    tenant: Tenant,
+}
+
+/// The configured keys, or none (the API is open). Cheap to clone.
+#[derive(Clone)]
+pub struct ApiKeys(Arc<[Key]>);
+
+impl std::fmt::Debug for ApiKeys {
+    // Never prints a key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ApiKeys({} set)", self.0.len())
+    }
+}
+
+impl ApiKeys {
+    /// The keys, each its own tenant; empty ones are skipped, and none at all leaves the API
+    /// open.
+    pub fn new<K: AsRef<str>>(keys: impl IntoIterator<Item = K>) -> Self {
+        let mut list: Vec<Key> = Vec::new();
+        for key in keys {
+            let bytes = key.as_ref().as_bytes();
+            if bytes.is_empty() || list.iter().any(|k| &*k.bytes == bytes) {
+                continue;
+            }
+            list.push(Key {
+                bytes: bytes.into(),
+                tenant: Tenant::of_key(bytes),
+            });
+        }
+        Self(list.into())
+    }
+
+    /// Whether any key is configured.
     pub fn is_set(&self) -> bool {
-        self.0.is_some()
+        !self.0.is_empty()
     }
 
-    /// Whether an `Authorization` header value lets a request in.
-    pub fn admits(&self, authorization: Option<&HeaderValue>) -> bool {
-        let Some(key) = &self.0 else { return true };
-        let Some(presented) = authorization.and_then(|v| bearer_token(v.as_bytes())) else {
-            return false;
-        };
-        constant_time_eq(presented, key)
+    /// How many keys (tenants) are configured.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether none is configured (the API is open).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The tenant an `Authorization` header value lets in: [`Tenant::OPEN`] when no key is
+    /// configured, the matching key's tenant, or `None`. Every key is compared in full, so the
+    /// time does not say which key (or how much of one) matched.
+    pub fn tenant_of(&self, authorization: Option<&HeaderValue>) -> Option<Tenant> {
+        if self.0.is_empty() {
+            return Some(Tenant::OPEN);
+        }
+        let presented = authorization.and_then(|v| bearer_token(v.as_bytes()))?;
+        let mut found = None;
+        for key in self.0.iter() {
+            if constant_time_eq(presented, &key.bytes) {
+                found = Some(key.tenant);
+            }
+        }
+        found
     }
 }
 
@@ -79,12 +167,22 @@ fn constant_time_eq(presented: &[u8], key: &[u8]) -> bool {
     std::hint::black_box(difference) == 0
 }
 
-/// The middleware: 401 on a `/v1` path without the key, else the next service.
-pub async fn require_api_key(State(key): State<ApiKey>, request: Request, next: Next) -> Response {
+/// The middleware: 401 on a `/v1` path without a configured key, else the next service with
+/// the request's [`Tenant`] in its extensions.
+pub async fn require_api_key(
+    State(keys): State<ApiKeys>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let path = request.uri().path();
     let guarded = path == "/v1" || path.starts_with("/v1/");
-    if !guarded || key.admits(request.headers().get(header::AUTHORIZATION)) {
-        return next.run(request).await;
+    match keys.tenant_of(request.headers().get(header::AUTHORIZATION)) {
+        Some(tenant) => {
+            request.extensions_mut().insert(tenant);
+            return next.run(request).await;
+        }
+        None if !guarded => return next.run(request).await,
+        None => {}
     }
     let message = if request.headers().contains_key(header::AUTHORIZATION) {
         "incorrect API key provided"
@@ -126,7 +224,7 @@ mod tests {
             .route("/health", get(|| async { "ok" }))
             .route("/metrics", get(|| async { "metrics" }))
             .layer(axum::middleware::from_fn_with_state(
-                ApiKey::new(key),
+                ApiKeys::new(key),
                 require_api_key,
             ))
     }
@@ -218,8 +316,56 @@ mod tests {
             let (status, body) = call(key, "GET", "/v1/models", None).await;
             assert_eq!((status, body.as_str()), (StatusCode::OK, "models"));
         }
-        assert!(!ApiKey::new(Some("")).is_set());
-        assert_eq!(format!("{:?}", ApiKey::new(Some("sk-x"))), "ApiKey(set)");
+        assert!(!ApiKeys::new(Some("")).is_set());
+        assert_eq!(
+            format!("{:?}", ApiKeys::new(Some("sk-x"))),
+            "ApiKeys(1 set)"
+        );
+    }
+
+    /// Each key lets its own requests in as its own tenant; a request's tenant reaches the
+    /// handler; namespaces differ between tenants and between salts, and are stable.
+    #[tokio::test]
+    async fn each_key_is_its_own_tenant() {
+        let keys = ApiKeys::new(["sk-a", "sk-b", "", "sk-a"]);
+        assert_eq!(keys.len(), 2);
+        let header = |k: &str| HeaderValue::from_str(&format!("Bearer {k}")).unwrap();
+        let a = keys.tenant_of(Some(&header("sk-a"))).unwrap();
+        let b = keys.tenant_of(Some(&header("sk-b"))).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(a, Tenant::of_key(b"sk-a"));
+        assert_eq!(keys.tenant_of(Some(&header("sk-c"))), None);
+        assert_eq!(keys.tenant_of(None), None);
+        assert_eq!(
+            ApiKeys::new(None::<&str>).tenant_of(None),
+            Some(Tenant::OPEN)
+        );
+
+        assert_ne!(a.cache_namespace(None), b.cache_namespace(None));
+        assert_ne!(a.cache_namespace(None), a.cache_namespace(Some("s")));
+        assert_ne!(a.cache_namespace(Some("s")), a.cache_namespace(Some("t")));
+        assert_ne!(a.cache_namespace(Some("s")), b.cache_namespace(Some("s")));
+        assert_eq!(a.cache_namespace(Some("s")), a.cache_namespace(Some("s")));
+        assert!(!format!("{a:?}").contains("sk-a"));
+
+        let router = Router::new()
+            .route(
+                "/v1/models",
+                get(|tenant: Option<axum::Extension<Tenant>>| async move {
+                    format!("{:?}", tenant.map(|t| t.0))
+                }),
+            )
+            .layer(axum::middleware::from_fn_with_state(keys, require_api_key));
+        for (key, tenant) in [("sk-a", a), ("sk-b", b)] {
+            let request = axum::http::Request::builder()
+                .uri("/v1/models")
+                .header(header::AUTHORIZATION, format!("Bearer {key}"))
+                .body(Body::empty())
+                .unwrap();
+            let response = router.clone().oneshot(request).await.unwrap();
+            let bytes = response.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(bytes, format!("{:?}", Some(tenant)).as_bytes());
+        }
     }
 
     #[test]

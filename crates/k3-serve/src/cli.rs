@@ -84,9 +84,20 @@ pub fn k3_serve_flags() -> Vec<Flag> {
             Text,
             "none: the API is open",
             SERVER,
-            "require `Authorization: Bearer KEY` on /v1 routes (/health, /metrics stay open)",
+            "require `Authorization: Bearer KEY` on /v1 routes (/health, /metrics stay open); \
+             repeat for more keys, each its own tenant (prompt-cache entries are not shared \
+             between keys)",
         )
-        .env("K3_API_KEY"),
+        .env("K3_API_KEY")
+        .repeatable(),
+        Flag::value(
+            "api-key-file",
+            "FILE",
+            Text,
+            "none",
+            SERVER,
+            "more API keys, one per line (blank lines skipped), each its own tenant",
+        ),
         Flag::value(
             "max-batch",
             "N",

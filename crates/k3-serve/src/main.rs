@@ -23,7 +23,7 @@ use k3_model::packcache::PackCachePlace;
 mod follower;
 use k3_model::chat::ThinkingEffort;
 use k3_serve::api::{ChatRequest, CompletionRequest, Limits};
-use k3_serve::auth::{ApiKey, require_api_key};
+use k3_serve::auth::{ApiKeys, require_api_key};
 use k3_serve::cli::{self, Flag, Outcome, Parsed, UsageError};
 use k3_serve::conn::{ConnLimits, serve};
 use k3_serve::engine::{EngineConfig, Event, Job, PromptCacheOptions, prompt_ids, spawn};
@@ -61,7 +61,8 @@ struct Args {
     thinking: bool,
     /// The chat template's `thinking_effort` for requests that give none.
     thinking_effort: ThinkingEffort,
-    api_key: Option<String>,
+    /// `--api-key` (each), `K3_API_KEY` and the lines of `--api-key-file`.
+    api_keys: Vec<String>,
     served_model_names: Vec<String>,
     /// `--prompt-cache-gb` (`None`: the default share of the memory budget).
     prompt_cache_gb: Option<f64>,
@@ -124,7 +125,7 @@ fn parse(
         seed: p.get_u64("seed")?.unwrap_or(0),
         thinking: !p.switch("no-think"),
         thinking_effort: p.get_or_default(table, "thinking-effort")?,
-        api_key: p.get_str("api-key").map(str::to_owned),
+        api_keys: api_keys(&p)?,
         served_model_names: p
             .all("served-model-name")
             .into_iter()
@@ -135,6 +136,30 @@ fn parse(
     };
     check_mode(&p, &a)?;
     Ok(Some(a))
+}
+
+/// Every `--api-key` (or `K3_API_KEY`), then the keys in `--api-key-file` (one per line,
+/// trimmed; blank lines skipped). A file that cannot be read, or holds no key, is a usage
+/// error.
+fn api_keys(p: &Parsed) -> Result<Vec<String>, UsageError> {
+    let mut keys: Vec<String> = p.all("api-key").into_iter().map(str::to_owned).collect();
+    if let Some(path) = p.get_str("api-key-file") {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| UsageError::Other(format!("--api-key-file {path}: {e}")))?;
+        let before = keys.len();
+        keys.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|line| !line.is_empty())
+                .map(str::to_owned),
+        );
+        if keys.len() == before {
+            return Err(UsageError::Other(format!(
+                "--api-key-file {path} holds no key (one key per line)"
+            )));
+        }
+    }
+    Ok(keys)
 }
 
 /// The flags that belong to one mode, given in the other.
@@ -165,6 +190,7 @@ fn check_mode(p: &Parsed, a: &Args) -> Result<(), UsageError> {
                 "queue",
                 "prompt-cache-gb",
                 "prompt-cache-dir",
+                "api-key-file",
             ] {
                 if p.has(name) {
                     log::warn!("--{name} applies to the server (--serve) and is ignored by a one-shot run");
@@ -323,6 +349,7 @@ fn main() -> Result<()> {
         prefill_chunk: k3_model::model::PREFILL_CHUNK,
         prompt_cache,
         panic_on_prompt: None,
+        scripted_answers: Vec::new(),
     })?;
     if let Some(max) = engine.max_positions
         && ctx > max
@@ -378,9 +405,14 @@ fn main() -> Result<()> {
             conn.max_connections = room;
         }
     }
-    let api_key = ApiKey::new(args.api_key.as_deref());
+    let api_key = ApiKeys::new(&args.api_keys);
     if api_key.is_set() {
-        log::info!("API key required on /v1 (/health and /metrics are open)");
+        log::info!(
+            "API key required on /v1 (/health and /metrics are open); {} key{}, each its own \
+             prompt-cache tenant",
+            api_key.len(),
+            if api_key.len() == 1 { "" } else { "s" }
+        );
     } else {
         log::info!("no --api-key: the API is open to anyone who can reach the port");
     }
@@ -508,6 +540,7 @@ fn one_shot(engine: &k3_serve::engine::EngineHandle, limits: &Limits, args: &Arg
             request,
             prompt_ids: ids,
             system_tokens: 0,
+            cache_namespace: Default::default(),
             events: tx,
             log_id: None,
             submitted: start,

@@ -2,9 +2,14 @@
 //! request whose prompt extends a cached prefix restores that state and prefills only the
 //! rest (bit-identical to a cold prefill; see `k3_model::model::snapshot`).
 //!
+//! Every entry belongs to a [`Namespace`] (the server's: a tenant, refined by its
+//! `cache_salt`), and a lookup only ever finds entries of its own namespace, so what one
+//! tenant sent cannot change what another is told (`cached_tokens`, timing).
+//!
 //! A pure type driven by one thread (`&mut self`): no model, no I/O except the optional spill
 //! directory. Entries are found by a hash of each prefix of the query (FNV-1a 64 over the
-//! token ids, extended token by token) and confirmed by comparing the stored tokens. Memory
+//! namespace, then the token ids, extended token by token) and confirmed by comparing the
+//! stored namespace and tokens. Memory
 //! is bounded by a byte budget over the snapshots held in RAM, evicted least recently used
 //! first; a snapshot a running request holds (its `Arc` is shared) is never evicted. With a
 //! spill directory every inserted snapshot is also written there (checksummed, atomic,
@@ -21,6 +26,12 @@ use k3_model::model::snapshot::file::{self, Identity};
 
 /// Extension of spill files.
 const EXTENSION: &str = "k3state";
+
+/// Whose snapshots these are: entries are shared only within one namespace. Opaque bytes to
+/// the cache (k3-serve derives them from the API key and `cache_salt` with SHA-256, so a spill
+/// file's header never holds a key).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Namespace(pub [u8; 16]);
 
 /// Where snapshots spill.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,6 +93,7 @@ pub struct PromptCache {
 
 #[derive(Debug)]
 struct Entry {
+    namespace: Namespace,
     tokens: Vec<usize>,
     hash: u64,
     /// In RAM.
@@ -118,26 +130,37 @@ impl PromptCache {
         self.budget_bytes
     }
 
-    /// Whether a snapshot after exactly `tokens` is cached (in RAM or on disk); no use is
-    /// counted.
-    pub fn contains(&self, tokens: &[usize]) -> bool {
-        self.index
-            .get(&PrefixHash::of(tokens))
-            .is_some_and(|ids| ids.iter().any(|id| self.entries[id].tokens == tokens))
+    /// Whether a snapshot after exactly `tokens` is cached for `namespace` (in RAM or on
+    /// disk); no use is counted.
+    pub fn contains(&self, namespace: Namespace, tokens: &[usize]) -> bool {
+        self.find(namespace, tokens).is_some()
     }
 
-    /// The cached snapshot covering the longest prefix of `tokens` (all of `tokens` at most:
-    /// a caller that needs the logits of the prompt's last token passes the prompt without
-    /// it). A spilled entry is read back (and kept in RAM if it fits); one whose file fails
-    /// its checks is dropped with a warning and the next shorter prefix is tried.
-    pub fn longest_prefix(&mut self, tokens: &[usize]) -> Option<Hit> {
+    /// The entry for exactly `tokens` in `namespace`.
+    fn find(&self, namespace: Namespace, tokens: &[usize]) -> Option<u64> {
+        let ids = self.index.get(&PrefixHash::of(namespace, tokens))?;
+        ids.iter().copied().find(|id| {
+            let e = &self.entries[id];
+            e.namespace == namespace && e.tokens == tokens
+        })
+    }
+
+    /// The snapshot cached for `namespace` covering the longest prefix of `tokens` (all of
+    /// `tokens` at most: a caller that needs the logits of the prompt's last token passes the
+    /// prompt without it). A spilled entry is read back (and kept in RAM if it fits); one
+    /// whose file fails its checks is dropped with a warning and the next shorter prefix is
+    /// tried. Entries of other namespaces are never found.
+    pub fn longest_prefix(&mut self, namespace: Namespace, tokens: &[usize]) -> Option<Hit> {
         let mut candidates = Vec::new();
-        let mut hash = PrefixHash::new();
+        let mut hash = PrefixHash::new(namespace);
         for (i, &t) in tokens.iter().enumerate() {
             hash.push(t);
             if let Some(ids) = self.index.get(&hash.0) {
                 let prefix = &tokens[..=i];
-                candidates.extend(ids.iter().filter(|id| self.entries[id].tokens == prefix));
+                candidates.extend(ids.iter().filter(|id| {
+                    let e = &self.entries[id];
+                    e.namespace == namespace && e.tokens == prefix
+                }));
             }
         }
         // Longest first (a later prefix is longer).
@@ -155,11 +178,16 @@ impl PromptCache {
         None
     }
 
-    /// Caches `snapshot` as the state after `tokens` (its position must be `tokens.len()`,
-    /// else nothing is stored). Returns whether it is held in RAM: false when it could not fit
-    /// the budget even after evicting every snapshot no request holds (it may still have
-    /// been spilled). Inserting tokens already cached refreshes that entry.
-    pub fn insert(&mut self, tokens: &[usize], snapshot: Arc<Snapshot>) -> bool {
+    /// Caches `snapshot` as the state after `tokens` for `namespace` (its position must be
+    /// `tokens.len()`, else nothing is stored). Returns whether it is held in RAM: false when
+    /// it could not fit the budget even after evicting every snapshot no request holds (it may
+    /// still have been spilled). Inserting tokens already cached refreshes that entry.
+    pub fn insert(
+        &mut self,
+        namespace: Namespace,
+        tokens: &[usize],
+        snapshot: Arc<Snapshot>,
+    ) -> bool {
         if snapshot.position() != tokens.len() || tokens.is_empty() {
             log::warn!(
                 "prompt cache: a snapshot at position {} offered for {} tokens: not cached",
@@ -169,13 +197,8 @@ impl PromptCache {
             return false;
         }
         self.clock += 1;
-        let hash = PrefixHash::of(tokens);
-        let existing = self.index.get(&hash).and_then(|ids| {
-            ids.iter()
-                .copied()
-                .find(|id| self.entries[id].tokens == tokens)
-        });
-        let id = match existing {
+        let hash = PrefixHash::of(namespace, tokens);
+        let id = match self.find(namespace, tokens) {
             Some(id) => id,
             None => {
                 let id = self.next_id;
@@ -183,6 +206,7 @@ impl PromptCache {
                 self.entries.insert(
                     id,
                     Entry {
+                        namespace,
                         tokens: tokens.to_vec(),
                         hash,
                         snapshot: None,
@@ -306,12 +330,16 @@ impl PromptCache {
                 .iter()
                 .map(|&t| t as usize)
                 .eq(entry.tokens.iter().copied());
-            if same {
-                Ok(snapshot)
-            } else {
+            if !same {
                 Err(file::FileError::Header {
                     reason: "its tokens are not the entry's".into(),
                 })
+            } else if header.namespace != entry.namespace.0 {
+                Err(file::FileError::Header {
+                    reason: "its namespace is not the entry's".into(),
+                })
+            } else {
+                Ok(snapshot)
             }
         });
         match loaded {
@@ -348,7 +376,13 @@ impl PromptCache {
         let entry = &self.entries[&id];
         let name = format!("{:016x}-{}.{EXTENSION}", entry.hash, entry.tokens.len());
         let path = spill.dir.join(name);
-        match file::save(&path, &spill.identity, &entry.tokens, snapshot) {
+        match file::save_in(
+            &path,
+            &spill.identity,
+            entry.namespace.0,
+            &entry.tokens,
+            snapshot,
+        ) {
             Ok(report) => {
                 if let Some(reason) = &report.fallback {
                     log::debug!(
@@ -411,14 +445,15 @@ impl PromptCache {
         }
         // Oldest first, so the LRU order continues the files' ages.
         found.sort_by_key(|f| f.0);
-        for (_, path, tokens, bytes) in found {
+        for (_, path, (namespace, tokens), bytes) in found {
             self.clock += 1;
-            let hash = PrefixHash::of(&tokens);
+            let hash = PrefixHash::of(namespace, &tokens);
             let id = self.next_id;
             self.next_id += 1;
             self.entries.insert(
                 id,
                 Entry {
+                    namespace,
                     tokens,
                     hash,
                     snapshot: None,
@@ -431,12 +466,13 @@ impl PromptCache {
         }
     }
 
-    /// A spill file's tokens, size and age, if its header is whole and matches `identity`.
+    /// A spill file's namespace and tokens, size and age, if its header is whole and matches
+    /// `identity`.
     fn accept(
         &self,
         path: &Path,
         identity: &Identity,
-    ) -> Result<(Vec<usize>, u64, std::time::SystemTime), String> {
+    ) -> Result<((Namespace, Vec<usize>), u64, std::time::SystemTime), String> {
         let header = file::read_header(path).map_err(|e| e.to_string())?;
         if header.identity != *identity {
             return Err(format!(
@@ -454,27 +490,38 @@ impl PromptCache {
             .and_then(|m| m.modified())
             .map_err(|e| e.to_string())?;
         let tokens = header.tokens.iter().map(|&t| t as usize).collect();
-        Ok((tokens, header.file_bytes, modified))
+        Ok((
+            (Namespace(header.namespace), tokens),
+            header.file_bytes,
+            modified,
+        ))
     }
 }
 
-/// FNV-1a 64 over the token ids' little-endian u32 bytes, one token at a time.
+/// FNV-1a 64 over the namespace's bytes, then the token ids' little-endian u32 bytes, one
+/// token at a time.
 #[derive(Debug, Clone, Copy)]
 struct PrefixHash(u64);
 
 impl PrefixHash {
-    fn new() -> Self {
-        Self(0xcbf2_9ce4_8422_2325)
+    fn new(namespace: Namespace) -> Self {
+        let mut h = Self(0xcbf2_9ce4_8422_2325);
+        namespace.0.iter().for_each(|&b| h.byte(b));
+        h
+    }
+
+    fn byte(&mut self, b: u8) {
+        self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
     }
 
     fn push(&mut self, token: usize) {
         for b in (token as u32).to_le_bytes() {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+            self.byte(b);
         }
     }
 
-    fn of(tokens: &[usize]) -> u64 {
-        let mut h = Self::new();
+    fn of(namespace: Namespace, tokens: &[usize]) -> u64 {
+        let mut h = Self::new(namespace);
         tokens.iter().for_each(|&t| h.push(t));
         h.0
     }

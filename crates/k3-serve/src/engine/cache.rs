@@ -11,7 +11,7 @@ use std::sync::Arc;
 use k3_model::model::snapshot::file::Identity;
 use k3_model::model::{Model, Session};
 
-use crate::prompt_cache::{PromptCache, PromptCacheStats, SpillOptions};
+use crate::prompt_cache::{Namespace, PromptCache, PromptCacheStats, SpillOptions};
 
 /// Spill files may take this many times the RAM budget on disk.
 const DISK_BUDGET_FACTOR: u64 = 4;
@@ -63,19 +63,22 @@ impl EngineCache {
         self.cache.as_ref().map(PromptCache::stats)
     }
 
-    /// Restores into `session` (fresh) the longest cached prefix of `prompt` that leaves at
-    /// least its last token to prefill (whose logits the first output token is sampled from);
-    /// returns the tokens restored, 0 when cold.
+    /// Restores into `session` (fresh) the longest prefix of `prompt` cached for `namespace`
+    /// that leaves at least its last token to prefill (whose logits the first output token is
+    /// sampled from); returns the tokens restored, 0 when cold.
     pub(super) fn resume(
         &mut self,
         model: &Model<'_>,
+        namespace: Namespace,
         session: &mut Session,
         prompt: &[usize],
     ) -> usize {
         let Some(lookup) = prompt.len().checked_sub(1).filter(|&n| n > 0) else {
             return 0;
         };
-        let Some(hit) = self.guard("a lookup", |c| c.longest_prefix(&prompt[..lookup])) else {
+        let Some(hit) = self.guard("a lookup", |c| {
+            c.longest_prefix(namespace, &prompt[..lookup])
+        }) else {
             return 0;
         };
         let Some(hit) = hit else { return 0 };
@@ -92,10 +95,16 @@ impl EngineCache {
         }
     }
 
-    /// Keeps a snapshot of `session`, which has been fed exactly `tokens`; nothing when the
-    /// cache is off, already holds `tokens`, or the session is elsewhere.
-    pub(super) fn save(&mut self, tokens: &[usize], session: &Session) {
-        if tokens.is_empty() || self.cache.as_ref().is_none_or(|c| c.contains(tokens)) {
+    /// Keeps a snapshot of `session`, which has been fed exactly `tokens`, for `namespace`;
+    /// nothing when the cache is off, already holds `tokens` there, or the session is
+    /// elsewhere.
+    pub(super) fn save(&mut self, namespace: Namespace, tokens: &[usize], session: &Session) {
+        if tokens.is_empty()
+            || self
+                .cache
+                .as_ref()
+                .is_none_or(|c| c.contains(namespace, tokens))
+        {
             return;
         }
         if session.position() != tokens.len() {
@@ -107,7 +116,7 @@ impl EngineCache {
             return;
         }
         let snapshot = Arc::new(session.snapshot());
-        self.guard("an insert", |c| c.insert(tokens, snapshot));
+        self.guard("an insert", |c| c.insert(namespace, tokens, snapshot));
     }
 
     /// Runs `f` on the cache, if on; a panic in it turns the cache off (logged).

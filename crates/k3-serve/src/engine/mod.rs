@@ -1,4 +1,5 @@
-//! The engine thread: it owns the model, admits jobs from a bounded queue, prefills each on
+//! The engine thread: it owns the model, admits jobs from a bounded queue (`queue`: a job
+//! whose client went away leaves it at once), prefills each on
 //! its own, and advances every active sequence together, one token per decode step
 //! (continuous batching through `Model::decode_batch`, so a sequence's tokens do not depend on
 //! who shares its steps). Each job's events go to its own channel; a closed channel (the
@@ -19,7 +20,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, mpsc};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -31,13 +32,17 @@ use k3_model::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::api::ValidRequest;
-use crate::prompt_cache::PromptCacheStats;
+use crate::prompt_cache::{Namespace, PromptCacheStats};
 
 mod cache;
 mod prompt;
+mod queue;
 mod run;
 mod sequence;
 mod state;
+
+use queue::JobQueue;
+pub use queue::SubmitError;
 
 pub use cache::PromptCacheOptions;
 pub use prompt::{
@@ -62,6 +67,12 @@ pub struct EngineConfig {
     /// once `.1` tokens have been generated (0: right after its prefill). `None` in use.
     #[doc(hidden)]
     pub panic_on_prompt: Option<(String, usize)>,
+    /// Test hook: a job whose prompt tokens are exactly `.0` answers `.1` (each token forced
+    /// in turn, with its log-probability under the logits; sampling resumes if the script
+    /// runs out first), so tests can drive the output parser and the prompt cache with a
+    /// known answer on a random model. Empty in use.
+    #[doc(hidden)]
+    pub scripted_answers: Vec<(Vec<u32>, Vec<u32>)>,
 }
 
 /// A chosen token's text and log-probability, with the top alternatives'.
@@ -104,6 +115,9 @@ pub struct Job {
     /// How many of the first prompt tokens are a chat's system block (0: none known): the
     /// engine keeps a snapshot there for other conversations with the same system block.
     pub system_tokens: usize,
+    /// The prompt cache's namespace: the job resumes only from, and leaves snapshots only
+    /// for, requests of the same namespace (the server's: the tenant and `cache_salt`).
+    pub cache_namespace: Namespace,
     pub events: UnboundedSender<Event>,
     /// The request's id for the one info line logged when it ends (prompt and output token
     /// counts, time to first token, tokens/s, how it ended; never the prompt's text). `None`:
@@ -122,7 +136,8 @@ pub struct Metrics {
     pub rejected: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
-    pub queue_depth: AtomicI64,
+    /// Live jobs waiting for a batch slot (kept by the queue).
+    pub queue_depth: Arc<AtomicI64>,
     pub active: AtomicI64,
     /// Nanoseconds spent in decode steps (tokens/s = generated / this).
     pub decode_ns: AtomicU64,
@@ -134,7 +149,8 @@ pub struct Metrics {
 /// The server's side of the engine.
 #[derive(Debug, Clone)]
 pub struct EngineHandle {
-    jobs: mpsc::SyncSender<Job>,
+    /// The queue closes when the last clone of the handle is gone.
+    jobs: Arc<queue::Sender>,
     /// The model is loaded and the engine serves.
     pub ready: Arc<AtomicBool>,
     /// The engine thread runs (false once it has ended: a failed load, a panic outside any
@@ -186,27 +202,20 @@ impl Drop for AliveGuard {
     }
 }
 
-/// Why a job was not queued.
-#[derive(Debug, PartialEq, Eq)]
-pub enum SubmitError {
-    Full,
-    Stopped,
-}
-
 impl EngineHandle {
-    /// Queues a job; refuses at once when the queue is full.
+    /// Queues a job; refuses at once when the queue is full (of jobs whose clients are
+    /// still there). Dropping the receiver of the job's events takes it out of the queue.
     pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
-        match self.jobs.try_send(job) {
-            Ok(()) => {
-                self.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
-            Err(mpsc::TrySendError::Full(_)) => {
-                self.metrics.rejected.fetch_add(1, Ordering::Relaxed);
-                Err(SubmitError::Full)
-            }
-            Err(mpsc::TrySendError::Disconnected(_)) => Err(SubmitError::Stopped),
+        let submitted = self.jobs.0.submit(job);
+        if submitted == Err(SubmitError::Full) {
+            self.metrics.rejected.fetch_add(1, Ordering::Relaxed);
         }
+        submitted
+    }
+
+    /// The jobs waiting for a batch slot now (those whose client went away not counted).
+    pub fn queue_depth(&self) -> usize {
+        self.jobs.0.depth()
     }
 
     /// Blocks until the model has loaded (`Ok`) or failed to (`Err`: why), at most
@@ -253,13 +262,14 @@ pub fn spawn(config: EngineConfig) -> Result<(EngineHandle, std::thread::JoinHan
                 .and_then(serde_json::Value::as_u64)
         })
         .map(|n| n as usize);
-    let (jobs, queue) = mpsc::sync_channel(config.queue.max(1));
+    let metrics = Arc::new(Metrics::default());
+    let queue = JobQueue::new(config.queue, Arc::clone(&metrics.queue_depth));
     let handle = EngineHandle {
-        jobs,
+        jobs: Arc::new(queue::Sender(Arc::clone(&queue))),
         ready: Arc::new(AtomicBool::new(false)),
         alive: Arc::new(AtomicBool::new(true)),
         load: Arc::new(LoadOutcome::default()),
-        metrics: Arc::new(Metrics::default()),
+        metrics,
         tokenizer: Arc::clone(&tokenizer),
         config: Arc::clone(&model_config),
         max_positions,

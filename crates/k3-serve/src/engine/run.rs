@@ -5,8 +5,8 @@
 //! system block, of each prompt and of each answer.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc;
 use std::time::Instant;
 
 use anyhow::Result;
@@ -17,15 +17,16 @@ use k3_model::model::snapshot::file::Identity;
 use k3_model::tokenizer::Tokenizer;
 
 use super::cache::EngineCache;
+use super::queue::{JobQueue, Pop};
 use super::sequence::Sequence;
-use super::{EngineConfig, Event, Job, Metrics, state};
+use super::{EngineConfig, Event, Metrics, state};
 use crate::api::Prompt;
 
 pub(super) fn run(
     config: EngineConfig,
     model_config: &K3Config,
     tokenizer: &Tokenizer,
-    queue: mpsc::Receiver<Job>,
+    queue: Arc<JobQueue>,
     loaded: impl FnOnce(),
     metrics: &Metrics,
 ) -> Result<()> {
@@ -78,29 +79,23 @@ pub(super) fn run(
     loop {
         // Admit: block only when idle.
         while active.len() < config.options.max_batch.max(1) {
-            let job = if active.is_empty() {
-                match queue.recv() {
-                    Ok(job) => job,
-                    Err(_) => {
-                        // The server is gone: keep this run's expert use counts for the next
-                        // start's preload order (unless --no-usage-cache).
-                        match engine.save_usage() {
-                            Some((path, Ok(()))) => {
-                                log::info!("expert usage saved to {}", path.display())
-                            }
-                            Some((_, Err(e))) => log::warn!("expert usage not saved: {e}"),
-                            None => {}
+            let job = match queue.pop(active.is_empty()) {
+                Pop::Job(job) => *job,
+                Pop::Empty => break,
+                Pop::Closed if !active.is_empty() => break,
+                Pop::Closed => {
+                    // The server is gone: keep this run's expert use counts for the next
+                    // start's preload order (unless --no-usage-cache).
+                    match engine.save_usage() {
+                        Some((path, Ok(()))) => {
+                            log::info!("expert usage saved to {}", path.display())
                         }
-                        return Ok(());
+                        Some((_, Err(e))) => log::warn!("expert usage not saved: {e}"),
+                        None => {}
                     }
-                }
-            } else {
-                match queue.try_recv() {
-                    Ok(job) => job,
-                    Err(_) => break,
+                    return Ok(());
                 }
             };
-            metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
             metrics.requests.fetch_add(1, Ordering::Relaxed);
             metrics
                 .prompt_tokens
@@ -120,6 +115,13 @@ pub(super) fn run(
             let admitted = catch_unwind(AssertUnwindSafe(|| {
                 let mut sequence = Sequence::new(job, &model, tokenizer, &ends);
                 sequence.panic_at = panic_at;
+                if let Some((_, answer)) = config
+                    .scripted_answers
+                    .iter()
+                    .find(|(prompt, _)| *prompt == sequence.prompt)
+                {
+                    sequence.script = answer.iter().copied().collect();
+                }
                 let tokens: Vec<usize> = sequence.prompt.iter().map(|&t| t as usize).collect();
                 let mut start = match sequence.state.load.clone() {
                     // A state file named by the one-shot run: it, or a clear error.
@@ -133,7 +135,12 @@ pub(super) fn run(
                             }
                         }
                     }
-                    None => cache.resume(&model, &mut sequence.session, &tokens),
+                    None => cache.resume(
+                        &model,
+                        sequence.cache_namespace,
+                        &mut sequence.session,
+                        &tokens,
+                    ),
                 };
                 sequence.cached_tokens = start;
                 // A system block not cached yet: prefill to its end first and keep a snapshot
@@ -147,7 +154,11 @@ pub(super) fn run(
                         sequence.fail(&e.to_string());
                         return sequence;
                     }
-                    cache.save(&tokens[..system], &sequence.session);
+                    cache.save(
+                        sequence.cache_namespace,
+                        &tokens[..system],
+                        &sequence.session,
+                    );
                     start = system;
                 }
                 match model.prefill(
@@ -157,7 +168,7 @@ pub(super) fn run(
                 ) {
                     Ok(logits) => {
                         sequence.advance(&logits, tokenizer, metrics);
-                        cache.save(&tokens, &sequence.session);
+                        cache.save(sequence.cache_namespace, &tokens, &sequence.session);
                         save_state(&sequence);
                     }
                     Err(e) => sequence.fail(&e.to_string()),
@@ -221,7 +232,7 @@ pub(super) fn run(
         }
         // The end of each answer: the next turn of its chat resumes here.
         for sequence in active.iter().filter(|s| s.completed && s.output.len() > 1) {
-            cache.save(&sequence.fed(), &sequence.session);
+            cache.save(sequence.cache_namespace, &sequence.fed(), &sequence.session);
         }
         for sequence in active.iter().filter(|s| s.finished) {
             save_state(sequence);

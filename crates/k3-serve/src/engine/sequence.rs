@@ -57,6 +57,8 @@ pub(super) struct Sequence {
     pub(super) prompt: Vec<u32>,
     /// How many first prompt tokens are a chat's system block (0: none known).
     pub(super) system_tokens: usize,
+    /// Where its snapshots go in the prompt cache, and where it resumes from.
+    pub(super) cache_namespace: crate::prompt_cache::Namespace,
     /// Prompt tokens restored from the prompt cache.
     pub(super) cached_tokens: usize,
     /// The tokens sampled so far (all but the last have been fed to the session).
@@ -78,6 +80,8 @@ pub(super) struct Sequence {
     prefilled: Option<Instant>,
     /// Fault injection (tests): panic in sampling once this many tokens are generated.
     pub(super) panic_at: Option<usize>,
+    /// Test hook ([`super::EngineConfig::scripted_answers`]): tokens forced before sampling.
+    pub(super) script: std::collections::VecDeque<u32>,
     /// `--load-state` / `--save-state` of the one-shot run.
     pub(super) state: super::StateFiles,
 }
@@ -88,13 +92,24 @@ impl Sequence {
             request,
             prompt_ids,
             system_tokens,
+            cache_namespace,
             events,
             log_id,
             submitted,
             state,
         } = job;
         let parser = match &request.prompt {
-            Prompt::Chat { thinking, .. } => OutputParser::new(tokenizer, *thinking),
+            Prompt::Chat {
+                thinking,
+                tool_calls,
+                ..
+            } => OutputParser::new(tokenizer, *thinking).map(|parser| {
+                if *tool_calls {
+                    parser
+                } else {
+                    parser.calls_as_text()
+                }
+            }),
             Prompt::Text(_) => None,
         };
         Self {
@@ -111,6 +126,7 @@ impl Sequence {
             },
             prompt: prompt_ids,
             system_tokens,
+            cache_namespace,
             cached_tokens: 0,
             output: Vec::new(),
             completed: false,
@@ -127,6 +143,7 @@ impl Sequence {
             admitted: Instant::now(),
             prefilled: None,
             panic_at: None,
+            script: Default::default(),
             state,
         }
     }
@@ -195,7 +212,10 @@ impl Sequence {
         if self.panic_at == Some(self.generated) {
             panic!("injected fault after {} tokens", self.generated);
         }
-        let sampled = self.sampler.sample(logits);
+        let sampled = match self.script.pop_front() {
+            Some(token) => forced(logits, token),
+            None => self.sampler.sample(logits),
+        };
         self.generated += 1;
         self.last = sampled.token;
         self.output.push(sampled.token);
@@ -284,5 +304,21 @@ impl Sequence {
                 logprobs,
             });
         }
+    }
+}
+
+/// `token` as if sampled from `logits`: its log-probability under them (log-softmax), no
+/// alternatives.
+fn forced(logits: &[f32], token: u32) -> k3_model::sampling::Sampled {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let logit = logits
+        .get(token as usize)
+        .copied()
+        .unwrap_or(f32::NEG_INFINITY);
+    k3_model::sampling::Sampled {
+        token,
+        logprob: (f64::from(logit - max) - sum.ln()) as f32,
+        top: Vec::new(),
     }
 }

@@ -13,7 +13,10 @@ use k3_model::model::{Model, Snapshot, fingerprint};
 use k3_model::synth::{Preset, SynthOptions, generate};
 use mxfp4_kernels::Kernels;
 
-use super::{PromptCache, SpillOptions};
+use super::{Namespace, PromptCache, SpillOptions};
+
+/// The namespace of every test but the isolation one.
+const NS: Namespace = Namespace([0; 16]);
 
 struct Scratch(PathBuf);
 
@@ -91,7 +94,7 @@ impl Fixture {
 }
 
 fn found(cache: &mut PromptCache, tokens: &[usize]) -> Option<usize> {
-    cache.longest_prefix(tokens).map(|hit| hit.tokens)
+    cache.longest_prefix(NS, tokens).map(|hit| hit.tokens)
 }
 
 #[test]
@@ -100,19 +103,19 @@ fn eviction_is_least_recently_used_first() {
     let (a, b, c, d) = ([1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]);
     let mut cache = PromptCache::new(3 * f.bytes(3), None);
     for t in [&a, &b, &c] {
-        assert!(cache.insert(t, f.snap(t)));
+        assert!(cache.insert(NS, t, f.snap(t)));
     }
     assert_eq!(cache.stats().bytes_held, 3 * f.bytes(3) as u64);
     // A is used again: B is now the least recently used.
     assert_eq!(found(&mut cache, &a), Some(3));
-    assert!(cache.insert(&d, f.snap(&d)));
+    assert!(cache.insert(NS, &d, f.snap(&d)));
     assert_eq!(found(&mut cache, &b), None, "B was evicted");
     for t in [&a, &c, &d] {
         assert_eq!(found(&mut cache, t), Some(3));
     }
     // A, C, D were looked up in that order, then A again: C is the oldest use now.
     assert_eq!(found(&mut cache, &a), Some(3));
-    assert!(cache.insert(&b, f.snap(&b)));
+    assert!(cache.insert(NS, &b, f.snap(&b)));
     assert_eq!(found(&mut cache, &c), None, "C was evicted");
     let stats = cache.stats();
     assert_eq!(stats.evictions, 2);
@@ -126,23 +129,23 @@ fn held_snapshots_survive_eviction_pressure() {
     let (a, b, c, d) = ([1, 2], [3, 4], [5, 6], [7, 8]);
     let mut cache = PromptCache::new(2 * f.bytes(2), None);
     let own = |t: &[usize]| f.snap(t);
-    cache.insert(&a, own(&a));
-    cache.insert(&b, own(&b));
-    let held = cache.longest_prefix(&a).unwrap();
+    cache.insert(NS, &a, own(&a));
+    cache.insert(NS, &b, own(&b));
+    let held = cache.longest_prefix(NS, &a).unwrap();
     // B used after A: A is the least recently used, but a request holds it.
     assert_eq!(found(&mut cache, &b), Some(2));
-    assert!(cache.insert(&c, own(&c)));
+    assert!(cache.insert(NS, &c, own(&c)));
     assert_eq!(found(&mut cache, &b), None, "B went instead of the held A");
     assert_eq!(found(&mut cache, &a), Some(2));
     // Both held: nothing can make room, the insert is refused and the budget kept.
-    let held_c = cache.longest_prefix(&c).unwrap();
-    assert!(!cache.insert(&d, own(&d)));
+    let held_c = cache.longest_prefix(NS, &c).unwrap();
+    assert!(!cache.insert(NS, &d, own(&d)));
     assert_eq!(found(&mut cache, &d), None);
     assert!(cache.stats().bytes_held <= 2 * f.bytes(2) as u64);
     assert_eq!(cache.stats().rejected, 1);
     // Released: room again.
     drop((held, held_c));
-    assert!(cache.insert(&d, own(&d)));
+    assert!(cache.insert(NS, &d, own(&d)));
     assert_eq!(found(&mut cache, &d), Some(2));
 }
 
@@ -164,11 +167,11 @@ fn two_hundred_conversations_keep_ram_within_budget() {
             None,
             "conversation {conversation} is new"
         );
-        cache.insert(&turn1, own(turn1.len()));
+        cache.insert(NS, &turn1, own(turn1.len()));
         if found(&mut cache, &turn2) == Some(turn1.len()) {
             hits += 1;
         }
-        cache.insert(&turn2, own(turn2.len()));
+        cache.insert(NS, &turn2, own(turn2.len()));
         let stats = cache.stats();
         assert!(stats.bytes_held <= budget as u64, "{stats:?}");
         assert!(stats.entries >= 1);
@@ -195,10 +198,12 @@ fn the_longest_cached_prefix_is_chosen() {
         vec![9, 9],
     );
     for t in [&short, &mid, &long, &other] {
-        cache.insert(t, f.snap(t));
+        cache.insert(NS, t, f.snap(t));
     }
     // `contains` is exact and counts no use.
-    assert!(cache.contains(&mid) && !cache.contains(&[1, 2, 3]) && !cache.contains(&[]));
+    assert!(
+        cache.contains(NS, &mid) && !cache.contains(NS, &[1, 2, 3]) && !cache.contains(NS, &[])
+    );
     assert_eq!(cache.stats().hits + cache.stats().misses, 0);
     assert_eq!(found(&mut cache, &[1, 2, 3, 4, 5, 7]), Some(4));
     assert_eq!(found(&mut cache, &[1, 2, 3]), Some(2));
@@ -207,13 +212,13 @@ fn the_longest_cached_prefix_is_chosen() {
     assert_eq!(found(&mut cache, &[9, 9, 9]), Some(2));
     assert_eq!(found(&mut cache, &[2, 1]), None);
     assert_eq!(found(&mut cache, &[1]), None);
-    let hit = cache.longest_prefix(&[1, 2, 3, 4, 0]).unwrap();
+    let hit = cache.longest_prefix(NS, &[1, 2, 3, 4, 0]).unwrap();
     assert_eq!(hit.snapshot.position(), 4);
     let stats = cache.stats();
     assert_eq!((stats.hits, stats.misses), (6, 2));
     assert_eq!(stats.cached_tokens_served, 4 + 2 + 6 + 6 + 2 + 4);
     // A snapshot not at its tokens' length is not cached.
-    assert!(!cache.insert(&[5, 5, 5], f.snap(&[5, 5])));
+    assert!(!cache.insert(NS, &[5, 5, 5], f.snap(&[5, 5])));
     assert_eq!(found(&mut cache, &[5, 5, 5]), None);
 }
 
@@ -221,7 +226,7 @@ fn the_longest_cached_prefix_is_chosen() {
 fn a_zero_budget_holds_nothing() {
     let f = fixture("zero");
     let mut cache = PromptCache::new(0, None);
-    assert!(!cache.insert(&[1, 2], f.snap(&[1, 2])));
+    assert!(!cache.insert(NS, &[1, 2], f.snap(&[1, 2])));
     assert_eq!(found(&mut cache, &[1, 2, 3]), None);
     assert_eq!(cache.stats().bytes_held, 0);
 }
@@ -240,10 +245,10 @@ fn spilled_snapshots_survive_a_restart_and_bad_files_are_ignored() {
     {
         // RAM for one snapshot: A leaves RAM when B comes, but stays on disk.
         let mut cache = PromptCache::new(f.bytes(5), Some(spill.clone()));
-        assert!(cache.insert(&a, f.snap(&a)));
-        assert!(cache.insert(&b, f.snap(&b)));
+        assert!(cache.insert(NS, &a, f.snap(&a)));
+        assert!(cache.insert(NS, &b, f.snap(&b)));
         assert_eq!(cache.stats().evictions, 1);
-        let hit = cache.longest_prefix(&[1, 2, 3, 9]).unwrap();
+        let hit = cache.longest_prefix(NS, &[1, 2, 3, 9]).unwrap();
         assert_eq!(hit.tokens, 3);
         assert_eq!(cache.stats().disk_loads, 1);
         assert_eq!(f.next_logits(&hit.snapshot), expected_a);
@@ -261,7 +266,7 @@ fn spilled_snapshots_survive_a_restart_and_bad_files_are_ignored() {
     let mut cache = PromptCache::new(1 << 30, Some(spill.clone()));
     assert_eq!(cache.stats().entries, 0);
     assert!(cache.stats().disk_bytes > 0);
-    let hit = cache.longest_prefix(&[1, 2, 3, 0]).unwrap();
+    let hit = cache.longest_prefix(NS, &[1, 2, 3, 0]).unwrap();
     assert_eq!(hit.tokens, 3);
     assert_eq!(f.next_logits(&hit.snapshot), expected_a);
     assert_eq!(found(&mut cache, &[4, 5, 6, 7, 8, 1]), Some(5));
@@ -310,7 +315,7 @@ fn spill_files_stay_within_their_budget() {
                 identity: f.identity(),
             }),
         );
-        cache.insert(&[1, 2, 3], f.snap(&[1, 2, 3]));
+        cache.insert(NS, &[1, 2, 3], f.snap(&[1, 2, 3]));
         cache.stats().disk_bytes
     };
     let spill = SpillOptions {
@@ -320,7 +325,7 @@ fn spill_files_stay_within_their_budget() {
     };
     let mut cache = PromptCache::new(0, Some(spill.clone()));
     for first in 0..5 {
-        cache.insert(&[first, 2, 3], f.snap(&[1, 2, 3]));
+        cache.insert(NS, &[first, 2, 3], f.snap(&[1, 2, 3]));
         assert!(cache.stats().disk_bytes <= spill.budget_bytes);
     }
     assert_eq!(std::fs::read_dir(&spill.dir).unwrap().count(), 2);
@@ -342,7 +347,7 @@ fn a_snapshot_larger_than_the_disk_budget_is_kept_in_ram_only() {
     };
     let mut cache = PromptCache::new(1 << 30, Some(spill.clone()));
     assert!(
-        cache.insert(&[1, 2, 3], f.snap(&[1, 2, 3])),
+        cache.insert(NS, &[1, 2, 3], f.snap(&[1, 2, 3])),
         "it fits the RAM"
     );
     assert_eq!(found(&mut cache, &[1, 2, 3, 4]), Some(3));
@@ -356,13 +361,60 @@ fn a_snapshot_larger_than_the_disk_budget_is_kept_in_ram_only() {
         ..spill.clone()
     };
     let mut cache = PromptCache::new(1 << 30, Some(exact));
-    assert!(cache.insert(&[1, 2, 3], f.snap(&[1, 2, 3])));
+    assert!(cache.insert(NS, &[1, 2, 3], f.snap(&[1, 2, 3])));
     assert_eq!(found(&mut cache, &[1, 2, 3, 4]), Some(3));
     assert_eq!(cache.stats().disk_bytes, 0);
     assert_eq!(std::fs::read_dir(&spill.dir).unwrap().count(), 0);
     // Neither RAM nor disk: not cached, and nothing left behind.
     let mut cache = PromptCache::new(f.bytes(3) / 2, Some(spill.clone()));
-    assert!(!cache.insert(&[4, 5, 6], f.snap(&[4, 5, 6])));
+    assert!(!cache.insert(NS, &[4, 5, 6], f.snap(&[4, 5, 6])));
     assert_eq!(found(&mut cache, &[4, 5, 6, 7]), None);
     assert_eq!(std::fs::read_dir(&spill.dir).unwrap().count(), 0);
+}
+
+/// Entries are found only from their own namespace, in RAM and after a restart from the spill
+/// directory: the same tokens cached by one tenant are a miss for another, and each tenant's
+/// own entry is found (issue 31: `cached_tokens` must not tell one tenant another's prompt).
+#[test]
+fn namespaces_never_share_entries() {
+    let f = fixture("namespaces");
+    let dir = scratch("namespaces-dir");
+    let spill = SpillOptions {
+        dir: dir.0.join("cache"),
+        budget_bytes: 1 << 30,
+        identity: f.identity(),
+    };
+    let (alice, bob) = (Namespace([1; 16]), Namespace([2; 16]));
+    let secret = [3, 14, 15, 92, 65];
+    {
+        let mut cache = PromptCache::new(1 << 30, Some(spill.clone()));
+        assert!(cache.insert(alice, &secret, f.snap(&secret)));
+        assert!(cache.contains(alice, &secret));
+        assert!(!cache.contains(bob, &secret) && !cache.contains(NS, &secret));
+        assert!(
+            cache
+                .longest_prefix(bob, &[3, 14, 15, 92, 65, 35])
+                .is_none()
+        );
+        assert_eq!(
+            cache
+                .longest_prefix(alice, &[3, 14, 15, 92, 65, 35])
+                .map(|h| h.tokens),
+            Some(5)
+        );
+        // Bob caches the same tokens: a second entry, his own.
+        assert!(cache.insert(bob, &secret, f.snap(&secret)));
+        assert_eq!(cache.stats().entries, 2);
+    }
+    // After a restart the files come back into their namespaces.
+    let mut cache = PromptCache::new(1 << 30, Some(spill));
+    assert_eq!(cache.stats().ignored_files, 0);
+    assert!(cache.longest_prefix(NS, &[3, 14, 15, 92, 65, 35]).is_none());
+    for namespace in [alice, bob] {
+        let hit = cache
+            .longest_prefix(namespace, &[3, 14, 15, 92, 65, 35])
+            .expect("its own entry");
+        assert_eq!(hit.tokens, 5);
+    }
+    assert_eq!(cache.stats().disk_loads, 2);
 }

@@ -65,7 +65,7 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Response {
         "k3_queue_depth",
         "gauge",
         "Requests waiting for a batch slot.",
-        m.queue_depth.load(Ordering::Relaxed).to_string(),
+        state.engine.queue_depth().to_string(),
     );
     metric(
         "k3_active_sequences",

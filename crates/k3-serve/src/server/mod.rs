@@ -13,14 +13,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{Method, StatusCode, Uri};
+use axum::http::{HeaderValue, Method, StatusCode, Uri};
 use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde_json::{Value, json};
 
 use crate::api::{ApiError, ChatRequest, CompletionRequest, Limits, ValidRequest};
+use crate::auth::Tenant;
 use crate::engine::{
     EngineHandle, Job, SubmitError, encode_split, min_prompt_tokens, prompt_segments,
     system_segments,
@@ -140,35 +141,108 @@ async fn tokenize(
 
 async fn chat(
     State(state): State<AppState>,
-    parsed: Result<Json<ChatRequest>, JsonRejection>,
-) -> Result<Response, ApiError> {
-    let request = body(parsed)?.validate(&state.limits)?;
-    run(state, request, true).await
+    tenant: Option<Extension<Tenant>>,
+    parsed: Result<Json<Value>, JsonRejection>,
+) -> Response {
+    let id = format!("chatcmpl-{:x}", unique());
+    let (request, ignored) = match body(parsed).and_then(|b| ChatRequest::from_json(&b)) {
+        Ok(request) => {
+            let ignored = request.ignored().to_vec();
+            (request.validate(&state.limits), ignored)
+        }
+        Err(e) => (Err(e), Vec::new()),
+    };
+    answer(state, tenant, request, &ignored, id, true).await
 }
 
 async fn completions(
     State(state): State<AppState>,
-    parsed: Result<Json<CompletionRequest>, JsonRejection>,
-) -> Result<Response, ApiError> {
-    let request = body(parsed)?.validate(&state.limits)?;
-    run(state, request, false).await
+    tenant: Option<Extension<Tenant>>,
+    parsed: Result<Json<Value>, JsonRejection>,
+) -> Response {
+    let id = format!("cmpl-{:x}", unique());
+    let (request, ignored) = match body(parsed).and_then(|b| CompletionRequest::from_json(&b)) {
+        Ok(request) => {
+            let ignored = request.ignored().to_vec();
+            (request.validate(&state.limits), ignored)
+        }
+        Err(e) => (Err(e), Vec::new()),
+    };
+    answer(state, tenant, request, &ignored, id, false).await
+}
+
+/// Runs a validated request (or answers its error), saying which fields it ignored: once in
+/// a warning log line, and in the `X-Ignored-Fields` header of the answer.
+async fn answer(
+    state: AppState,
+    tenant: Option<Extension<Tenant>>,
+    request: Result<ValidRequest, ApiError>,
+    ignored: &[String],
+    id: String,
+    chat: bool,
+) -> Response {
+    let listed = ignored_list(ignored);
+    if let Some(listed) = &listed {
+        log::warn!("{id}: ignored fields this server does not read: {listed}");
+    }
+    let tenant = tenant.map_or(Tenant::OPEN, |Extension(t)| t);
+    let mut response = match request {
+        Ok(request) => run(state, tenant, request, id, chat)
+            .await
+            .unwrap_or_else(IntoResponse::into_response),
+        Err(e) => e.into_response(),
+    };
+    if let Some(value) = listed.and_then(|l| HeaderValue::from_str(&l).ok()) {
+        response.headers_mut().insert("x-ignored-fields", value);
+    }
+    response
+}
+
+/// Names listed at most in the ignored-fields line and header (a body may hold thousands).
+const MAX_IGNORED_LISTED: usize = 32;
+
+/// `a, b, c` (each name escaped to printable ASCII, at most [`MAX_IGNORED_LISTED`] of them,
+/// then how many more); `None` when nothing was ignored.
+fn ignored_list(ignored: &[String]) -> Option<String> {
+    if ignored.is_empty() {
+        return None;
+    }
+    let mut names: Vec<String> = ignored
+        .iter()
+        .take(MAX_IGNORED_LISTED)
+        .map(|name| {
+            let name: String = name.chars().take(64).collect();
+            name.escape_default().to_string().replace(',', "\\x2c")
+        })
+        .collect();
+    if ignored.len() > MAX_IGNORED_LISTED {
+        names.push(format!("and {} more", ignored.len() - MAX_IGNORED_LISTED));
+    }
+    Some(names.join(", "))
 }
 
 /// Tokenizes, checks the context, queues, and answers as a stream or one JSON body.
-async fn run(state: AppState, request: ValidRequest, chat: bool) -> Result<Response, ApiError> {
+async fn run(
+    state: AppState,
+    tenant: Tenant,
+    request: ValidRequest,
+    id: String,
+    chat: bool,
+) -> Result<Response, ApiError> {
     check_engine(&state.engine)?;
     let (request, ids, system_tokens) = tokenize(&state, request).await?;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let stream = request.stream;
     let include_usage = request.include_usage;
     let logprobs = request.logprobs;
-    let id = format!("{}-{:x}", if chat { "chatcmpl" } else { "cmpl" }, unique());
+    let cache_namespace = tenant.cache_namespace(request.cache_salt.as_deref());
     state
         .engine
         .submit(Job {
             request,
             prompt_ids: ids,
             system_tokens,
+            cache_namespace,
             events: tx,
             log_id: Some(id.clone()),
             submitted: std::time::Instant::now(),

@@ -13,6 +13,8 @@
 mod bit_identity;
 mod budget;
 mod spill;
+mod tenants;
+mod tools;
 mod turns;
 
 use std::path::PathBuf;
@@ -67,6 +69,17 @@ const CONTEXT: usize = 1024;
 
 /// A server over the checkpoint in `model_dir`.
 pub(crate) fn server_on(model_dir: PathBuf, setup: Setup, cache: PromptCacheOptions) -> AppState {
+    server_with(model_dir, setup, cache, Vec::new())
+}
+
+/// [`server_on`], with answers scripted for some prompts
+/// (`EngineConfig::scripted_answers`).
+pub(crate) fn server_with(
+    model_dir: PathBuf,
+    setup: Setup,
+    cache: PromptCacheOptions,
+    scripted_answers: Vec<(Vec<u32>, Vec<u32>)>,
+) -> AppState {
     capture_logs();
     let config = EngineConfig {
         model_dir,
@@ -89,20 +102,26 @@ pub(crate) fn server_on(model_dir: PathBuf, setup: Setup, cache: PromptCacheOpti
         prefill_chunk: setup.chunk,
         prompt_cache: cache,
         panic_on_prompt: None,
+        scripted_answers,
     };
     let (engine, _thread) = spawn(config).unwrap();
     assert!(wait_ready(&engine, Duration::from_secs(120)));
     AppState {
         engine,
-        limits: Arc::new(Limits {
-            model_names: vec!["tiny".into()],
-            max_tokens_default: 16,
-            context: CONTEXT,
-            thinking_effort: k3_model::chat::ThinkingEffort::Max,
-            thinking: true,
-            vocab_size: 1024,
-            created: 1_700_000_000,
-        }),
+        limits: Arc::new(limits()),
+    }
+}
+
+/// What every test server checks requests against.
+pub(crate) fn limits() -> Limits {
+    Limits {
+        model_names: vec!["tiny".into()],
+        max_tokens_default: 16,
+        context: CONTEXT,
+        thinking_effort: k3_model::chat::ThinkingEffort::Max,
+        thinking: true,
+        vocab_size: 1024,
+        created: 1_700_000_000,
     }
 }
 
@@ -112,13 +131,15 @@ pub(crate) fn server(setup: Setup, cache: PromptCacheOptions) -> AppState {
 
 /// A server with the cache on (1 GiB, no spill directory).
 pub(crate) fn warm(setup: Setup) -> AppState {
-    server(
-        setup,
-        PromptCacheOptions {
-            budget_bytes: 1 << 30,
-            dir: None,
-        },
-    )
+    server(setup, warm_options())
+}
+
+/// The cache of [`warm`] servers.
+pub(crate) fn warm_options() -> PromptCacheOptions {
+    PromptCacheOptions {
+        budget_bytes: 1 << 30,
+        dir: None,
+    }
 }
 
 /// One server without the cache, shared by every test: the cold runs answers are compared

@@ -273,6 +273,59 @@ fn api_key_guards_v1_and_leaves_health_open() {
     }
 }
 
+/// Several keys: `--api-key` repeated and `--api-key-file` (one per line) each let their
+/// requests in; another key is refused; an unreadable or keyless file is a usage error.
+#[test]
+fn several_api_keys_from_flags_and_a_file() {
+    let dir = std::env::temp_dir().join(format!("k3-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("keys.txt");
+    std::fs::write(&file, "sk-file-1\n\n  sk-file-2  \n").unwrap();
+    let port = free_port();
+    let mut args = on_tiny(&["--serve", "--port", &port.to_string()]);
+    args.extend(os(&[
+        "--api-key",
+        "sk-flag-1",
+        "--api-key",
+        "sk-flag-2",
+        "--api-key-file",
+    ]));
+    args.push(file.clone().into());
+    let server = start_exactly(&args, &[], port, None);
+    for key in ["sk-flag-1", "sk-flag-2", "sk-file-1", "sk-file-2"] {
+        let header = format!("Authorization: Bearer {key}");
+        let (status, text) = request_with(port, "GET", "/v1/models", None, &[&header]).unwrap();
+        assert_eq!(status, 200, "{key}: {text}");
+    }
+    let (status, _) = request_with(
+        port,
+        "GET",
+        "/v1/models",
+        None,
+        &["Authorization: Bearer sk-other"],
+    )
+    .unwrap();
+    assert_eq!(status, 401);
+    drop(server);
+    let empty = dir.join("empty.txt");
+    std::fs::write(&empty, "\n  \n").unwrap();
+    for (path, says) in [
+        (dir.join("missing.txt"), "No such file"),
+        (empty, "holds no key"),
+    ] {
+        let mut args = on_tiny(&["--serve", "--port", &free_port().to_string()]);
+        args.extend(os(&["--api-key-file"]));
+        args.push(path.into());
+        let (code, _, stderr) = run(&args, &[]);
+        assert_eq!(code, Some(2), "{stderr}");
+        assert!(
+            stderr.contains(says) && stderr.lines().count() == 1,
+            "{stderr}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A `logit_bias` that bans the tiny model's end tokens, so an answer runs to its length.
 fn end_tokens_banned() -> serde_json::Map<String, Value> {
     let tokenizer = k3_model::tokenizer::Tokenizer::from_dir(&crate::tiny()).unwrap();

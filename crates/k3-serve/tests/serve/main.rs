@@ -5,6 +5,7 @@ mod cli;
 mod e2e;
 mod fuzz;
 mod prompt_cache_log;
+mod queue;
 mod router;
 mod validation;
 
