@@ -14,6 +14,7 @@
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
@@ -430,6 +431,7 @@ fn main() -> Result<()> {
         .enable_all()
         .build()?;
     let waiter = engine.clone();
+    let loaded = Arc::clone(&engine.ready);
     let (host, port) = (args.host.clone(), args.port);
     let served = runtime.block_on(async move {
         let address = format!("{host}:{port}");
@@ -479,8 +481,14 @@ fn main() -> Result<()> {
             why = load_failed => bail!("the model did not load: {why}"),
         }
         // The router (and with it the engine's queue) is gone: the engine finishes what it
-        // runs, saves the usage counts and stops.
-        let _ = engine_thread.join();
+        // runs, saves the usage counts and stops. A model still loading is not waited for:
+        // the load may take minutes, or wait on a file for ever, and holds nothing to save;
+        // the process's exit ends it.
+        if loaded.load(Ordering::Acquire) {
+            let _ = engine_thread.join();
+        } else {
+            log::info!("the model had not loaded: not waiting for the load");
+        }
         Ok(())
     });
     // Nothing blocking is left to wait for.
