@@ -552,10 +552,7 @@ fn main() -> Result<()> {
             100.0 * median_ratio
         )
     } else {
-        format!(
-            "no read probe ({})",
-            probe_size.err().unwrap_or_default()
-        )
+        format!("no read probe ({})", probe_size.err().unwrap_or_default())
     };
     println!(
         "{} steps: median {:.3} ms/token, mean after the first {:.3} ms/token; {} weight bytes per token; {:.2} GB/s; {fraction}; combined fingerprint {combined_fp:016x}",
