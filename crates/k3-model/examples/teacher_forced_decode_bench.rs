@@ -54,6 +54,7 @@ use k3_model::config::K3Config;
 use k3_model::experts::stats_report;
 use k3_model::inventory::BytePlan;
 use k3_model::model::{ExpertPlacement, Model, fingerprint};
+use k3_model::plan::Plan;
 use k3_model::profile::{Bucket, Profile};
 use k3_model::shares::RankShare;
 use k3_model::synth::{Preset, SynthOptions, generate};
@@ -133,8 +134,8 @@ fn bench_flags() -> Vec<Flag> {
             Whole,
             "512",
             BENCH,
-            "size in MiB of the read-bandwidth probe run between steps (0: no probe, e.g. inside a \
-             memory cgroup, where its buffer would count against the budget)",
+            "size in MiB of the read-bandwidth probe run between steps (0: no probe; under a \
+             memory limit, off unless it fits beside the memory plan)",
         ),
         Flag::switch(
             "profile",
@@ -245,6 +246,35 @@ fn parse(
 
 /// Timed steps between two read-bandwidth probes.
 const PROBE_EVERY: usize = 4;
+
+/// The read probe's buffer: `requested` bytes (`--probe-mb`), or why there is none. Under a
+/// memory limit (a cgroup's, `--memory-gb`) the plan may fill the limit, and the buffer's
+/// pages count against it: allocated outside the plan it got the bench OOM-killed in a cgroup
+/// of 0.9x the model. So there it runs only if it fits what the plan leaves of the limit
+/// (its safety margin kept).
+fn probe_bytes(requested: u64, plan: &Plan) -> Result<u64, String> {
+    if requested == 0 {
+        return Err("--probe-mb 0".into());
+    }
+    let Some(limit) = plan.budget.as_ref().filter(|b| b.limit) else {
+        return Ok(requested);
+    };
+    let left = limit
+        .bytes
+        .saturating_sub(plan.margin)
+        .saturating_sub(plan.memory.total());
+    if requested <= left {
+        return Ok(requested);
+    }
+    Err(format!(
+        "off: its {} MiB do not fit the {:.3} GB the memory plan leaves of the {:.3} GB limit \
+         ({})",
+        requested >> 20,
+        left as f64 / 1e9,
+        limit.bytes as f64 / 1e9,
+        limit.source
+    ))
+}
 
 /// `--prefill N`: a prompt of the first N tokens through `Model::prefill` in chunks of
 /// `--prefill-chunk` (logits for the last token only), five times on fresh sessions; prints
@@ -406,9 +436,18 @@ fn main() -> Result<()> {
     // paired with the bandwidth the machine gave at that moment (this host is shared: it
     // drifts by tens of percent within a minute). A probe flushes the caches and the next
     // step pays for it, so probing after every step would understate the decode.
-    // `--probe-mb 0` turns it off (its buffer would count against a memory cgroup's budget).
+    // `--probe-mb 0` turns it off, and so does a memory limit it does not fit (`probe_bytes`).
     let probe_pool = benches::Pool::new(pool.threads())?;
-    let buffer = (args.probe_mb > 0).then(|| benches::bandwidth_buffer(args.probe_mb << 20));
+    let probe_size = probe_bytes((args.probe_mb as u64) << 20, &engine.plan);
+    if let Err(why) = &probe_size
+        && args.probe_mb > 0
+    {
+        eprintln!("read probe {why}");
+    }
+    let buffer = probe_size
+        .as_ref()
+        .ok()
+        .map(|&bytes| benches::bandwidth_buffer(bytes as usize));
     let probe = || buffer.as_ref().map(|b| benches::read_rate(&probe_pool, b));
     probe(); // warm: the first pass also faults the buffer's pages in
     if let Some(store) = &store {
@@ -513,7 +552,7 @@ fn main() -> Result<()> {
             100.0 * median_ratio
         )
     } else {
-        "no read probe (--probe-mb 0)".to_owned()
+        format!("no read probe ({})", probe_size.err().unwrap_or_default())
     };
     println!(
         "{} steps: median {:.3} ms/token, mean after the first {:.3} ms/token; {} weight bytes per token; {:.2} GB/s; {fraction}; combined fingerprint {combined_fp:016x}",

@@ -12,8 +12,9 @@
 //! load ends the process with the reason, in both modes.
 
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
@@ -135,6 +136,9 @@ fn parse(
         prompt_cache_dir: p.get_str("prompt-cache-dir").map(PathBuf::from),
     };
     check_mode(&p, &a)?;
+    if let (true, Some(dir)) = (a.serve, &a.prompt_cache_dir) {
+        check_prompt_cache_dir(dir)?;
+    }
     Ok(Some(a))
 }
 
@@ -198,6 +202,42 @@ fn check_mode(p: &Parsed, a: &Args) -> Result<(), UsageError> {
             }
             Ok(())
         }
+    }
+}
+
+/// `--prompt-cache-dir`: a directory, or a path the engine can make one (its parent is a
+/// directory: the engine creates the last directory only, so a mistyped path is not built).
+/// Checked here, before the model loads, which would otherwise come first and the cache's
+/// failure only as a warning after it.
+fn check_prompt_cache_dir(dir: &Path) -> Result<(), UsageError> {
+    use std::io::ErrorKind::{NotADirectory, NotFound};
+    let refuse = |why: String| {
+        Err(UsageError::Other(format!(
+            "--prompt-cache-dir {}: {why}",
+            dir.display()
+        )))
+    };
+    match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => return Ok(()),
+        Ok(_) => return refuse("exists and is not a directory".into()),
+        Err(e) if !matches!(e.kind(), NotFound | NotADirectory) => return refuse(e.to_string()),
+        Err(_) => {}
+    }
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let shown = parent.display();
+    match std::fs::metadata(parent) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => refuse(format!("its parent {shown} is not a directory")),
+        Err(e) if e.kind() == NotADirectory => {
+            refuse(format!("its parent {shown} is not a directory"))
+        }
+        Err(e) if e.kind() == NotFound => refuse(format!(
+            "its parent {shown} does not exist (only the last directory is created)"
+        )),
+        Err(e) => refuse(format!("its parent {shown}: {e}")),
     }
 }
 
@@ -423,6 +463,7 @@ fn main() -> Result<()> {
         .enable_all()
         .build()?;
     let waiter = engine.clone();
+    let loaded = Arc::clone(&engine.ready);
     let (host, port) = (args.host.clone(), args.port);
     let served = runtime.block_on(async move {
         let address = format!("{host}:{port}");
@@ -472,8 +513,14 @@ fn main() -> Result<()> {
             why = load_failed => bail!("the model did not load: {why}"),
         }
         // The router (and with it the engine's queue) is gone: the engine finishes what it
-        // runs, saves the usage counts and stops.
-        let _ = engine_thread.join();
+        // runs, saves the usage counts and stops. A model still loading is not waited for:
+        // the load may take minutes, or wait on a file for ever, and holds nothing to save;
+        // the process's exit ends it.
+        if loaded.load(Ordering::Acquire) {
+            let _ = engine_thread.join();
+        } else {
+            log::info!("the model had not loaded: not waiting for the load");
+        }
         Ok(())
     });
     // Nothing blocking is left to wait for.

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use k3_model::model::Snapshot;
-use k3_model::model::snapshot::file::{self, Identity};
+use k3_model::model::snapshot::file::{self, FileKind, Identity};
 
 /// Extension of spill files.
 const EXTENSION: &str = "k3state";
@@ -421,18 +421,42 @@ impl PromptCache {
     }
 
     /// Registers the spill directory's files whose headers are intact and were written for
-    /// this identity (their payload is checked when a hit reads it).
+    /// this identity (their payload is checked when a hit reads it). The directory is created
+    /// if missing, but not its parents (a mistyped path is not built). Only regular files are
+    /// read: anything else named like a spill file (a FIFO, socket, device, directory, link)
+    /// is skipped with a warning, never opened in a way that could wait.
     fn scan(&mut self, spill: &SpillOptions) {
-        if let Err(e) = std::fs::create_dir_all(&spill.dir) {
-            log::warn!("prompt cache: spill directory {}: {e}", spill.dir.display());
-            return;
+        let dir = spill.dir.display();
+        match std::fs::create_dir(&spill.dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                log::warn!("prompt cache: spill directory {dir}: {e}");
+                return;
+            }
         }
-        let Ok(listing) = std::fs::read_dir(&spill.dir) else {
-            return;
+        let listing = match std::fs::read_dir(&spill.dir) {
+            Ok(listing) => listing,
+            Err(e) => {
+                log::warn!("prompt cache: spill directory {dir}: {e}");
+                return;
+            }
         };
         let mut found = Vec::new();
-        for path in listing.flatten().map(|e| e.path()) {
+        for entry in listing.flatten() {
+            let path = entry.path();
             if path.extension().is_none_or(|x| x != EXTENSION) {
+                continue;
+            }
+            // The entry's own type, links not followed (the directory listing's, else
+            // `lstat`); the open checks again, for an entry swapped since.
+            let kind = entry.file_type().map(FileKind::of);
+            if let Ok(Some(kind)) = kind {
+                log::warn!(
+                    "prompt cache: ignoring {}: {kind}, not a regular file",
+                    path.display()
+                );
+                self.stats.ignored_files += 1;
                 continue;
             }
             match self.accept(&path, &spill.identity) {
@@ -486,7 +510,8 @@ impl PromptCache {
         if header.tokens.is_empty() {
             return Err("it covers no tokens".into());
         }
-        let modified = std::fs::metadata(path)
+        // The link itself if one replaced the file since (never followed).
+        let modified = std::fs::symlink_metadata(path)
             .and_then(|m| m.modified())
             .map_err(|e| e.to_string())?;
         let tokens = header.tokens.iter().map(|&t| t as usize).collect();

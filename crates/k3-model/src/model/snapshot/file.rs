@@ -3,7 +3,9 @@
 //! everything before it. Written with `O_DIRECT` where the filesystem takes it, to a temporary
 //! file renamed over the target (a reader never sees half a file); read back only when the
 //! magic, format, header checksum, engine version, checkpoint identity, length and payload
-//! checksum all agree (a typed error names the first that does not).
+//! checksum all agree (a typed error names the first that does not). Only a regular file is
+//! read: a FIFO, socket, device, directory or symbolic link is refused without blocking
+//! ([`FileError::NotRegular`]).
 //!
 //! Layout: `magic (8) | format u32 | header length u32 | header | header checksum u64 |
 //! payload | checksum u64`. The header: engine version (u16 length + UTF-8), checkpoint
@@ -24,8 +26,11 @@ use super::{LayerState, OwnedLayer, Snapshot};
 use crate::config::K3Config;
 
 mod checksum;
+mod open;
 mod writer;
 pub use checksum::Checksum;
+pub use open::FileKind;
+use open::open_regular;
 use writer::Writer;
 
 /// The first bytes of every snapshot file.
@@ -50,6 +55,8 @@ pub enum FileError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("{path} is {kind}, not a regular file")]
+    NotRegular { path: PathBuf, kind: FileKind },
     #[error("not a snapshot file: magic {found:02x?}, expected {MAGIC:02x?}")]
     Magic { found: [u8; 8] },
     #[error("snapshot format {found}, this engine reads format {FORMAT_VERSION}")]
@@ -318,12 +325,7 @@ pub fn save_in(
 
 /// Reads and checks a file's header (magic, format, header checksum) without its payload.
 pub fn read_header(path: &Path) -> Result<FileHeader> {
-    let io = |source| FileError::Io {
-        path: path.to_owned(),
-        source,
-    };
-    let mut file = File::open(path).map_err(io)?;
-    let len = file.metadata().map_err(io)?.len();
+    let (mut file, len) = open_regular(path)?;
     header_of(&mut file, len).map_err(|e| e.at(path))
 }
 
@@ -333,8 +335,7 @@ pub fn load(path: &Path, identity: &Identity) -> Result<(FileHeader, Snapshot)> 
         path: path.to_owned(),
         source,
     };
-    let mut file = File::open(path).map_err(io)?;
-    let len = file.metadata().map_err(io)?.len();
+    let (mut file, len) = open_regular(path)?;
     let header = header_of(&mut file, len).map_err(|e| e.at(path))?;
     if header.identity.engine != identity.engine {
         return Err(FileError::Engine {
