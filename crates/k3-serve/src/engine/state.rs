@@ -29,8 +29,11 @@ pub(super) fn load(
     prompt: &[usize],
 ) -> Result<usize, String> {
     let shown = path.display();
+    // A file the user names may be reached through links (the prompt cache's own files may
+    // not); what it resolves to must still be a regular file, opened without blocking.
+    let resolved = std::fs::canonicalize(path).map_err(|e| format!("--load-state {shown}: {e}"))?;
     let (header, snapshot) =
-        file::load(path, identity).map_err(|e| format!("--load-state {shown}: {e}"))?;
+        file::load(&resolved, identity).map_err(|e| format!("--load-state {shown}: {e}"))?;
     let saved: Vec<usize> = header.tokens.iter().map(|&t| t as usize).collect();
     if let Some(at) = saved.iter().zip(prompt).position(|(a, b)| a != b) {
         return Err(format!(

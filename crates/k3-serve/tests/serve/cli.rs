@@ -545,6 +545,18 @@ fn a_saved_state_resumes_a_longer_prompt_as_a_cold_run() {
     assert!(stderr.contains("restored from --load-state"), "{stderr}");
     assert!(!cold.is_empty());
     assert_eq!(warm, cold, "resumed and cold runs answer differently");
+    // A state the user names through a link is followed; a FIFO is refused at once.
+    let link = dir.join("link.k3state");
+    std::os::unix::fs::symlink(&state, &link).unwrap();
+    let (code, linked, stderr) = one_shot(long, "8", &["--load-state", link.to_str().unwrap()]);
+    assert_eq!((code, linked), (Some(0), cold.clone()), "{stderr}");
+    let fifo = dir.join("fifo.k3state");
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) reads a NUL-terminated path that lives across the call.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let (code, _, stderr) = one_shot(long, "2", &["--load-state", fifo.to_str().unwrap()]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("a FIFO"), "{stderr}");
 
     let (code, _, stderr) = one_shot("Twice upon a time", "2", &["--load-state", state_arg]);
     assert_eq!(code, Some(1), "{stderr}");
