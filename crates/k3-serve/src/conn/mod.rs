@@ -2,9 +2,9 @@
 //! port needs — a deadline for a request's head (from its
 //! first byte, or from the accept), one for its body, an idle keep-alive timeout, caps on a
 //! head's size and fields, and a cap on open connections. Every refusal is OpenAI's error
-//! object: over the cap a 503, and a head hyper's parser refuses (bad Content-Length, another
-//! HTTP version, TLS, bad bytes, too long) its 400, 414 or 431, in place of hyper's bare
-//! answer. A request in flight (a long prefill, an SSE
+//! object: over the cap a 503, a head cut off by its deadline a 408, and a head hyper's parser
+//! refuses (bad Content-Length, another HTTP version, TLS, bad bytes, too long) its 400, 414
+//! or 431, in place of hyper's bare answer. A request in flight (a long prefill, an SSE
 //! stream) is never idle.
 //!
 //! hyper answers a head it cannot parse on its own, with no body, before it reports the
@@ -131,7 +131,7 @@ pub async fn serve(
 }
 
 /// One connection: hyper's HTTP/1.1 over the stream, watched for its deadlines. A head hyper
-/// refuses is answered here with the error object.
+/// refuses, or one begun and not finished in time, is answered here with the error object.
 async fn connection(
     stream: TcpStream,
     router: Router,
@@ -187,7 +187,13 @@ async fn connection(
         refusal::close_with(watched.into_stream(), &refusal::answer(&error, "")).await;
         return;
     }
-    log::debug!("a connection ended: {ended:?}");
+    match ended {
+        Ended::Missed(Missed::Head) if !parts.read_buf.is_empty() => {
+            let error = refusal::head_timeout(limits.header);
+            refusal::close_with(watched.into_stream(), &refusal::answer(&error, "")).await;
+        }
+        ended => log::debug!("a connection ended: {ended:?}"),
+    }
 }
 
 /// How hyper's serving of a connection ended.

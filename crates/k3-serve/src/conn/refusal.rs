@@ -1,6 +1,6 @@
 //! A connection's last words: OpenAI's error object in an HTTP/1.1 answer that closes the
-//! connection, written whole before the close (for a head hyper's parser refused, and a
-//! connection over the cap).
+//! connection, written whole before the close (for a head hyper's parser refused, a head that
+//! did not arrive in time, and a connection over the cap).
 
 use std::time::Duration;
 
@@ -12,6 +12,17 @@ use crate::api::ApiError;
 
 /// How long a closing connection reads, and drops, what the client still sends.
 const LINGER: Duration = Duration::from_secs(1);
+
+/// A head begun but not finished within `header`.
+pub(super) fn head_timeout(header: Duration) -> ApiError {
+    ApiError::new(
+        StatusCode::REQUEST_TIMEOUT,
+        format!(
+            "the request head did not arrive within {} s",
+            header.as_secs_f64()
+        ),
+    )
+}
 
 /// `error` as an HTTP/1.1 answer that ends the connection, with `extra` header lines (each
 /// ending in CRLF).

@@ -1,15 +1,16 @@
 //! The HTTP layer over raw sockets: heads that hyper's parser refuses (bad Content-Length,
 //! request lines of other HTTP versions, TLS on the plain port, bad header bytes, oversized
-//! request lines and heads) are answered with OpenAI's error object; kept-alive, pipelined
-//! and streamed HTTP/1.1 requests still work.
+//! request lines and heads) are answered with OpenAI's error object; a head cut off by the
+//! header timeout gets a 408; kept-alive, pipelined and streamed HTTP/1.1 requests still
+//! work.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::e2e::start;
+use crate::e2e::{start, start_with};
 
 /// An HTTP/1.1 answer as read off the socket.
 #[derive(Debug)]
@@ -308,6 +309,88 @@ fn heads_the_parser_refuses_get_an_error_object() {
     // The server is still serving.
     let (status, _) = crate::e2e::request(server.port, "GET", "/health", None).unwrap();
     assert_eq!(status, 200);
+}
+
+/// Reads until the server closes the connection (within `limit`): the bytes it sent and how
+/// long that took.
+fn until_closed(stream: &mut TcpStream, limit: Duration) -> (Vec<u8>, Duration) {
+    stream.set_read_timeout(Some(limit)).unwrap();
+    let start = Instant::now();
+    let mut received = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return (received, start.elapsed()),
+            Ok(n) => received.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return (received, start.elapsed());
+            }
+            Err(e) => panic!("not closed within {limit:?}: {e}"),
+        }
+    }
+}
+
+/// Finding (issue 31): a request whose head stops halfway gets a 408 with the error object at
+/// the header timeout, on a new connection and on a kept-alive one; a connection that sent
+/// nothing, or a kept-alive one between requests, is closed without a word.
+#[test]
+fn a_head_cut_off_by_the_header_timeout_gets_a_408() {
+    let server = start_with(&["--header-timeout-s", "1", "--idle-timeout-s", "1.5"]);
+    let port = server.port;
+    let expect_408 = |stream: &mut TcpStream, what: &str| {
+        let (received, took) = until_closed(stream, Duration::from_secs(5));
+        assert!(took < Duration::from_millis(1800), "{what}: took {took:?}");
+        let answer = read_answer(&mut received.as_slice()).unwrap_or_else(|e| {
+            panic!(
+                "{what}: {e}; received {:?}",
+                String::from_utf8_lossy(&received)
+            )
+        });
+        if let Err(problem) = check_error_object(&answer, 408, "did not arrive") {
+            panic!("{what}: {problem}");
+        }
+    };
+
+    let mut half = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    half.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    expect_408(&mut half, "half a head on a new connection");
+
+    let mut silent = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let (received, took) = until_closed(&mut silent, Duration::from_secs(5));
+    assert!(took < Duration::from_millis(1800), "silent: took {took:?}");
+    assert!(
+        received.is_empty(),
+        "a connection that sent nothing got {:?}",
+        String::from_utf8_lossy(&received)
+    );
+
+    // Kept alive after an answer: idle, it is closed without a word at the idle timeout; a
+    // head begun on it and left unfinished gets the 408.
+    for half_a_head in [false, true] {
+        let mut kept = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        kept.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut reader = BufReader::new(kept.try_clone().unwrap());
+        let first = read_answer(&mut reader).unwrap();
+        assert_eq!(first.status, 200);
+        if half_a_head {
+            kept.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-")
+                .unwrap();
+            expect_408(&mut kept, "half a head on a kept-alive connection");
+        } else {
+            let (received, took) = until_closed(&mut kept, Duration::from_secs(5));
+            assert!(
+                took > Duration::from_millis(1200) && took < Duration::from_millis(2300),
+                "idle connection closed after {took:?}"
+            );
+            assert!(
+                received.is_empty(),
+                "an idle kept-alive connection got {:?}",
+                String::from_utf8_lossy(&received)
+            );
+        }
+    }
 }
 
 /// What the error answers must not break: two requests on one kept-alive connection with an
