@@ -230,7 +230,7 @@ fn syntax(rest: &[u8]) -> Option<String> {
         }
         (Some(_), Some(version), None) if version != b"HTTP/1.1" && version != b"HTTP/1.0" => {
             return Some(format!(
-                "unsupported HTTP version {} in the request line, which says HTTP/1.0 or HTTP/1.1",
+                "unsupported HTTP version {} in the request line, which says HTTP/1.0 or HTTP/1.1 (HTTP/2 is served with prior knowledge: frames after its connection preface)",
                 shown(version)
             ));
         }

@@ -1,5 +1,5 @@
-//! Connections: the accept loop over hyper's HTTP/1.1, with the limits a server on an open
-//! port needs — a deadline for a request's head (from its
+//! Connections: the accept loop over hyper's HTTP/1.1 (and HTTP/2 with prior knowledge), with
+//! the limits a server on an open port needs — a deadline for a request's head (from its
 //! first byte, or from the accept), one for its body, an idle keep-alive timeout, caps on a
 //! head's size and fields, and a cap on open connections. Every refusal is OpenAI's error
 //! object: over the cap a 503, a head cut off by its deadline a 408, and a head hyper's parser
@@ -32,8 +32,8 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
-use hyper::server::conn::http1;
-use hyper_util::rt::TokioIo;
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tower::ServiceExt;
@@ -130,7 +130,8 @@ pub async fn serve(
     Ok(())
 }
 
-/// One connection: hyper's HTTP/1.1 over the stream, watched for its deadlines. A head hyper
+/// One connection: hyper's HTTP/1.1 over the stream, watched for its deadlines, and handed
+/// to hyper's HTTP/2 when it opens with HTTP/2's preface (prior knowledge). A head hyper
 /// refuses, or one begun and not finished in time, is answered here with the error object.
 async fn connection(
     stream: TcpStream,
@@ -170,7 +171,7 @@ async fn connection(
     // hyper gave up on the connection, or its head is late: `read_buf` holds what it read
     // and did not consume.
     let parts = http1.into_parts();
-    let watched = parts.io.into_inner();
+    let mut watched = parts.io.into_inner();
     if let Some(status) = watched.held_back() {
         let why = match &ended {
             Ended::Served(Err(e)) => e.to_string(),
@@ -188,6 +189,22 @@ async fn connection(
         return;
     }
     match ended {
+        Ended::Served(Err(_)) if parts.read_buf.starts_with(H2_PREFACE) => {
+            watched.speak_http2(parts.read_buf);
+            let http2 = http2::Builder::new(TokioExecutor::new())
+                .max_header_list_size(u32::try_from(MAX_HEAD_BYTES).unwrap_or(u32::MAX))
+                .serve_connection(TokioIo::new(watched), parts.service);
+            let mut http2 = std::pin::pin!(http2);
+            let ended = drive(
+                http2.as_mut(),
+                |conn| conn.graceful_shutdown(),
+                &tracker,
+                limits,
+                &mut closing,
+            )
+            .await;
+            log::debug!("an HTTP/2 connection ended: {ended:?}");
+        }
         Ended::Missed(Missed::Head) if !parts.read_buf.is_empty() => {
             let error = refusal::head_timeout(limits.header);
             refusal::close_with(watched.into_stream(), &refusal::answer(&error, "")).await;
@@ -195,6 +212,9 @@ async fn connection(
         ended => log::debug!("a connection ended: {ended:?}"),
     }
 }
+
+/// What HTTP/2 with prior knowledge opens with (RFC 9113, section 3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// How hyper's serving of a connection ended.
 #[derive(Debug)]

@@ -1,11 +1,13 @@
 //! The socket under hyper: it notes when a request head begins (for the header deadline),
 //! holds back the bare answer hyper writes on its own for a head it refuses (so that the
-//! connection can answer with OpenAI's error object in its place), and keeps the last bytes
-//! read (to tell what was wrong with such a head).
+//! connection can answer with OpenAI's error object in its place), keeps the last bytes read
+//! (to tell what was wrong with such a head), and gives HTTP/2 the bytes HTTP/1.1's parser
+//! read before handing over.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use axum::body::Bytes;
 use axum::http::StatusCode;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -21,9 +23,13 @@ const RECENT: usize = 8 << 10;
 pub(super) struct Watched {
     stream: TcpStream,
     tracker: Tracker,
+    /// HTTP/2 once handed over; HTTP/1.1 until then.
+    http2: bool,
+    /// Read before, by HTTP/1.1's parser, and read again first by HTTP/2.
+    replay: Bytes,
     /// The status of the answer hyper wrote for a head it refused, which was held back.
     held_back: Option<StatusCode>,
-    /// The last bytes read: from [`RECENT`] to twice as many.
+    /// The last bytes read over HTTP/1.1: from [`RECENT`] to twice as many.
     recent: Vec<u8>,
     /// Whether `recent` holds every byte read.
     recent_from_start: bool,
@@ -34,6 +40,8 @@ impl Watched {
         Self {
             stream,
             tracker,
+            http2: false,
+            replay: Bytes::new(),
             held_back: None,
             recent: Vec::new(),
             recent_from_start: true,
@@ -55,18 +63,26 @@ impl Watched {
         self.held_back
     }
 
+    /// From now on the connection speaks HTTP/2, starting with `read_before`.
+    pub(super) fn speak_http2(&mut self, read_before: Bytes) {
+        self.http2 = true;
+        self.replay = read_before;
+        self.recent = Vec::new();
+    }
+
     pub(super) fn into_stream(self) -> TcpStream {
         self.stream
     }
 
-    /// Whether to hold back what hyper writes, `first` being its first bytes. With no answer of the router's under way, hyper is answering a head it refused on its
+    /// Whether to hold back what hyper writes, `first` being its first bytes. In HTTP/1.1
+    /// with no answer of the router's under way, hyper is answering a head it refused on its
     /// own (`Conn::on_parse_error` in hyper's `proto/h1/conn.rs`: a status line and no body,
     /// then the end of the connection): that answer is held back and its status kept.
     fn holds_back(&mut self, first: &[u8]) -> bool {
         if self.held_back.is_some() {
             return true;
         }
-        if self.tracker.router_answering() || !first.starts_with(b"HTTP/1.") {
+        if self.http2 || self.tracker.router_answering() || !first.starts_with(b"HTTP/1.") {
             return false;
         }
         // "HTTP/1.1 431 Request Header Fields Too Large\r\n..."
@@ -83,9 +99,17 @@ impl AsyncRead for Watched {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        if !self.replay.is_empty() {
+            let n = self.replay.len().min(buf.remaining());
+            let replayed = self.replay.split_to(n);
+            buf.put_slice(&replayed);
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.stream).poll_read(cx, buf);
-        if buf.filled().len() > before {
+        // HTTP/2's frames are not heads: an HTTP/2 connection has the header deadline until
+        // its first request, then the idle one.
+        if buf.filled().len() > before && !self.http2 {
             self.tracker.received();
             let Self {
                 recent,

@@ -1,8 +1,8 @@
 //! The HTTP layer over raw sockets: heads that hyper's parser refuses (bad Content-Length,
 //! request lines of other HTTP versions, TLS on the plain port, bad header bytes, oversized
-//! request lines and heads) are answered with OpenAI's error object; a head cut off by the
-//! header timeout gets a 408; kept-alive, pipelined and streamed HTTP/1.1 requests still
-//! work.
+//! request lines and heads) are answered with OpenAI's error object; HTTP/2 with prior
+//! knowledge is served; a head cut off by the header timeout gets a 408; kept-alive,
+//! pipelined and streamed HTTP/1.1 requests still work.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -277,14 +277,20 @@ fn refused_heads() -> Vec<(&'static str, Vec<u8>, u16, &'static str)> {
     ]
 }
 
+/// The preface an HTTP/2 client with prior knowledge opens with, and its empty SETTINGS frame.
+const H2_PREFACE_AND_SETTINGS: &[u8] =
+    b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
 /// Finding (issue 31): each head the parser refuses is answered with its status, a JSON
 /// content type and OpenAI's error object saying what was wrong, then the connection is
-/// closed. Every case is tried and the failures are listed together.
+/// closed; the HTTP/2 preface is answered with the server's own SETTINGS frame. Every case
+/// is tried and the failures are listed together.
 #[test]
 fn heads_the_parser_refuses_get_an_error_object() {
     let server = start();
     let heads = refused_heads();
-    let n_cases = heads.len();
+    // The heads and the HTTP/2 preface: the outside probe's 15 cases.
+    let n_cases = heads.len() + 1;
     let mut failures = Vec::new();
     for (what, bytes, status, says) in heads {
         let received = exchange(server.port, bytes);
@@ -300,6 +306,19 @@ fn heads_the_parser_refuses_get_an_error_object() {
             failures.push(format!("{what}: {problem}"));
         }
     }
+    // HTTP/2 prior knowledge: the server's preface, a SETTINGS frame (type 4 on stream 0),
+    // is the first thing back. The stream stays open, so read just the frame's 9-byte head.
+    let mut h2 = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    h2.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    h2.write_all(H2_PREFACE_AND_SETTINGS).unwrap();
+    let mut frame = [0u8; 9];
+    match h2.read_exact(&mut frame) {
+        Ok(()) if frame[3] == 0x04 && frame[5..9] == [0; 4] => {}
+        Ok(()) => failures.push(format!(
+            "the HTTP/2 preface: the first frame back is not SETTINGS: {frame:02x?}"
+        )),
+        Err(e) => failures.push(format!("the HTTP/2 preface: no frame back: {e}")),
+    }
     assert!(
         failures.is_empty(),
         "{} of {n_cases} cases failed:\n{}",
@@ -309,6 +328,79 @@ fn heads_the_parser_refuses_get_an_error_object() {
     // The server is still serving.
     let (status, _) = crate::e2e::request(server.port, "GET", "/health", None).unwrap();
     assert_eq!(status, 200);
+}
+
+/// A real HTTP/2 client with prior knowledge (hyper's) gets JSON from `/v1/models`, OpenAI's
+/// error object for an unknown route, and a streamed completion, all on one connection.
+#[test]
+fn http2_with_prior_knowledge_is_served() {
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let server = start();
+    let port = server.port;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let (mut sender, connection) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .expect("HTTP/2 handshake");
+        tokio::spawn(connection);
+        let mut send = async |method: &str, path: &str, body: &str| {
+            let request = hyper::Request::builder()
+                .method(method)
+                .uri(format!("http://127.0.0.1:{port}{path}"))
+                .header("content-type", "application/json")
+                .body(Full::new(axum::body::Bytes::from(body.to_owned())))
+                .unwrap();
+            let response =
+                tokio::time::timeout(Duration::from_secs(20), sender.send_request(request))
+                    .await
+                    .expect("an HTTP/2 answer within 20 s")
+                    .unwrap_or_else(|e| panic!("{method} {path} over HTTP/2: {e}"));
+            assert_eq!(response.version(), hyper::Version::HTTP_2);
+            let status = response.status().as_u16();
+            let content_type = response
+                .headers()
+                .get("content-type")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (
+                status,
+                content_type,
+                String::from_utf8_lossy(&body).into_owned(),
+            )
+        };
+
+        let (status, content_type, body) = send("GET", "/v1/models", "").await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(content_type.as_deref(), Some("application/json"));
+        let models: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(models["object"], "list", "{body}");
+
+        let (status, content_type, body) = send("GET", "/no/such/route", "").await;
+        assert_eq!(status, 404, "{body}");
+        assert_eq!(content_type.as_deref(), Some("application/json"));
+        let error: Value = serde_json::from_str(&body).unwrap();
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("/no/such/route")),
+            "{body}"
+        );
+        assert_eq!(error["error"]["code"], "404", "{body}");
+
+        let stream = json!({"prompt": "Once", "max_tokens": 8, "stream": true}).to_string();
+        let (status, _, body) = send("POST", "/v1/completions", &stream).await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+    });
 }
 
 /// Reads until the server closes the connection (within `limit`): the bytes it sent and how
