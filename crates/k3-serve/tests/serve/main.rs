@@ -4,6 +4,7 @@
 mod cli;
 mod e2e;
 mod fuzz;
+mod http_layer;
 mod prompt_cache_files;
 mod prompt_cache_log;
 mod queue;
