@@ -460,7 +460,7 @@ impl PromptCache {
                 continue;
             }
             match self.accept(&path, &spill.identity) {
-                Ok((tokens, bytes, modified)) => found.push((modified, path, tokens, bytes)),
+                Ok(spilled) => found.push((path, spilled)),
                 Err(e) => {
                     log::warn!("prompt cache: ignoring {}: {e}", path.display());
                     self.stats.ignored_files += 1;
@@ -468,8 +468,17 @@ impl PromptCache {
             }
         }
         // Oldest first, so the LRU order continues the files' ages.
-        found.sort_by_key(|f| f.0);
-        for (_, path, (namespace, tokens), bytes) in found {
+        found.sort_by_key(|(_, f)| f.modified);
+        for (
+            path,
+            SpillFile {
+                namespace,
+                tokens,
+                bytes,
+                ..
+            },
+        ) in found
+        {
             self.clock += 1;
             let hash = PrefixHash::of(namespace, &tokens);
             let id = self.next_id;
@@ -492,11 +501,7 @@ impl PromptCache {
 
     /// A spill file's namespace and tokens, size and age, if its header is whole and matches
     /// `identity`.
-    fn accept(
-        &self,
-        path: &Path,
-        identity: &Identity,
-    ) -> Result<((Namespace, Vec<usize>), u64, std::time::SystemTime), String> {
+    fn accept(&self, path: &Path, identity: &Identity) -> Result<SpillFile, String> {
         let header = file::read_header(path).map_err(|e| e.to_string())?;
         if header.identity != *identity {
             return Err(format!(
@@ -515,12 +520,22 @@ impl PromptCache {
             .and_then(|m| m.modified())
             .map_err(|e| e.to_string())?;
         let tokens = header.tokens.iter().map(|&t| t as usize).collect();
-        Ok((
-            (Namespace(header.namespace), tokens),
-            header.file_bytes,
+        Ok(SpillFile {
+            namespace: Namespace(header.namespace),
+            tokens,
+            bytes: header.file_bytes,
             modified,
-        ))
+        })
     }
+}
+
+/// What a spill file found at startup holds, by its header.
+#[derive(Debug)]
+struct SpillFile {
+    namespace: Namespace,
+    tokens: Vec<usize>,
+    bytes: u64,
+    modified: std::time::SystemTime,
 }
 
 /// FNV-1a 64 over the namespace's bytes, then the token ids' little-endian u32 bytes, one
