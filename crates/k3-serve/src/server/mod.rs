@@ -145,13 +145,9 @@ async fn chat(
     parsed: Result<Json<Value>, JsonRejection>,
 ) -> Response {
     let id = format!("chatcmpl-{:x}", unique());
-    let (request, ignored) = match body(parsed).and_then(|b| ChatRequest::from_json(&b)) {
-        Ok(request) => {
-            let ignored = request.ignored().to_vec();
-            (request.validate(&state.limits), ignored)
-        }
-        Err(e) => (Err(e), Vec::new()),
-    };
+    let (request, ignored) = read(parsed, ChatRequest::from_json, |r| {
+        (r.ignored().to_vec(), r.validate(&state.limits))
+    });
     answer(state, tenant, request, &ignored, id, true).await
 }
 
@@ -161,14 +157,26 @@ async fn completions(
     parsed: Result<Json<Value>, JsonRejection>,
 ) -> Response {
     let id = format!("cmpl-{:x}", unique());
-    let (request, ignored) = match body(parsed).and_then(|b| CompletionRequest::from_json(&b)) {
+    let (request, ignored) = read(parsed, CompletionRequest::from_json, |r| {
+        (r.ignored().to_vec(), r.validate(&state.limits))
+    });
+    answer(state, tenant, request, &ignored, id, false).await
+}
+
+/// A body read as an endpoint's request (`from_json`), then its ignored fields and its
+/// validation (`check`); the ignored fields are empty when the body could not be read.
+fn read<R>(
+    parsed: Result<Json<Value>, JsonRejection>,
+    from_json: impl FnOnce(&Value) -> Result<R, ApiError>,
+    check: impl FnOnce(R) -> (Vec<String>, Result<ValidRequest, ApiError>),
+) -> (Result<ValidRequest, ApiError>, Vec<String>) {
+    match body(parsed).and_then(|b| from_json(&b)) {
         Ok(request) => {
-            let ignored = request.ignored().to_vec();
-            (request.validate(&state.limits), ignored)
+            let (ignored, valid) = check(request);
+            (valid, ignored)
         }
         Err(e) => (Err(e), Vec::new()),
-    };
-    answer(state, tenant, request, &ignored, id, false).await
+    }
 }
 
 /// Runs a validated request (or answers its error), saying which fields it ignored: once in

@@ -278,7 +278,7 @@ fn stream_chat(port: u16, seed: u64) -> String {
     out
 }
 
-fn metric(port: u16, name: &str) -> f64 {
+pub(crate) fn metric(port: u16, name: &str) -> f64 {
     let (_, text) = request(port, "GET", "/metrics", None).unwrap();
     text.lines()
         .find_map(|l| l.strip_prefix(&format!("{name} ")))

@@ -9,15 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::e2e::{free_port, request, start_exactly};
-
-fn metric(port: u16, name: &str) -> f64 {
-    let (_, text) = request(port, "GET", "/metrics", None).unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(f64::NAN)
-}
+use crate::e2e::{free_port, metric, request, start_exactly};
 
 /// Sends `body` to `path` and leaves the connection open (the answer unread).
 fn send(port: u16, path: &str, body: &Value) -> TcpStream {
