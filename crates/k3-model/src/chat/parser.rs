@@ -10,7 +10,8 @@
 
 use serde_json::Value;
 
-use super::{CLOSE, OPEN, SEP, ToolCall};
+use super::markup::{CLOSE, OPEN, SEP};
+use super::types::ToolCall;
 use crate::tokenizer::Tokenizer;
 
 /// What a piece of generated output is.

@@ -3,7 +3,8 @@
 
 use serde_json::{Map, Value};
 
-use super::{ConfigError, MAX_DIM, QuantizationConfig, Result};
+use super::error::{ConfigError, MAX_DIM, Result};
+use super::types::QuantizationConfig;
 
 /// Field access with the text-config-then-root fallback and errors that name the field.
 pub(super) struct Fields<'a> {
