@@ -195,14 +195,16 @@ mod tests {
 
     #[test]
     fn dumps_and_sorted_follow_python_and_the_template() {
+        // Keys in insertion order, as a Python dict keeps them (`preserve_order`).
         let v = json!({"b": [1, 2.0, null], "a": {"x": "é\n\"q\""}, "B": true});
         assert_eq!(
             dumps(&v),
-            r#"{"B": true, "a": {"x": "é\n\"q\""}, "b": [1, 2.0, null]}"#
+            r#"{"b": [1, 2.0, null], "a": {"x": "é\n\"q\""}, "B": true}"#
         );
+        // Case-insensitive, and stable: "b" came before "B".
         assert_eq!(
             sorted(&v),
-            r#"{"a":{"x":"é\n\"q\""},"B":true,"b":[1,2.0,null]}"#
+            r#"{"a":{"x":"é\n\"q\""},"b":[1,2.0,null],"B":true}"#
         );
     }
 }
