@@ -399,7 +399,8 @@ fn a_header_with_overflowing_lengths_is_refused_before_allocating() {
     // The first layer's first array length follows the tokens and the layer count: make it
     // huge, then re-seal the header so only the lengths are wrong.
     let body_len = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
-    let first_layer = 16 + 2 + identity.engine.len() + 8 + 8 + 8 + 4 * PREFIX + 4;
+    // Prefix, engine, checkpoint, namespace (16), position, token count, tokens, layer count.
+    let first_layer = 16 + 2 + identity.engine.len() + 8 + 16 + 8 + 8 + 4 * PREFIX + 4;
     assert!(matches!(bytes[first_layer], 1 | 2), "a KDA or MLA layer");
     bytes[first_layer + 1..first_layer + 9].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
     let mut sum = Checksum::new();
