@@ -16,6 +16,7 @@ use expert_store::{Checkpoint, CheckpointError};
 use crate::config::{AttentionKind, K3Config};
 use crate::experts::ExpertOptions;
 use crate::inventory::{TensorClass, text_tensors};
+use crate::units::gb;
 
 /// The shape of a run, from the binary's flags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -213,16 +214,4 @@ fn expert_bytes(
         + expert_store::store::request_buffers(experts.io_threads)) as u64
         * largest;
     Ok((cache, io))
-}
-
-/// Bytes in GB, with three significant digits down to a MB.
-pub(crate) fn gb(bytes: u64) -> String {
-    let gb = bytes as f64 / 1e9;
-    match gb {
-        0.0 => "0 GB".into(),
-        g if g >= 10.0 => format!("{g:.1} GB"),
-        g if g >= 1.0 => format!("{g:.2} GB"),
-        g if g >= 0.1 => format!("{g:.3} GB"),
-        g => format!("{g:.4} GB"),
-    }
 }

@@ -12,7 +12,7 @@ use expert_store::{
 };
 
 use crate::config::K3Config;
-use crate::model::expert_layout;
+use crate::inventory::expert_layout;
 
 /// What the binaries' expert flags ask for. With neither capacity nor preload the model reads
 /// experts through the file mapping (the page cache is then the cache).

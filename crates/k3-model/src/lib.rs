@@ -16,6 +16,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod experts;
 pub mod inventory;
+pub(crate) mod io;
 pub mod model;
 pub mod ops;
 pub mod packcache;
@@ -25,6 +26,7 @@ pub mod sampling;
 pub mod shares;
 pub mod synth;
 pub mod tokenizer;
+pub(crate) mod units;
 
 pub use config::{AttentionKind, ConfigError, FfnKind, K3Config, KdaGate};
 

@@ -25,15 +25,16 @@
 
 use expert_store::io::MemoryBudget;
 
-use crate::budget::{MemoryPlan, RunShape, gb};
+use crate::budget::{MemoryPlan, RunShape};
 use crate::experts::ExpertOptions;
+use crate::units::gb;
 
 mod sizes;
 mod stream;
 
 pub use sizes::{
-    MERGE_GAP, PACKED_EXCEPTIONS_PER_10K, PackedAt, Part, StoredTensor, WeightSizes, merged_reads,
-    packed_resident_bytes, read_bytes,
+    HeldPacked, MERGE_GAP, PACKED_EXCEPTIONS_PER_10K, PackedAt, Part, StoredTensor, WeightSizes,
+    merged_reads, packed_resident_bytes, read_bytes,
 };
 pub use stream::{BLOCK_ROWS, Layout, MIN_CAP, StreamStep, TrunkPlan, forced_bytes};
 

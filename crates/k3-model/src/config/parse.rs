@@ -5,7 +5,10 @@ use serde_json::Value;
 
 use super::error::{ConfigError, MAX_ELEMENTS, MAX_VOCAB, Result};
 use super::fields::{Fields, invalid, kind, unsupported};
-use super::types::*;
+use super::types::{
+    AttentionKind, FfnKind, K3Config, KdaConfig, KdaGate, LatentConfig, LayerSpec, MlaConfig,
+    MoeConfig, RouterConfig, SituBetas,
+};
 
 impl K3Config {
     /// Parses and validates the text of a `config.json`.

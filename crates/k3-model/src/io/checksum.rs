@@ -1,4 +1,4 @@
-//! The snapshot files' checksum: FNV-1a 64 run on 8 interleaved lanes of little-endian u64
+//! The checksum of the engine's own files (snapshot files, the pack cache's manifest): FNV-1a 64 run on 8 interleaved lanes of little-endian u64
 //! words (lane `i` takes words `i, i + 8, ...`), the lanes, the tail bytes and the length then
 //! folded by byte-wise FNV-1a 64. Byte-wise FNV-1a alone runs at about one byte per multiply
 //! latency (~0.4 s for the release's 434 MB state); eight independent lanes of words keep the

@@ -3,7 +3,8 @@
 
 use mxfp4_kernels::{MAX_TOKENS, WeightMatrix};
 
-use super::{Model, ModelError, Result};
+use super::error::{ModelError, Result};
+use super::forward::Model;
 
 /// Smallest matrix whose GEMV is split across the pool.
 pub(super) const PARALLEL_MIN_BYTES: usize = 128 << 10;

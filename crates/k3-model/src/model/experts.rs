@@ -3,7 +3,8 @@
 use mxfp4_kernels::{ExpertScratch, MAX_TOKENS, MxFp4Matrix};
 
 use super::dispatch::own_blocks;
-use super::{ExpertPlacement, Model, Result};
+use super::error::Result;
+use super::forward::{ExpertPlacement, Model};
 
 impl Model<'_> {
     /// The domain that runs routed expert `expert` of checkpoint layer `layer`: its home in

@@ -5,7 +5,9 @@
 //! leader (`share_attention`). Every rank makes the same collectives in the same order, because
 //! each runs the same code on the same inputs.
 
-use super::{Logits, Model, ModelError, Result, Session};
+use super::error::{ModelError, Result};
+use super::forward::{Logits, Model};
+use super::session::Session;
 
 /// Announcement words: a step, or the end.
 const STOP: u64 = 0;

@@ -1,8 +1,10 @@
 //! Kimi Delta Attention over a chunk of several sequences' tokens (docs/MODEL.md §6).
 
+use super::error::Result;
+use super::forward::Model;
+use super::session::KdaState;
 use super::weights::Kda;
 use super::wide::wide;
-use super::{KdaState, Model, Result};
 use crate::ops::{
     conv_step, kda_decays_in_place, kda_step, l2_norm, rms_norm, sigmoid, silu_in_place,
 };

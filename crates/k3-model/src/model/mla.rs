@@ -1,8 +1,10 @@
 //! Gated MLA in the absorbed form over a chunk of several sequences' tokens (docs/MODEL.md §7).
 
+use super::error::Result;
+use super::forward::Model;
+use super::session::MlaCache;
 use super::weights::Mla;
 use super::wide::wide;
-use super::{MlaCache, Model, Result};
 use crate::ops::{dot, rms_norm};
 
 /// The MLA low-rank norms use 1e-6 (HF's default), not `rms_norm_eps` (docs/MODEL.md §7.1).

@@ -10,7 +10,8 @@
 
 pub mod file;
 
-use super::{KdaState, MlaCache, Model, Session};
+use super::forward::Model;
+use super::session::{KdaState, MlaCache, Session};
 use crate::config::{AttentionKind, K3Config};
 
 /// Bytes of one `f32` of state.

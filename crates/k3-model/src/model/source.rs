@@ -16,7 +16,7 @@ use std::sync::Arc;
 use expert_store::ExpertStore;
 use mxfp4_kernels::MxFp4Matrix;
 
-use super::Result;
+use super::error::Result;
 
 /// Ready experts: id and its gate, up and down matrices.
 pub type ExpertBatch<'m> = [(usize, [MxFp4Matrix<'m>; 3])];
@@ -84,8 +84,8 @@ impl std::fmt::Debug for StoreExperts {
 
 impl StoreExperts {
     /// The error for a store whose experts are not K3's three matrices.
-    fn not_k3(&self) -> super::ModelError {
-        super::ModelError::StoreLayout {
+    fn not_k3(&self) -> super::error::ModelError {
+        super::error::ModelError::StoreLayout {
             store: self.0.layout().to_string(),
             config: "K3's 3 MXFP4 matrices (gate, up, down)".to_owned(),
         }

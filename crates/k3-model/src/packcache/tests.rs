@@ -3,9 +3,11 @@
 //! another checkpoint, a changed source or a damaged manifest is stale and written again; a
 //! place that cannot take the file reports why.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use expert_store::Checkpoint;
+use expert_store::io::IO_ALIGN;
+use mxfp4_kernels::packed::{EXCEPTION_BYTES, packed_body_bytes};
 use numa_sched::Pool;
 
 use super::*;

@@ -2,7 +2,7 @@
 //! part of the forward pass reads it ([`Part`]), and the experts' totals.
 
 use std::ops::Range;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use expert_store::checkpoint::LinearStorage;
 use expert_store::io::aligned_span;
@@ -85,6 +85,15 @@ pub struct PackedAt {
     pub path: PathBuf,
     pub body: usize,
     pub first_row: usize,
+}
+
+/// A matrix a pack cache file holds (see [`WeightSizes::with_packed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldPacked {
+    pub rows: usize,
+    pub cols: usize,
+    /// Where its body starts in the file.
+    pub body: usize,
 }
 
 /// Exception blocks (`mxfp4_kernels::packed`: 32 weights whose exponents span more than 15
@@ -403,25 +412,32 @@ impl WeightSizes {
         all
     }
 
-    /// The same sizes with the matrices `cache` holds read from it where streamed
-    /// ([`StoredTensor::packed_at`]), its exception blocks and indexes counted in
-    /// [`Self::packed_side`].
-    pub fn with_pack_cache(mut self, cache: &crate::packcache::PackCache) -> Self {
+    /// The same sizes with the matrices a pack cache file at `path` holds read from it where
+    /// streamed ([`StoredTensor::packed_at`]), and `side_bytes` (its exception blocks and
+    /// indexes, held in memory) counted in [`Self::packed_side`]. `held` gives, by tensor
+    /// name, the shape the file holds a matrix in and where its body starts; a matrix held in
+    /// another shape than the plan's is read as stored.
+    pub fn with_packed(
+        mut self,
+        path: &Path,
+        side_bytes: u64,
+        held: impl Fn(&str) -> Option<HeldPacked>,
+    ) -> Self {
         for layer in self.layers.iter_mut().chain([&mut self.head]) {
             for t in layer {
-                if let (Some(cols), Some(held)) = (t.pack_cols, cache.get(&t.name))
+                if let (Some(cols), Some(held)) = (t.pack_cols, held(&t.name))
                     && held.cols == cols
                     && held.rows == t.rows
                 {
                     t.packed_at = Some(PackedAt {
-                        path: cache.path().to_owned(),
+                        path: path.to_owned(),
                         body: held.body,
                         first_row: 0,
                     });
                 }
             }
         }
-        self.packed_side = cache.side_bytes();
+        self.packed_side = side_bytes;
         self
     }
 

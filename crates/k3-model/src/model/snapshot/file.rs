@@ -25,68 +25,20 @@ use expert_store::io::drop_page_cache;
 use super::{LayerState, OwnedLayer, Snapshot};
 use crate::config::K3Config;
 
-mod checksum;
+mod error;
+mod format;
 mod open;
 mod writer;
-pub use checksum::Checksum;
-pub use open::FileKind;
+
+pub use crate::io::atomic::WriteReport;
+pub use crate::io::checksum::Checksum;
+pub use error::{FileError, FileKind};
+pub use format::{ENGINE_VERSION, FORMAT_VERSION, MAGIC};
+
+use error::Result;
+use format::{MAX_HEADER, PREFIX, READ_BLOCK};
 use open::open_regular;
 use writer::Writer;
-
-/// The first bytes of every snapshot file.
-pub const MAGIC: [u8; 8] = *b"K3STATE\0";
-/// The layout this code writes and reads (2: the namespace added; a format 1 file is refused
-/// like any other foreign format).
-pub const FORMAT_VERSION: u32 = 2;
-/// The engine whose bits a snapshot holds: a state is only valid for the code that made it.
-pub const ENGINE_VERSION: &str = concat!("k3-model ", env!("CARGO_PKG_VERSION"));
-/// Largest header accepted (a corrupt length must not make us allocate gigabytes).
-const MAX_HEADER: usize = 256 << 20;
-/// Bytes read per call, and written per `O_DIRECT` write.
-const WRITE_BLOCK: usize = 4 << 20;
-/// Magic, format and header length.
-const PREFIX: usize = 16;
-
-/// Why a snapshot file was not written or not trusted.
-#[derive(Debug, thiserror::Error)]
-pub enum FileError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path} is {kind}, not a regular file")]
-    NotRegular { path: PathBuf, kind: FileKind },
-    #[error("not a snapshot file: magic {found:02x?}, expected {MAGIC:02x?}")]
-    Magic { found: [u8; 8] },
-    #[error("snapshot format {found}, this engine reads format {FORMAT_VERSION}")]
-    Format { found: u32 },
-    #[error("truncated: {found} bytes, the header needs {expected}")]
-    Truncated { expected: u64, found: u64 },
-    #[error("{found} bytes, the header says {expected}")]
-    Length { expected: u64, found: u64 },
-    #[error("{part} checksum {computed:016x}, the file stores {stored:016x}")]
-    Checksum {
-        part: &'static str,
-        stored: u64,
-        computed: u64,
-    },
-    #[error("written by engine {file:?}, this is {ours:?}")]
-    Engine { file: String, ours: String },
-    #[error("made with checkpoint {file:016x}, this is {ours:016x}")]
-    Checkpoint { file: u64, ours: u64 },
-    #[error("bad header: {reason}")]
-    Header { reason: String },
-    #[error(
-        "token {token} does not fit the file's 32-bit token ids (limit {})",
-        u32::MAX
-    )]
-    Token { token: usize },
-    #[error("{tokens} tokens given for a snapshot at position {position}")]
-    Tokens { tokens: usize, position: usize },
-}
-
-type Result<T, E = FileError> = std::result::Result<T, E>;
 
 /// What a snapshot is valid for: the engine that computed it and the checkpoint it ran.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -235,16 +187,6 @@ impl LayerSpec {
     }
 }
 
-/// How a file was written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WriteReport {
-    pub bytes: u64,
-    /// The data bypassed the page cache (`O_DIRECT`).
-    pub direct: bool,
-    /// Why it did not, when it was asked to and could not.
-    pub fallback: Option<String>,
-}
-
 /// Writes `snapshot`, which covers `tokens`, to `path` for `identity` (atomically: a
 /// temporary file in the same directory, synced, then renamed over `path`), with a zero
 /// namespace.
@@ -277,50 +219,30 @@ pub fn save_in(
         path: tmp.clone(),
         source,
     };
-    let written = (|| {
-        let mut out = Writer::create(&tmp, true).map_err(io)?;
-        out.put(&header).map_err(io)?;
-        for layer in snapshot.layers() {
-            match layer {
-                LayerState::Kda { windows, state } => {
-                    for w in windows {
-                        out.put_f32s(w).map_err(io)?;
-                    }
-                    out.put_f32s(state).map_err(io)?;
+    // A failure anywhere drops the writer, which removes its temporary file.
+    let mut out = Writer::create(path, tmp.clone(), true).map_err(io)?;
+    out.put(&header).map_err(io)?;
+    for layer in snapshot.layers() {
+        match layer {
+            LayerState::Kda { windows, state } => {
+                for w in windows {
+                    out.put_f32s(w).map_err(io)?;
                 }
-                LayerState::Mla { latent, k_pe } => {
-                    out.put_f32s(latent).map_err(io)?;
-                    out.put_f32s(k_pe).map_err(io)?;
-                }
-                LayerState::Empty => {}
+                out.put_f32s(state).map_err(io)?;
             }
+            LayerState::Mla { latent, k_pe } => {
+                out.put_f32s(latent).map_err(io)?;
+                out.put_f32s(k_pe).map_err(io)?;
+            }
+            LayerState::Empty => {}
         }
-        let sum = out.checksum.finish();
-        out.put(&sum.to_le_bytes()).map_err(io)?;
-        out.finish().map_err(io)
-    })();
-    let report = match written {
-        Ok(report) => report,
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-    };
-    std::fs::rename(&tmp, path).map_err(|source| {
-        let _ = std::fs::remove_file(&tmp);
-        FileError::Io {
-            path: path.to_owned(),
-            source,
-        }
-    })?;
-    // The rename is durable once the directory is synced (best effort: not every
-    // filesystem lets a directory be opened and synced).
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
-        && let Ok(d) = File::open(dir)
-    {
-        let _ = d.sync_all();
     }
-    Ok(report)
+    let sum = out.checksum.finish();
+    out.put(&sum.to_le_bytes()).map_err(io)?;
+    out.finish().map_err(|source| FileError::Io {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// Reads and checks a file's header (magic, format, header checksum) without its payload.
@@ -364,17 +286,17 @@ pub fn load(path: &Path, identity: &Identity) -> Result<(FileHeader, Snapshot)> 
         });
     }
     // Re-read from the start: the checksum covers the header too.
-    let mut reader = std::io::BufReader::with_capacity(WRITE_BLOCK, &file);
+    let mut reader = std::io::BufReader::with_capacity(READ_BLOCK, &file);
     let mut sum = Checksum::new();
     let mut head = vec![0u8; header.payload_at as usize];
     reader.read_exact(&mut head).map_err(io)?;
     sum.update(&head);
-    let mut bytes = vec![0u8; WRITE_BLOCK];
+    let mut bytes = vec![0u8; READ_BLOCK];
     let mut read = |n: u64, sum: &mut Checksum| -> std::io::Result<Vec<f32>> {
         let mut values = Vec::with_capacity(n as usize);
         let mut left = n as usize * 4;
         while left > 0 {
-            let part = &mut bytes[..left.min(WRITE_BLOCK)];
+            let part = &mut bytes[..left.min(READ_BLOCK)];
             reader.read_exact(part)?;
             sum.update(part);
             values.extend(

@@ -6,9 +6,10 @@ use std::ops::{Deref, Range};
 
 use mxfp4_kernels::{Bf16Matrix, F16Matrix, F32Matrix, MxFp4Matrix, WeightMatrix};
 
+use super::super::error::Result;
+use super::super::forward::Model;
 use super::super::weights::{Attention, Kda, Mla, Mlp, Moe};
-use super::super::{Model, Result};
-use super::{Held, Pass, TrunkStream};
+use super::stream::{Held, Pass, TrunkStream};
 use crate::plan::{BLOCK_ROWS, Part};
 
 /// Weights for the pass that asked: borrowed as loaded, or relocated (into the resident

@@ -9,7 +9,7 @@ use expert_store::Checkpoint;
 use mxfp4_kernels::Kernels;
 use numa_sched::Pool;
 
-use super::ResidentTrunk;
+use super::resident::ResidentTrunk;
 use crate::config::K3Config;
 use crate::model::{Model, fingerprint};
 use crate::plan::{Layout, Part, StoredTensor, WeightSizes, read_bytes};
@@ -78,7 +78,7 @@ fn every_layout_streams_the_mapped_bits() {
             Arc::new(cache)
         });
         if let Some(cache) = &cache {
-            sizes = sizes.with_pack_cache(cache);
+            sizes = cache.sizes_with(sizes);
             assert!(sizes.packed_side > 0);
         }
         let head: Vec<StoredTensor> = sizes

@@ -1,61 +1,11 @@
 //! Opening a snapshot file for reading: only a regular file, and never a wait (a FIFO in the
 //! prompt cache's directory must not hold the server's start up, nor its shutdown).
 
-use std::fs::{File, FileType};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use super::FileError;
-
-/// What a path that is not a regular file is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FileKind {
-    Fifo,
-    Socket,
-    Directory,
-    Symlink,
-    CharDevice,
-    BlockDevice,
-    /// A type none of the others names.
-    Other,
-}
-
-impl FileKind {
-    /// The kind of `file_type`; `None` for a regular file.
-    pub fn of(file_type: FileType) -> Option<Self> {
-        if file_type.is_file() {
-            None
-        } else if file_type.is_fifo() {
-            Some(FileKind::Fifo)
-        } else if file_type.is_socket() {
-            Some(FileKind::Socket)
-        } else if file_type.is_dir() {
-            Some(FileKind::Directory)
-        } else if file_type.is_symlink() {
-            Some(FileKind::Symlink)
-        } else if file_type.is_char_device() {
-            Some(FileKind::CharDevice)
-        } else if file_type.is_block_device() {
-            Some(FileKind::BlockDevice)
-        } else {
-            Some(FileKind::Other)
-        }
-    }
-}
-
-impl std::fmt::Display for FileKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            FileKind::Fifo => "a FIFO",
-            FileKind::Socket => "a socket",
-            FileKind::Directory => "a directory",
-            FileKind::Symlink => "a symbolic link",
-            FileKind::CharDevice => "a character device",
-            FileKind::BlockDevice => "a block device",
-            FileKind::Other => "of an unknown type",
-        })
-    }
-}
+use super::error::{FileError, FileKind};
 
 /// `path` opened for reading, with its length, if it is a regular file; anything else is
 /// refused with [`FileError::NotRegular`], and nothing here can block: a path that names

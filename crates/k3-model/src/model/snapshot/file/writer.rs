@@ -1,67 +1,38 @@
-//! Sequential writes of a snapshot file through a 4 KiB-aligned buffer, with `O_DIRECT` while
-//! the filesystem takes it (buffered, with the reason kept, when it does not), checksumming
-//! every byte put.
+//! Sequential writes of a snapshot file through a 4 KiB-aligned buffer into the engine's
+//! atomic file writer ([`AtomicFile`]: `O_DIRECT` while the filesystem takes it, renamed into
+//! place whole), checksumming every byte put.
 
-use std::fs::File;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use expert_store::io::{AlignedBuf, IO_ALIGN, drop_page_cache};
+use expert_store::io::{AlignedBuf, IO_ALIGN};
 
-use super::{Checksum, WRITE_BLOCK, WriteReport};
+use crate::io::atomic::{AtomicFile, WriteReport};
+use crate::io::checksum::Checksum;
 
-/// Sequential writes through an aligned buffer, `O_DIRECT` while the file takes it.
+/// Bytes written per `O_DIRECT` write.
+pub(super) const WRITE_BLOCK: usize = 4 << 20;
+
+/// Sequential writes through an aligned buffer into an [`AtomicFile`], `O_DIRECT` while the
+/// file takes it.
 pub(super) struct Writer {
-    file: File,
-    path: PathBuf,
+    file: AtomicFile,
     buf: AlignedBuf,
     filled: usize,
     /// Bytes already written to the file.
     offset: u64,
-    direct: bool,
-    fallback: Option<String>,
     /// Of every byte put so far.
     pub(super) checksum: Checksum,
 }
 
 impl Writer {
-    /// A new file at `path`, written with `O_DIRECT` if `direct` and the filesystem takes it.
-    pub(super) fn create(path: &Path, direct: bool) -> std::io::Result<Self> {
-        let buffered = || {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(path)
-        };
-        let opened = if direct {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(path)
-        } else {
-            buffered()
-        };
-        let (file, direct, fallback) = match opened {
-            Ok(f) => (f, direct, None),
-            Err(e) if direct => {
-                let _ = std::fs::remove_file(path);
-                (
-                    buffered()?,
-                    false,
-                    Some(format!("O_DIRECT open refused: {e}")),
-                )
-            }
-            Err(e) => return Err(e),
-        };
+    /// A new file for `path`, written in `tmp` beside it (with `O_DIRECT` if `direct` and the
+    /// filesystem takes it) and renamed over `path` by [`Self::finish`].
+    pub(super) fn create(path: &Path, tmp: PathBuf, direct: bool) -> std::io::Result<Self> {
         Ok(Self {
-            file,
-            path: path.to_owned(),
+            file: AtomicFile::create(path, tmp, direct)?,
             buf: AlignedBuf::zeroed(WRITE_BLOCK),
             filled: 0,
             offset: 0,
-            direct,
-            fallback,
             checksum: Checksum::new(),
         })
     }
@@ -105,49 +76,29 @@ impl Writer {
     }
 
     /// Writes the buffer's `filled` bytes (padded to whole blocks under `O_DIRECT`; the file
-    /// is cut to its real length at the end).
+    /// is cut to its real length when committed).
     fn flush(&mut self) -> std::io::Result<()> {
         let data = self.filled;
-        let len = if self.direct {
+        let len = if self.file.is_direct() {
             let padded = data.next_multiple_of(IO_ALIGN);
             self.buf[data..padded].fill(0);
             padded
         } else {
             data
         };
-        if self.direct {
-            match self.file.write_all_at(&self.buf[..len], self.offset) {
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    // Opened with O_DIRECT but the write is refused: buffered from here on.
-                    self.file = std::fs::OpenOptions::new().write(true).open(&self.path)?;
-                    self.direct = false;
-                    self.fallback = Some(format!("O_DIRECT write refused: {e}"));
-                    self.file.write_all_at(&self.buf[..data], self.offset)?;
-                }
-                result => result?,
-            }
-        } else {
-            self.file.write_all_at(&self.buf[..data], self.offset)?;
-        }
+        self.file.write_at(&self.buf[..len], self.offset)?;
         self.offset += data as u64;
         self.filled = 0;
         Ok(())
     }
 
+    /// Writes what is left and renames the file into place.
     pub(super) fn finish(mut self) -> std::io::Result<WriteReport> {
         if self.filled > 0 {
             self.flush()?;
         }
-        self.file.set_len(self.offset)?;
-        self.file.sync_all()?;
-        if !self.direct {
-            let _ = drop_page_cache(&self.file, 0, self.offset);
-        }
-        Ok(WriteReport {
-            bytes: self.offset,
-            direct: self.direct,
-            fallback: self.fallback,
-        })
+        let len = self.offset;
+        self.file.commit(len)
     }
 }
 
@@ -157,7 +108,7 @@ mod tests {
 
     /// Writes `data` in uneven pieces (bytes and f32s) and returns the file's bytes.
     fn write(path: &Path, direct: bool, data: &[f32]) -> (Vec<u8>, WriteReport, u64) {
-        let mut w = Writer::create(path, direct).unwrap();
+        let mut w = Writer::create(path, path.with_extension("tmp"), direct).unwrap();
         w.put(&[7, 8, 9]).unwrap();
         let (a, b) = data.split_at(data.len() / 3);
         w.put_f32s(a).unwrap();

@@ -1,0 +1,114 @@
+//! What an engine is built from besides the config and the checkpoint ([`EngineOptions`]),
+//! where the build reports what it did ([`BuildSink`]), and why it may fail ([`BuildError`]).
+
+use std::sync::Arc;
+
+use expert_store::StoreError;
+use expert_store::checkpoint::CheckpointError;
+use expert_store::scan::ScanError;
+use expert_store::store::PreloadProgress;
+use mxfp4_kernels::Tier;
+use numa_sched::{PoolOptions, Ranks, RanksError};
+
+use crate::experts::{ExpertOptions, ExpertOptionsError};
+use crate::model::{ExpertPlacement, ModelError};
+use crate::packcache::PackCachePlace;
+use crate::plan::PlanError;
+
+/// Everything an engine is built from besides the config and the checkpoint.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// The kernel tier (`None`: the best this CPU supports).
+    pub kernel_tier: Option<Tier>,
+    /// Domains and workers.
+    pub pool: PoolOptions,
+    /// Whether routed experts come from the expert store, and how it is set up.
+    pub experts: ExpertOptions,
+    /// How routed experts are spread over the domains (results do not depend on it).
+    pub expert_placement: ExpertPlacement,
+    /// Copy every text tensor but the routed experts into huge-page memory, each domain's rows
+    /// of every matrix bound to its node (on real NUMA), before anything runs.
+    pub resident_trunk: bool,
+    /// Where a memory plan keeps BF16 matrices of the trunk resident, keep them packed
+    /// (`mxfp4_kernels::packed`: lossless, 12.25 bits per weight, so 1.3x as many fit; their
+    /// GEMVs run at about 0.8x the BF16 rate on two Zen 3 cores), and read the ones it streams
+    /// packed from the pack cache ([`Self::pack_cache`]). `--no-pack-trunk` clears it.
+    pub pack_trunk: bool,
+    /// Where the pack cache is kept (`--pack-cache DIR|off`): by default beside the checkpoint,
+    /// else where `PackCachePlace::Auto` says (k3-serve: `$XDG_CACHE_HOME/k3`).
+    pub pack_cache: PackCachePlace,
+    /// Read every weight once first: a NaN/Inf in a float tensor or a 0xFF E8M0 scale fails
+    /// the build, naming the tensors.
+    pub scan: bool,
+    /// Sequences decoded together at most (sizes the KV cache in the memory plan).
+    pub max_batch: usize,
+    /// Tokens a sequence may hold (sizes the KV cache in the memory plan).
+    pub ctx: usize,
+    /// The processes the engine's rows are split over (one, unless under `mpirun`).
+    pub ranks: Arc<Ranks>,
+    /// The memory the run may use, in bytes (`--memory-gb`; `None`: the smaller of the host's
+    /// available memory and the process's cgroup headroom, less [`safety_margin`]).
+    pub memory_bytes: Option<u64>,
+    /// Bytes of memory the binary's own prompt cache may hold (k3-serve's `--prompt-cache-gb`;
+    /// 0: none). The plan sets them aside before the weights take the rest, so the cache and
+    /// the weights together stay within the budget.
+    pub prompt_cache_bytes: u64,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            kernel_tier: None,
+            pool: PoolOptions::default(),
+            experts: ExpertOptions::default(),
+            expert_placement: ExpertPlacement::default(),
+            resident_trunk: false,
+            pack_trunk: true,
+            pack_cache: PackCachePlace::default(),
+            scan: false,
+            max_batch: 1,
+            ctx: 4096,
+            ranks: Arc::new(Ranks::single()),
+            memory_bytes: None,
+            prompt_cache_bytes: 0,
+        }
+    }
+}
+
+/// Where the build reports what it did: one line per step, and the preload's progress.
+/// A closure `FnMut(&str)` is a sink that takes the lines and ignores the progress.
+pub trait BuildSink {
+    /// One line saying what was done (no trailing newline).
+    fn line(&mut self, line: &str);
+    /// The expert preload's progress, as it goes.
+    fn preload_progress(&mut self, _progress: PreloadProgress) {}
+}
+
+impl<F: FnMut(&str)> BuildSink for F {
+    fn line(&mut self, line: &str) {
+        self(line)
+    }
+}
+
+/// Why an engine could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error("--scan: {0}")]
+    Scan(#[from] ScanError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Kernel(#[from] mxfp4_kernels::Error),
+    #[error("worker pool: {0}")]
+    Pool(#[from] numa_sched::Error),
+    #[error(transparent)]
+    Ranks(#[from] RanksError),
+    #[error(transparent)]
+    Experts(#[from] ExpertOptionsError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}

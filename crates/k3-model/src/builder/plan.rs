@@ -1,0 +1,177 @@
+//! The build's first phase: the checkpoint opened, validated and optionally scanned, the memory
+//! plan made against the budget (again with the pack cache's packed sizes where the plan
+//! streams BF16 matrices), the kernels chosen and the pool built.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use expert_store::Checkpoint;
+use expert_store::io::MemoryBudget;
+use expert_store::usage::UsageHistory;
+use mxfp4_kernels::Kernels;
+use numa_sched::Pool;
+
+use super::options::{BuildError, BuildSink, EngineOptions};
+use crate::budget::{MemoryPlan, RunShape};
+use crate::checkpoint::validate;
+use crate::config::K3Config;
+use crate::model::snapshot::file::checkpoint_identity;
+use crate::packcache::{Outcome, PackCache};
+use crate::plan::{Plan, WeightSizes};
+
+/// What the first phase leaves for the others.
+pub(super) struct Planned {
+    pub(super) checkpoint: Checkpoint,
+    pub(super) sizes: WeightSizes,
+    pub(super) plan: Plan,
+    pub(super) pack: Option<Arc<PackCache>>,
+    pub(super) kernels: Kernels,
+    pub(super) pool: Arc<Pool>,
+}
+
+/// Opens and checks the checkpoint in `dir` and plans the run within `budget` (less `margin`).
+pub(super) fn plan(
+    dir: &std::path::Path,
+    config: &K3Config,
+    options: &EngineOptions,
+    budget: Option<MemoryBudget>,
+    margin: u64,
+    sink: &mut dyn BuildSink,
+) -> Result<Planned, BuildError> {
+    // A limit the process runs under (--memory-gb, a cgroup's), not the host's free memory.
+    let limit = budget.as_ref().is_some_and(|b| b.limit);
+    let checkpoint = Checkpoint::open(dir)?;
+    validate(&checkpoint, config)?;
+    crate::shares::same_checkpoint(&checkpoint, config, &options.ranks)?;
+    if options.scan {
+        let started = Instant::now();
+        let report = expert_store::scan::require_finite(&checkpoint)?;
+        sink.line(&format!(
+            "--scan: {} tensors read, none holds NaN, Inf or a 0xFF scale ({:.1} s)",
+            report.tensors.len(),
+            started.elapsed().as_secs_f64()
+        ));
+    }
+    // Everything the run allocates against the memory it may use, before allocating it.
+    let run = RunShape {
+        resident_trunk: options.resident_trunk,
+        max_batch: options.max_batch,
+        ctx: options.ctx,
+    };
+    let flags = MemoryPlan {
+        prompt_cache: options.prompt_cache_bytes,
+        ..MemoryPlan::new(&checkpoint, config, &options.experts, run)?
+    };
+    let mut sizes = WeightSizes::new(&checkpoint, config)?;
+    if !options.pack_trunk {
+        sizes = sizes.unpacked();
+    }
+    // The decode rates an earlier run measured (kept with the usage counts): the streamed
+    // bytes a token's compute hides. A file that cannot be read only loses them.
+    let hidden = options
+        .experts
+        .usage_path(checkpoint.dir())
+        .and_then(|path| UsageHistory::load(&path).ok().flatten())
+        .and_then(|history| history.rates())
+        .map(|rates| rates.hidden_bytes());
+    let kernels = match options.kernel_tier {
+        Some(tier) => Kernels::new(tier)?,
+        None => Kernels::detect(),
+    };
+    let pool = Arc::new(options.pool.build_for(Arc::clone(&options.ranks))?);
+    let mut plan = Plan::new(
+        &sizes,
+        flags,
+        &options.experts,
+        run,
+        budget.clone(),
+        margin,
+        hidden,
+    )?;
+    // Under a limit that everything fits as stored, on a tier whose packed GEMV runs at
+    // the memory's rate: the whole trunk resident and packed, every expert cached, rather
+    // than the mapping (whose pages count against the limit and are the kernel's to
+    // evict). One domain and one rank: the mapping's per-domain placement and the ranks'
+    // shares are not planned here.
+    if limit
+        && plan.trunk.is_none()
+        && options.pack_trunk
+        && kernels.packed_at_memory_rate()
+        && pool.domains() == 1
+        && options.ranks.size() == 1
+        && let Some(resident) =
+            Plan::resident_everything(&sizes, flags, &options.experts, run, budget.clone(), margin)
+    {
+        plan = resident;
+    }
+    // Where the plan streams BF16 matrices, they are read packed from the pack cache
+    // (written on the first such run), and the plan is made again with their packed sizes.
+    let mut pack = None;
+    let streams_packable = plan.trunk.as_ref().is_some_and(|t| {
+        t.steps
+            .iter()
+            .flat_map(|s| &s.tensors)
+            .any(|t| t.pack_cols.is_some())
+    });
+    let dirs = options.pack_cache.dirs(checkpoint.dir());
+    if streams_packable && !dirs.is_empty() {
+        let identity = checkpoint_identity(&checkpoint, config);
+        let opened = PackCache::open_or_write(
+            &dirs,
+            identity,
+            &sizes.packable(),
+            &pool,
+            &pool.topology().domains[0].cpus,
+        );
+        // The plan again with the matrices' packed sizes (which may not fit a budget at
+        // the stored plan's minimum: the cache's exception blocks and indexes are held too).
+        let packed = opened.map_err(|errors| {
+            errors
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
+        });
+        let replanned = packed.and_then(|(cache, outcome)| {
+            let sizes = cache.sizes_with(sizes.clone());
+            match Plan::new(&sizes, flags, &options.experts, run, budget, margin, hidden) {
+                Ok(plan) => Ok((cache, outcome, sizes, plan)),
+                Err(e) => Err(format!("the plan with it: {e}")),
+            }
+        });
+        match replanned {
+            Ok((cache, outcome, packed_sizes, packed_plan)) => {
+                let (body, bf16) = cache.body_bytes();
+                sink.line(&format!(
+                    "pack cache: {} ({} of BF16 matrices packed in {}, {} held in memory){}; \
+                     the streamed matrices are read packed (--pack-cache off reads them as \
+                     stored)",
+                    cache.path().display(),
+                    crate::units::gb(bf16),
+                    crate::units::gb(body),
+                    crate::units::gb(cache.side_bytes()),
+                    match outcome {
+                        Outcome::Opened => String::new(),
+                        Outcome::Written { why, seconds } => {
+                            format!(", written in {seconds:.1} s ({why})")
+                        }
+                    }
+                ));
+                sizes = packed_sizes;
+                plan = packed_plan;
+                pack = Some(Arc::new(cache));
+            }
+            Err(why) => sink.line(&format!(
+                "pack cache: not used ({why}); the streamed matrices are read as stored"
+            )),
+        }
+    }
+    Ok(Planned {
+        checkpoint,
+        sizes,
+        plan,
+        pack,
+        kernels,
+        pool,
+    })
+}

@@ -1,0 +1,377 @@
+//! The builder on the `tiny` preset: plans, the packed trunk, the expert store, warming.
+
+use std::path::PathBuf;
+
+use expert_store::Checkpoint;
+use expert_store::io::MemoryBudget;
+use expert_store::usage::{DecodeRates, UsageHistory};
+use mxfp4_kernels::Kernels;
+
+use super::engine::Engine;
+use super::experts::take_overrun;
+use super::options::{BuildError, EngineOptions};
+use crate::config::K3Config;
+use crate::model::fingerprint;
+use crate::plan::{PlanError, WeightSizes};
+use crate::synth::{Preset, SynthOptions, generate};
+
+/// A fresh `tiny` checkpoint in its own directory (removed on drop) and its config.
+struct Tiny(PathBuf, K3Config);
+
+impl Tiny {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("k3-builder-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        generate(&dir, &SynthOptions::new(Preset::Tiny)).unwrap();
+        let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+        Self(dir, K3Config::from_json(&text).unwrap())
+    }
+
+    fn build(&self, options: &EngineOptions) -> (Engine, Vec<String>) {
+        let mut lines = Vec::new();
+        let engine =
+            Engine::build_within(&self.0, self.1.clone(), options, None, &mut |line: &str| {
+                lines.push(line.to_owned())
+            })
+            .unwrap();
+        (engine, lines)
+    }
+}
+
+impl Drop for Tiny {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The fingerprints of the logits after each of a few teacher-forced tokens.
+fn fingerprints(engine: &Engine) -> Vec<u64> {
+    let model = engine.model().unwrap();
+    let mut session = model.session();
+    let tokens = [5, 17, 42, 7, 300, 2];
+    model
+        .score(&mut session, &tokens, 1)
+        .unwrap()
+        .iter()
+        .map(|logits| fingerprint(logits))
+        .collect()
+}
+
+fn options(threads: usize) -> EngineOptions {
+    let mut options = EngineOptions::default();
+    options.pool.threads = Some(threads);
+    options.experts.usage_cache = false;
+    options
+}
+
+/// Bytes a packed trunk holds beyond its plan come out of the plan-sized expert cache, or
+/// the build is refused with the numbers.
+#[test]
+fn a_packed_trunk_over_its_plan_takes_from_the_expert_cache() {
+    assert_eq!(take_overrun(Some(500), 0, 1000).unwrap(), Some(500));
+    assert_eq!(take_overrun(None, 0, 1000).unwrap(), None);
+    assert_eq!(take_overrun(Some(500), 200, 1000).unwrap(), Some(300));
+    assert_eq!(take_overrun(Some(500), 500, 1000).unwrap(), Some(0));
+    for cache in [Some(499), None] {
+        let error = take_overrun(cache, 500, 1000).unwrap_err();
+        assert!(error.contains("--no-pack-trunk"), "{error}");
+    }
+}
+
+/// Under a budget that everything fits, the mapped weights are read in at startup (all but
+/// the embedding), and the logits are the unbudgeted run's; without a budget nothing is
+/// warmed.
+#[test]
+fn a_budget_that_everything_fits_warms_the_mapping() {
+    let tiny = Tiny::new("warm");
+    let (plain, lines) = tiny.build(&options(1));
+    assert!(!lines.iter().any(|l| l.starts_with("warmed")), "{lines:?}");
+    let expected = fingerprints(&plain);
+    drop(plain);
+    let budget = MemoryBudget {
+        bytes: 64 << 30,
+        source: "a test budget".into(),
+        limit: false,
+    };
+    let mut lines = Vec::new();
+    let engine = Engine::build_within(
+        &tiny.0,
+        tiny.1.clone(),
+        &options(1),
+        Some(budget),
+        &mut |line: &str| lines.push(line.to_owned()),
+    )
+    .unwrap();
+    assert!(engine.plan.trunk.is_none() && engine.store.is_none());
+    let warmed = lines
+        .iter()
+        .find(|l| l.starts_with("warmed the mapping: "))
+        .unwrap_or_else(|| panic!("{lines:?}"));
+    // The tiny checkpoint's decode weights: more than nothing, less than the whole file.
+    let gb: f64 = warmed["warmed the mapping: ".len()..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let file = engine.checkpoint.data_bytes() as f64 / 1e9;
+    assert!(gb > 0.0 && gb < file + 0.01, "{warmed} of {file} GB");
+    assert!(warmed.contains("read in and mapped"), "{warmed}");
+    assert_eq!(fingerprints(&engine), expected);
+}
+
+/// Under a limit that everything fits, a tier whose packed GEMV runs at the memory's rate
+/// (`avx512`) holds the whole trunk resident and packed and every expert cached, with the
+/// mapped run's logits; the other tiers read through the mapping as without a limit.
+#[test]
+fn a_limit_that_everything_fits_holds_the_trunk_packed() {
+    let tiny = Tiny::new("limit");
+    let limit = MemoryBudget {
+        bytes: 64 << 30,
+        source: "a test limit".into(),
+        limit: true,
+    };
+    for kernels in Kernels::available() {
+        let mut options = options(1);
+        options.kernel_tier = Some(kernels.tier());
+        let (plain, _) = tiny.build(&options);
+        let expected = fingerprints(&plain);
+        drop(plain);
+        let mut lines = Vec::new();
+        let engine = Engine::build_within_limit(
+            &tiny.0,
+            tiny.1.clone(),
+            &options,
+            limit.clone(),
+            &mut |line: &str| lines.push(line.to_owned()),
+        )
+        .unwrap();
+        if kernels.packed_at_memory_rate() {
+            let trunk = engine.plan.trunk.as_ref().expect("planned");
+            assert!(!trunk.streams(), "{lines:?}");
+            assert_eq!(engine.plan.expert_fraction, 1.0);
+            let packed = engine.resident.as_ref().expect("resident").packed_summary();
+            assert!(packed.pieces > 0, "{lines:?}");
+            assert!(
+                lines.iter().any(|l| l.starts_with("resident trunk: ")),
+                "{lines:?}"
+            );
+        } else {
+            assert!(engine.plan.trunk.is_none(), "{lines:?}");
+            assert!(engine.resident.is_none());
+        }
+        assert_eq!(fingerprints(&engine), expected, "{}", kernels.tier());
+    }
+}
+
+/// A resident trunk (bound per domain, two synthetic domains) and a preloaded expert store
+/// change where the weights live, never the logits' bits; the sink hears each step.
+#[test]
+fn residency_and_placement_keep_the_logits_bits() {
+    let tiny = Tiny::new("bits");
+    let (mapped, lines) = tiny.build(&options(1));
+    assert!(mapped.store.is_none() && mapped.plan.memory.resident_trunk == 0);
+    assert!(
+        lines.iter().any(|l| l.starts_with("memory plan: ")),
+        "{lines:?}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("1 compute threads")),
+        "{lines:?}"
+    );
+    assert!(
+        !lines.iter().any(|l| l.starts_with("resident trunk")),
+        "{lines:?}"
+    );
+    let expected = fingerprints(&mapped);
+    drop(mapped);
+
+    let mut resident = options(2);
+    resident.pool.fake_domains = Some(2);
+    resident.resident_trunk = true;
+    resident.experts.preload = true;
+    let (engine, lines) = tiny.build(&resident);
+    assert!(engine.plan.memory.resident_trunk > 0, "{:?}", engine.plan);
+    assert!(engine.store.is_some());
+    for start in ["resident trunk: ", "expert store: ", "preloaded "] {
+        assert!(
+            lines.iter().any(|l| l.starts_with(start)),
+            "{start} in {lines:?}"
+        );
+    }
+    assert_eq!(fingerprints(&engine), expected);
+    // The usage cache is off: nothing to save.
+    assert!(engine.save_usage().is_none());
+}
+
+/// A budget one byte below the plan's minimum is refused with the numbers and the
+/// budget's source; at the minimum the engine is built with the trunk streamed and the
+/// experts read on every use, and the logits keep their bits.
+#[test]
+fn a_budget_too_small_is_refused_with_numbers() {
+    let tiny = Tiny::new("budget");
+    let options = options(1);
+    let (mapped, _) = tiny.build(&options);
+    let expected = fingerprints(&mapped);
+    drop(mapped);
+    let budget = |bytes| {
+        Some(MemoryBudget {
+            bytes,
+            source: "a test budget".into(),
+            limit: false,
+        })
+    };
+    let build = |bytes, lines: &mut Vec<String>| {
+        Engine::build_within(
+            &tiny.0,
+            tiny.1.clone(),
+            &options,
+            budget(bytes),
+            &mut |line: &str| lines.push(line.to_owned()),
+        )
+    };
+    let error = build(1, &mut Vec::new()).unwrap_err();
+    let BuildError::Plan(PlanError::BelowMinimum { minimum, .. }) = &error else {
+        panic!("{error}")
+    };
+    let minimum = minimum.total();
+    let error = build(minimum - 1, &mut Vec::new()).unwrap_err();
+    let message = error.to_string();
+    assert!(message.contains("is below this run's minimum"), "{message}");
+    assert!(message.contains("a test budget"), "{message}");
+    let mut lines = Vec::new();
+    let engine = build(minimum, &mut lines).unwrap();
+    assert!(engine.plan.streams(), "{}", engine.plan.describe());
+    // At the stored plan's minimum the packed plan does not fit (the pack cache's exception
+    // blocks and indexes are held too): the matrices stream as stored, and the line says so.
+    assert!(engine.pack.is_none());
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("pack cache: not used (the plan with it: ")),
+        "{lines:?}"
+    );
+    assert_eq!(engine.plan.memory.total(), minimum);
+    let plan_line = lines.iter().find(|l| l.starts_with("memory plan: "));
+    assert!(
+        plan_line.is_some_and(|l| l.contains("predicted from disk")),
+        "{lines:?}"
+    );
+    // The streamed layers came from disk: every pass read the streamed trunk (the stream
+    // runs up to two layers ahead, so at least the passes made, at most two layers more).
+    let model = engine.model().unwrap();
+    let mut session = model.session();
+    let tokens = [5, 17, 42, 7, 300, 2];
+    let logits = model.score(&mut session, &tokens, 1).unwrap();
+    let got: Vec<u64> = logits.iter().map(|l| fingerprint(l)).collect();
+    assert_eq!(got, expected);
+    let streamed = engine.plan.trunk.as_ref().unwrap().streamed_read_bytes();
+    let read = model.streamed_trunk_bytes();
+    assert!(
+        read >= tokens.len() as u64 * streamed && read <= (tokens.len() as u64 + 1) * streamed,
+        "{read} bytes read for {} passes of {streamed}",
+        tokens.len()
+    );
+    drop(model);
+    drop(engine);
+    // Half the layers' trunk resident, the rest streamed, what is left to the expert
+    // cache (preloaded): the same bits.
+    let sizes = {
+        let ckpt = Checkpoint::open(&tiny.0).unwrap();
+        WeightSizes::new(&ckpt, &tiny.1).unwrap()
+    };
+    let layers: u64 = sizes
+        .layers
+        .iter()
+        .flatten()
+        .map(crate::plan::StoredTensor::resident_bytes)
+        .sum();
+    let mut lines = Vec::new();
+    let engine = build(minimum + layers / 2, &mut lines).unwrap();
+    // The streamed BF16 matrices are read packed from the pack cache, written beside the
+    // checkpoint on this first run that streams them.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("pack cache: ") && l.contains("read packed")),
+        "{lines:?}"
+    );
+    assert!(engine.pack.is_some());
+    let trunk = engine.plan.trunk.as_ref().unwrap();
+    assert!(trunk.streams() && !trunk.resident.is_empty(), "{trunk:?}");
+    assert!(engine.store.is_some());
+    // The resident share was read in within the planned size: its BF16 matrices packed
+    // (the plan gives them room for 2% of blocks kept as BF16; these need fewer).
+    let resident = engine.resident.as_ref().expect("a resident share");
+    assert!(resident.bytes() as u64 <= engine.plan.memory.resident_trunk);
+    assert!(resident.packed_summary().pieces > 0);
+    assert!(
+        lines.iter().any(|l| l.starts_with("resident trunk: ")),
+        "{lines:?}"
+    );
+    assert_eq!(fingerprints(&engine), expected);
+}
+
+/// With the store and the usage cache on, the counts go to the usage file at the path
+/// the options give.
+#[test]
+fn usage_is_saved_to_the_options_path() {
+    let tiny = Tiny::new("usage");
+    let mut options = options(1);
+    options.experts.usage_cache = true;
+    options.experts.cache_experts = Some(2);
+    let path = tiny.0.join("usage-here.json");
+    options.experts.usage_file = Some(path.clone());
+    let (engine, _) = tiny.build(&options);
+    fingerprints(&engine);
+    let (saved, outcome) = engine.save_usage().expect("a store with the usage cache");
+    assert_eq!(saved, path);
+    outcome.unwrap();
+    assert!(path.exists());
+    // Six one-token steps read experts: the rates of the five after the first are saved.
+    let rates = engine.decode_rates().expect("measured");
+    assert!(rates.read_mbps > 0 && rates.compute_us > 0, "{rates:?}");
+    let saved = UsageHistory::load(&path).unwrap().unwrap();
+    assert_eq!(saved.rates(), Some(rates));
+}
+
+/// A start whose usage file holds an earlier run's rates, under a budget that streams,
+/// plans the stream to what they hide, with the same logits.
+#[test]
+fn an_earlier_runs_rates_size_the_stream() {
+    let tiny = Tiny::new("rates");
+    let mut options = options(1);
+    let unplanned = fingerprints(&tiny.build(&options).0);
+    let path = tiny.0.join("usage-rates.json");
+    options.experts.usage_cache = true;
+    options.experts.usage_file = Some(path.clone());
+    let sizes = WeightSizes::new(&Checkpoint::open(&tiny.0).unwrap(), &tiny.1).unwrap();
+    // About half the trunk resident: the trunk-first plan streams the rest.
+    options.memory_bytes = Some(sizes.trunk_resident_bytes() / 2 + 2_000_000);
+    let first = Engine::build(&tiny.0, tiny.1.clone(), &options, &mut |_: &str| {}).unwrap();
+    assert_eq!(first.plan.hidden, None);
+    let streamed = first
+        .plan
+        .trunk
+        .as_ref()
+        .map_or(0, |t| t.streamed_read_bytes());
+    assert!(streamed > 0, "{}", first.plan.describe());
+    // Rates that hide more than that: 1 MB/s for as many microseconds as bytes.
+    let hidden = streamed + sizes.expert_total / 4;
+    let mut history = UsageHistory::default();
+    history.set_rates(DecodeRates {
+        read_mbps: 1,
+        compute_us: hidden,
+    });
+    history.save(&path).unwrap();
+    let second = Engine::build(&tiny.0, tiny.1.clone(), &options, &mut |_: &str| {}).unwrap();
+    assert_eq!(second.plan.hidden, Some(hidden));
+    assert!(
+        second.plan.memory.expert_cache > first.plan.memory.expert_cache,
+        "{} / {}",
+        first.plan.describe(),
+        second.plan.describe()
+    );
+    assert_eq!(fingerprints(&first), unplanned);
+    assert_eq!(fingerprints(&second), unplanned);
+}

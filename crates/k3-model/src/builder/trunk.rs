@@ -1,0 +1,100 @@
+//! The build's second phase: the trunk made resident, as the options ask (a copy of the whole
+//! trunk through the mapping, each domain's rows on its node) or as the plan places it (its
+//! share read with `O_DIRECT`, BF16 matrices packed).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::options::{BuildError, BuildSink, EngineOptions};
+use super::plan::Planned;
+use crate::checkpoint::trunk_tensor_names;
+use crate::config::K3Config;
+use crate::model::ResidentTrunk;
+
+/// The trunk resident where the options or the plan keep it, and the bytes a packed trunk
+/// holds beyond its plan (more wide blocks than it allowed for).
+pub(super) fn load_trunk(
+    planned: &mut Planned,
+    config: &K3Config,
+    options: &EngineOptions,
+    nodes: &[Option<usize>],
+    sink: &mut dyn BuildSink,
+) -> Result<(Option<Arc<ResidentTrunk>>, u64), BuildError> {
+    let Planned {
+        checkpoint,
+        sizes,
+        plan,
+        pack,
+        pool,
+        ..
+    } = planned;
+    // The flag's copy (the whole trunk, through the mapping, each domain's rows of every
+    // matrix on its node on real NUMA), or the plan's share of it (read with O_DIRECT).
+    let mut resident = None;
+    // Bytes the packed trunk holds beyond the plan (more wide blocks than it allowed for).
+    let mut overrun = 0;
+    if options.resident_trunk {
+        let keep = trunk_tensor_names(checkpoint, config);
+        let started = Instant::now();
+        let bytes = checkpoint.make_resident_placed(
+            |stored| keep.contains(stored),
+            |_, shape, bytes| {
+                if let [rows, _] = shape {
+                    numa_sched::memory::bind_row_split(bytes, *rows, nodes);
+                }
+            },
+        )?;
+        sink.line(&format!(
+            "resident trunk: {:.2} GB copied in {:.1} s",
+            bytes as f64 / 1e9,
+            started.elapsed().as_secs_f64()
+        ));
+    } else if let Some(trunk) = plan
+        .trunk
+        .as_ref()
+        .filter(|t| !t.resident.is_empty() || !t.resident_rows.is_empty())
+    {
+        let started = Instant::now();
+        let loaded = ResidentTrunk::load(
+            checkpoint,
+            &trunk.resident,
+            &trunk.resident_rows,
+            &sizes.packed_cols(),
+            pack.as_deref(),
+            pool,
+            &pool.topology().domains[0].cpus,
+        )?;
+        let packed = loaded.packed_summary();
+        sink.line(&format!(
+            "resident trunk: {:.2} GB read with O_DIRECT in {:.1} s{}",
+            loaded.bytes() as f64 / 1e9,
+            started.elapsed().as_secs_f64(),
+            match packed.pieces {
+                0 => String::new(),
+                n => format!(
+                    "; {n} BF16 matrices (or leading rows) packed{}: {:.2} GB of BF16 in {:.2} \
+                     GB ({} blocks kept as BF16; --no-pack-trunk keeps every matrix as stored)",
+                    match packed.cached {
+                        0 => String::new(),
+                        c => format!(" ({c} read from the pack cache)"),
+                    },
+                    packed.bf16_bytes as f64 / 1e9,
+                    packed.packed_bytes as f64 / 1e9,
+                    packed.exceptions,
+                ),
+            }
+        ));
+        overrun = (loaded.bytes() as u64).saturating_sub(plan.memory.resident_trunk);
+        if overrun > 0 {
+            sink.line(&format!(
+                "the packed trunk holds {} more than planned ({} wide blocks kept as BF16, \
+                 over the {} per 10,000 planned for); the expert cache gives it up",
+                crate::units::gb(overrun),
+                packed.exceptions,
+                crate::plan::PACKED_EXCEPTIONS_PER_10K,
+            ));
+        }
+        resident = Some(Arc::new(loaded));
+    }
+    Ok((resident, overrun))
+}

@@ -1,0 +1,305 @@
+//! The trunk tensors a plan keeps resident, read once with `O_DIRECT` and packed where the plan
+//! packs them.
+
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
+
+use expert_store::Checkpoint;
+use expert_store::io::{AlignedBuf, ShardReader, read_pieces};
+use mxfp4_kernels::PackedBf16Matrix;
+use numa_sched::Pool;
+
+use crate::io::chunks::{pack_on, read_chunks, reader};
+use crate::io::error::checkpoint_io;
+use crate::model::error::{ModelError, Result};
+use crate::packcache::PackCache;
+use crate::plan::StoredTensor;
+
+/// The trunk tensors the plan keeps resident, read once with `O_DIRECT` (no copy of them
+/// stays in the page cache), shared by every model built over the engine: BF16 matrices the
+/// plan packs (`StoredTensor::pack_cols`) in their packed form (`mxfp4_kernels::packed`,
+/// lossless), the rest as stored in one buffer.
+#[derive(Debug)]
+pub struct ResidentTrunk {
+    pub(super) buffer: AlignedBuf,
+    /// `(address of the tensor in the mapping, its length, its offset in the buffer)`, by
+    /// address.
+    pub(super) tensors: Vec<(usize, usize, usize)>,
+    /// The packed matrices' bodies, back to back.
+    pub(super) bodies: AlignedBuf,
+    /// The packed matrices (or leading row blocks), by address.
+    pub(super) packed: Vec<PackedPiece>,
+}
+
+/// A resident BF16 matrix (or row block) in packed form.
+#[derive(Debug)]
+pub(super) struct PackedPiece {
+    /// Address and length of its BF16 bytes in the mapping.
+    pub(super) address: usize,
+    pub(super) len: usize,
+    /// Where its body starts in `ResidentTrunk::bodies`.
+    pub(super) body_at: usize,
+    pub(super) cols: usize,
+    pub(super) exceptions: Vec<u8>,
+    pub(super) row_exceptions: Vec<u32>,
+    /// Read packed from the pack cache (else packed at load).
+    pub(super) cached: bool,
+}
+
+/// The packed part of a [`ResidentTrunk`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackedSummary {
+    /// Matrices (or leading row blocks) held packed.
+    pub pieces: usize,
+    /// Of them, those read packed from the pack cache.
+    pub cached: usize,
+    /// Their blocks kept as BF16 (exponents too far apart for the codes).
+    pub exceptions: usize,
+    /// The BF16 bytes they stand for.
+    pub bf16_bytes: usize,
+    /// Bytes they take: bodies, exception blocks, row indexes.
+    pub packed_bytes: usize,
+}
+
+/// BF16 rows read at a time for packing: the staging buffer's size.
+pub(super) const PACK_STAGING: usize = 32 << 20;
+
+impl ResidentTrunk {
+    /// Reads the tensors of `ckpt` whose stored names are `names`, and the row blocks `rows`
+    /// (a [`TrunkPlan`]'s `resident` and `resident_rows`), in file order: those named in
+    /// `packed` (stored name to columns) a few MB at a time, packed as they land; the others
+    /// each from a 4 KiB boundary of one new buffer.
+    ///
+    /// Packing runs on `pool`'s workers, the reads on an I/O thread on `io_cpus`, a chunk
+    /// ahead. The packed matrices `cache` holds are read packed from it instead (0.77x the
+    /// bytes, nothing to pack), with its exception blocks and row index.
+    pub fn load(
+        ckpt: &Checkpoint,
+        names: &HashSet<String>,
+        rows: &[StoredTensor],
+        packed: &HashMap<String, usize>,
+        cache: Option<&PackCache>,
+        pool: &Pool,
+        io_cpus: &[usize],
+    ) -> Result<Self> {
+        // (file, offset in it, address in the mapping, length, columns if packed, stored
+        // name, offset in the tensor) of each.
+        let mut found = Vec::with_capacity(names.len() + rows.len());
+        for name in names {
+            let t = ckpt.require(name)?;
+            let cols = packed.get(name).copied();
+            found.push((
+                t.path,
+                t.offset,
+                t.bytes.as_ptr() as usize,
+                t.bytes.len(),
+                cols,
+                t.name,
+                0,
+            ));
+        }
+        for block in rows {
+            // A row block is a range of its tensor's bytes.
+            let t = ckpt.require(&block.name)?;
+            let within = block
+                .offset
+                .checked_sub(t.offset)
+                .filter(|&w| w + block.bytes as usize <= t.bytes.len());
+            let Some(within) = within else {
+                return Err(ModelError::Plan(format!(
+                    "the resident rows of {} (bytes {}..{}) lie outside it (bytes {}..{})",
+                    block.name,
+                    block.offset,
+                    block.offset + block.bytes as usize,
+                    t.offset,
+                    t.offset + t.bytes.len()
+                )));
+            };
+            found.push((
+                t.path,
+                block.offset,
+                t.bytes.as_ptr() as usize + within,
+                block.bytes as usize,
+                packed.get(&block.name).copied(),
+                t.name,
+                within,
+            ));
+        }
+        found.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        let (to_pack, plain): (Vec<_>, Vec<_>) = found.into_iter().partition(|f| f.4.is_some());
+        let mut readers = Vec::new();
+        let mut pieces = Vec::with_capacity(plain.len());
+        for &(path, offset, _, len, ..) in &plain {
+            pieces.push((reader(&mut readers, path)?, offset..offset + len));
+        }
+        let borrowed: Vec<(&ShardReader, Range<usize>)> = pieces
+            .iter()
+            .map(|(r, range)| (&**r, range.clone()))
+            .collect();
+        let (buffer, starts) =
+            read_pieces(&borrowed, None, |_, _| {}).map_err(|e| checkpoint_io(e.path, e.source))?;
+        let mut tensors: Vec<(usize, usize, usize)> = plain
+            .iter()
+            .zip(&starts)
+            .map(|(&(_, _, address, len, ..), &at)| (address, len, at))
+            .collect();
+        tensors.sort_unstable();
+        // The packed ones: whole rows a staging buffer at a time, packed into their body.
+        let body_bytes = |len: usize, cols: usize| {
+            mxfp4_kernels::packed::packed_body_bytes(len / (2 * cols), cols)
+        };
+        let mut packed = Vec::with_capacity(to_pack.len());
+        // Per piece: its shard, offset and row bytes; then every piece's chunks of whole rows.
+        let mut sources = Vec::with_capacity(to_pack.len());
+        let mut chunks = Vec::new();
+        let mut at = 0;
+        for &(path, offset, address, len, cols, name, within) in &to_pack {
+            let cols = cols.expect("partitioned on it");
+            let row = 2 * cols;
+            if !len.is_multiple_of(row) || !within.is_multiple_of(row) {
+                return Err(ModelError::Plan(format!(
+                    "packed resident bytes {offset}..{} of {} are not whole rows of {cols} BF16 values",
+                    offset + len,
+                    path.display()
+                )));
+            }
+            let (rows, first_row) = (len / row, within / row);
+            let packed_row = body_bytes(row, cols);
+            let held = cache.and_then(|c| {
+                let t = c.at(c.position(name)?);
+                (t.cols == cols && first_row + rows <= t.rows).then_some((c, t))
+            });
+            let (unit, exceptions, row_exceptions) = match held {
+                Some((c, t)) => {
+                    sources.push((
+                        reader(&mut readers, c.path())?,
+                        t.body + first_row * packed_row,
+                        packed_row,
+                    ));
+                    // Those rows' exception blocks and index, counted from their first.
+                    let index = &t.row_exceptions[first_row..=first_row + rows];
+                    let bytes = mxfp4_kernels::packed::EXCEPTION_BYTES;
+                    (
+                        packed_row,
+                        t.exceptions[index[0] as usize * bytes..index[rows] as usize * bytes]
+                            .to_vec(),
+                        index.iter().map(|&i| i - index[0]).collect(),
+                    )
+                }
+                None => {
+                    sources.push((reader(&mut readers, path)?, offset, row));
+                    (row, Vec::new(), Vec::with_capacity(rows + 1))
+                }
+            };
+            let step = (PACK_STAGING / unit).max(1);
+            for first in (0..rows).step_by(step) {
+                chunks.push((packed.len(), first, (first + step).min(rows)));
+            }
+            packed.push(PackedPiece {
+                address,
+                len,
+                body_at: at,
+                cols,
+                exceptions,
+                row_exceptions,
+                cached: held.is_some(),
+            });
+            at += body_bytes(len, cols);
+        }
+        let mut bodies = AlignedBuf::zeroed(at);
+        read_chunks(sources, &chunks, io_cpus, |piece, first, last, bytes| {
+            let p = &mut packed[piece];
+            let packed_row = body_bytes(2 * p.cols, p.cols);
+            let body = &mut bodies[p.body_at + first * packed_row..p.body_at + last * packed_row];
+            if p.cached {
+                body.copy_from_slice(bytes);
+                return Ok(());
+            }
+            pack_on(
+                pool,
+                bytes,
+                p.cols,
+                body,
+                &mut p.exceptions,
+                &mut p.row_exceptions,
+            )
+        })?;
+        for p in packed.iter_mut().filter(|p| !p.cached) {
+            let count = p.exceptions.len() / mxfp4_kernels::packed::EXCEPTION_BYTES;
+            p.row_exceptions
+                .push(u32::try_from(count).expect("under 2^32 exception blocks"));
+            p.exceptions.shrink_to_fit();
+        }
+        packed.sort_unstable_by_key(|p| p.address);
+        Ok(Self {
+            buffer,
+            tensors,
+            bodies,
+            packed,
+        })
+    }
+
+    /// Bytes held: the buffer, the packed bodies, their exception blocks and row indexes.
+    pub fn bytes(&self) -> usize {
+        self.buffer.len() + self.packed_summary().packed_bytes
+    }
+
+    /// What is held packed.
+    pub fn packed_summary(&self) -> PackedSummary {
+        PackedSummary {
+            pieces: self.packed.len(),
+            cached: self.packed.iter().filter(|p| p.cached).count(),
+            exceptions: self
+                .packed
+                .iter()
+                .map(|p| p.exceptions.len() / mxfp4_kernels::packed::EXCEPTION_BYTES)
+                .sum(),
+            bf16_bytes: self.packed.iter().map(|p| p.len).sum(),
+            packed_bytes: self.bodies.len()
+                + self
+                    .packed
+                    .iter()
+                    .map(|p| p.exceptions.len() + 4 * p.row_exceptions.len())
+                    .sum::<usize>(),
+        }
+    }
+
+    /// Where `bytes` (a loaded view's) are in the buffer, if they are resident as stored.
+    pub(super) fn find(&self, bytes: &[u8]) -> Option<&[u8]> {
+        let at = bytes.as_ptr() as usize;
+        let i = self.tensors.partition_point(|&(start, _, _)| start <= at);
+        let &(start, len, offset) = self.tensors.get(i.checked_sub(1)?)?;
+        (at + bytes.len() <= start + len).then(|| {
+            let from = offset + (at - start);
+            &self.buffer[from..from + bytes.len()]
+        })
+    }
+
+    /// The packed form of `bytes` (a loaded BF16 view's whole rows), if they are resident
+    /// packed.
+    pub(super) fn find_packed(&self, bytes: &[u8]) -> Option<PackedBf16Matrix<'_>> {
+        let at = bytes.as_ptr() as usize;
+        let i = self.packed.partition_point(|p| p.address <= at);
+        let p = self.packed.get(i.checked_sub(1)?)?;
+        let (row, within) = (2 * p.cols, at - p.address);
+        if bytes.is_empty()
+            || at + bytes.len() > p.address + p.len
+            || !within.is_multiple_of(row)
+            || !bytes.len().is_multiple_of(row)
+        {
+            return None;
+        }
+        // Only those rows: the view checks the index of the rows it covers.
+        let rows = within / row..(within + bytes.len()) / row;
+        let packed_row = mxfp4_kernels::packed::packed_body_bytes(1, p.cols);
+        let at = p.body_at + rows.start * packed_row;
+        PackedBf16Matrix::new(
+            &self.bodies[at..at + rows.len() * packed_row],
+            &p.exceptions,
+            &p.row_exceptions[rows.start..=rows.end],
+            rows.len(),
+            p.cols,
+        )
+        .ok()
+    }
+}

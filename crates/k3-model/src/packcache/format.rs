@@ -1,0 +1,175 @@
+//! The pack cache file's format: its magic and version, the layout of the bodies, the manifest
+//! written and parsed, and the source files it was packed from.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use expert_store::io::IO_ALIGN;
+use mxfp4_kernels::packed::{EXCEPTION_BYTES, packed_body_bytes};
+
+use crate::io::checksum::Checksum;
+use crate::plan::StoredTensor;
+
+use super::types::{PackCacheError, PackedTensor, io};
+
+/// The file's first bytes.
+pub(super) const MAGIC: &[u8; 8] = b"K3PACKED";
+/// Bumped whenever the layout of the file or of a packed block changes.
+pub const PACK_CACHE_VERSION: u32 = 1;
+
+/// A source file as the manifest records it: its name in the checkpoint directory, size and
+/// modification time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Source {
+    pub(super) name: String,
+    pub(super) size: u64,
+    pub(super) mtime: (i64, i64),
+}
+
+impl Source {
+    /// The distinct source files of `want` (each stated once, in first use), and per matrix
+    /// the index of its own.
+    pub(super) fn of_all(
+        want: &[&StoredTensor],
+    ) -> Result<(Vec<Self>, Vec<usize>), PackCacheError> {
+        let mut paths: Vec<&Path> = Vec::new();
+        let mut sources = Vec::new();
+        let mut source_of = Vec::with_capacity(want.len());
+        for t in want {
+            let i = match paths.iter().position(|&p| p == t.path) {
+                Some(i) => i,
+                None => {
+                    sources.push(Self::of(&t.path)?);
+                    paths.push(&t.path);
+                    paths.len() - 1
+                }
+            };
+            source_of.push(i);
+        }
+        Ok((sources, source_of))
+    }
+
+    pub(super) fn of(path: &Path) -> Result<Self, PackCacheError> {
+        let meta = std::fs::metadata(path).map_err(io(path))?;
+        Ok(Self {
+            name: path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            size: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+        })
+    }
+}
+
+/// The body offsets of `want` laid out from the header page, each at a 4 KiB boundary, and
+/// the end of the last.
+pub(super) fn layout(want: &[&StoredTensor]) -> (Vec<usize>, usize) {
+    let mut at = IO_ALIGN;
+    let mut bodies = Vec::with_capacity(want.len());
+    for t in want {
+        bodies.push(at);
+        let cols = t.pack_cols.expect("only packable matrices are cached");
+        at += packed_body_bytes(t.rows, cols).next_multiple_of(IO_ALIGN);
+    }
+    (bodies, at)
+}
+
+pub(super) fn checksum(bytes: &[u8]) -> u64 {
+    let mut sum = Checksum::new();
+    sum.update(bytes);
+    sum.finish()
+}
+
+pub(super) fn put_u32(v: &mut Vec<u8>, x: u32) {
+    v.extend_from_slice(&x.to_le_bytes());
+}
+
+pub(super) fn put_u64(v: &mut Vec<u8>, x: u64) {
+    v.extend_from_slice(&x.to_le_bytes());
+}
+
+pub(super) fn put_str(v: &mut Vec<u8>, s: &str) {
+    put_u32(v, s.len() as u32);
+    v.extend_from_slice(s.as_bytes());
+}
+
+/// Little-endian fields off the front of a byte slice; `None` past its end.
+pub(super) struct Reader<'b>(pub(super) &'b [u8]);
+
+impl<'b> Reader<'b> {
+    pub(super) fn take(&mut self, n: usize) -> Option<&'b [u8]> {
+        let (head, rest) = self.0.split_at_checked(n)?;
+        self.0 = rest;
+        Some(head)
+    }
+
+    pub(super) fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+
+    pub(super) fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+
+    pub(super) fn usize(&mut self) -> Option<usize> {
+        usize::try_from(self.u64()?).ok()
+    }
+
+    pub(super) fn string(&mut self) -> Option<String> {
+        let n = self.u32()? as usize;
+        String::from_utf8(self.take(n)?.to_vec()).ok()
+    }
+}
+
+/// The manifest's sources and matrices (each with its source index and offset in it).
+#[allow(clippy::type_complexity)]
+pub(super) fn parse(manifest: &[u8]) -> Option<(Vec<Source>, Vec<(PackedTensor, usize, usize)>)> {
+    let mut r = Reader(manifest);
+    let n = r.u32()? as usize;
+    let mut sources = Vec::with_capacity(n.min(1 << 16));
+    for _ in 0..n {
+        sources.push(Source {
+            name: r.string()?,
+            size: r.u64()?,
+            mtime: (r.u64()? as i64, r.u64()? as i64),
+        });
+    }
+    let n = r.u32()? as usize;
+    let mut tensors = Vec::with_capacity(n.min(1 << 16));
+    for _ in 0..n {
+        let name = r.string()?;
+        let source = r.u32()? as usize;
+        let offset = r.usize()?;
+        let rows = r.usize()?;
+        let cols = r.usize()?;
+        let body = r.usize()?;
+        let blocks = r.usize()?;
+        let exceptions = r.take(blocks.checked_mul(EXCEPTION_BYTES)?)?.to_vec();
+        let index = r.take(rows.checked_add(1)?.checked_mul(4)?)?;
+        let row_exceptions: Vec<u32> = index
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect();
+        // The index must be monotone and end at the block count (the views check it too).
+        if row_exceptions.windows(2).any(|w| w[0] > w[1])
+            || row_exceptions.last().map(|&l| l as usize) != Some(blocks)
+            || source >= sources.len()
+        {
+            return None;
+        }
+        tensors.push((
+            PackedTensor {
+                name,
+                rows,
+                cols,
+                body,
+                exceptions,
+                row_exceptions,
+            },
+            source,
+            offset,
+        ));
+    }
+    r.0.is_empty().then_some((sources, tensors))
+}

@@ -1,0 +1,173 @@
+//! A pack cache file opened and checked against the checkpoint, or written where there is none
+//! that matches; lookups of the matrices it holds.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use expert_store::io::{drop_page_cache, read_full};
+use mxfp4_kernels::packed::packed_body_bytes;
+use numa_sched::Pool;
+
+use crate::plan::{HeldPacked, StoredTensor, WeightSizes};
+
+use super::format::{MAGIC, PACK_CACHE_VERSION, Reader, Source, checksum, layout, parse};
+use super::place::{Outcome, file_name};
+use super::types::{PackCache, PackCacheError, PackedTensor, io};
+
+impl PackCache {
+    /// The matrix named `name` (as stored), if the cache holds it.
+    pub fn get(&self, name: &str) -> Option<&PackedTensor> {
+        self.position(name).map(|i| self.at(i))
+    }
+
+    /// The index of the matrix named `name`, if the cache holds it ([`Self::at`]).
+    pub fn position(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+
+    /// The matrix at index `i` (of [`Self::position`]).
+    pub fn at(&self, i: usize) -> &PackedTensor {
+        &self.tensors[i]
+    }
+
+    /// The cache file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `sizes` with the matrices this cache holds read from it where streamed, and its side
+    /// bytes counted ([`WeightSizes::with_packed`]).
+    pub fn sizes_with(&self, sizes: WeightSizes) -> WeightSizes {
+        sizes.with_packed(self.path(), self.side_bytes(), |name| {
+            self.get(name).map(|t| HeldPacked {
+                rows: t.rows,
+                cols: t.cols,
+                body: t.body,
+            })
+        })
+    }
+
+    /// Bytes held in memory: every matrix's exception blocks and row index.
+    pub fn side_bytes(&self) -> u64 {
+        self.tensors.iter().map(PackedTensor::side_bytes).sum()
+    }
+
+    /// Bytes of the packed bodies on disk, and the BF16 bytes they stand for.
+    pub fn body_bytes(&self) -> (u64, u64) {
+        self.tensors.iter().fold((0, 0), |(p, b), t| {
+            (
+                p + packed_body_bytes(t.rows, t.cols) as u64,
+                b + (2 * t.rows * t.cols) as u64,
+            )
+        })
+    }
+
+    /// The cache of `want` (a [`crate::plan::WeightSizes::packable`] list of a checkpoint
+    /// whose identity is `identity`) in the first of `dirs` that has a matching one or takes a new
+    /// one; packing runs on `pool`, the reads on an I/O thread on `io_cpus`. The error of each
+    /// directory tried where none works.
+    pub fn open_or_write(
+        dirs: &[PathBuf],
+        identity: u64,
+        want: &[&StoredTensor],
+        pool: &Pool,
+        io_cpus: &[usize],
+    ) -> Result<(Self, Outcome), Vec<PackCacheError>> {
+        let mut stale = Vec::new();
+        for dir in dirs {
+            let path = dir.join(file_name(identity));
+            match Self::open(&path, identity, want) {
+                Ok(Ok(cache)) => return Ok((cache, Outcome::Opened)),
+                Ok(Err(why)) => stale.push((path, why)),
+                Err(e) => stale.push((path, e.to_string())),
+            }
+        }
+        let mut errors = Vec::new();
+        for (path, why) in stale {
+            let started = std::time::Instant::now();
+            match Self::write(&path, identity, want, pool, io_cpus) {
+                Ok(cache) => {
+                    let seconds = started.elapsed().as_secs_f64();
+                    return Ok((cache, Outcome::Written { why, seconds }));
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        Err(errors)
+    }
+
+    /// The cache at `path` if it holds `want` for `identity` as the sources now are;
+    /// `Ok(Err(why))` where there is none or it is stale.
+    pub fn open(
+        path: &Path,
+        identity: u64,
+        want: &[&StoredTensor],
+    ) -> Result<Result<Self, String>, PackCacheError> {
+        let file = match File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Err("none was there".into()));
+            }
+            Err(e) => return Err(io(path)(e)),
+        };
+        let mut header = [0u8; 64];
+        let got = read_full(&file, &mut header, 0).map_err(io(path))?;
+        let mut r = Reader(&header[..got]);
+        if r.take(8) != Some(MAGIC) {
+            return Ok(Err("it is not a pack cache".into()));
+        }
+        let version = r.u32();
+        if version != Some(PACK_CACHE_VERSION) {
+            return Ok(Err(format!(
+                "it is version {version:?}, this build writes {PACK_CACHE_VERSION}"
+            )));
+        }
+        if r.u64() != Some(identity) {
+            return Ok(Err("it is of another checkpoint".into()));
+        }
+        let (Some(at), Some(len), Some(sum)) = (r.u64(), r.u64(), r.u64()) else {
+            return Ok(Err("its header is cut short".into()));
+        };
+        let mut manifest = vec![0u8; len as usize];
+        let got = read_full(&file, &mut manifest, at as usize).map_err(io(path))?;
+        let _ = drop_page_cache(&file, 0, 0);
+        if got as u64 != len || checksum(&manifest) != sum {
+            return Ok(Err("its manifest is damaged".into()));
+        }
+        let Some((sources, tensors)) = parse(&manifest) else {
+            return Ok(Err("its manifest is damaged".into()));
+        };
+        // Every wanted matrix there, from the same file and place, its source unchanged.
+        let (bodies, _) = layout(want);
+        let by_name: HashMap<String, usize> = tensors
+            .iter()
+            .enumerate()
+            .map(|(i, (t, _, _))| (t.name.clone(), i))
+            .collect();
+        let (now, now_of) = Source::of_all(want)?;
+        for ((w, &body), &own) in want.iter().zip(&bodies).zip(&now_of) {
+            let Some(&(ref t, source, offset)) = by_name.get(&w.name).map(|&i| &tensors[i]) else {
+                return Ok(Err(format!("it does not hold {}", w.name)));
+            };
+            let now = &now[own];
+            if Some(now) != sources.get(source)
+                || offset != w.offset
+                || Some(t.cols) != w.pack_cols
+                || t.rows != w.rows
+                || t.body != body
+            {
+                return Ok(Err(format!(
+                    "{} or its file ({}) changed since it was written",
+                    w.name, now.name
+                )));
+            }
+        }
+        let tensors: Vec<PackedTensor> = tensors.into_iter().map(|(t, _, _)| t).collect();
+        Ok(Ok(Self {
+            path: path.to_owned(),
+            by_name,
+            tensors,
+        }))
+    }
+}

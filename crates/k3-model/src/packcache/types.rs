@@ -1,0 +1,77 @@
+//! The pack cache's types: a cache file opened, the matrices it holds, what can go wrong.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use crate::io::error::IoError;
+
+/// One matrix the cache holds.
+#[derive(Debug)]
+pub struct PackedTensor {
+    pub name: String,
+    pub rows: usize,
+    pub cols: usize,
+    /// Where its body starts in the file (rows of `packed_body_bytes(1, cols)` bytes).
+    pub body: usize,
+    /// Its exception blocks (BF16, [`EXCEPTION_BYTES`] each), and per row the index of its
+    /// first one (`rows + 1` entries).
+    pub exceptions: Vec<u8>,
+    pub row_exceptions: Vec<u32>,
+}
+
+impl PackedTensor {
+    /// Bytes held in memory for it: exception blocks and row index.
+    pub(super) fn side_bytes(&self) -> u64 {
+        (self.exceptions.len() + 4 * self.row_exceptions.len()) as u64
+    }
+}
+
+/// An opened pack cache.
+#[derive(Debug)]
+pub struct PackCache {
+    pub(super) path: PathBuf,
+    pub(super) tensors: Vec<PackedTensor>,
+    pub(super) by_name: HashMap<String, usize>,
+}
+
+/// Why a cache could not be opened or written.
+#[derive(Debug, thiserror::Error)]
+pub enum PackCacheError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{}: {} free, the pack cache needs {}",
+        dir.display(),
+        crate::units::gb(*free),
+        crate::units::gb(*needed)
+    )]
+    Space {
+        dir: PathBuf,
+        free: u64,
+        needed: u64,
+    },
+    /// Reading the checkpoint's rows, or packing them on the pool, failed.
+    #[error(transparent)]
+    Checkpoint(#[from] expert_store::CheckpointError),
+    #[error("worker pool: {0}")]
+    Pool(String),
+}
+
+impl From<IoError> for PackCacheError {
+    fn from(e: IoError) -> Self {
+        match e {
+            IoError::Checkpoint(e) => PackCacheError::Checkpoint(e),
+            IoError::Pool(why) => PackCacheError::Pool(why),
+        }
+    }
+}
+
+pub(super) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PackCacheError + '_ {
+    move |source| PackCacheError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
