@@ -8,7 +8,8 @@ use std::path::PathBuf;
 
 use safetensors::Dtype;
 
-use crate::checkpoint::{Checkpoint, TensorRef};
+use crate::checkpoint::open::Checkpoint;
+use crate::checkpoint::storage::TensorRef;
 
 /// What the scan found in one tensor.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,7 +9,8 @@ use std::path::Path;
 
 use safetensors::Dtype;
 
-use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::checkpoint::error::CheckpointError;
+use crate::checkpoint::open::Checkpoint;
 
 /// One tensor to write.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use super::{Checkpoint, CheckpointError, Entry, Result};
+use super::error::{CheckpointError, Result};
+use super::open::Checkpoint;
+use super::storage::Entry;
 use crate::layout::ExpertLayout;
 
 /// Where a routed expert's tensors (its layout's matrices, each packed codes then scales) lie.

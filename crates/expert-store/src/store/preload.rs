@@ -3,7 +3,8 @@
 use std::time::{Duration, Instant};
 
 use super::config::{Capacity, Result};
-use super::{ExpertStore, Shared};
+use super::open::ExpertStore;
+use super::shared::Shared;
 
 /// Progress of [`ExpertStore::preload`], reported after each expert lands.
 #[derive(Debug, Clone, Copy)]

@@ -3,7 +3,8 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{ExpertStore, Shared};
+use super::open::ExpertStore;
+use super::shared::Shared;
 use crate::usage::UsageHistory;
 
 /// Totals since the store opened (or since [`ExpertStore::reset_stats`]).
@@ -47,12 +48,6 @@ impl StoreStats {
             self.hits as f64 / uses as f64
         }
     }
-}
-
-pub(super) struct Busy {
-    pub(super) in_flight: usize,
-    pub(super) since: Instant,
-    pub(super) total: Duration,
 }
 
 impl ExpertStore {
