@@ -84,6 +84,10 @@ pub enum StoreError {
     },
     #[error("the expert store needs at least one I/O thread")]
     NoIoThreads,
+    #[error(
+        "the expert store's experts are {layout}, not the {expected} MXFP4 matrices its consumer computes"
+    )]
+    Matrices { layout: String, expected: usize },
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;

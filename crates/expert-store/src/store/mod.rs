@@ -43,6 +43,7 @@ mod placement;
 pub(crate) mod preload;
 pub(crate) mod request;
 mod shared;
+mod source;
 pub(crate) mod stats;
 
 pub use buffer::{Expert, buffer_bytes, io_buffers, request_buffers};

@@ -20,6 +20,7 @@
 use std::sync::Arc;
 
 use expert_store::checkpoint::CheckpointError;
+use expert_store::source::{ExpertSource, MxFp4Matrices};
 use expert_store::{Checkpoint, ExpertStore, StoreError};
 use mxfp4_kernels::{Kernels, MAX_TOKENS, Situ, WeightMatrix};
 use numa_sched::Pool;
@@ -75,7 +76,6 @@ mod weights;
 mod wide;
 
 pub use snapshot::{Snapshot, SnapshotError, state_bytes};
-pub use source::{ExpertBatch, ExpertHooks, ExpertSource, StoreExperts};
 pub use trunk::{PackedSummary, ResidentTrunk};
 pub(crate) use trunk::{
     pack_on as trunk_pack_on, read_chunks as trunk_read_chunks, reader as trunk_reader,
@@ -101,7 +101,7 @@ pub struct Model<'a> {
     trunk: Option<trunk::TrunkStream>,
     /// Where routed experts come from (the checkpoint's mapping, an expert store, ...): one
     /// indirect call per MoE layer and batch of experts (see [`source`]).
-    experts: Box<dyn ExpertSource + 'a>,
+    experts: Box<dyn ExpertSource<MxFp4Matrices<3>, ModelError> + 'a>,
     expert_placement: ExpertPlacement,
     /// Wall time by bucket, when asked for ([`Model::with_profile`]).
     profile: Option<Arc<Profile>>,
@@ -210,7 +210,7 @@ impl<'a> Model<'a> {
                 config: layout.to_string(),
             });
         }
-        Self::with_expert_source(ckpt, config, kernels, Box::new(StoreExperts(store)))
+        Self::with_expert_source(ckpt, config, kernels, Box::new(store))
     }
 
     /// Builds the model with its routed experts supplied by `experts`, which must hold the
@@ -220,7 +220,7 @@ impl<'a> Model<'a> {
         ckpt: &'a Checkpoint,
         config: &K3Config,
         kernels: Kernels,
-        experts: Box<dyn ExpertSource + 'a>,
+        experts: Box<dyn ExpertSource<MxFp4Matrices<3>, ModelError> + 'a>,
     ) -> Result<Self> {
         Self::load(ckpt, config, kernels, Some(experts))
     }

@@ -1,7 +1,8 @@
 //! The dense MLP and the latent MoE block: router, latent down/up projections, shared
 //! experts and the weighted sum of the routed experts (which come from the `ExpertSource`).
 
-use super::source::ExpertHooks;
+use expert_store::source::ExpertHooks;
+
 use super::weights::{Mlp, Moe};
 use super::{Model, Result};
 use crate::ops::{rms_norm, route};
