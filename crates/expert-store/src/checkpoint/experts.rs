@@ -35,6 +35,7 @@ pub struct ExpertLocation {
 /// A run of an expert's tensors stored back to back in one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExpertPiece {
+    /// The file.
     pub path: PathBuf,
     /// Absolute byte range in the file.
     pub range: Range<usize>,

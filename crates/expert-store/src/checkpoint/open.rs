@@ -165,6 +165,7 @@ impl Checkpoint {
         &self.skipped
     }
 
+    /// The checkpoint directory.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -174,6 +175,7 @@ impl Checkpoint {
         self.tensors.len()
     }
 
+    /// Whether the files hold no tensor at all.
     pub fn is_empty(&self) -> bool {
         self.tensors.is_empty()
     }

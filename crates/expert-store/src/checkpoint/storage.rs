@@ -12,11 +12,17 @@ use safetensors::Dtype;
 pub struct TensorRef<'a> {
     /// The name as stored (with the prefix, if the checkpoint has one).
     pub name: &'a str,
+    /// The shard that holds it.
     pub path: &'a Path,
+    /// Its dtype, from the header.
     pub dtype: Dtype,
+    /// Its shape, from the header.
     pub shape: &'a [usize],
-    /// Absolute byte range in the file.
+    /// Its first byte's offset in the file.
     pub offset: usize,
+    /// Its bytes: in the file mapping, or in the resident copy ([`Checkpoint::make_resident`]).
+    ///
+    /// [`Checkpoint::make_resident`]: crate::Checkpoint::make_resident
     pub bytes: &'a [u8],
 }
 

@@ -21,8 +21,8 @@
 //! affected.
 //!
 //! Layout. Which tensors make up an expert and each matrix's shape come from the caller's
-//! [`ExpertLayout`]: the store finds experts by its names and validates every landed expert
-//! against its shapes.
+//! [`ExpertLayout`](crate::ExpertLayout): the store finds experts by its names and validates
+//! every landed expert against its shapes.
 //!
 //! Determinism. The store decides only when bytes arrive, never what they are: the forward
 //! pass writes each expert's output to a slot fixed by the router and sums in a fixed order.

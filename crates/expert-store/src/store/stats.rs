@@ -16,6 +16,7 @@ pub struct StoreStats {
     pub misses: u64,
     /// Experts read from disk, and their bytes (aligned reads included).
     pub loads: u64,
+    /// Bytes of the loads.
     pub bytes_read: u64,
     /// Wall time during which at least one read was in flight.
     pub read_busy: Duration,
@@ -23,6 +24,7 @@ pub struct StoreStats {
     pub wait: Duration,
     /// Experts resident now, and their bytes.
     pub resident: u64,
+    /// Bytes of the resident experts' buffers.
     pub resident_bytes: u64,
     /// Requests (one per layer per forward step).
     pub requests: u64,
