@@ -144,6 +144,7 @@ impl Drop for AlignedBuf {
 /// One shard opened for expert reads.
 #[derive(Debug)]
 pub struct ShardReader {
+    /// The shard.
     pub path: PathBuf,
     file: File,
     /// Opened with `O_DIRECT`, and no read has refused it yet.
@@ -207,7 +208,9 @@ impl ShardReader {
 #[derive(Debug, thiserror::Error)]
 #[error("{}: {source}", path.display())]
 pub struct PieceError {
+    /// The file of the piece that failed.
     pub path: PathBuf,
+    /// What the system said.
     pub source: std::io::Error,
 }
 
@@ -312,6 +315,7 @@ pub fn memory_available() -> Option<u64> {
 /// How much memory this process may still allocate, and what says so.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemoryBudget {
+    /// Bytes the process may still allocate.
     pub bytes: u64,
     /// Where the number came from (`MemAvailable in /proc/meminfo`, or the cgroup's files
     /// with its limit and usage), for messages.
@@ -323,7 +327,7 @@ pub struct MemoryBudget {
 }
 
 /// The source of a [`memory_budget`] that no cgroup limits (the host's free memory).
-pub const MEM_AVAILABLE: &str = "MemAvailable in /proc/meminfo";
+pub(crate) const MEM_AVAILABLE: &str = "MemAvailable in /proc/meminfo";
 
 /// The memory this process may still allocate: the smallest of `MemAvailable` and, for its
 /// memory cgroup (v1 or v2) and every parent, the limit minus the usage. `None` where neither
@@ -457,7 +461,7 @@ fn cgroup_mount(mountinfo: &str, version: u8) -> Option<(PathBuf, String)> {
 }
 
 /// `RLIMIT_MEMLOCK` (soft limit, bytes), to name it when `mlock` fails.
-pub fn memlock_limit() -> Option<u64> {
+pub(crate) fn memlock_limit() -> Option<u64> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

@@ -14,12 +14,25 @@ use std::fmt;
 /// A layout the store cannot use, naming the pattern or matrix at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LayoutError {
+    /// A tensor-name pattern without `{layer}` and `{expert}` exactly once each.
     #[error("tensor-name pattern {pattern:?}: {reason}")]
-    Pattern { pattern: String, reason: String },
+    Pattern {
+        /// The pattern.
+        pattern: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A layout of no matrix.
     #[error("an expert layout needs at least one matrix, found 0")]
     NoMatrices,
+    /// Two of a layout's tensors named by one pattern.
     #[error("matrix {what}: tensor-name pattern {pattern:?} is used twice in the layout")]
-    DuplicatePattern { what: &'static str, pattern: String },
+    DuplicatePattern {
+        /// The matrix whose tensor repeats an earlier pattern.
+        what: &'static str,
+        /// The pattern.
+        pattern: String,
+    },
 }
 
 /// A tensor name with `{layer}` and `{expert}` in it, each exactly once (in either order):
@@ -151,7 +164,9 @@ pub struct MatrixLayout {
     pub codes: NamePattern,
     /// Its E8M0 scales, U8 `[rows, cols/32]`.
     pub scales: NamePattern,
+    /// Rows (output features).
     pub rows: usize,
+    /// Columns (input features, a multiple of 32).
     pub cols: usize,
 }
 
@@ -258,6 +273,7 @@ impl ExpertLayout {
         Ok(layout)
     }
 
+    /// The matrices, in the order a landed expert hands them out.
     pub fn matrices(&self) -> &[MatrixLayout] {
         &self.matrices
     }

@@ -9,10 +9,13 @@
 //! - [`scan`]: every weight read once for NaN/Inf and 0xFF E8M0 scales.
 //! - [`writer`]: safetensors files in the release's layout, and re-sharding.
 
+#![warn(missing_docs)]
+
 pub mod checkpoint;
 pub mod io;
 pub mod layout;
 pub mod scan;
+pub mod source;
 pub mod store;
 pub mod usage;
 pub mod writer;

@@ -8,18 +8,23 @@ use std::path::PathBuf;
 
 use safetensors::Dtype;
 
-use crate::checkpoint::{Checkpoint, TensorRef};
+use crate::checkpoint::open::Checkpoint;
+use crate::checkpoint::storage::TensorRef;
 
 /// What the scan found in one tensor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorScan {
     /// The name as stored.
     pub name: String,
+    /// Its shard.
     pub path: PathBuf,
+    /// Its dtype (U8 for E8M0 scales).
     pub dtype: Dtype,
     /// Values (floats) or scale bytes (E8M0) looked at.
     pub values: u64,
+    /// NaN values.
     pub nan: u64,
+    /// Infinite values.
     pub inf: u64,
     /// E8M0 scale bytes equal to 0xFF (NaN).
     pub nan_scales: u64,
@@ -43,6 +48,7 @@ impl TensorScan {
 /// The scan of a whole checkpoint: one entry per floating-point or scale tensor, in file order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ScanReport {
+    /// Each scanned tensor, in file order.
     pub tensors: Vec<TensorScan>,
     /// Bytes read (every tensor's, scanned or not: the scan reads the checkpoint once).
     pub bytes: u64,
@@ -59,7 +65,9 @@ impl ScanReport {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{bad} of {scanned} scanned tensors hold NaN, Inf or 0xFF (NaN) scales, first {first}")]
 pub struct ScanError {
+    /// Tensors with something non-finite.
     pub bad: usize,
+    /// Tensors scanned.
     pub scanned: usize,
     /// The first few, with their counts.
     pub first: String,
@@ -103,7 +111,7 @@ pub fn scan_checkpoint(ckpt: &Checkpoint, mut progress: impl FnMut(u64, u64)) ->
 
 /// Scans one tensor: F32/BF16/F16 values for NaN and infinity, a U8 `*.weight_scale` for 0xFF;
 /// `None` for other tensors (packed codes, integers).
-pub fn scan_tensor(t: &TensorRef<'_>) -> Option<TensorScan> {
+pub(crate) fn scan_tensor(t: &TensorRef<'_>) -> Option<TensorScan> {
     let mut scan = TensorScan {
         name: t.name.to_owned(),
         path: t.path.to_owned(),

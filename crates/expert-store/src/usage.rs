@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The file's `format` field; a file with another is refused.
-pub const USAGE_FORMAT: &str = "k3-expert-usage/1";
+pub(crate) const USAGE_FORMAT: &str = "k3-expert-usage/1";
 
 /// The default file name, placed in the checkpoint directory.
 pub const USAGE_FILE: &str = "k3-expert-usage.json";
@@ -15,8 +15,14 @@ pub const USAGE_FILE: &str = "k3-expert-usage.json";
 /// Errors reading or writing a usage file.
 #[derive(Debug, thiserror::Error)]
 pub enum UsageError {
+    /// The file could not be read, parsed or written.
     #[error("{path}: {reason}")]
-    File { path: PathBuf, reason: String },
+    File {
+        /// The usage file.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 /// Use counts per layer (the checkpoint's 0-based layer index) and expert id, and the decode

@@ -9,17 +9,22 @@ use std::path::Path;
 
 use safetensors::Dtype;
 
-use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::checkpoint::error::CheckpointError;
+use crate::checkpoint::open::Checkpoint;
 
 /// One tensor to write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorOut {
+    /// Its name in the header.
     pub name: String,
+    /// Its dtype.
     pub dtype: Dtype,
+    /// Its shape.
     pub shape: Vec<usize>,
 }
 
 impl TensorOut {
+    /// Bytes of its data.
     pub fn bytes(&self) -> usize {
         self.shape.iter().product::<usize>() * self.dtype.bitsize() / 8
     }
@@ -37,7 +42,7 @@ pub fn write_safetensors(
 }
 
 /// [`write_safetensors`] with the data in the order of `tensors` (not sorted by name).
-pub fn write_safetensors_in_order(
+pub(crate) fn write_safetensors_in_order(
     path: &Path,
     tensors: &[TensorOut],
     mut fill: impl FnMut(&TensorOut, &mut Vec<u8>),
@@ -86,7 +91,7 @@ pub fn write_safetensors_in_order(
 }
 
 /// The dtype's name in a safetensors header (`"BF16"`, `"F32"`, `"U8"`, ...).
-pub fn dtype_name(dtype: Dtype) -> serde_json::Value {
+pub(crate) fn dtype_name(dtype: Dtype) -> serde_json::Value {
     serde_json::to_value(dtype).expect("a Dtype serialises to its name")
 }
 
@@ -104,8 +109,11 @@ pub struct ReshardLayout {
 /// What [`reshard`] wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReshardReport {
+    /// Shard files written.
     pub shards: usize,
+    /// Tensors written.
     pub tensors: usize,
+    /// Bytes of tensor data written.
     pub bytes: usize,
 }
 

@@ -3,8 +3,6 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use crate::Pool;
-
 /// A domain's task list posted by `map_on` (see [`Mailbox`]).
 struct Posted {
     /// `run(task index)`: points into the posting `map_on`'s frame, which does not return
@@ -80,58 +78,56 @@ impl Mailbox {
     }
 }
 
-impl Pool {
-    /// Inside `install`: posts each other domain's list to its spinning workers, runs domain
-    /// 0's list here (stealing among domain 0's workers), then waits for the posts to drain.
-    pub(crate) fn run_hot(&self, by_domain: &[Vec<usize>], run: &(impl Fn(usize, usize) + Sync)) {
-        use rayon::prelude::*;
-        let closures: Vec<Box<dyn Fn(usize) + Sync + '_>> = (0..by_domain.len())
-            .map(|d| Box::new(move |i: usize| run(i, d)) as Box<dyn Fn(usize) + Sync + '_>)
-            .collect();
-        let mut posts = Vec::new();
-        for (d, list) in by_domain.iter().enumerate().skip(1) {
-            if list.is_empty() {
-                continue;
+/// Inside `Pool::install`: posts each other domain's list (`by_domain[d]`, d >= 1) to its
+/// spinning workers' mailbox, runs domain 0's list here through `run_local` (stealing among
+/// domain 0's workers), then waits for the posts to drain.
+pub(crate) fn run_hot(
+    mailboxes: &[Arc<Mailbox>],
+    by_domain: &[Vec<usize>],
+    run: &(impl Fn(usize, usize) + Sync),
+    run_local: impl FnOnce(&[usize]),
+) {
+    let closures: Vec<Box<dyn Fn(usize) + Sync + '_>> = (0..by_domain.len())
+        .map(|d| Box::new(move |i: usize| run(i, d)) as Box<dyn Fn(usize) + Sync + '_>)
+        .collect();
+    let mut posts = Vec::new();
+    for (d, list) in by_domain.iter().enumerate().skip(1) {
+        if list.is_empty() {
+            continue;
+        }
+        let closure: &(dyn Fn(usize) + Sync + '_) = &*closures[d];
+        // SAFETY: the lifetime is erased only for the post; this function waits below
+        // until every claimed task has finished (`pending == 0`) before `closures` and
+        // `by_domain` go out of scope, and workers claim nothing past `len`.
+        let run_static: *const (dyn Fn(usize) + Sync) =
+            unsafe { std::mem::transmute(closure as *const (dyn Fn(usize) + Sync + '_)) };
+        let posted = Arc::new(Posted {
+            run: run_static,
+            tasks: list.as_ptr(),
+            len: list.len(),
+            next: std::sync::atomic::AtomicUsize::new(0),
+            pending: std::sync::atomic::AtomicUsize::new(list.len()),
+        });
+        let mailbox = &mailboxes[d];
+        *mailbox.posted.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&posted));
+        mailbox.generation.fetch_add(1, Ordering::AcqRel);
+        posts.push((d, posted));
+    }
+    run_local(&by_domain[0]);
+    for (d, posted) in &posts {
+        let mut spins: u32 = 0;
+        while posted.pending.load(Ordering::Acquire) > 0 {
+            spins = spins.saturating_add(1);
+            if spins < 1 << 16 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
             }
-            let closure: &(dyn Fn(usize) + Sync + '_) = &*closures[d];
-            // SAFETY: the lifetime is erased only for the post; this function waits below
-            // until every claimed task has finished (`pending == 0`) before `closures` and
-            // `by_domain` go out of scope, and workers claim nothing past `len`.
-            let run_static: *const (dyn Fn(usize) + Sync) =
-                unsafe { std::mem::transmute(closure as *const (dyn Fn(usize) + Sync + '_)) };
-            let posted = Arc::new(Posted {
-                run: run_static,
-                tasks: list.as_ptr(),
-                len: list.len(),
-                next: std::sync::atomic::AtomicUsize::new(0),
-                pending: std::sync::atomic::AtomicUsize::new(list.len()),
-            });
-            let mailbox = &self.mailboxes[d];
-            *mailbox.posted.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&posted));
-            mailbox.generation.fetch_add(1, Ordering::AcqRel);
-            posts.push((d, posted));
         }
-        let local = &by_domain[0];
-        if !local.is_empty() {
-            self.rayon(0).install(|| {
-                local.par_iter().with_max_len(1).for_each(|&i| run(i, 0));
-            });
-        }
-        for (d, posted) in &posts {
-            let mut spins: u32 = 0;
-            while posted.pending.load(Ordering::Acquire) > 0 {
-                spins = spins.saturating_add(1);
-                if spins < 1 << 16 {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
-            }
-            // The post is done: no worker may pick it up again.
-            *self.mailboxes[*d]
-                .posted
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) = None;
-        }
+        // The post is done: no worker may pick it up again.
+        *mailboxes[*d]
+            .posted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
     }
 }

@@ -133,7 +133,9 @@ mod tests {
             eprintln!("libnuma.so.1 is not loadable here (apt install libnuma1): nothing to check");
             return;
         };
-        let topology = crate::Topology::detect(crate::TopologyOptions { hyperthreads: true });
+        let topology = crate::topology::Topology::detect(crate::topology::TopologyOptions {
+            hyperthreads: true,
+        });
         for domain in &topology.domains {
             if let (Some(node), Some(&cpu)) = (domain.node, domain.cpus.first()) {
                 assert_eq!(lib.node_of_cpu(cpu), Some(node), "cpu {cpu}");

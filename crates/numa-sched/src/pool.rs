@@ -3,8 +3,31 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use crate::hot::Mailbox;
-use crate::{Error, Ranks, Threads, Topology};
+use crate::error::Error;
+use crate::hot::{Mailbox, run_hot};
+use crate::ranks::Ranks;
+use crate::topology::Topology;
+
+/// How many workers each domain gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Threads {
+    /// `--threads N`: N in all, split as evenly as the domains allow (at least one each).
+    Total(usize),
+    /// `--numa-threads N`: N in every domain.
+    PerDomain(usize),
+}
+
+impl Threads {
+    /// Workers of each of `domains` domains.
+    pub fn split(self, domains: usize) -> Vec<usize> {
+        match self {
+            Threads::PerDomain(n) => vec![n.max(1); domains],
+            Threads::Total(n) => (0..domains)
+                .map(|d| (n * (d + 1) / domains - n * d / domains).max(1))
+                .collect(),
+        }
+    }
+}
 
 /// One domain's workers.
 pub(crate) struct DomainPool {
@@ -153,6 +176,7 @@ impl Pool {
         self.domains[d].threads
     }
 
+    /// The domains the pool's workers are pinned to.
     pub fn topology(&self) -> &Topology {
         &self.topology
     }
@@ -317,7 +341,14 @@ impl Pool {
                 list.iter().for_each(|&i| run(i, d));
             }
         } else if self.hot.load(Ordering::Acquire) && self.domains.len() > 1 {
-            self.run_hot(&by_domain, &run);
+            run_hot(&self.mailboxes, &by_domain, &run, |local| {
+                use rayon::prelude::*;
+                if !local.is_empty() {
+                    self.rayon(0).install(|| {
+                        local.par_iter().with_max_len(1).for_each(|&i| run(i, 0));
+                    });
+                }
+            });
         } else {
             self.run_domains(&by_domain, &run, 1);
         }

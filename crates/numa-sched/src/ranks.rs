@@ -3,7 +3,7 @@
 //! rows meet again through collectives ([`Ranks::all_gather`], [`Ranks::broadcast`]).
 //!
 //! Without the `mpi` feature, or outside `mpirun`, there is one rank and every collective is a
-//! copy. With it, [`Ranks::mpi`] joins the job `mpirun` started (MPI's own environment says
+//! copy. With it, `Ranks::mpi` joins the job `mpirun` started (MPI's own environment says
 //! which rank this is; no flag). Collectives never reduce: a gathered row is the bits one rank
 //! computed, so results cannot depend on the number of ranks.
 //!
@@ -15,42 +15,24 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+mod error;
 #[cfg(feature = "mpi")]
 mod mpi_backend;
+
+pub use error::RanksError;
 
 /// Rows of a share start at a multiple of this (the kernels' largest row block), so a rank's
 /// row tasks are the blocks a single process would run.
 pub const SHARE_ALIGN: usize = 64;
 
-/// Errors of joining or running collectives.
-#[derive(Debug, thiserror::Error)]
-pub enum RanksError {
-    #[error("MPI could not be initialised (was MPI already initialised in this process?)")]
-    Init,
-    #[error(
-        "MPI gave thread level {got}, but the engine needs MPI_THREAD_SERIALIZED or better (rebuild MPI with thread support)"
-    )]
-    ThreadLevel { got: String },
-    #[error("{what} is not supported with several ranks yet (this job has {ranks})")]
-    Unsupported { what: &'static str, ranks: usize },
-    #[error(
-        "{what} differs between ranks: rank {rank} ({rank_host}) has {theirs}, rank 0 ({leader_host}) has {ours}"
-    )]
-    Mismatch {
-        what: String,
-        rank: usize,
-        rank_host: String,
-        theirs: String,
-        leader_host: String,
-        ours: String,
-    },
-}
-
 /// Collectives made so far by this rank: calls, bytes it sent plus received, time inside.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct CollectiveStats {
+    /// Collective calls.
     pub calls: u64,
+    /// Bytes this rank sent plus received.
     pub bytes: u64,
+    /// Wall time inside the calls (waiting for the other ranks included).
     pub seconds: f64,
 }
 
@@ -137,7 +119,7 @@ impl Ranks {
     }
 
     /// This process's ranks, as built: with the `mpi` feature the MPI job it was started in
-    /// ([`Ranks::mpi`]; a process started alone is rank 0 of 1), else [`Ranks::single`].
+    /// (`Ranks::mpi`; a process started alone is rank 0 of 1), else [`Ranks::single`].
     pub fn join() -> Result<Self, RanksError> {
         #[cfg(feature = "mpi")]
         return Self::mpi();

@@ -33,7 +33,9 @@ pub enum TopologySource {
 /// The domains work is placed on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Topology {
+    /// The domains, by index ([`Domain::index`]).
     pub domains: Vec<Domain>,
+    /// Where they came from.
     pub source: TopologySource,
     /// Hyperthread siblings that were dropped (CPU ids).
     pub skipped_siblings: Vec<usize>,
@@ -218,7 +220,7 @@ fn allowed_cpus() -> Vec<usize> {
 }
 
 /// Parses a kernel CPU list such as `0-3,8,10-11`; `None` when malformed.
-pub fn parse_cpulist(text: &str) -> Option<Vec<usize>> {
+pub(crate) fn parse_cpulist(text: &str) -> Option<Vec<usize>> {
     let text = text.trim();
     if text.is_empty() {
         return Some(Vec::new());
@@ -242,7 +244,7 @@ pub fn parse_cpulist(text: &str) -> Option<Vec<usize>> {
 }
 
 /// `0-3,8` from `[0, 1, 2, 3, 8]`.
-pub fn format_cpulist(cpus: &[usize]) -> String {
+pub(crate) fn format_cpulist(cpus: &[usize]) -> String {
     let mut parts = Vec::new();
     let mut i = 0;
     while i < cpus.len() {

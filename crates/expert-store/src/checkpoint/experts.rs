@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use super::{Checkpoint, CheckpointError, Entry, Result};
+use super::error::{CheckpointError, Result};
+use super::open::Checkpoint;
+use super::storage::Entry;
 use crate::layout::ExpertLayout;
 
 /// Where a routed expert's tensors (its layout's matrices, each packed codes then scales) lie.
@@ -33,6 +35,7 @@ pub struct ExpertLocation {
 /// A run of an expert's tensors stored back to back in one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExpertPiece {
+    /// The file.
     pub path: PathBuf,
     /// Absolute byte range in the file.
     pub range: Range<usize>,

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::{CheckpointError, Result};
+use super::error::{CheckpointError, Result};
 
 /// Prefixes of the vision tower's and projector's tensors in the release (docs/MODEL.md §3.2).
 const VISION_PREFIXES: [&str; 2] = ["vision_tower.", "mm_projector."];

@@ -1,19 +1,9 @@
-//! The resident copy: tensors read every token copied out of the file mappings into one
-//! anonymous buffer advised for huge pages.
+//! Making the resident copy: tensors read every token copied out of the file mappings into
+//! one anonymous buffer advised for huge pages.
 
-use std::collections::HashMap;
-
-use memmap2::Mmap;
-
-use super::{Checkpoint, CheckpointError, Result};
-
-/// Tensors copied out of the file mappings into anonymous memory advised for huge pages.
-#[derive(Debug)]
-pub(super) struct Resident {
-    pub(super) map: Mmap,
-    /// Stored name -> byte range in `map`.
-    pub(super) ranges: HashMap<String, std::ops::Range<usize>>,
-}
+use super::error::{CheckpointError, Result};
+use super::open::Checkpoint;
+use super::storage::Resident;
 
 /// Alignment of each resident tensor's first byte (a cache line, as the kernels' loads like).
 const RESIDENT_ALIGN: usize = 64;

@@ -4,7 +4,11 @@
 use mxfp4_kernels::codes::f16_to_f32;
 use mxfp4_kernels::{Bf16Matrix, F16Matrix, F32Matrix, MxFp4Matrix, WeightMatrix};
 
-use super::{Checkpoint, CheckpointError, Dtype, Result, TensorRef};
+use safetensors::Dtype;
+
+use super::error::{CheckpointError, Result};
+use super::open::Checkpoint;
+use super::storage::TensorRef;
 
 /// The formats a linear weight may be stored in, as error messages name them.
 pub const LINEAR_FORMATS: &str = "BF16, F16 or F32 (or MXFP4 weight_packed + weight_scale)";

@@ -3,7 +3,7 @@
 //! step touches for the first time (a routed expert only when first chosen). `warm` reads the
 //! tensors a decode uses into the page cache and maps them at startup instead.
 
-use super::Checkpoint;
+use super::open::Checkpoint;
 
 /// `MADV_POPULATE_READ` (Linux 5.14): fault in and map a range's pages, reading them from the
 /// file; the call returns when they are resident. Not in the `libc` crate's list yet; the value

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use mxfp4_kernels::MxFp4Matrix;
 
-use crate::checkpoint::ExpertLocation;
+use crate::checkpoint::experts::ExpertLocation;
 use crate::io::AlignedBuf;
 
 /// An expert's bytes in memory, validated once when it landed.

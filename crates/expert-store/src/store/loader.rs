@@ -1,5 +1,5 @@
-//! Loads on the I/O threads: where each expert's tensors lie in its shards, the reads in file
-//! order, and the validation of the bytes that land.
+//! Loads on the I/O threads: the reads in file order, and the validation of the bytes that
+//! land.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -7,43 +7,11 @@ use std::sync::atomic::Ordering;
 
 use mxfp4_kernels::MxFp4Matrix;
 
-use super::buffer::{Expert, ExpertData, buffer_bytes};
+use super::buffer::{Expert, ExpertData};
 use super::config::{Result, StoreError};
-use super::{ExpertCache, ExpertStore, Shared};
-use crate::checkpoint::ExpertLocation;
+use super::open::ExpertStore;
+use super::shared::{ExpertCache, Job, Located, Shared};
 use crate::io::{AlignedBuf, ShardReader, memlock_limit, read_pieces};
-
-/// A table entry: where the expert is and how to read it.
-#[derive(Debug)]
-pub(super) struct Located {
-    /// The file ranges read, in file order, as (reader, range): one per run of tensors stored
-    /// back to back in one file (one in the release's layout).
-    pub(super) segments: Vec<(usize, Range<usize>)>,
-    /// Each tensor's position as (segment, offset from the segment's start, length), in the
-    /// layout's tensor order.
-    pub(super) tensors: Vec<(usize, usize, usize)>,
-    /// Buffer bytes a resident copy takes (segments rounded out to 4 KiB).
-    pub(super) bytes: u64,
-}
-
-impl Located {
-    /// Where the first read goes: the key that sorts loads into file order.
-    pub(super) fn file_order(&self) -> (usize, usize) {
-        self.segments
-            .first()
-            .map_or((0, 0), |(reader, range)| (*reader, range.start))
-    }
-
-    /// The file of the first segment, naming the expert in errors.
-    pub(super) fn first_reader(&self) -> usize {
-        self.file_order().0
-    }
-}
-
-/// A job for the I/O threads.
-pub(super) struct Job {
-    pub(super) key: (usize, usize),
-}
 
 impl ExpertStore {
     pub(super) fn send_in_file_order(&self, mut keys: Vec<(usize, usize)>) {
@@ -190,26 +158,5 @@ impl Shared {
             size: located.bytes,
             free: Arc::clone(&self.free),
         }))
-    }
-}
-
-/// Where an expert's tensors are and how to read them: one segment per piece, `readers[i]`
-/// being the reader of piece `i`'s file.
-pub(super) fn locate(readers: &[usize], loc: &ExpertLocation) -> Located {
-    let segments: Vec<(usize, Range<usize>)> = loc
-        .pieces
-        .iter()
-        .zip(readers)
-        .map(|(piece, &reader)| (reader, piece.range.clone()))
-        .collect();
-    Located {
-        bytes: buffer_bytes(loc),
-        tensors: loc
-            .tensors
-            .iter()
-            .zip(&loc.tensor_piece)
-            .map(|(t, &piece)| (piece, t.start - loc.pieces[piece].range.start, t.len()))
-            .collect(),
-        segments,
     }
 }

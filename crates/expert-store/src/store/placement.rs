@@ -1,18 +1,7 @@
 //! NUMA placement: each expert's home domain, and binding its buffer's pages to nodes.
 
-use super::loader::Located;
-use super::{ExpertStore, Shared};
-
-/// Each expert's home domain, and the NUMA nodes (if any) its buffer is bound to.
-#[derive(Debug)]
-pub(super) struct Placement {
-    /// Per layer position, per expert id.
-    pub(super) homes: Vec<Vec<u16>>,
-    /// Per domain: the node to bind buffers to (`None`: first touch).
-    pub(super) nodes: Vec<Option<usize>>,
-    /// Every expert's rows spread over the domains (else whole on its home).
-    pub(super) split_rows: bool,
-}
+use super::open::ExpertStore;
+use super::shared::{Located, Placement, Shared};
 
 impl ExpertStore {
     /// Gives every expert a home among `nodes.len()` domains (`nodes[d]`: the NUMA node of

@@ -3,26 +3,35 @@
 use std::time::{Duration, Instant};
 
 use super::config::{Capacity, Result};
-use super::{ExpertStore, Shared};
+use super::open::ExpertStore;
+use super::shared::Shared;
 
 /// Progress of [`ExpertStore::preload`], reported after each expert lands.
 #[derive(Debug, Clone, Copy)]
 pub struct PreloadProgress {
+    /// Experts landed so far.
     pub experts_done: usize,
+    /// Experts the preload reads.
     pub experts_total: usize,
+    /// Bytes landed so far.
     pub bytes_done: u64,
+    /// Bytes the preload reads.
     pub bytes_total: u64,
 }
 
 /// What [`ExpertStore::preload`] did.
 #[derive(Debug, Clone, Copy)]
 pub struct PreloadReport {
+    /// Experts read.
     pub experts: usize,
+    /// Bytes read (buffers, with the 4 KiB rounding).
     pub bytes: u64,
+    /// Wall time of the preload.
     pub elapsed: Duration,
 }
 
 impl PreloadReport {
+    /// The read rate, in GB/s.
     pub fn gbps(&self) -> f64 {
         self.bytes as f64 / self.elapsed.as_secs_f64().max(1e-9) / 1e9
     }

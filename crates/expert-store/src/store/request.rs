@@ -16,11 +16,8 @@ use crossbeam_channel::Receiver;
 use super::buffer::Expert;
 use super::cache::Use;
 use super::config::{Result, StoreError};
-use super::loader::Job;
-use super::{ExpertStore, Shared};
-
-/// One expert handed back by a request: its position in the request, and it or the error.
-pub(super) type Landed = (usize, Result<Expert>);
+use super::open::ExpertStore;
+use super::shared::{Job, Landed, Shared};
 
 impl ExpertStore {
     /// Asks for `experts` of checkpoint layer `layer`: resident ones are ready at once, the

@@ -3,7 +3,8 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::{ExpertStore, Shared};
+use super::open::ExpertStore;
+use super::shared::Shared;
 use crate::usage::UsageHistory;
 
 /// Totals since the store opened (or since [`ExpertStore::reset_stats`]).
@@ -15,6 +16,7 @@ pub struct StoreStats {
     pub misses: u64,
     /// Experts read from disk, and their bytes (aligned reads included).
     pub loads: u64,
+    /// Bytes of the loads.
     pub bytes_read: u64,
     /// Wall time during which at least one read was in flight.
     pub read_busy: Duration,
@@ -22,6 +24,7 @@ pub struct StoreStats {
     pub wait: Duration,
     /// Experts resident now, and their bytes.
     pub resident: u64,
+    /// Bytes of the resident experts' buffers.
     pub resident_bytes: u64,
     /// Requests (one per layer per forward step).
     pub requests: u64,
@@ -47,12 +50,6 @@ impl StoreStats {
             self.hits as f64 / uses as f64
         }
     }
-}
-
-pub(super) struct Busy {
-    pub(super) in_flight: usize,
-    pub(super) since: Instant,
-    pub(super) total: Duration,
 }
 
 impl ExpertStore {

@@ -49,7 +49,7 @@ fn a_request_keeps_at_most_one_read_per_io_thread_outstanding() {
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(store.stats().loads, 2, "reads beyond the window went out");
     let mut handed = 0u64;
-    let mut seen = vec![false; EXPERTS];
+    let mut seen = [false; EXPERTS];
     loop {
         let batch = request.next_batch();
         if batch.is_empty() {

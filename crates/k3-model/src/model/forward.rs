@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use expert_store::source::{ExpertSource, MxFp4Matrices};
 use expert_store::{Checkpoint, ExpertStore};
 use mxfp4_kernels::{Kernels, MAX_TOKENS, Situ, WeightMatrix};
 use numa_sched::Pool;
@@ -10,7 +11,7 @@ use numa_sched::Pool;
 use super::clock::DecodeClock;
 use super::error::{ModelError, Result};
 use super::session::{KdaState, MlaCache, Session};
-use super::source::{ExpertSource, StoreExperts};
+
 use super::trunk::stream::TrunkStream;
 use super::weights::{Attention, Ffn, Layer};
 use super::wide::wide;
@@ -44,7 +45,7 @@ pub struct Model<'a> {
     pub(super) trunk: Option<TrunkStream>,
     /// Where routed experts come from (the checkpoint's mapping, an expert store, ...): one
     /// indirect call per MoE layer and batch of experts (see [`source`]).
-    pub(super) experts: Box<dyn ExpertSource + 'a>,
+    pub(super) experts: Box<dyn ExpertSource<MxFp4Matrices<3>, ModelError> + 'a>,
     pub(super) expert_placement: ExpertPlacement,
     /// Wall time by bucket, when asked for ([`Model::with_profile`]).
     pub(super) profile: Option<Arc<Profile>>,
@@ -109,7 +110,7 @@ impl<'a> Model<'a> {
                 config: layout.to_string(),
             });
         }
-        Self::with_expert_source(ckpt, config, kernels, Box::new(StoreExperts(store)))
+        Self::with_expert_source(ckpt, config, kernels, Box::new(store))
     }
 
     /// Builds the model with its routed experts supplied by `experts`, which must hold the
@@ -119,7 +120,7 @@ impl<'a> Model<'a> {
         ckpt: &'a Checkpoint,
         config: &K3Config,
         kernels: Kernels,
-        experts: Box<dyn ExpertSource + 'a>,
+        experts: Box<dyn ExpertSource<MxFp4Matrices<3>, ModelError> + 'a>,
     ) -> Result<Self> {
         Self::load(ckpt, config, kernels, Some(experts))
     }

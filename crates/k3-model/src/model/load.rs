@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use expert_store::source::{ExpertSource, MxFp4Matrices};
 use expert_store::{Checkpoint, ExpertLayout};
 use mxfp4_kernels::{Kernels, MxFp4Matrix, Situ};
 use numa_sched::Pool;
@@ -11,7 +12,7 @@ use numa_sched::Pool;
 use super::dispatch::PARALLEL_MIN_BYTES;
 use super::error::{ModelError, Result};
 use super::forward::{ExpertPlacement, Model};
-use super::source::{ExpertSource, MappedExperts};
+use super::source::MappedExperts;
 use super::weights::{Attention, Ffn, Kda, Layer, Mla, Mlp, Moe};
 use crate::checkpoint::a_log;
 use crate::config::{AttentionKind, FfnKind, K3Config};
@@ -27,7 +28,7 @@ impl<'a> Model<'a> {
         ckpt: &'a Checkpoint,
         config: &K3Config,
         kernels: Kernels,
-        source: Option<Box<dyn ExpertSource + 'a>>,
+        source: Option<Box<dyn ExpertSource<MxFp4Matrices<3>, ModelError> + 'a>>,
     ) -> Result<Self> {
         let c = config;
         let d = c.hidden_size;

@@ -40,7 +40,6 @@ pub use error::ModelError;
 pub use forward::{ExpertPlacement, Model, PREFILL_CHUNK, fingerprint};
 pub use session::Session;
 pub use snapshot::{Snapshot, SnapshotError, state_bytes};
-pub use source::{ExpertBatch, ExpertHooks, ExpertSource, StoreExperts};
 pub use trunk::{PackedSummary, ResidentTrunk};
 
 /// The routed-expert layout `config` implies (what an `ExpertStore` is opened with).

@@ -1,9 +1,10 @@
 //! The dense MLP and the latent MoE block: router, latent down/up projections, shared
 //! experts and the weighted sum of the routed experts (which come from the `ExpertSource`).
 
+use expert_store::source::ExpertHooks;
+
 use super::error::Result;
 use super::forward::Model;
-use super::source::ExpertHooks;
 use super::weights::{Mlp, Moe};
 use crate::ops::{rms_norm, route};
 use crate::profile::Bucket;

@@ -1,56 +1,23 @@
-//! Where routed experts come from: the [`ExpertSource`] seam between the forward pass and
-//! expert storage, and its two implementations, `MappedExperts` (the checkpoint's file
-//! mapping, what [`super::Model::new`] uses) and [`StoreExperts`] (an [`ExpertStore`]).
+//! Where this model's routed experts come from: the [`ExpertSource`] seam (in
+//! `expert_store::source`, so a store needs only `expert-store` and `mxfp4-kernels` to plug in),
+//! instantiated for K3's experts (gate, up and down, [`MxFp4Matrices<3>`]) and [`ModelError`];
+//! and `MappedExperts`, the checkpoint's file mapping, what [`super::Model::new`] uses. An
+//! [`ExpertStore`](expert_store::ExpertStore) is a source itself
+//! ([`super::Model::with_expert_store`]).
 //!
-//! `Model` holds a `Box<dyn ExpertSource>` rather than being generic over it: a type
+//! `Model` holds a `Box<dyn ExpertSource<..>>` rather than being generic over it: a type
 //! parameter would change the `Model<'a>` every caller names, and the indirect calls are few
 //! and coarse. Per MoE layer and forward pass there is one call to [`ExpertSource::experts`]
-//! and one to [`ExpertHooks::run`] per batch of ready experts (one batch when mapped); with
-//! home placement [`ExpertSource::home`] is called once per expert task to pick its domain,
-//! and each such task multiplies a block of an expert's rows (tens of KiB of weights at the
+//! and one to `hooks.run` per batch of ready experts (one batch when mapped); with home
+//! placement [`ExpertSource::home`] is called once per expert task to pick its domain, and
+//! each such task multiplies a block of an expert's rows (tens of KiB of weights at the
 //! least), next to which an indirect call is noise. Nothing per row, per token or per weight
 //! goes through the trait.
 
-use std::sync::Arc;
-
-use expert_store::ExpertStore;
+use expert_store::source::{ExpertHooks, ExpertSource, MxFp4Matrices};
 use mxfp4_kernels::MxFp4Matrix;
 
-use super::error::Result;
-
-/// Ready experts: id and its gate, up and down matrices.
-pub type ExpertBatch<'m> = [(usize, [MxFp4Matrix<'m>; 3])];
-
-/// The callbacks through which an [`ExpertSource`] hands a layer's routed experts to the
-/// forward pass.
-pub struct ExpertHooks<'h> {
-    /// Work to overlap with loads (the shared experts): called at most once, before the first
-    /// wait, and only when some expert is not ready.
-    pub overlap: &'h mut dyn FnMut() -> Result<()>,
-    /// Wraps each wait for experts to land (the model charges it to its load-wait bucket).
-    pub wait: &'h dyn Fn(&mut dyn FnMut()),
-    /// Computes a batch of ready experts.
-    pub run: &'h mut dyn FnMut(&ExpertBatch<'_>) -> Result<()>,
-}
-
-impl std::fmt::Debug for ExpertHooks<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ExpertHooks").finish_non_exhaustive()
-    }
-}
-
-/// A supplier of routed experts' MXFP4 matrices. Where the matrices come from cannot change
-/// a bit of the logits: outputs go to fixed slots, whatever the batches and their order.
-pub trait ExpertSource: Send + Sync {
-    /// The domain expert `expert` of checkpoint layer `layer` calls home (the caller takes it
-    /// modulo its pool's domains); used with [`super::ExpertPlacement::Home`].
-    fn home(&self, layer: usize, expert: usize) -> usize;
-
-    /// Hands every expert of `needed` (distinct ids of checkpoint layer `layer`, ascending) to
-    /// `hooks.run` exactly once, in batches of experts ready to compute. An expert that cannot
-    /// be read fails the call (this step; the model carries on).
-    fn experts(&self, layer: usize, needed: &[usize], hooks: ExpertHooks<'_>) -> Result<()>;
-}
+use super::error::{ModelError, Result};
 
 /// Routed experts read through the checkpoint's file mapping: every expert is always ready.
 pub(super) struct MappedExperts<'a> {
@@ -58,82 +25,30 @@ pub(super) struct MappedExperts<'a> {
     pub(super) layers: Vec<Vec<[MxFp4Matrix<'a>; 3]>>,
 }
 
-impl ExpertSource for MappedExperts<'_> {
+impl ExpertSource<MxFp4Matrices<3>, ModelError> for MappedExperts<'_> {
     /// Round-robin by id.
     fn home(&self, _layer: usize, expert: usize) -> usize {
         expert
     }
 
-    fn experts(&self, layer: usize, needed: &[usize], hooks: ExpertHooks<'_>) -> Result<()> {
+    fn experts(
+        &self,
+        layer: usize,
+        needed: &[usize],
+        hooks: ExpertHooks<'_, MxFp4Matrices<3>, ModelError>,
+    ) -> Result<()> {
         let experts: Vec<(usize, [MxFp4Matrix<'_>; 3])> =
             needed.iter().map(|&e| (e, self.layers[layer][e])).collect();
         (hooks.run)(&experts)
     }
 }
 
-/// Routed experts served by an [`ExpertStore`] (opened with [`super::expert_layout`]).
-pub struct StoreExperts(pub Arc<ExpertStore>);
-
-impl std::fmt::Debug for StoreExperts {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StoreExperts")
-            .field("layout", &self.0.layout())
-            .finish_non_exhaustive()
-    }
-}
-
-impl StoreExperts {
-    /// The error for a store whose experts are not K3's three matrices.
-    fn not_k3(&self) -> super::error::ModelError {
-        super::error::ModelError::StoreLayout {
-            store: self.0.layout().to_string(),
-            config: "K3's 3 MXFP4 matrices (gate, up, down)".to_owned(),
-        }
-    }
-}
-
-impl ExpertSource for StoreExperts {
-    /// The expert's home in the store ([`ExpertStore::place`]).
-    fn home(&self, layer: usize, expert: usize) -> usize {
-        self.0.home(layer, expert)
-    }
-
-    fn experts(&self, layer: usize, needed: &[usize], hooks: ExpertHooks<'_>) -> Result<()> {
-        // All of the layer's experts at once: misses load in file order while the shared
-        // experts and then the resident experts compute; each missing one runs as it lands.
-        // Outputs go to fixed slots, so arrival order is invisible.
-        let mut request = self.0.request(layer, needed);
-        if request.pending() > 0 {
-            (hooks.overlap)()?;
-        }
-        loop {
-            let mut batch = Vec::new();
-            (hooks.wait)(&mut || batch = request.next_batch());
-            if batch.is_empty() {
-                break;
-            }
-            let guards = batch
-                .into_iter()
-                .map(|(i, expert)| Ok((needed[i], expert?)))
-                .collect::<Result<Vec<_>>>()?;
-            let experts = guards
-                .iter()
-                .map(|(e, g)| {
-                    let matrices = <[MxFp4Matrix<'_>; 3]>::try_from(g.matrices());
-                    Ok((*e, matrices.map_err(|_| self.not_k3())?))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            (hooks.run)(&experts)?;
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
 
-    use expert_store::{Checkpoint, StoreConfig};
+    use expert_store::source::ExpertBatch;
+    use expert_store::{Checkpoint, ExpertStore, StoreConfig};
     use mxfp4_kernels::Kernels;
 
     use super::*;
@@ -144,20 +59,25 @@ mod tests {
     /// and hands each expert to the model alone, in reverse order, after the overlap work, and
     /// counts what it handed out.
     struct OneByOneReversed {
-        inner: StoreExperts,
+        inner: Arc<ExpertStore>,
         handed: Mutex<Vec<(usize, usize)>>,
     }
 
-    impl ExpertSource for OneByOneReversed {
+    impl ExpertSource<MxFp4Matrices<3>, ModelError> for OneByOneReversed {
         fn home(&self, layer: usize, expert: usize) -> usize {
-            self.inner.home(layer, expert)
+            ExpertStore::home(&self.inner, layer, expert)
         }
 
-        fn experts(&self, layer: usize, needed: &[usize], hooks: ExpertHooks<'_>) -> Result<()> {
+        fn experts(
+            &self,
+            layer: usize,
+            needed: &[usize],
+            hooks: ExpertHooks<'_, MxFp4Matrices<3>, ModelError>,
+        ) -> Result<()> {
             assert!(needed.windows(2).all(|w| w[0] < w[1]), "{needed:?}");
             (hooks.overlap)()?;
             let run = hooks.run;
-            let mut inner = |batch: &ExpertBatch<'_>| -> Result<()> {
+            let mut inner = |batch: &ExpertBatch<'_, MxFp4Matrices<3>>| -> Result<()> {
                 for one in batch.iter().rev() {
                     self.handed.lock().unwrap().push((layer, one.0));
                     run(std::slice::from_ref(one))?;
@@ -199,11 +119,11 @@ mod tests {
         let mapped = run(&Model::new(&ckpt, &config, kernels).unwrap());
         let store = ExpertStore::open(&ckpt, expert_layout(&config), StoreConfig::default());
         let source = Arc::new(OneByOneReversed {
-            inner: StoreExperts(Arc::new(store.unwrap())),
+            inner: Arc::new(store.unwrap()),
             handed: Mutex::new(Vec::new()),
         });
         struct Shared(Arc<OneByOneReversed>);
-        impl ExpertSource for Shared {
+        impl ExpertSource<MxFp4Matrices<3>, ModelError> for Shared {
             fn home(&self, layer: usize, expert: usize) -> usize {
                 self.0.home(layer, expert)
             }
@@ -211,7 +131,7 @@ mod tests {
                 &self,
                 layer: usize,
                 needed: &[usize],
-                hooks: ExpertHooks<'_>,
+                hooks: ExpertHooks<'_, MxFp4Matrices<3>, ModelError>,
             ) -> Result<()> {
                 self.0.experts(layer, needed, hooks)
             }

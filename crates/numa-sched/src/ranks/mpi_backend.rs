@@ -9,7 +9,7 @@ use mpi::environment::Universe;
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::*;
 
-use super::RanksError;
+use super::error::RanksError;
 
 pub(super) struct Mpi {
     world: SimpleCommunicator,
