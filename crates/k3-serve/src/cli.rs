@@ -9,9 +9,12 @@ pub use k3_cli::{
 
 use k3_cli::library_flags;
 
-/// The sections of `--help` for `k3-serve`'s own flags (the library flags' follow).
+/// The sections of `--help` for `k3-serve`'s own flags (the library flags' follow): the
+/// checkpoint and what is served from it,
 pub const MODEL: Group = Group::new("Model");
+/// the HTTP server and its limits,
 pub const SERVER: Group = Group::new("Server");
+/// and sampling with the one-shot run's own flags.
 pub const SAMPLING: Group = Group::new("Sampling and one-shot generation");
 
 /// The chat templates `--chat-template` accepts: only the built-in renderer exists.
@@ -367,7 +370,7 @@ mod tests {
         }
         assert!(read >= 20, "only {read} flag reads found in main.rs");
         let none = Parsed::default();
-        let conn = crate::conn::ConnLimits::default();
+        let conn = crate::conn::limits::ConnLimits::default();
         let secs = |name| none.get_or_default::<f64>(&table, name).unwrap();
         assert_eq!(secs("header-timeout-s"), conn.header.as_secs_f64());
         assert_eq!(secs("body-timeout-s"), conn.body.as_secs_f64());

@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::api::ApiError;
+use crate::api::error::ApiError;
 
 /// How long a closing connection reads, and drops, what the client still sends.
 const LINGER: Duration = Duration::from_secs(1);

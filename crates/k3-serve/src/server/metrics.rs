@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 
-use super::{AppState, check_engine};
+use super::state::{AppState, check_engine};
 
 /// Prometheus text format.
 pub(super) async fn metrics(State(state): State<AppState>) -> Response {
