@@ -326,13 +326,23 @@ mod tests {
         );
     }
 
-    /// `main.rs` handles no flag outside the table: no `"--flag"` literal there is unknown,
-    /// and every name it reads (`get_str("port")`, `switch("serve")`, ...) is in the table;
-    /// the defaults it takes from the table parse and agree with the code's.
+    /// The binary (`main.rs` and its files) handles no flag outside the table: no `"--flag"`
+    /// literal there is unknown, and every name it reads (`get_str("port")`,
+    /// `switch("serve")`, ...) is in the table; the defaults it takes from the table parse and
+    /// agree with the code's.
     #[test]
     fn main_reads_table_flags_and_the_help_defaults_are_the_ones_used() {
         let table = k3_serve_flags();
-        let main = include_str!("main.rs");
+        let main = [
+            include_str!("main.rs"),
+            include_str!("args.rs"),
+            include_str!("startup.rs"),
+            include_str!("one_shot.rs"),
+            include_str!("serving.rs"),
+            include_str!("follower.rs"),
+        ]
+        .concat();
+        let main = main.as_str();
         for (at, _) in main.match_indices("\"--") {
             let rest = &main[at + 1..];
             let end = rest[2..]
