@@ -1,6 +1,6 @@
 //! The command line as [`Args`]: the flag table's values (`k3_serve::cli`), checked against
-//! each other and against what they name (`--prompt-cache-dir`, `--api-key-file`) before
-//! anything is loaded; a mistake is one line and exit 2
+//! each other and against what they name (the model directory, `--prompt-cache-dir`,
+//! `--api-key-file`) before anything is loaded; a mistake is one line and exit 2
 //! ([`usage_exit`]).
 
 use std::path::{Path, PathBuf};
@@ -12,6 +12,7 @@ use k3_model::packcache::PackCachePlace;
 use k3_serve::cli::{self, Flag, Outcome, Parsed, UsageError};
 use k3_serve::conn::ConnLimits;
 use k3_serve::engine::StateFiles;
+use k3_serve::model_dir::check_model_dir;
 
 use crate::startup::user_cache_dir;
 
@@ -116,6 +117,9 @@ pub(crate) fn parse(
         prompt_cache_dir: p.get_str("prompt-cache-dir").map(PathBuf::from),
     };
     check_mode(&p, &a)?;
+    if let Some(dir) = &a.model {
+        check_model_dir(dir).map_err(|e| UsageError::Other(e.to_string()))?;
+    }
     if let (true, Some(dir)) = (a.serve, &a.prompt_cache_dir) {
         check_prompt_cache_dir(dir)?;
     }
@@ -226,3 +230,6 @@ pub(crate) fn usage_exit(message: impl std::fmt::Display) -> ! {
     eprintln!("{BINARY}: {message}");
     std::process::exit(2);
 }
+
+#[cfg(test)]
+mod tests;

@@ -108,7 +108,8 @@ pub fn k3_serve_flags() -> Vec<Flag> {
             "8",
             SERVER,
             "sequences decoded together in one batch",
-        ),
+        )
+        .aliases(&["-np", "--parallel"]),
         Flag::value(
             "queue",
             "N",
@@ -155,7 +156,7 @@ pub fn k3_serve_flags() -> Vec<Flag> {
             Number { min: 0.0, max: 1e6 },
             "a tenth of the memory budget at startup",
             SERVER,
-            "size in GiB of the session snapshots kept in RAM to resume prompts that extend a cached prefix; 0 turns the cache off",
+            "size in GB (10^9 bytes) of the session snapshots kept in RAM to resume prompts that extend a cached prefix; 0 turns the cache off",
         ),
         Flag::value(
             "prompt-cache-dir",
@@ -298,11 +299,29 @@ mod tests {
         }
     }
 
-    /// The README names every flag the binary accepts.
+    /// The README names every flag the binary accepts, and every long alias (the
+    /// llama-server and vLLM spellings: `--ctx-size`, `--parallel`, ...).
     #[test]
     fn the_readme_names_every_flag() {
         let readme = include_str!("../../../README.md");
-        let missing = k3_cli::flags_not_named_in(readme, &k3_serve_flags());
+        let table = k3_serve_flags();
+        let missing = k3_cli::flags_not_named_in(readme, &table);
+        assert!(missing.is_empty(), "README.md does not name {missing:?}");
+        // Each long alias as a flag of its own, so the same rule finds it.
+        let aliases: Vec<Flag> = table
+            .iter()
+            .flat_map(|flag| {
+                flag.aliases
+                    .iter()
+                    .filter_map(|alias| alias.strip_prefix("--"))
+                    .map(|name| Flag {
+                        name,
+                        ..flag.clone()
+                    })
+            })
+            .collect();
+        assert!(aliases.iter().any(|f| f.name == "parallel"));
+        let missing = k3_cli::flags_not_named_in(readme, &aliases);
         assert!(missing.is_empty(), "README.md does not name {missing:?}");
     }
 
@@ -320,6 +339,11 @@ mod tests {
         let p = run(&["-m", "/models/k3", "-t", "8", "--max-model-len", "8192"]).unwrap();
         assert_eq!(p.get_str("model"), Some("/models/k3"));
         assert_eq!(p.get_usize("ctx").unwrap(), Some(8192));
+        // llama-server's slot count is the batch.
+        for spelling in ["-np", "--parallel"] {
+            let p = run(&[spelling, "3"]).unwrap();
+            assert_eq!(p.get_or_default::<usize>(&table, "max-batch").unwrap(), 3);
+        }
         assert_eq!(
             run(&["--chat-template", "chatml"]).unwrap_err().to_string(),
             "--chat-template must be kimi-k3 (the only one there is), got \"chatml\""

@@ -3,9 +3,9 @@
 //! Every flag is in one table, `k3_serve::cli::k3_serve_flags` (`k3-serve --help` prints it
 //! with the defaults; the parser and the library flags are `k3-cli`'s, shared with the decode
 //! bench); `--flag value`, `--flag=value` and the llama-server / vLLM spellings
-//! (`-m`, `-t`, `--ctx-size`, ...) are accepted. A mistake on the command line prints one line
-//! and exits 2; a failure after that (a model that does not load) prints its report and
-//! exits 1.
+//! (`-m`, `-t`, `--ctx-size`, `-np`, ...) are accepted. A mistake on the command line (a
+//! `--model` that is no checkpoint directory included) prints one line and exits 2; a failure
+//! after that (a model that does not load) prints its report and exits 1.
 //!
 //! Without `--model` it generates the `tiny` synthetic checkpoint once into a cache directory
 //! (`$XDG_CACHE_HOME/k3/tiny`, else `~/.cache/k3/tiny`) and uses it. A model that fails to

@@ -32,15 +32,16 @@ pub(crate) fn raise_open_files_limit() -> Option<u64> {
 
 /// The prompt cache `--prompt-cache-gb` (`gb`) and `--prompt-cache-dir` (`dir`) ask for;
 /// without `--prompt-cache-gb`, a tenth of the memory budget (`--memory-gb`, given as
-/// `memory_bytes`, else the memory this process may allocate at startup; 1 GiB where that
-/// cannot be read). The choice is logged; the engine's memory plan sets these bytes aside
+/// `memory_bytes`, else the memory this process may allocate at startup; 1 GB where that
+/// cannot be read). The choice is logged, in GB (10^9 bytes) as every size the startup log
+/// gives; the engine's memory plan sets these bytes aside
 /// (`EngineOptions::prompt_cache_bytes`).
 pub(crate) fn prompt_cache_options(
     memory_bytes: Option<u64>,
     gb: Option<f64>,
     dir: Option<PathBuf>,
 ) -> PromptCacheOptions {
-    const GIB: f64 = (1u64 << 30) as f64;
+    const GB: f64 = 1e9;
     let budget = match memory_bytes {
         Some(bytes) => Some(expert_store::io::MemoryBudget {
             bytes,
@@ -50,25 +51,25 @@ pub(crate) fn prompt_cache_options(
         None => expert_store::io::memory_budget(),
     };
     let (budget_bytes, why) = match gb {
-        Some(gb) => ((gb * GIB) as usize, "--prompt-cache-gb".to_owned()),
+        Some(gb) => ((gb * GB) as usize, "--prompt-cache-gb".to_owned()),
         None => match budget {
             Some(budget) => (
                 (budget.bytes / 10) as usize,
                 format!(
-                    "a tenth of the {:.1} GiB memory budget ({})",
-                    budget.bytes as f64 / GIB,
+                    "a tenth of the {:.1} GB memory budget ({})",
+                    budget.bytes as f64 / GB,
                     budget.source
                 ),
             ),
-            None => (1 << 30, "the memory budget is unknown".to_owned()),
+            None => (GB as usize, "the memory budget is unknown".to_owned()),
         },
     };
     if budget_bytes == 0 {
         log::info!("prompt cache off (--prompt-cache-gb 0)");
     } else {
         log::info!(
-            "prompt cache: {:.2} GiB of snapshots in memory ({why}){}",
-            budget_bytes as f64 / GIB,
+            "prompt cache: {:.2} GB of snapshots in memory ({why}){}",
+            budget_bytes as f64 / GB,
             dir.as_ref()
                 .map_or(String::new(), |d| format!(", spilled to {}", d.display()))
         );
