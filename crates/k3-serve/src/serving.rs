@@ -10,7 +10,7 @@ use k3_serve::api::Limits;
 use k3_serve::auth::{ApiKeys, require_api_key};
 use k3_serve::conn::serve;
 use k3_serve::engine::EngineHandle;
-use k3_serve::server::{AppState, app};
+use k3_serve::server::{AppState, StatusCounts, app};
 
 use crate::args::Args;
 use crate::startup::raise_open_files_limit;
@@ -73,9 +73,11 @@ pub(crate) fn serve_http(
             },
             listener.local_addr()?
         );
+        let responses = Arc::new(StatusCounts::default());
         let state = AppState {
             engine,
             limits: Arc::new(limits),
+            responses: Arc::clone(&responses),
         };
         let router = app(state).layer(axum::middleware::from_fn_with_state(
             api_key,
@@ -101,7 +103,7 @@ pub(crate) fn serve_http(
             }
         };
         tokio::select! {
-            served = serve(listener, router, conn, shutdown) => served?,
+            served = serve(listener, router, conn, responses, shutdown) => served?,
             why = load_failed => bail!("the model did not load: {why}"),
         }
         // The router (and with it the engine's queue) is gone: the engine finishes what it

@@ -16,8 +16,9 @@ use tower::ServiceExt;
 use super::activity::{Guarded, Missed, Tracker};
 use super::diagnosis::{MAX_HEAD_BYTES, MAX_HEADER_FIELDS, Read, refused_head};
 use super::limits::ConnLimits;
-use super::refusal::{answer, close_with, head_timeout};
+use super::refusal::{head_timeout, refuse};
 use super::watched::Watched;
+use crate::server::status::StatusCounts;
 
 /// One connection: hyper's HTTP/1.1 over the stream, watched for its deadlines, and handed
 /// to hyper's HTTP/2 when it opens with HTTP/2's preface (prior knowledge). A head hyper
@@ -26,6 +27,7 @@ pub(super) async fn connection(
     stream: TcpStream,
     router: Router,
     limits: ConnLimits,
+    responses: &StatusCounts,
     mut closing: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
@@ -74,7 +76,7 @@ pub(super) async fn connection(
         };
         let error = refused_head(status, read, &why);
         log::debug!("refused a request head: {}", error.message);
-        close_with(watched.into_stream(), &answer(&error, "")).await;
+        refuse(watched.into_stream(), &error, "", responses).await;
         return;
     }
     match ended {
@@ -96,7 +98,7 @@ pub(super) async fn connection(
         }
         Ended::Missed(Missed::Head) if !parts.read_buf.is_empty() => {
             let error = head_timeout(limits.header);
-            close_with(watched.into_stream(), &answer(&error, "")).await;
+            refuse(watched.into_stream(), &error, "", responses).await;
         }
         ended => log::debug!("a connection ended: {ended:?}"),
     }

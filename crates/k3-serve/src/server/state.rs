@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 
 use axum::http::StatusCode;
 
+use super::status::StatusCounts;
 use crate::api::error::ApiError;
 use crate::api::limits::Limits;
 use crate::engine::handle::EngineHandle;
@@ -17,6 +18,9 @@ pub struct AppState {
     pub engine: EngineHandle,
     /// What requests are checked against, and the server's defaults.
     pub limits: Arc<Limits>,
+    /// Every answer by status code, counted by the connection layer
+    /// ([`crate::conn::serve`]) and shown by `/metrics`.
+    pub responses: Arc<StatusCounts>,
 }
 
 /// 503 unless the engine serves.
