@@ -3,16 +3,18 @@
 
 use std::fmt::Write as _;
 
-use crate::UsageError;
+use crate::error::UsageError;
 use crate::suggest::nearest;
 
 /// A section of `--help`. Sections are printed in the order their first flag has in the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Group {
+    /// The section's heading (`Server`), printed with a colon after it.
     pub title: &'static str,
 }
 
 impl Group {
+    /// A section headed `title`.
     pub const fn new(title: &'static str) -> Self {
         Self { title }
     }
@@ -41,7 +43,12 @@ pub enum Kind {
     /// A duration in seconds: a finite number above 0 and below 1e9 (`1.5` allowed).
     Seconds,
     /// A finite number in `[min, max]`.
-    Number { min: f64, max: f64 },
+    Number {
+        /// The least value accepted.
+        min: f64,
+        /// The greatest value accepted (`f64::INFINITY`: no bound).
+        max: f64,
+    },
     /// One of a closed set of words.
     Choice(&'static [&'static str]),
 }
@@ -55,9 +62,11 @@ pub struct Flag {
     pub aliases: &'static [&'static str],
     /// The value's placeholder in `--help` (`DIR`, `N`); empty for a switch.
     pub value_name: &'static str,
+    /// What the value must be; checked while parsing.
     pub kind: Kind,
     /// The default as `--help` shows it (`8000`, `off`, `one-shot 32, server 256`).
     pub default: &'static str,
+    /// The section of `--help` it is listed under.
     pub group: Group,
     /// One line, lower-case, no trailing period.
     pub help: &'static str,
@@ -110,16 +119,19 @@ impl Flag {
         }
     }
 
+    /// The same flag with other spellings (dashes included: `-m`, `--ctx-size`).
     pub fn aliases(mut self, aliases: &'static [&'static str]) -> Self {
         self.aliases = aliases;
         self
     }
 
+    /// The same flag, accepted more than once (every value kept).
     pub fn repeatable(mut self) -> Self {
         self.repeatable = true;
         self
     }
 
+    /// The same flag, read from the environment variable `var` when not given.
     pub fn env(mut self, var: &'static str) -> Self {
         self.env = Some(var);
         self
@@ -138,6 +150,7 @@ impl Flag {
         self
     }
 
+    /// Whether a value follows it (every kind but [`Kind::Switch`]).
     pub fn takes_value(&self) -> bool {
         self.kind != Kind::Switch
     }

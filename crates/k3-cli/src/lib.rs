@@ -11,7 +11,10 @@
 //! passes its arguments and, for flags with an environment variable, a lookup
 //! ([`Parsed::fill_from_env`]).
 
+#![warn(missing_docs)]
+
 mod check;
+mod error;
 mod flag;
 mod help;
 pub mod library;
@@ -19,10 +22,16 @@ mod parse;
 mod suggest;
 
 pub use check::{flags_not_named_in, table_problems};
+pub use error::UsageError;
 pub use flag::{Flag, Group, Kind, all_spellings, is_flag_spelling};
 pub use help::{flags_in_help, groups, render_help, render_version, spelled};
 pub use library::{apply_library_flags, library_flags, library_flags_with_threads, model_flag};
-pub use parse::{Outcome, Parsed, UsageError, parse, parse_or_exit};
+pub use parse::{Outcome, Parsed, parse, parse_or_exit};
+
+/// The README's example, run as a doctest so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctest;
 
 #[cfg(test)]
 mod tests;

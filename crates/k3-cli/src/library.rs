@@ -9,7 +9,9 @@ use expert_store::Policy;
 use k3_model::builder::EngineOptions;
 use k3_model::packcache::PackCachePlace;
 
-use crate::{Flag, Group, Kind, Parsed, UsageError};
+use crate::error::UsageError;
+use crate::flag::{Flag, Group, Kind};
+use crate::parse::Parsed;
 
 /// The kernel tiers `--kernel-tier` accepts (the names `Tier` parses).
 pub const KERNEL_TIERS: &[&str] = &["scalar", "avx2", "avx512", "avx512-bf16", "avx512-vnni"];

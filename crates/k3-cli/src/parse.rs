@@ -1,60 +1,10 @@
 //! The parser over a flag table ([`parse`]) and what it gives: an [`Outcome`], the flags given
 //! ([`Parsed`], each value already checked against its kind) or a one-line [`UsageError`].
 
+use crate::error::UsageError;
 use crate::flag::{Flag, all_spellings, is_flag_spelling};
+use crate::help::{render_help, render_version};
 use crate::suggest::nearest;
-
-/// A mistake on the command line; its `Display` is the one line to print (then exit 2).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum UsageError {
-    #[error("unknown flag {flag}{}; see --help", did_you_mean(.suggestion))]
-    Unknown {
-        flag: String,
-        suggestion: Option<String>,
-    },
-    #[error("unexpected argument {argument:?}: flags start with --, see --help")]
-    Positional { argument: String },
-    #[error("{flag} needs a value ({value_name}){}", found_flag(.found))]
-    MissingValue {
-        flag: String,
-        value_name: &'static str,
-        /// The flag that came where the value should be.
-        found: Option<String>,
-    },
-    #[error("{flag} is a switch and takes no value, got {value:?}")]
-    SwitchWithValue { flag: String, value: String },
-    #[error("{flag} must be {want}, got {value:?}")]
-    BadValue {
-        flag: String,
-        value: String,
-        want: String,
-    },
-    #[error("{flag} was given twice ({first:?}, then {second:?}); it takes one value")]
-    Repeated {
-        flag: String,
-        first: String,
-        second: String,
-    },
-    #[error("{flag} {value_name} is required; see --help")]
-    Required {
-        flag: String,
-        value_name: &'static str,
-    },
-    #[error("{0}")]
-    Other(String),
-}
-
-fn did_you_mean(suggestion: &Option<String>) -> String {
-    suggestion
-        .as_ref()
-        .map_or(String::new(), |s| format!(" (did you mean {s}?)"))
-}
-
-fn found_flag(found: &Option<String>) -> String {
-    found
-        .as_ref()
-        .map_or(String::new(), |f| format!(", got the flag {f}"))
-}
 
 /// What the command line asks for.
 #[derive(Debug, Clone, PartialEq)]
@@ -103,22 +53,27 @@ impl Parsed {
             .collect()
     }
 
+    /// The flag's value as a `usize` (`None`: not given); one the type cannot hold is an error.
     pub fn get_usize(&self, name: &str) -> Result<Option<usize>, UsageError> {
         self.get_parsed(name, "a whole number")
     }
 
+    /// The flag's value as a `u64` (`None`: not given); one the type cannot hold is an error.
     pub fn get_u64(&self, name: &str) -> Result<Option<u64>, UsageError> {
         self.get_parsed(name, "a whole number")
     }
 
+    /// The flag's value as a `u16` (`None`: not given); one the type cannot hold is an error.
     pub fn get_u16(&self, name: &str) -> Result<Option<u16>, UsageError> {
         self.get_parsed(name, "a port number in [1, 65535]")
     }
 
+    /// The flag's value as an `f32` (`None`: not given); one the type cannot hold is an error.
     pub fn get_f32(&self, name: &str) -> Result<Option<f32>, UsageError> {
         self.get_parsed(name, "a number")
     }
 
+    /// The flag's value as an `f64` (`None`: not given); one the type cannot hold is an error.
     pub fn get_f64(&self, name: &str) -> Result<Option<f64>, UsageError> {
         self.get_parsed(name, "a number")
     }
@@ -286,11 +241,11 @@ pub fn parse_or_exit(
     match parse(table, args) {
         Ok(Outcome::Run(parsed)) => parsed,
         Ok(Outcome::Help) => {
-            print!("{}", crate::render_help(table, binary, version));
+            print!("{}", render_help(table, binary, version));
             std::process::exit(0)
         }
         Ok(Outcome::Version) => {
-            print!("{}", crate::render_version(binary, version));
+            print!("{}", render_version(binary, version));
             std::process::exit(0)
         }
         Err(e) => {

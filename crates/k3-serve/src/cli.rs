@@ -9,9 +9,12 @@ pub use k3_cli::{
 
 use k3_cli::library_flags;
 
-/// The sections of `--help` for `k3-serve`'s own flags (the library flags' follow).
+/// The sections of `--help` for `k3-serve`'s own flags (the library flags' follow): the
+/// checkpoint and what is served from it,
 pub const MODEL: Group = Group::new("Model");
+/// the HTTP server and its limits,
 pub const SERVER: Group = Group::new("Server");
+/// and sampling with the one-shot run's own flags.
 pub const SAMPLING: Group = Group::new("Sampling and one-shot generation");
 
 /// The chat templates `--chat-template` accepts: only the built-in renderer exists.
@@ -105,7 +108,8 @@ pub fn k3_serve_flags() -> Vec<Flag> {
             "8",
             SERVER,
             "sequences decoded together in one batch",
-        ),
+        )
+        .aliases(&["-np", "--parallel"]),
         Flag::value(
             "queue",
             "N",
@@ -152,7 +156,7 @@ pub fn k3_serve_flags() -> Vec<Flag> {
             Number { min: 0.0, max: 1e6 },
             "a tenth of the memory budget at startup",
             SERVER,
-            "size in GiB of the session snapshots kept in RAM to resume prompts that extend a cached prefix; 0 turns the cache off",
+            "size in GB (10^9 bytes) of the session snapshots kept in RAM to resume prompts that extend a cached prefix; 0 turns the cache off",
         ),
         Flag::value(
             "prompt-cache-dir",
@@ -295,11 +299,29 @@ mod tests {
         }
     }
 
-    /// The README names every flag the binary accepts.
+    /// The README names every flag the binary accepts, and every long alias (the
+    /// llama-server and vLLM spellings: `--ctx-size`, `--parallel`, ...).
     #[test]
     fn the_readme_names_every_flag() {
         let readme = include_str!("../../../README.md");
-        let missing = k3_cli::flags_not_named_in(readme, &k3_serve_flags());
+        let table = k3_serve_flags();
+        let missing = k3_cli::flags_not_named_in(readme, &table);
+        assert!(missing.is_empty(), "README.md does not name {missing:?}");
+        // Each long alias as a flag of its own, so the same rule finds it.
+        let aliases: Vec<Flag> = table
+            .iter()
+            .flat_map(|flag| {
+                flag.aliases
+                    .iter()
+                    .filter_map(|alias| alias.strip_prefix("--"))
+                    .map(|name| Flag {
+                        name,
+                        ..flag.clone()
+                    })
+            })
+            .collect();
+        assert!(aliases.iter().any(|f| f.name == "parallel"));
+        let missing = k3_cli::flags_not_named_in(readme, &aliases);
         assert!(missing.is_empty(), "README.md does not name {missing:?}");
     }
 
@@ -317,19 +339,34 @@ mod tests {
         let p = run(&["-m", "/models/k3", "-t", "8", "--max-model-len", "8192"]).unwrap();
         assert_eq!(p.get_str("model"), Some("/models/k3"));
         assert_eq!(p.get_usize("ctx").unwrap(), Some(8192));
+        // llama-server's slot count is the batch.
+        for spelling in ["-np", "--parallel"] {
+            let p = run(&[spelling, "3"]).unwrap();
+            assert_eq!(p.get_or_default::<usize>(&table, "max-batch").unwrap(), 3);
+        }
         assert_eq!(
             run(&["--chat-template", "chatml"]).unwrap_err().to_string(),
             "--chat-template must be kimi-k3 (the only one there is), got \"chatml\""
         );
     }
 
-    /// `main.rs` handles no flag outside the table: no `"--flag"` literal there is unknown,
-    /// and every name it reads (`get_str("port")`, `switch("serve")`, ...) is in the table;
-    /// the defaults it takes from the table parse and agree with the code's.
+    /// The binary (`main.rs` and its files) handles no flag outside the table: no `"--flag"`
+    /// literal there is unknown, and every name it reads (`get_str("port")`,
+    /// `switch("serve")`, ...) is in the table; the defaults it takes from the table parse and
+    /// agree with the code's.
     #[test]
     fn main_reads_table_flags_and_the_help_defaults_are_the_ones_used() {
         let table = k3_serve_flags();
-        let main = include_str!("main.rs");
+        let main = [
+            include_str!("main.rs"),
+            include_str!("args.rs"),
+            include_str!("startup.rs"),
+            include_str!("one_shot.rs"),
+            include_str!("serving.rs"),
+            include_str!("follower.rs"),
+        ]
+        .concat();
+        let main = main.as_str();
         for (at, _) in main.match_indices("\"--") {
             let rest = &main[at + 1..];
             let end = rest[2..]
@@ -367,7 +404,7 @@ mod tests {
         }
         assert!(read >= 20, "only {read} flag reads found in main.rs");
         let none = Parsed::default();
-        let conn = crate::conn::ConnLimits::default();
+        let conn = crate::conn::limits::ConnLimits::default();
         let secs = |name| none.get_or_default::<f64>(&table, name).unwrap();
         assert_eq!(secs("header-timeout-s"), conn.header.as_secs_f64());
         assert_eq!(secs("body-timeout-s"), conn.body.as_secs_f64());

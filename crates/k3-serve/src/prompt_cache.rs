@@ -35,12 +35,13 @@ pub struct Namespace(pub [u8; 16]);
 
 /// Where snapshots spill.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpillOptions {
-    pub dir: PathBuf,
+pub(crate) struct SpillOptions {
+    /// The directory the files go to.
+    pub(crate) dir: PathBuf,
     /// Bytes of files kept (least recently used deleted first).
-    pub budget_bytes: u64,
+    pub(crate) budget_bytes: u64,
     /// The engine and checkpoint files must have been written for.
-    pub identity: Identity,
+    pub(crate) identity: Identity,
 }
 
 /// Counters for `/metrics`.
@@ -71,15 +72,16 @@ pub struct PromptCacheStats {
 /// A cached prefix found for a prompt: the request holds the snapshot while it restores it
 /// (the cache does not evict it meanwhile).
 #[derive(Debug, Clone)]
-pub struct Hit {
+pub(crate) struct Hit {
     /// Tokens the snapshot covers (a prefix of the query).
-    pub tokens: usize,
-    pub snapshot: Arc<Snapshot>,
+    pub(crate) tokens: usize,
+    /// The session's state at the end of those tokens.
+    pub(crate) snapshot: Arc<Snapshot>,
 }
 
 /// Snapshots by token prefix, bounded in bytes (see the module docs).
 #[derive(Debug)]
-pub struct PromptCache {
+pub(crate) struct PromptCache {
     budget_bytes: usize,
     entries: HashMap<u64, Entry>,
     /// Prefix hash → ids of the entries whose tokens have that hash.
@@ -106,7 +108,7 @@ struct Entry {
 impl PromptCache {
     /// An empty cache holding at most `budget_bytes` of snapshots in RAM (0 holds none),
     /// with `spill`'s directory read back first (created if missing).
-    pub fn new(budget_bytes: usize, spill: Option<SpillOptions>) -> Self {
+    pub(crate) fn new(budget_bytes: usize, spill: Option<SpillOptions>) -> Self {
         let mut cache = Self {
             budget_bytes,
             entries: HashMap::new(),
@@ -122,17 +124,13 @@ impl PromptCache {
         cache
     }
 
-    pub fn stats(&self) -> PromptCacheStats {
+    pub(crate) fn stats(&self) -> PromptCacheStats {
         self.stats
-    }
-
-    pub fn budget_bytes(&self) -> usize {
-        self.budget_bytes
     }
 
     /// Whether a snapshot after exactly `tokens` is cached for `namespace` (in RAM or on
     /// disk); no use is counted.
-    pub fn contains(&self, namespace: Namespace, tokens: &[usize]) -> bool {
+    pub(crate) fn contains(&self, namespace: Namespace, tokens: &[usize]) -> bool {
         self.find(namespace, tokens).is_some()
     }
 
@@ -150,7 +148,7 @@ impl PromptCache {
     /// prompt without it). A spilled entry is read back (and kept in RAM if it fits); one
     /// whose file fails its checks is dropped with a warning and the next shorter prefix is
     /// tried. Entries of other namespaces are never found.
-    pub fn longest_prefix(&mut self, namespace: Namespace, tokens: &[usize]) -> Option<Hit> {
+    pub(crate) fn longest_prefix(&mut self, namespace: Namespace, tokens: &[usize]) -> Option<Hit> {
         let mut candidates = Vec::new();
         let mut hash = PrefixHash::new(namespace);
         for (i, &t) in tokens.iter().enumerate() {
@@ -182,7 +180,7 @@ impl PromptCache {
     /// `tokens.len()`, else nothing is stored). Returns whether it is held in RAM: false when
     /// it could not fit the budget even after evicting every snapshot no request holds (it may
     /// still have been spilled). Inserting tokens already cached refreshes that entry.
-    pub fn insert(
+    pub(crate) fn insert(
         &mut self,
         namespace: Namespace,
         tokens: &[usize],

@@ -9,8 +9,10 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::common::{CommonFields, Logprobs};
+use super::error::ApiError;
 use super::fields::{field_names, kind_of, object, typed, unknown};
-use super::{ApiError, Limits, Prompt, ValidRequest};
+use super::limits::Limits;
+use super::valid::{Prompt, ValidRequest};
 
 /// The most alternatives per token a chat request may ask for (`top_logprobs`, OpenAI's
 /// limit).
@@ -76,6 +78,8 @@ impl ChatRequest {
         &self.ignored
     }
 
+    /// Checks the request against `limits` and renders its messages with the chat template:
+    /// the request the engine takes, or the 400 (404 for an unknown `model`) naming the field.
     pub fn validate(self, limits: &Limits) -> Result<ValidRequest, ApiError> {
         let fields = self.fields;
         let top = match fields.top_logprobs {

@@ -6,7 +6,10 @@ use k3_model::sampling::SamplingParams;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{ApiError, Limits, Prompt, ValidRequest, served_as};
+use super::error::ApiError;
+use super::limits::Limits;
+use super::valid::{Prompt, ValidRequest};
+use crate::naming::accepts;
 
 /// Stop strings' bytes, all together, at most (400 above): they are matched incrementally, so
 /// this bounds memory and the text held back from the client, not time per token.
@@ -17,10 +20,10 @@ pub const MAX_CACHE_SALT_BYTES: usize = 1024;
 
 /// Fields shared by both endpoints (OpenAI names; the extras vLLM and others accept too).
 #[derive(Debug, Deserialize)]
-pub struct CommonFields {
-    pub model: Option<String>,
+pub(crate) struct CommonFields {
+    model: Option<String>,
     /// `null` is `false`, as for every other optional field.
-    pub stream: Option<bool>,
+    stream: Option<bool>,
     /// `{"include_usage": true}`: a last chunk with the usage (streams only).
     pub stream_options: Option<Value>,
     /// `{"token id": bias}`, each bias in [-100, 100].
@@ -87,7 +90,7 @@ impl CommonFields {
         logprobs: Logprobs,
     ) -> Result<Checked, ApiError> {
         if let Some(model) = &self.model
-            && !crate::naming::accepts(&limits.model_names, model)
+            && !accepts(&limits.model_names, model)
         {
             return Err(ApiError {
                 status: StatusCode::NOT_FOUND,
@@ -132,7 +135,7 @@ impl CommonFields {
             repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
             presence_penalty: self.presence_penalty.unwrap_or(0.0),
             frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
-            seed: self.seed.unwrap_or_else(super::fresh_seed),
+            seed: self.seed.unwrap_or_else(fresh_seed),
             top_logprobs: logprobs.top,
             logit_bias: logit_bias(self.logit_bias.as_ref(), limits.vocab_size)?,
         };
@@ -267,4 +270,30 @@ fn logit_bias(value: Option<&Value>, vocab_size: usize) -> Result<Vec<(u32, f32)
             Ok((token, bias as f32))
         })
         .collect()
+}
+
+/// `"a"`, or `"a" (also "b", "c")`.
+fn served_as(names: &[String]) -> String {
+    let quoted: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
+    match quoted.split_first() {
+        None => String::new(),
+        Some((first, [])) => first.clone(),
+        Some((first, rest)) => format!("{first} (also {})", rest.join(", ")),
+    }
+}
+
+/// A seed for a request that gives none: fresh for every request, so two identical unseeded
+/// requests at a temperature above 0 differ, as with OpenAI and vLLM. From std's `RandomState`
+/// (its keys come from the operating system's random source, once per thread, then advance
+/// per instance) over the time and a process-wide counter.
+fn fresh_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    hasher.write_u128(now.as_nanos());
+    hasher.finish()
 }

@@ -5,9 +5,10 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::common::{CommonFields, Logprobs};
+use super::error::ApiError;
 use super::fields::{field_names, object, typed, unknown};
-use super::{ApiError, Prompt, ValidRequest};
-use crate::api::Limits;
+use super::limits::Limits;
+use super::valid::{Prompt, ValidRequest};
 
 /// The most alternatives a completions request may ask for (OpenAI's limit).
 pub const MAX_COMPLETION_LOGPROBS: u64 = 5;
@@ -57,6 +58,8 @@ impl CompletionRequest {
         &self.ignored
     }
 
+    /// Checks the request against `limits`: the request the engine takes (its prompt plain
+    /// text), or the 400 (404 for an unknown `model`) naming the field.
     pub fn validate(self, limits: &Limits) -> Result<ValidRequest, ApiError> {
         let fields = self.fields;
         let logprobs = match &fields.logprobs {

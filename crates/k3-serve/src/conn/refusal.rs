@@ -8,7 +8,8 @@ use axum::http::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::api::ApiError;
+use crate::api::error::ApiError;
+use crate::server::status::StatusCounts;
 
 /// How long a closing connection reads, and drops, what the client still sends.
 const LINGER: Duration = Duration::from_secs(1);
@@ -26,7 +27,7 @@ pub(super) fn head_timeout(header: Duration) -> ApiError {
 
 /// `error` as an HTTP/1.1 answer that ends the connection, with `extra` header lines (each
 /// ending in CRLF).
-pub(super) fn answer(error: &ApiError, extra: &str) -> Vec<u8> {
+fn answer(error: &ApiError, extra: &str) -> Vec<u8> {
     let body = error.body().to_string();
     format!(
         "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n{extra}\r\n{body}",
@@ -41,7 +42,7 @@ pub(super) fn answer(error: &ApiError, extra: &str) -> Vec<u8> {
 /// sends is read and dropped for up to [`LINGER`]. Closing a socket with unread bytes resets
 /// the connection, and a reset can destroy the answer before the client reads it (a head
 /// over the limit is refused before all of it is read).
-pub(super) async fn close_with(mut stream: TcpStream, answer: &[u8]) {
+async fn close_with(mut stream: TcpStream, answer: &[u8]) {
     let _ = tokio::time::timeout(LINGER, async {
         stream.write_all(answer).await?;
         stream.shutdown().await?;
@@ -53,10 +54,22 @@ pub(super) async fn close_with(mut stream: TcpStream, answer: &[u8]) {
 }
 
 /// Over the cap: a 503 with the error object, then close.
-pub(super) async fn over_capacity(stream: TcpStream, cap: usize) {
+pub(super) async fn over_capacity(stream: TcpStream, cap: usize, responses: &StatusCounts) {
     let error = ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         format!("the server has its maximum of {cap} connections open; retry later"),
     );
-    close_with(stream, &answer(&error, "retry-after: 1\r\n")).await;
+    refuse(stream, &error, "retry-after: 1\r\n", responses).await;
+}
+
+/// `error` as the connection's last answer (with `extra` header lines), counted in
+/// `responses`, then close.
+pub(super) async fn refuse(
+    stream: TcpStream,
+    error: &ApiError,
+    extra: &str,
+    responses: &StatusCounts,
+) {
+    responses.record(error.status);
+    close_with(stream, &answer(error, extra)).await;
 }

@@ -21,7 +21,7 @@ const DISK_BUDGET_FACTOR: u64 = 4;
 pub struct PromptCacheOptions {
     /// Bytes of snapshots held in RAM; 0 turns the cache off.
     pub budget_bytes: usize,
-    /// Where snapshots spill (at most [`DISK_BUDGET_FACTOR`] × `budget_bytes` of files) and
+    /// Where snapshots spill (at most four times `budget_bytes` of files) and
     /// are found again after a restart.
     pub dir: Option<PathBuf>,
 }

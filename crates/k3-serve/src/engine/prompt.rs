@@ -4,7 +4,7 @@
 use k3_model::chat::Segment;
 use k3_model::tokenizer::Tokenizer;
 
-use crate::api::Prompt;
+use crate::api::valid::Prompt;
 
 /// A validated request's prompt as the pieces that are encoded each on its own (chat messages
 /// rendered; plain text is one piece in which special-token strings are ordinary text).
@@ -20,7 +20,7 @@ pub fn prompt_segments(prompt: &Prompt) -> Vec<Segment> {
 
 /// The fewest tokens `segments` can encode to (see [`Tokenizer::min_tokens`]): a prompt can be
 /// refused on its length before it is tokenized.
-pub fn min_prompt_tokens(tokenizer: &Tokenizer, segments: &[Segment]) -> usize {
+pub(crate) fn min_prompt_tokens(tokenizer: &Tokenizer, segments: &[Segment]) -> usize {
     segments
         .iter()
         .map(|s| tokenizer.min_tokens(s.text.len()))

@@ -17,10 +17,13 @@ use k3_model::model::snapshot::file::Identity;
 use k3_model::tokenizer::Tokenizer;
 
 use super::cache::EngineCache;
+use super::config::EngineConfig;
+use super::job::Event;
+use super::metrics::Metrics;
 use super::queue::{JobQueue, Pop};
 use super::sequence::Sequence;
-use super::{EngineConfig, Event, Metrics, state};
-use crate::api::Prompt;
+use super::state;
+use crate::api::valid::Prompt;
 
 pub(super) fn run(
     config: EngineConfig,

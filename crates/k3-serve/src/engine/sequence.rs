@@ -11,8 +11,11 @@ use k3_model::sampling::{Sampler, StopStrings};
 use k3_model::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::{Event, Job, Metrics, TokenLogprob};
-use crate::api::Prompt;
+use super::job::{Event, Job, TokenLogprob};
+use super::metrics::Metrics;
+use super::state::StateFiles;
+use crate::api::valid::Prompt;
+use crate::prompt_cache::Namespace;
 
 /// Visible text of one kind (reasoning or content) on its way out: stop strings are matched
 /// in it as it comes, and a tail that may begin one is held back.
@@ -58,7 +61,7 @@ pub(super) struct Sequence {
     /// How many first prompt tokens are a chat's system block (0: none known).
     pub(super) system_tokens: usize,
     /// Where its snapshots go in the prompt cache, and where it resumes from.
-    pub(super) cache_namespace: crate::prompt_cache::Namespace,
+    pub(super) cache_namespace: Namespace,
     /// Prompt tokens restored from the prompt cache.
     pub(super) cached_tokens: usize,
     /// The tokens sampled so far (all but the last have been fed to the session).
@@ -80,10 +83,10 @@ pub(super) struct Sequence {
     prefilled: Option<Instant>,
     /// Fault injection (tests): panic in sampling once this many tokens are generated.
     pub(super) panic_at: Option<usize>,
-    /// Test hook ([`super::EngineConfig::scripted_answers`]): tokens forced before sampling.
+    /// Test hook ([`super::config::EngineConfig::scripted_answers`]): tokens forced before sampling.
     pub(super) script: std::collections::VecDeque<u32>,
     /// `--load-state` / `--save-state` of the one-shot run.
-    pub(super) state: super::StateFiles,
+    pub(super) state: StateFiles,
 }
 
 impl Sequence {

@@ -1,54 +1,62 @@
-//! `/metrics`: the engine's counters in Prometheus text format.
+//! `/metrics`: the answers by status and the engine's counters in Prometheus text format.
 
 use std::sync::atomic::Ordering;
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 
-use super::{AppState, check_engine};
+use super::state::{AppState, check_engine};
 
 /// Prometheus text format.
 pub(super) async fn metrics(State(state): State<AppState>) -> Response {
     let m = &state.engine.metrics;
     let generated = m.generated_tokens.load(Ordering::Relaxed);
     let decode_s = m.decode_ns.load(Ordering::Relaxed) as f64 / 1e9;
-    let mut text = String::new();
-    let mut metric = |name: &str, kind: &str, help: &str, value: String| {
-        text.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
-        ));
-    };
-    metric(
+    let mut text = Text::default();
+    text.metric(
         "k3_engine_up",
         "gauge",
         "1 while the engine serves; 0 while the model loads or after the engine stopped.",
         u8::from(check_engine(&state.engine).is_ok()).to_string(),
     );
-    metric(
+    text.family(
         "k3_requests_total",
+        "counter",
+        "HTTP answers by status code (the router's 404 and 405, the API key check's 401 and the \
+         connection layer's refusals included).",
+    );
+    for (status, answers) in state.responses.counts() {
+        text.sample(
+            "k3_requests_total",
+            &format!("{{status=\"{status}\"}}"),
+            answers.to_string(),
+        );
+    }
+    text.metric(
+        "k3_requests_admitted_total",
         "counter",
         "Requests admitted to the engine.",
         m.requests.load(Ordering::Relaxed).to_string(),
     );
-    metric(
+    text.metric(
         "k3_requests_rejected_total",
         "counter",
         "Requests refused with 429 (queue full).",
         m.rejected.load(Ordering::Relaxed).to_string(),
     );
-    metric(
+    text.metric(
         "k3_prompt_tokens_total",
         "counter",
         "Prompt tokens of admitted requests (cached ones included).",
         m.prompt_tokens.load(Ordering::Relaxed).to_string(),
     );
-    metric(
+    text.metric(
         "k3_generated_tokens_total",
         "counter",
         "Tokens generated.",
         generated.to_string(),
     );
-    metric(
+    text.metric(
         "k3_decode_tokens_per_second",
         "gauge",
         "Generated tokens per second of decode-step time.",
@@ -61,13 +69,13 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Response {
             }
         ),
     );
-    metric(
+    text.metric(
         "k3_queue_depth",
         "gauge",
         "Requests waiting for a batch slot.",
         state.engine.queue_depth().to_string(),
     );
-    metric(
+    text.metric(
         "k3_active_sequences",
         "gauge",
         "Sequences in the running batch.",
@@ -75,19 +83,19 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Response {
     );
     let store = *m.store.lock().unwrap_or_else(|p| p.into_inner());
     let store = store.unwrap_or_default();
-    metric(
+    text.metric(
         "k3_expert_cache_hits_total",
         "counter",
         "Routed-expert uses served from memory.",
         store.hits.to_string(),
     );
-    metric(
+    text.metric(
         "k3_expert_cache_misses_total",
         "counter",
         "Routed-expert uses that needed a read.",
         store.misses.to_string(),
     );
-    metric(
+    text.metric(
         "k3_expert_bytes_read_total",
         "counter",
         "Bytes of experts read from disk.",
@@ -95,35 +103,58 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Response {
     );
     let cache = *m.prompt_cache.lock().unwrap_or_else(|p| p.into_inner());
     let cache = cache.unwrap_or_default();
-    metric(
+    text.metric(
         "k3_prompt_cache_hits_total",
         "counter",
         "Requests that resumed from a cached prompt prefix.",
         cache.hits.to_string(),
     );
-    metric(
+    text.metric(
         "k3_prompt_cache_misses_total",
         "counter",
         "Requests that found no cached prompt prefix.",
         cache.misses.to_string(),
     );
-    metric(
+    text.metric(
         "k3_prompt_cache_cached_tokens_total",
         "counter",
         "Prompt tokens restored from the prompt cache instead of prefilled.",
         cache.cached_tokens_served.to_string(),
     );
-    metric(
+    text.metric(
         "k3_prompt_cache_bytes",
         "gauge",
         "Bytes of session snapshots the prompt cache holds in memory.",
         cache.bytes_held.to_string(),
     );
-    metric(
+    text.metric(
         "k3_prompt_cache_evictions_total",
         "counter",
         "Snapshots dropped from memory to stay within --prompt-cache-gb.",
         cache.evictions.to_string(),
     );
-    ([("content-type", "text/plain; version=0.0.4")], text).into_response()
+    ([("content-type", "text/plain; version=0.0.4")], text.0).into_response()
+}
+
+/// Prometheus text, one metric family at a time.
+#[derive(Default)]
+struct Text(String);
+
+impl Text {
+    /// A family's `# HELP` and `# TYPE` lines.
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        self.0
+            .push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+    }
+
+    /// One sample: `name{labels} value` (`labels` empty, or `{key="value"}`).
+    fn sample(&mut self, name: &str, labels: &str, value: String) {
+        self.0.push_str(&format!("{name}{labels} {value}\n"));
+    }
+
+    /// A family of one unlabelled sample.
+    fn metric(&mut self, name: &str, kind: &str, help: &str, value: String) {
+        self.family(name, kind, help);
+        self.sample(name, "", value);
+    }
 }

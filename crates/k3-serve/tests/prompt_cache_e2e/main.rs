@@ -109,6 +109,7 @@ pub(crate) fn server_with(
     AppState {
         engine,
         limits: Arc::new(limits()),
+        responses: Default::default(),
     }
 }
 

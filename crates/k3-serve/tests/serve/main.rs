@@ -9,6 +9,7 @@ mod prompt_cache_files;
 mod prompt_cache_log;
 mod queue;
 mod router;
+mod status_counts;
 mod validation;
 
 use std::path::PathBuf;

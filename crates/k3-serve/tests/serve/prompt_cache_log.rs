@@ -46,14 +46,19 @@ fn the_budget_is_printed_at_startup_and_zero_turns_the_cache_off() {
             .unwrap();
         assert_eq!(second["choices"], first["choices"], "{extra:?}");
         if on {
-            // The default: a tenth of the memory budget (1 GiB where it cannot be read).
+            // The default: a tenth of the memory budget (1 GB where it cannot be read), in
+            // GB as every size the startup log gives.
             let default = ["a tenth of the", "the memory budget is unknown"];
             assert!(
                 stderr
                     .lines()
-                    .any(|l| l.contains("GiB of snapshots in memory (")
+                    .any(|l| l.contains("GB of snapshots in memory (")
                         && default.iter().any(|d| l.contains(d))),
                 "{stderr}"
+            );
+            assert!(
+                !stderr.contains("GiB"),
+                "one unit in the startup log: {stderr}"
             );
             // The repeated turn resumes from its system block at least.
             assert!(cached > 0, "{second}");

@@ -85,7 +85,7 @@ fn requests_abandoned_in_the_queue_leave_it_at_once() {
         "the queue never held the 40: {}",
         metric(port, "k3_queue_depth")
     );
-    let before = metric(port, "k3_requests_total");
+    let before = metric(port, "k3_requests_admitted_total");
     // Their clients go away.
     for stream in waiting {
         let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -113,7 +113,7 @@ fn requests_abandoned_in_the_queue_leave_it_at_once() {
     assert_eq!(status, 200, "{text}");
     let next = start.elapsed();
     // Admitted: the occupant and the next one, none of the 40.
-    assert_eq!(metric(port, "k3_requests_total"), before + 1.0);
+    assert_eq!(metric(port, "k3_requests_admitted_total"), before + 1.0);
     assert!(
         next < Duration::from_secs(10),
         "the next request took {next:?}"

@@ -73,6 +73,7 @@ fn state_unready(config: EngineConfig, context: usize) -> AppState {
     let (engine, _thread) = spawn(config).unwrap();
     AppState {
         engine,
+        responses: Default::default(),
         limits: Arc::new(Limits {
             model_names: vec!["tiny".into()],
             max_tokens_default: 16,
@@ -202,7 +203,7 @@ async fn endpoints_answer() {
     let (status, text) = call(&s, "GET", "/metrics", None).await;
     assert_eq!(status, StatusCode::OK);
     for name in [
-        "k3_requests_total 4",
+        "k3_requests_admitted_total 4",
         "k3_generated_tokens_total",
         "k3_queue_depth",
         "k3_expert_cache_hits_total",

@@ -1,0 +1,235 @@
+//! The command line as [`Args`]: the flag table's values (`k3_serve::cli`), checked against
+//! each other and against what they name (the model directory, `--prompt-cache-dir`,
+//! `--api-key-file`) before anything is loaded; a mistake is one line and exit 2
+//! ([`usage_exit`]).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k3_model::builder::EngineOptions;
+use k3_model::chat::ThinkingEffort;
+use k3_model::packcache::PackCachePlace;
+use k3_serve::cli::{self, Flag, Outcome, Parsed, UsageError};
+use k3_serve::conn::ConnLimits;
+use k3_serve::engine::StateFiles;
+use k3_serve::model_dir::check_model_dir;
+
+use crate::startup::user_cache_dir;
+
+/// The binary's name in `--help`, `--version` and usage errors.
+const BINARY: &str = "k3-serve";
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+pub(crate) struct Args {
+    pub(crate) model: Option<PathBuf>,
+    pub(crate) serve: bool,
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    /// What the engine is built with: the library flags, `--scan`, `--max-batch`, `--ctx`.
+    pub(crate) engine: EngineOptions,
+    pub(crate) queue: usize,
+    pub(crate) conn: ConnLimits,
+    pub(crate) prompt: Option<String>,
+    /// `--raw`: the one-shot prompt is plain text, not a user message.
+    pub(crate) raw: bool,
+    /// `--load-state`, `--save-state` (one-shot only).
+    pub(crate) state: StateFiles,
+    /// `--max-tokens`: the one-shot run's tokens, the server's default.
+    pub(crate) max_tokens: Option<usize>,
+    /// One-shot only (the server takes each request's).
+    pub(crate) temperature: f32,
+    pub(crate) seed: u64,
+    /// Thinking when nothing else says (`--no-think` turns it off).
+    pub(crate) thinking: bool,
+    /// The chat template's `thinking_effort` for requests that give none.
+    pub(crate) thinking_effort: ThinkingEffort,
+    /// `--api-key` (each), `K3_API_KEY` and the lines of `--api-key-file`.
+    pub(crate) api_keys: Vec<String>,
+    pub(crate) served_model_names: Vec<String>,
+    /// `--prompt-cache-gb` (`None`: the default share of the memory budget).
+    pub(crate) prompt_cache_gb: Option<f64>,
+    pub(crate) prompt_cache_dir: Option<PathBuf>,
+}
+
+/// The command line (without the program name) as [`Args`]; `None` when `--help` or
+/// `--version` was printed.
+pub(crate) fn parse(
+    table: &[Flag],
+    args: impl IntoIterator<Item = String>,
+) -> Result<Option<Args>, UsageError> {
+    let mut p = match cli::parse(table, args)? {
+        Outcome::Run(parsed) => parsed,
+        Outcome::Help => {
+            print!("{}", cli::render_help(table, BINARY, VERSION));
+            return Ok(None);
+        }
+        Outcome::Version => {
+            print!("{}", cli::render_version(BINARY, VERSION));
+            return Ok(None);
+        }
+    };
+    p.fill_from_env(table, |var| std::env::var(var).ok())?;
+    let mut engine = EngineOptions {
+        scan: p.switch("scan"),
+        max_batch: p.get_or_default(table, "max-batch")?,
+        ctx: p.get_or_default(table, "ctx")?,
+        ..EngineOptions::default()
+    };
+    cli::apply_library_flags(&p, &mut engine)?;
+    if engine.pack_cache == PackCachePlace::Auto(None) {
+        // Where the checkpoint's directory is read-only, the pack cache goes to the user's.
+        engine.pack_cache = PackCachePlace::Auto(Some(user_cache_dir().join("k3")));
+    }
+    let seconds = |name: &str| -> Result<Duration, UsageError> {
+        Ok(Duration::from_secs_f64(p.get_or_default(table, name)?))
+    };
+    let a = Args {
+        model: p.get_str("model").map(PathBuf::from),
+        serve: p.switch("serve"),
+        host: p.get_or_default(table, "host")?,
+        port: p.get_or_default(table, "port")?,
+        engine,
+        queue: p.get_or_default(table, "queue")?,
+        conn: ConnLimits {
+            header: seconds("header-timeout-s")?,
+            body: seconds("body-timeout-s")?,
+            idle: seconds("idle-timeout-s")?,
+            max_connections: p.get_or_default(table, "max-connections")?,
+        },
+        prompt: p.get_str("prompt").map(str::to_owned),
+        raw: p.switch("raw"),
+        state: StateFiles {
+            load: p.get_str("load-state").map(PathBuf::from),
+            save: p.get_str("save-state").map(PathBuf::from),
+        },
+        max_tokens: p.get_usize("max-tokens")?,
+        temperature: p.get_f32("temperature")?.unwrap_or(0.0),
+        seed: p.get_u64("seed")?.unwrap_or(0),
+        thinking: !p.switch("no-think"),
+        thinking_effort: p.get_or_default(table, "thinking-effort")?,
+        api_keys: api_keys(&p)?,
+        served_model_names: p
+            .all("served-model-name")
+            .into_iter()
+            .map(str::to_owned)
+            .collect(),
+        prompt_cache_gb: p.get_f64("prompt-cache-gb")?,
+        prompt_cache_dir: p.get_str("prompt-cache-dir").map(PathBuf::from),
+    };
+    check_mode(&p, &a)?;
+    if let Some(dir) = &a.model {
+        check_model_dir(dir).map_err(|e| UsageError::Other(e.to_string()))?;
+    }
+    if let (true, Some(dir)) = (a.serve, &a.prompt_cache_dir) {
+        check_prompt_cache_dir(dir)?;
+    }
+    Ok(Some(a))
+}
+
+/// Every `--api-key` (or `K3_API_KEY`), then the keys in `--api-key-file` (one per line,
+/// trimmed; blank lines skipped). A file that cannot be read, or holds no key, is a usage
+/// error.
+fn api_keys(p: &Parsed) -> Result<Vec<String>, UsageError> {
+    let mut keys: Vec<String> = p.all("api-key").into_iter().map(str::to_owned).collect();
+    if let Some(path) = p.get_str("api-key-file") {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| UsageError::Other(format!("--api-key-file {path}: {e}")))?;
+        let before = keys.len();
+        keys.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|line| !line.is_empty())
+                .map(str::to_owned),
+        );
+        if keys.len() == before {
+            return Err(UsageError::Other(format!(
+                "--api-key-file {path} holds no key (one key per line)"
+            )));
+        }
+    }
+    Ok(keys)
+}
+
+/// The flags that belong to one mode, given in the other.
+fn check_mode(p: &Parsed, a: &Args) -> Result<(), UsageError> {
+    match (a.serve, &a.prompt) {
+        (false, None) => Err(UsageError::Other(
+            "give --prompt TEXT for a one-shot generation, or --serve to start the server; see --help".into(),
+        )),
+        (true, Some(_)) => Err(UsageError::Other(
+            "--prompt is for a one-shot run and --serve starts the server: give one of them".into(),
+        )),
+        (true, None) => {
+            for name in ["temperature", "seed", "raw", "load-state", "save-state"] {
+                if p.has(name) {
+                    return Err(UsageError::Other(format!(
+                        "--{name} is for a one-shot run; the server takes each request's {name}"
+                    )));
+                }
+            }
+            Ok(())
+        }
+        (false, Some(_)) => {
+            for name in [
+                "served-model-name",
+                "host",
+                "port",
+                "max-connections",
+                "queue",
+                "prompt-cache-gb",
+                "prompt-cache-dir",
+                "api-key-file",
+            ] {
+                if p.has(name) {
+                    log::warn!("--{name} applies to the server (--serve) and is ignored by a one-shot run");
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `--prompt-cache-dir`: a directory, or a path the engine can make one (its parent is a
+/// directory: the engine creates the last directory only, so a mistyped path is not built).
+/// Checked here, before the model loads, which would otherwise come first and the cache's
+/// failure only as a warning after it.
+fn check_prompt_cache_dir(dir: &Path) -> Result<(), UsageError> {
+    use std::io::ErrorKind::{NotADirectory, NotFound};
+    let refuse = |why: String| {
+        Err(UsageError::Other(format!(
+            "--prompt-cache-dir {}: {why}",
+            dir.display()
+        )))
+    };
+    match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => return Ok(()),
+        Ok(_) => return refuse("exists and is not a directory".into()),
+        Err(e) if !matches!(e.kind(), NotFound | NotADirectory) => return refuse(e.to_string()),
+        Err(_) => {}
+    }
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let shown = parent.display();
+    match std::fs::metadata(parent) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => refuse(format!("its parent {shown} is not a directory")),
+        Err(e) if e.kind() == NotADirectory => {
+            refuse(format!("its parent {shown} is not a directory"))
+        }
+        Err(e) if e.kind() == NotFound => refuse(format!(
+            "its parent {shown} does not exist (only the last directory is created)"
+        )),
+        Err(e) => refuse(format!("its parent {shown}: {e}")),
+    }
+}
+
+/// A usage error: one line, exit 2, whatever `RUST_BACKTRACE` says.
+pub(crate) fn usage_exit(message: impl std::fmt::Display) -> ! {
+    eprintln!("{BINARY}: {message}");
+    std::process::exit(2);
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,35 @@
+//! How the engine is set up ([`EngineConfig`]): the checkpoint, the builder's options, the
+//! queue, the prompt cache, and the hooks tests use.
+
+use std::path::PathBuf;
+
+use k3_model::builder::EngineOptions;
+
+use super::cache::PromptCacheOptions;
+
+/// How the engine is set up (from the CLI).
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// The checkpoint directory (the release layout).
+    pub model_dir: PathBuf,
+    /// What the engine is built with (`k3_model::builder`): kernels, pool, experts, resident
+    /// trunk, `--scan`; its `max_batch` is the most sequences advanced together, its `ctx` the
+    /// tokens a sequence may hold (prompt and completion).
+    pub options: EngineOptions,
+    /// Jobs waiting for a slot at most (more are refused: 429).
+    pub queue: usize,
+    /// Prompt tokens prefilled in one forward pass at most.
+    pub prefill_chunk: usize,
+    /// The prompt cache (off when its budget is 0).
+    pub prompt_cache: PromptCacheOptions,
+    /// Fault injection for tests: a text prompt equal to `.0` panics in its sampling step
+    /// once `.1` tokens have been generated (0: right after its prefill). `None` in use.
+    #[doc(hidden)]
+    pub panic_on_prompt: Option<(String, usize)>,
+    /// Test hook: a job whose prompt tokens are exactly `.0` answers `.1` (each token forced
+    /// in turn, with its log-probability under the logits; sampling resumes if the script
+    /// runs out first), so tests can drive the output parser and the prompt cache with a
+    /// known answer on a random model. Empty in use.
+    #[doc(hidden)]
+    pub scripted_answers: Vec<(Vec<u32>, Vec<u32>)>,
+}

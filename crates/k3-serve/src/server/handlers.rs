@@ -1,0 +1,248 @@
+//! The request handlers: the two generation endpoints (read, validate, tokenize on the
+//! blocking pool, queue, answer as JSON or SSE), `/v1/models` and `/health`.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::State;
+use axum::extract::rejection::JsonRejection;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::sse::{KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde_json::{Value, json};
+
+use super::answer::{Chunks, collect};
+use super::state::{AppState, check_engine};
+use crate::api::chat::ChatRequest;
+use crate::api::completion::CompletionRequest;
+use crate::api::error::ApiError;
+use crate::api::valid::ValidRequest;
+use crate::auth::Tenant;
+use crate::engine::job::Job;
+use crate::engine::prompt::{encode_split, min_prompt_tokens, prompt_segments, system_segments};
+use crate::engine::queue::SubmitError;
+
+/// A JSON body or the error explaining why not (413 too large, 400 malformed, 422 wrong
+/// shape, 415 not declared as JSON: axum's own statuses).
+fn body<T>(parsed: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
+    parsed.map(|Json(v)| v).map_err(|rejection| {
+        ApiError::new(
+            rejection.status(),
+            format!("invalid request body: {}", rejection.body_text()),
+        )
+    })
+}
+
+/// The prompt's tokens, on the blocking pool: first a bound from its byte length (so an
+/// over-long prompt is refused without tokenizing it), then the tokens, then the exact check.
+async fn tokenize(
+    state: &AppState,
+    request: ValidRequest,
+) -> Result<(ValidRequest, Vec<u32>, usize), ApiError> {
+    let tokenizer = Arc::clone(&state.engine.tokenizer);
+    let context = state.limits.context;
+    let too_long = move |tokens: String, max_tokens: usize| {
+        ApiError::invalid(
+            "max_tokens",
+            format!(
+                "the prompt ({tokens} tokens) plus max_tokens ({max_tokens}) exceeds the context of {context} tokens"
+            ),
+        )
+    };
+    tokio::task::spawn_blocking(move || {
+        let segments = prompt_segments(&request.prompt);
+        let least = min_prompt_tokens(&tokenizer, &segments);
+        if least + request.max_tokens > context {
+            return Err(too_long(format!("at least {least}"), request.max_tokens));
+        }
+        let (ids, system_tokens) =
+            encode_split(&tokenizer, &segments, system_segments(&request.prompt));
+        if ids.is_empty() {
+            return Err(ApiError::invalid(
+                "prompt",
+                "the prompt has no tokens, and the tokenizer has no [BOS] token to begin from",
+            ));
+        }
+        if ids.len() + request.max_tokens > context {
+            return Err(too_long(ids.len().to_string(), request.max_tokens));
+        }
+        Ok((request, ids, system_tokens))
+    })
+    .await
+    .map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("tokenizing the prompt failed: {e}"),
+        )
+    })?
+}
+
+pub(super) async fn chat(
+    State(state): State<AppState>,
+    tenant: Option<Extension<Tenant>>,
+    parsed: Result<Json<Value>, JsonRejection>,
+) -> Response {
+    let id = format!("chatcmpl-{:x}", unique());
+    let (request, ignored) = read(parsed, ChatRequest::from_json, |r| {
+        (r.ignored().to_vec(), r.validate(&state.limits))
+    });
+    answer(state, tenant, request, &ignored, id, true).await
+}
+
+pub(super) async fn completions(
+    State(state): State<AppState>,
+    tenant: Option<Extension<Tenant>>,
+    parsed: Result<Json<Value>, JsonRejection>,
+) -> Response {
+    let id = format!("cmpl-{:x}", unique());
+    let (request, ignored) = read(parsed, CompletionRequest::from_json, |r| {
+        (r.ignored().to_vec(), r.validate(&state.limits))
+    });
+    answer(state, tenant, request, &ignored, id, false).await
+}
+
+/// A body read as an endpoint's request (`from_json`), then its ignored fields and its
+/// validation (`check`); the ignored fields are empty when the body could not be read.
+fn read<R>(
+    parsed: Result<Json<Value>, JsonRejection>,
+    from_json: impl FnOnce(&Value) -> Result<R, ApiError>,
+    check: impl FnOnce(R) -> (Vec<String>, Result<ValidRequest, ApiError>),
+) -> (Result<ValidRequest, ApiError>, Vec<String>) {
+    match body(parsed).and_then(|b| from_json(&b)) {
+        Ok(request) => {
+            let (ignored, valid) = check(request);
+            (valid, ignored)
+        }
+        Err(e) => (Err(e), Vec::new()),
+    }
+}
+
+/// Runs a validated request (or answers its error), saying which fields it ignored: once in
+/// a warning log line, and in the `X-Ignored-Fields` header of the answer.
+async fn answer(
+    state: AppState,
+    tenant: Option<Extension<Tenant>>,
+    request: Result<ValidRequest, ApiError>,
+    ignored: &[String],
+    id: String,
+    chat: bool,
+) -> Response {
+    let listed = ignored_list(ignored);
+    if let Some(listed) = &listed {
+        log::warn!("{id}: ignored fields this server does not read: {listed}");
+    }
+    let tenant = tenant.map_or(Tenant::OPEN, |Extension(t)| t);
+    let mut response = match request {
+        Ok(request) => run(state, tenant, request, id, chat)
+            .await
+            .unwrap_or_else(IntoResponse::into_response),
+        Err(e) => e.into_response(),
+    };
+    if let Some(value) = listed.and_then(|l| HeaderValue::from_str(&l).ok()) {
+        response.headers_mut().insert("x-ignored-fields", value);
+    }
+    response
+}
+
+/// Names listed at most in the ignored-fields line and header (a body may hold thousands).
+const MAX_IGNORED_LISTED: usize = 32;
+
+/// `a, b, c` (each name escaped to printable ASCII, at most [`MAX_IGNORED_LISTED`] of them,
+/// then how many more); `None` when nothing was ignored.
+fn ignored_list(ignored: &[String]) -> Option<String> {
+    if ignored.is_empty() {
+        return None;
+    }
+    let mut names: Vec<String> = ignored
+        .iter()
+        .take(MAX_IGNORED_LISTED)
+        .map(|name| {
+            let name: String = name.chars().take(64).collect();
+            name.escape_default().to_string().replace(',', "\\x2c")
+        })
+        .collect();
+    if ignored.len() > MAX_IGNORED_LISTED {
+        names.push(format!("and {} more", ignored.len() - MAX_IGNORED_LISTED));
+    }
+    Some(names.join(", "))
+}
+
+/// Tokenizes, checks the context, queues, and answers as a stream or one JSON body.
+async fn run(
+    state: AppState,
+    tenant: Tenant,
+    request: ValidRequest,
+    id: String,
+    chat: bool,
+) -> Result<Response, ApiError> {
+    check_engine(&state.engine)?;
+    let (request, ids, system_tokens) = tokenize(&state, request).await?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let stream = request.stream;
+    let include_usage = request.include_usage;
+    let logprobs = request.logprobs;
+    let cache_namespace = tenant.cache_namespace(request.cache_salt.as_deref());
+    state
+        .engine
+        .submit(Job {
+            request,
+            prompt_ids: ids,
+            system_tokens,
+            cache_namespace,
+            events: tx,
+            log_id: Some(id.clone()),
+            submitted: std::time::Instant::now(),
+            state: Default::default(),
+        })
+        .map_err(|e| match e {
+            SubmitError::Full => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "the server is at capacity (admission queue full); retry later",
+            ),
+            SubmitError::Stopped => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the engine has stopped")
+            }
+        })?;
+    let model = state.limits.model_name().to_owned();
+    let created = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if stream {
+        let chunks = Chunks::new(rx, id, model, created, chat, logprobs, include_usage);
+        Ok(Sse::new(chunks)
+            .keep_alive(KeepAlive::default())
+            .into_response())
+    } else {
+        let collected = collect(rx).await?;
+        Ok(Json(collected.body(&id, &model, created, chat, logprobs)).into_response())
+    }
+}
+
+fn unique() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Every name the model is served as (the reported one first), each with when the server
+/// started serving it.
+pub(super) async fn models(State(state): State<AppState>) -> Json<Value> {
+    let limits = &state.limits;
+    let data: Vec<Value> = limits
+        .model_names
+        .iter()
+        .map(|name| {
+            json!({"id": name, "object": "model", "created": limits.created, "owned_by": "k3",
+                   "max_model_len": limits.context})
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+pub(super) async fn health(State(state): State<AppState>) -> Response {
+    match check_engine(&state.engine) {
+        Ok(()) => (StatusCode::OK, Json(json!({"status": "ok"}))).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
