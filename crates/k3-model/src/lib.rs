@@ -8,6 +8,8 @@
 //! binaries share; [`budget`], the memory plan checked at startup; [`plan`], the budget split over it; [`census`], bytes per
 //! storage format and tensor class.
 
+#![warn(missing_docs)]
+
 pub mod budget;
 pub mod builder;
 pub mod census;
