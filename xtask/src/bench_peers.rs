@@ -23,7 +23,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
-use crate::gguf_k3::Outtype;
+use crate::gguf_k3_meta::Outtype;
 use crate::oracle::run_checked;
 use crate::oracle_llamacpp::{WORK_DIR, build_target, fetch_sdist};
 use crate::{Options, from_root};

@@ -21,14 +21,7 @@ use k3_model::inventory::{TensorClass, text_tensors};
 use serde_json::Value as Json;
 
 use crate::gguf::{GgmlType, TensorInfo, Value, Writer, bf16_from_f32};
-use crate::gguf_k3_meta::{merged_hparams, metadata};
-
-/// The type of the trunk's matrices (`--outtype`); vectors and norms are F32 either way.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Outtype {
-    F32,
-    Bf16,
-}
+use crate::gguf_k3_meta::{Outtype, merged_hparams, metadata};
 
 /// Where a GGUF tensor's values come from.
 #[derive(Debug, Clone)]

@@ -7,7 +7,13 @@ use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value as Json;
 
 use crate::gguf::Value;
-use crate::gguf_k3::Outtype;
+
+/// The type of the trunk's matrices (`--outtype`); vectors and norms are F32 either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outtype {
+    F32,
+    Bf16,
+}
 
 const ARCH: &str = "kimi-k3";
 /// `GGML_QUANT_VERSION`.

@@ -157,8 +157,8 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     lap("dense twin", &mut timings);
 
     let (gguf, outtype) = match mxfp4 {
-        true => ("twin-mxfp4-bf16.gguf", crate::gguf_k3::Outtype::Bf16),
-        false => ("dense-twin-f32.gguf", crate::gguf_k3::Outtype::F32),
+        true => ("twin-mxfp4-bf16.gguf", crate::gguf_k3_meta::Outtype::Bf16),
+        false => ("dense-twin-f32.gguf", crate::gguf_k3_meta::Outtype::F32),
     };
     let gguf = work.join(gguf);
     if python_converter {
