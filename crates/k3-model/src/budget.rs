@@ -16,6 +16,7 @@ use expert_store::{Checkpoint, CheckpointError};
 use crate::config::{AttentionKind, K3Config};
 use crate::experts::ExpertOptions;
 use crate::inventory::{TensorClass, text_tensors};
+use crate::knob::Knob;
 use crate::units::gb;
 
 /// The shape of a run, from the binary's flags.
@@ -55,16 +56,28 @@ pub struct MemoryPlan {
 /// A plan over the budget, with both.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "the run needs {} but {} of memory is available ({}): {}; lower the expert cache (--expert-cache/--expert-cache-gb), --max-batch or --ctx{}",
+    "the run needs {} but {} of memory is available ({}): {}; lower the expert cache, the \
+     batch size or the context length{}",
     gb(plan.total()),
     gb(budget.bytes),
     budget.source,
     plan.describe(),
-    if plan.resident_trunk > 0 { ", or drop --resident-trunk" } else { "" }
+    if plan.resident_trunk > 0 { ", or drop the resident trunk copy" } else { "" }
 )]
 pub struct OverBudget {
     pub plan: MemoryPlan,
     pub budget: MemoryBudget,
+}
+
+impl OverBudget {
+    /// The options a person may change to make the run fit.
+    pub fn knobs(&self) -> Vec<Knob> {
+        let mut knobs = vec![Knob::ExpertCache, Knob::MaxBatch, Knob::Ctx];
+        if self.plan.resident_trunk > 0 {
+            knobs.push(Knob::ResidentTrunk);
+        }
+        knobs
+    }
 }
 
 impl MemoryPlan {

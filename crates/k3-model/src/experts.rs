@@ -59,7 +59,7 @@ pub enum ExpertOptionsError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Usage(#[from] expert_store::usage::UsageError),
-    #[error("--expert-cache and --expert-cache-gb cannot both be given")]
+    #[error("an expert cache in experts per layer and one in bytes cannot both be given")]
     TwoCapacities,
 }
 

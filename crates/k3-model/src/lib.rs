@@ -19,6 +19,7 @@ pub mod config;
 pub mod experts;
 pub mod inventory;
 pub(crate) mod io;
+pub mod knob;
 pub mod model;
 pub mod ops;
 pub mod packcache;

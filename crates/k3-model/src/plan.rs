@@ -27,6 +27,7 @@ use expert_store::io::MemoryBudget;
 
 use crate::budget::{MemoryPlan, RunShape};
 use crate::experts::ExpertOptions;
+use crate::knob::Knob;
 use crate::units::gb;
 
 mod sizes;
@@ -93,7 +94,8 @@ pub struct Plan {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PlanError {
     #[error(
-        "the memory budget of {} ({}{}) is below this run's minimum of {}: {}; raise --memory-gb or lower --max-batch, --ctx or --io-threads",
+        "the memory budget of {} ({}{}) is below this run's minimum of {}: {}; raise the memory \
+         limit, or lower the batch size, the context length or the expert reads in flight",
         gb(budget.bytes),
         budget.source,
         margin_words(*margin),
@@ -106,7 +108,7 @@ pub enum PlanError {
         minimum: MemoryPlan,
     },
     #[error(
-        "the memory budget of {} ({}{}) cannot hold what the flags ask for: {}; {}",
+        "the memory budget of {} ({}{}) cannot hold what the options ask for: {}; {}",
         gb(budget.bytes),
         budget.source,
         margin_words(*margin),
@@ -117,8 +119,26 @@ pub enum PlanError {
         budget: MemoryBudget,
         margin: u64,
         plan: MemoryPlan,
+        /// What to change, in words.
         advice: &'static str,
+        /// The options that advice names.
+        knobs: &'static [Knob],
     },
+}
+
+impl PlanError {
+    /// The options a person may change to make the plan fit.
+    pub fn knobs(&self) -> &'static [Knob] {
+        match self {
+            PlanError::BelowMinimum { .. } => &[
+                Knob::MemoryLimit,
+                Knob::MaxBatch,
+                Knob::Ctx,
+                Knob::IoThreads,
+            ],
+            PlanError::Flags { knobs, .. } => knobs,
+        }
+    }
 }
 
 fn margin_words(margin: u64) -> String {
@@ -236,7 +256,8 @@ impl Plan {
                         budget,
                         margin,
                         plan: flags,
-                        advice: "lower the expert cache (--expert-cache/--expert-cache-gb), --max-batch or --ctx",
+                        advice: "lower the expert cache, the batch size or the context length",
+                        knobs: &[Knob::ExpertCache, Knob::MaxBatch, Knob::Ctx],
                     })
                 };
             }
@@ -308,7 +329,9 @@ impl Plan {
                         budget,
                         margin,
                         plan: minimum(io_threads),
-                        advice: "drop --resident-trunk (the plan then streams what does not fit)",
+                        advice: "drop the resident trunk copy (the plan then streams what does \
+                                 not fit)",
+                        knobs: &[Knob::ResidentTrunk],
                     }
                 } else {
                     PlanError::BelowMinimum {
@@ -342,7 +365,8 @@ impl Plan {
                         budget,
                         margin,
                         plan: memory,
-                        advice: "lower --expert-cache/--expert-cache-gb, or leave the expert cache to the plan",
+                        advice: "lower the expert cache, or leave it to the plan",
+                        knobs: &[Knob::ExpertCache],
                     });
                 }
             }

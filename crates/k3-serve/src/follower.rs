@@ -24,7 +24,8 @@ pub(crate) fn follow(model_dir: &Path, options: &EngineOptions) -> Result<()> {
     let text = std::fs::read_to_string(model_dir.join("config.json"))
         .with_context(|| format!("reading {}/config.json", model_dir.display()))?;
     let config = K3Config::from_json(&text)?;
-    let engine = Engine::build(model_dir, config, options, &mut |_: &str| {})?;
+    let engine = Engine::build(model_dir, config, options, &mut |_: &str| {})
+        .map_err(|e| anyhow::anyhow!(k3_cli::with_flags(&e)))?;
     eprintln!(
         "{}",
         RankShare::of(&engine.checkpoint, &options.ranks).describe(&options.ranks)

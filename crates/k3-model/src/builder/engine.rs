@@ -63,7 +63,7 @@ impl Engine {
             Some(bytes) => (
                 Some(MemoryBudget {
                     bytes,
-                    source: "--memory-gb".into(),
+                    source: "the memory limit given".into(),
                     limit: true,
                 }),
                 0,

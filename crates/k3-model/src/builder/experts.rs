@@ -27,8 +27,8 @@ pub(super) fn take_overrun(
         Some(bytes) if bytes >= overrun => Ok(Some(bytes - overrun)),
         _ => Err(format!(
             "the packed trunk holds {} more than the plan's {} (blocks whose exponents span too \
-             far are kept as BF16) and the expert cache ({}) cannot give that up; run with \
-             --no-pack-trunk",
+             far are kept as BF16) and the expert cache ({}) cannot give that up; turn off the \
+             packed trunk",
             crate::units::gb(overrun),
             crate::units::gb(planned),
             crate::units::gb(cache.unwrap_or(0)),
@@ -76,7 +76,7 @@ pub(super) fn open_store(
         // The store's batches arrive as loads finish, in an order each rank sees
         // differently; the ranks' collectives must match one for one.
         return Err(RanksError::Unsupported {
-            what: "the expert store (--expert-cache, --expert-cache-gb, --preload-experts)",
+            what: "the expert store (an expert cache or a preload)",
             ranks: options.ranks.size(),
         }
         .into());

@@ -11,6 +11,7 @@ use mxfp4_kernels::Tier;
 use numa_sched::{PoolOptions, Ranks, RanksError};
 
 use crate::experts::{ExpertOptions, ExpertOptionsError};
+use crate::knob::Knob;
 use crate::model::{ExpertPlacement, ModelError};
 use crate::packcache::PackCachePlace;
 use crate::plan::PlanError;
@@ -80,6 +81,11 @@ impl Default for EngineOptions {
 pub trait BuildSink {
     /// One line saying what was done (no trailing newline).
     fn line(&mut self, line: &str);
+    /// A line about what an option (`knob`) decides, which a binary may follow with how to
+    /// change it (its flag: `k3_cli::FlagHints`); by default just the line.
+    fn line_about(&mut self, line: &str, _knob: Knob) {
+        self.line(line);
+    }
     /// The expert preload's progress, as it goes.
     fn preload_progress(&mut self, _progress: PreloadProgress) {}
 }
@@ -95,7 +101,7 @@ impl<F: FnMut(&str)> BuildSink for F {
 pub enum BuildError {
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
-    #[error("--scan: {0}")]
+    #[error("the weight scan: {0}")]
     Scan(#[from] ScanError),
     #[error(transparent)]
     Plan(#[from] PlanError),
@@ -111,4 +117,19 @@ pub enum BuildError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Model(#[from] ModelError),
+}
+
+impl BuildError {
+    /// The options a person may change to get past this error (a binary names their flags).
+    pub fn knobs(&self) -> Vec<Knob> {
+        match self {
+            BuildError::Plan(e) => e.knobs().to_vec(),
+            BuildError::Scan(_) => vec![Knob::Scan],
+            BuildError::Experts(ExpertOptionsError::TwoCapacities) => vec![Knob::ExpertCache],
+            BuildError::Ranks(RanksError::Unsupported { .. }) => vec![Knob::ExpertStore],
+            // A packed trunk past its plan that the expert cache cannot make room for.
+            BuildError::Model(ModelError::Plan(_)) => vec![Knob::PackTrunk],
+            _ => Vec::new(),
+        }
+    }
 }

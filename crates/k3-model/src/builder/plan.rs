@@ -15,6 +15,7 @@ use super::options::{BuildError, BuildSink, EngineOptions};
 use crate::budget::{MemoryPlan, RunShape};
 use crate::checkpoint::validate;
 use crate::config::K3Config;
+use crate::knob::Knob;
 use crate::model::snapshot::file::checkpoint_identity;
 use crate::packcache::{Outcome, PackCache};
 use crate::plan::{Plan, WeightSizes};
@@ -38,7 +39,7 @@ pub(super) fn plan(
     margin: u64,
     sink: &mut dyn BuildSink,
 ) -> Result<Planned, BuildError> {
-    // A limit the process runs under (--memory-gb, a cgroup's), not the host's free memory.
+    // A limit the process runs under (the caller's, a cgroup's), not the host's free memory.
     let limit = budget.as_ref().is_some_and(|b| b.limit);
     let checkpoint = Checkpoint::open(dir)?;
     validate(&checkpoint, config)?;
@@ -46,11 +47,14 @@ pub(super) fn plan(
     if options.scan {
         let started = Instant::now();
         let report = expert_store::scan::require_finite(&checkpoint)?;
-        sink.line(&format!(
-            "--scan: {} tensors read, none holds NaN, Inf or a 0xFF scale ({:.1} s)",
-            report.tensors.len(),
-            started.elapsed().as_secs_f64()
-        ));
+        sink.line_about(
+            &format!(
+                "weight scan: {} tensors read, none holds NaN, Inf or a 0xFF scale ({:.1} s)",
+                report.tensors.len(),
+                started.elapsed().as_secs_f64()
+            ),
+            Knob::Scan,
+        );
     }
     // Everything the run allocates against the memory it may use, before allocating it.
     let run = RunShape {
@@ -142,10 +146,9 @@ pub(super) fn plan(
         match replanned {
             Ok((cache, outcome, packed_sizes, packed_plan)) => {
                 let (body, bf16) = cache.body_bytes();
-                sink.line(&format!(
+                let line = format!(
                     "pack cache: {} ({} of BF16 matrices packed in {}, {} held in memory){}; \
-                     the streamed matrices are read packed (--pack-cache off reads them as \
-                     stored)",
+                     the streamed matrices are read packed",
                     cache.path().display(),
                     crate::units::gb(bf16),
                     crate::units::gb(body),
@@ -156,7 +159,8 @@ pub(super) fn plan(
                             format!(", written in {seconds:.1} s ({why})")
                         }
                     }
-                ));
+                );
+                sink.line_about(&line, Knob::PackCache);
                 sizes = packed_sizes;
                 plan = packed_plan;
                 pack = Some(Arc::new(cache));

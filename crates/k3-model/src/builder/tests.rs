@@ -74,7 +74,7 @@ fn a_packed_trunk_over_its_plan_takes_from_the_expert_cache() {
     assert_eq!(take_overrun(Some(500), 500, 1000).unwrap(), Some(0));
     for cache in [Some(499), None] {
         let error = take_overrun(cache, 500, 1000).unwrap_err();
-        assert!(error.contains("--no-pack-trunk"), "{error}");
+        assert!(error.contains("turn off the packed trunk"), "{error}");
     }
 }
 

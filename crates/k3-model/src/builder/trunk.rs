@@ -9,6 +9,7 @@ use super::options::{BuildError, BuildSink, EngineOptions};
 use super::plan::Planned;
 use crate::checkpoint::trunk_tensor_names;
 use crate::config::K3Config;
+use crate::knob::Knob;
 use crate::model::ResidentTrunk;
 
 /// The trunk resident where the options or the plan keep it, and the bytes a packed trunk
@@ -65,7 +66,7 @@ pub(super) fn load_trunk(
             &pool.topology().domains[0].cpus,
         )?;
         let packed = loaded.packed_summary();
-        sink.line(&format!(
+        let line = format!(
             "resident trunk: {:.2} GB read with O_DIRECT in {:.1} s{}",
             loaded.bytes() as f64 / 1e9,
             started.elapsed().as_secs_f64(),
@@ -73,7 +74,7 @@ pub(super) fn load_trunk(
                 0 => String::new(),
                 n => format!(
                     "; {n} BF16 matrices (or leading rows) packed{}: {:.2} GB of BF16 in {:.2} \
-                     GB ({} blocks kept as BF16; --no-pack-trunk keeps every matrix as stored)",
+                     GB ({} blocks kept as BF16)",
                     match packed.cached {
                         0 => String::new(),
                         c => format!(" ({c} read from the pack cache)"),
@@ -83,7 +84,11 @@ pub(super) fn load_trunk(
                     packed.exceptions,
                 ),
             }
-        ));
+        );
+        match packed.pieces {
+            0 => sink.line(&line),
+            _ => sink.line_about(&line, Knob::PackTrunk),
+        }
         overrun = (loaded.bytes() as u64).saturating_sub(plan.memory.resident_trunk);
         if overrun > 0 {
             sink.line(&format!(

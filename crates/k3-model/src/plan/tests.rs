@@ -444,10 +444,12 @@ fn a_budget_below_the_minimum_is_refused_with_the_numbers() {
         &gb(min),
         "a test budget",
         "trunk stream buffers",
-        "--memory-gb",
+        "raise the memory limit",
     ] {
         assert!(message.contains(needle), "{needle} not in {message}");
     }
+    assert!(!message.contains("--"), "no flag named in the library: {message}");
+    assert_eq!(error.knobs()[0], crate::knob::Knob::MemoryLimit);
     // The margin comes off the budget first, and is named.
     let margin = 1000;
     let error = plan(min + margin - 1, margin).unwrap_err().to_string();
@@ -488,9 +490,14 @@ fn the_flags_override_parts_of_the_plan() {
         0,
         None,
     )
-    .unwrap_err()
-    .to_string();
-    assert!(error.contains("drop --resident-trunk"), "{error}");
+    .unwrap_err();
+    assert_eq!(error.knobs(), &[crate::knob::Knob::ResidentTrunk]);
+    let error = error.to_string();
+    assert!(error.contains("drop the resident trunk copy"), "{error}");
+    assert!(
+        !error.contains("--"),
+        "no flag named in the library: {error}"
+    );
     let roomy = min + ckpt_flags.resident_trunk;
     let plan = Plan::new(
         &sizes,

@@ -33,12 +33,14 @@ pub(super) fn run(
     loaded: impl FnOnce(),
     metrics: &Metrics,
 ) -> Result<()> {
+    // The build's lines about an option end with its flag; so does a failure's message.
     let engine = Engine::build(
         &config.model_dir,
         model_config.clone(),
         &config.options,
-        &mut |line: &str| log::info!("{line}"),
-    )?;
+        &mut k3_cli::FlagHints(|line: &str| log::info!("{line}")),
+    )
+    .map_err(|e| anyhow::anyhow!(k3_cli::with_flags(&e)))?;
     let ranks = &config.options.ranks;
     if ranks.size() > 1 {
         log::info!(
