@@ -66,7 +66,7 @@ pub(super) const PACK_STAGING: usize = 32 << 20;
 
 impl ResidentTrunk {
     /// Reads the tensors of `ckpt` whose stored names are `names`, and the row blocks `rows`
-    /// (a [`TrunkPlan`]'s `resident` and `resident_rows`), in file order: those named in
+    /// (a [`TrunkPlan`](crate::plan::TrunkPlan)'s `resident` and `resident_rows`), in file order: those named in
     /// `packed` (stored name to columns) a few MB at a time, packed as they land; the others
     /// each from a 4 KiB boundary of one new buffer.
     ///
