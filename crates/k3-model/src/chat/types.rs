@@ -115,7 +115,8 @@ pub enum ToolChoice {
     None,
     /// `required`: a system message asks for a tool call.
     Required,
-    /// `{"type": "function", "function": {"name": N}}`: one named function; renders nothing (as in the reference).
+    /// `{"type": "function", "function": {"name": N}}`: one named function; renders nothing (as in
+    /// the reference).
     Function(String),
 }
 

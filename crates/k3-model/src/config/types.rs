@@ -34,7 +34,8 @@ pub enum KdaGate {
 pub struct LayerSpec {
     /// Its token mixer: KDA or gated MLA (`linear_attn_config.kda_layers` / `full_attn_layers`).
     pub attention: AttentionKind,
-    /// Its feed-forward block: dense for the first `first_k_dense_replace` layers, MoE every `moe_layer_freq` layers after.
+    /// Its feed-forward block: dense for the first `first_k_dense_replace` layers, MoE every
+    /// `moe_layer_freq` layers after.
     pub ffn: FfnKind,
     /// This layer banks the raw layer input as an AttnRes block snapshot
     /// (`index % attn_res_block_size == 0`).
@@ -46,9 +47,11 @@ pub struct LayerSpec {
 pub struct KdaConfig {
     /// KDA heads (96 in K3).
     pub num_heads: usize,
-    /// Width of one head's key, value and state rows (128 in K3); a head's state is `head_dim × head_dim` f32s.
+    /// Width of one head's key, value and state rows (128 in K3); a head's state is `head_dim ×
+    /// head_dim` f32s.
     pub head_dim: usize,
-    /// Taps of the short causal convolution on q, k and v (`short_conv_kernel_size`, 4 in K3); a session keeps the last `conv_kernel - 1` inputs.
+    /// Taps of the short causal convolution on q, k and v (`short_conv_kernel_size`, 4 in K3); a
+    /// session keeps the last `conv_kernel - 1` inputs.
     pub conv_kernel: usize,
     /// The decay gate's form.
     pub gate: KdaGate,
@@ -82,7 +85,8 @@ pub struct RouterConfig {
     pub renormalize: bool,
     /// Multiplies the selected weights after renormalisation (1.0 in K3).
     pub routed_scaling_factor: f32,
-    /// Expert groups of grouped top-k (1 in K3); checked to divide `num_experts`, and with one group the selection is a plain top-k.
+    /// Expert groups of grouped top-k (1 in K3); checked to divide `num_experts`, and with one
+    /// group the selection is a plain top-k.
     pub num_expert_group: usize,
     /// Groups a token may select from (`topk_group`, 1 in K3); at most `num_expert_group`.
     pub topk_group: usize,
@@ -104,7 +108,8 @@ pub struct MoeConfig {
     pub num_experts: usize,
     /// Routed expert FFN width (`moe_intermediate_size`).
     pub expert_intermediate: usize,
-    /// Shared experts every token runs (2 in K3), fused into one MLP of [`MoeConfig::shared_intermediate`] width; 0 for none.
+    /// Shared experts every token runs (2 in K3), fused into one MLP of
+    /// [`MoeConfig::shared_intermediate`] width; 0 for none.
     pub num_shared_experts: usize,
     /// The latent projection around the routed experts; `None` runs them at the hidden size.
     pub latent: Option<LatentConfig>,
@@ -129,7 +134,8 @@ impl MoeConfig {
 pub struct SituBetas {
     /// `β1`, the gate branch's bound (`activation_situ_beta`, 4.0 in K3).
     pub beta: f32,
-    /// `β2`, the up branch's bound (`activation_situ_linear_beta`, 25.0 in K3); `None` (`null` in the file) leaves the up branch linear.
+    /// `β2`, the up branch's bound (`activation_situ_linear_beta`, 25.0 in K3); `None` (`null` in
+    /// the file) leaves the up branch linear.
     pub linear_beta: Option<f32>,
 }
 
@@ -150,7 +156,8 @@ pub struct QuantizationConfig {
 pub struct K3Config {
     /// Width of the residual stream (7168 in K3).
     pub hidden_size: usize,
-    /// Tokens in the vocabulary, rows of the embedding and the LM head (163,840 in K3; at most [`MAX_VOCAB`](crate::config::MAX_VOCAB)).
+    /// Tokens in the vocabulary, rows of the embedding and the LM head (163,840 in K3; at most
+    /// [`MAX_VOCAB`](crate::config::MAX_VOCAB)).
     pub vocab_size: usize,
     /// The longest sequence the model was trained for (`max_position_embeddings`): the
     /// server's context may not exceed it, and the memory plan sizes the KV cache from the
@@ -170,7 +177,8 @@ pub struct K3Config {
     pub moe: MoeConfig,
     /// The SiTU-GLU activation's betas, shared by the dense MLPs and the experts.
     pub situ: SituBetas,
-    /// Layers per AttnRes block (12 in K3): every layer whose index is a multiple of it banks a block snapshot.
+    /// Layers per AttnRes block (12 in K3): every layer whose index is a multiple of it banks a
+    /// block snapshot.
     pub attn_res_block_size: usize,
     /// Leading layers with a dense MLP instead of MoE (1 in K3).
     pub first_k_dense_replace: usize,

@@ -1,7 +1,7 @@
-//! Every text tensor a K3 checkpoint holds, derived from the config: name, stored shape
-//! (`[out, in]`), the release's dtype, class (docs/MODEL.md §3.3, generalised to the config's
-//! dimensions) and role, which says what other formats a checkpoint may use for it
-//! ([`TensorSpec::role`]: docs/ARCHITECTURE.md contract 3, formats accepted by tensor, not by name).
+//! Every text tensor a K3 checkpoint holds, derived from the config: name, stored shape (`[out,
+//! in]`), the release's dtype, class (docs/MODEL.md §3.3, generalised to the config's dimensions)
+//! and role, which says what other formats a checkpoint may use for it ([`TensorSpec::role`]:
+//! docs/ARCHITECTURE.md contract 3, formats accepted by tensor, not by name).
 //!
 //! Names are relative to the text model (`model.layers.3.self_attn.q_proj.weight`,
 //! `lm_head.weight`); the release prefixes them with `language_model.`. The loader validates a
@@ -47,7 +47,8 @@ impl Role {
 pub enum DType {
     /// bfloat16, 2 bytes: the release's linear weights and most vectors.
     Bf16,
-    /// f32, 4 bytes: the KDA vectors the state depends on (conv taps, `A_log`, `dt_bias`, `o_norm`) and the router bias.
+    /// f32, 4 bytes: the KDA vectors the state depends on (conv taps, `A_log`, `dt_bias`, `o_norm`)
+    /// and the router bias.
     F32,
     /// Packed MXFP4 codes and E8M0 scales (compressed-tensors `weight_packed` / `weight_scale`).
     U8,
@@ -137,7 +138,8 @@ impl TensorClass {
 pub struct TensorSpec {
     /// Name relative to the text model (`model.layers.3.self_attn.q_proj.weight`).
     pub name: String,
-    /// Stored shape, `[out, in]` for a matrix; an expert part's is in bytes (`[rows, cols / 2]` codes, `[rows, cols / 32]` scales).
+    /// Stored shape, `[out, in]` for a matrix; an expert part's is in bytes (`[rows, cols / 2]`
+    /// codes, `[rows, cols / 32]` scales).
     pub shape: Vec<usize>,
     /// The release's element type.
     pub dtype: DType,

@@ -120,7 +120,8 @@ pub struct MlaNames {
     pub kv_a: String,
     /// RMSNorm on the KV latent `[kv_lora_rank]`.
     pub kv_a_norm: String,
-    /// KV up projection `[heads·(nope + v), kv_lora_rank]`: per head the key rows (W_UK), then the value rows (W_UV).
+    /// KV up projection `[heads·(nope + v), kv_lora_rank]`: per head the key rows (W_UK), then the
+    /// value rows (W_UV).
     pub kv_b: String,
     /// The output gate (present when the config has one).
     pub g: String,
@@ -176,7 +177,8 @@ impl MlpNames {
 pub struct MoeNames {
     /// Router weight `[num_experts, hidden]` (`gate.weight`).
     pub router: String,
-    /// Selection bias `[num_experts]` (F32, `e_score_correction_bias`): added to the scores for choosing only.
+    /// Selection bias `[num_experts]` (F32, `e_score_correction_bias`): added to the scores for
+    /// choosing only.
     pub router_bias: String,
     /// Latent down projection `[latent, hidden]` (present with a latent MoE).
     pub latent_down: String,

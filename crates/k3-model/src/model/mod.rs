@@ -7,15 +7,19 @@
 //! of the normed latent and the raw `k_pe`; routed experts summed in the router's order;
 //! every reduction in index order (see [`crate::ops`]).
 //!
-//! Every linear weight is a [`WeightMatrix`](mxfp4_kernels::WeightMatrix) in the format the checkpoint stores it (BF16, F16,
-//! F32 or MXFP4, [`Checkpoint::linear`](expert_store::Checkpoint::linear)); the kernels dispatch on it once per call. An F32
+//! Every linear weight is a [`WeightMatrix`] in the format the checkpoint stores it (BF16, F16,
+//! F32 or MXFP4, [`Checkpoint::linear`]); the kernels dispatch on it once per call. An F32
 //! weight holding BF16 values gives the BF16 weight's bits in the exact tiers.
 //!
 //! One idea per file: this one holds the public types and the layer loop; `weights` the
 //! weight structs and their loading; `dispatch` the pool dispatch and the trunk's GEMMs;
 //! `kda`, `mla` and `moe` the blocks; `experts` the routed experts' tasks; `source` where the
-//! routed experts come from ([`ExpertSource`](expert_store::source::ExpertSource)); `clock` the decode clock a memory plan sizes
+//! routed experts come from ([`ExpertSource`]); `clock` the decode clock a memory plan sizes
 //! its stream by; `wide` the AVX-512-compiled wrapper.
+//!
+//! [`WeightMatrix`]: mxfp4_kernels::WeightMatrix
+//! [`Checkpoint::linear`]: expert_store::Checkpoint::linear
+//! [`ExpertSource`]: expert_store::source::ExpertSource
 
 mod clock;
 mod dispatch;

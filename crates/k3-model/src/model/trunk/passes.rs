@@ -22,9 +22,11 @@ impl<'a> Model<'a> {
     /// Takes the trunk as `plan` places it: the tensors it keeps resident from `resident`
     /// ([`ResidentTrunk::load`] of `plan.resident`), the ones it streams read from `ckpt`
     /// (the checkpoint this model was loaded from), or their packed bodies from `pack` where
-    /// the plan reads them there ([`StoredTensor::packed_at`](crate::plan::StoredTensor::packed_at)), with `O_DIRECT` on an I/O
+    /// the plan reads them there ([`StoredTensor::packed_at`]), with `O_DIRECT` on an I/O
     /// thread on `io_cpus`, through `plan.slots` buffers, a step ahead of compute. Logits are
     /// the same bits.
+    ///
+    /// [`StoredTensor::packed_at`]: crate::plan::StoredTensor::packed_at
     pub fn with_planned_trunk(
         mut self,
         ckpt: &'a Checkpoint,

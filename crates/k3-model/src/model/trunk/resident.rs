@@ -66,13 +66,15 @@ pub(super) const PACK_STAGING: usize = 32 << 20;
 
 impl ResidentTrunk {
     /// Reads the tensors of `ckpt` whose stored names are `names`, and the row blocks `rows`
-    /// (a [`TrunkPlan`](crate::plan::TrunkPlan)'s `resident` and `resident_rows`), in file order: those named in
+    /// (a [`TrunkPlan`]'s `resident` and `resident_rows`), in file order: those named in
     /// `packed` (stored name to columns) a few MB at a time, packed as they land; the others
     /// each from a 4 KiB boundary of one new buffer.
     ///
     /// Packing runs on `pool`'s workers, the reads on an I/O thread on `io_cpus`, a chunk
     /// ahead. The packed matrices `cache` holds are read packed from it instead (0.77x the
     /// bytes, nothing to pack), with its exception blocks and row index.
+    ///
+    /// [`TrunkPlan`]: crate::plan::TrunkPlan
     pub fn load(
         ckpt: &Checkpoint,
         names: &HashSet<String>,
