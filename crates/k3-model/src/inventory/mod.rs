@@ -1,7 +1,7 @@
-//! Every text tensor a K3 checkpoint holds, derived from the config: name, stored shape (`[out,
-//! in]`), the release's dtype, class (docs/MODEL.md §3.3, generalised to the config's dimensions)
-//! and role, which says what other formats a checkpoint may use for it ([`TensorSpec::role`]:
-//! docs/ARCHITECTURE.md contract 3, formats accepted by tensor, not by name).
+//! Every text tensor a K3 checkpoint holds, derived from the config: name, stored shape
+//! (`[out, in]`), the release's dtype, class (docs/MODEL.md §3.3, generalised to the config's
+//! dimensions) and role, which says what other formats a checkpoint may use for it
+//! ([`TensorSpec::role`]: docs/ARCHITECTURE.md contract 3, formats accepted by tensor, not by name).
 //!
 //! Names are relative to the text model (`model.layers.3.self_attn.q_proj.weight`,
 //! `lm_head.weight`); the release prefixes them with `language_model.`. The loader validates a
