@@ -34,8 +34,8 @@ pub enum KdaGate {
 pub struct LayerSpec {
     /// Its token mixer: KDA or gated MLA (`linear_attn_config.kda_layers` / `full_attn_layers`).
     pub attention: AttentionKind,
-    /// Its feed-forward block: dense for the first `first_k_dense_replace` layers, MoE every
-    /// `moe_layer_freq` layers after.
+    /// Its feed-forward block: MoE where the index is at least `first_k_dense_replace` and a
+    /// multiple of `moe_layer_freq`, else dense.
     pub ffn: FfnKind,
     /// This layer banks the raw layer input as an AttnRes block snapshot
     /// (`index % attn_res_block_size == 0`).
@@ -182,7 +182,8 @@ pub struct K3Config {
     pub attn_res_block_size: usize,
     /// Leading layers with a dense MLP instead of MoE (1 in K3).
     pub first_k_dense_replace: usize,
-    /// After the dense ones, every `moe_layer_freq`-th layer is MoE (1 in K3: all of them).
+    /// Past the first `first_k_dense_replace`, layers whose index is a multiple of this are MoE
+    /// (1 in K3: all of them).
     pub moe_layer_freq: usize,
     /// The checkpoint's declared quantisation; `None` when `quantization_config` is absent.
     pub quantization: Option<QuantizationConfig>,
