@@ -33,11 +33,15 @@ pub struct RunShape {
 /// Bytes of each class of memory a run allocates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MemoryPlan {
+    /// Trunk tensors copied into anonymous memory: all of them under `--resident-trunk`, or the
+    /// share a [`crate::plan::Plan`] keeps resident.
     pub resident_trunk: u64,
     /// Buffers the streamed part of the trunk is read into (`plan::TrunkPlan::slots` of the
     /// largest stream step).
     pub trunk_buffers: u64,
+    /// The expert store's cache at its capacity.
     pub expert_cache: u64,
+    /// The expert store's read buffers: its free list and the reads in flight.
     pub io_buffers: u64,
     /// MLA latent cache (latent and rope key rows, f32) of every sequence at `ctx` tokens.
     /// Counted at its length: the cache grows by `Vec` doubling, so its capacity may briefly
@@ -65,7 +69,9 @@ pub struct MemoryPlan {
     if plan.resident_trunk > 0 { ", or drop the resident trunk copy" } else { "" }
 )]
 pub struct OverBudget {
+    /// The plan that does not fit.
     pub plan: MemoryPlan,
+    /// The memory available, and where that figure came from.
     pub budget: MemoryBudget,
 }
 
@@ -154,6 +160,7 @@ impl MemoryPlan {
         }
     }
 
+    /// Bytes of every class together.
     pub fn total(&self) -> u64 {
         self.resident_trunk
             + self.trunk_buffers

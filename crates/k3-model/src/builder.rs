@@ -10,6 +10,8 @@
 //! The build runs in phases, each in a file of its own: `plan` (checkpoint checks, the memory
 //! plan, the pack cache, kernels and pool), `trunk` (the resident trunk), `experts` (the
 //! store), `warm` (the mapping read in); `engine` orchestrates them and holds the result.
+//!
+//! [`Model`]: crate::model::Model
 
 mod engine;
 mod experts;

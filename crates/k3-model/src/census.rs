@@ -12,8 +12,11 @@ use crate::inventory::{Role, TensorClass, text_tensors};
 /// How a tensor is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Format {
+    /// f32, 4 bytes per value.
     F32,
+    /// bfloat16, 2 bytes per value.
     Bf16,
+    /// IEEE half, 2 bytes per value.
     F16,
     /// `weight_packed` codes and `weight_scale` E8M0 scales (both counted).
     MxFp4,
@@ -24,10 +27,13 @@ pub enum Format {
 /// What a tensor is for, coarsely (the census's columns).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Class {
+    /// The routed experts' tensors.
     RoutedExperts,
     /// Matrices of the trunk: attention, dense and shared MLPs, latent projections, router.
     TrunkLinear,
+    /// The token embedding table.
     Embedding,
+    /// The output projection to the vocabulary.
     LmHead,
     /// Norms, biases, conv taps, `A_log`, AttnRes projections: the tensors whose
     /// [`Role`] is a vector.
@@ -37,6 +43,7 @@ pub enum Class {
 }
 
 impl Format {
+    /// The format as the census table prints it.
     pub fn name(self) -> &'static str {
         match self {
             Format::F32 => "F32",
@@ -49,6 +56,7 @@ impl Format {
 }
 
 impl Class {
+    /// The class as the census table prints it (a column heading).
     pub fn name(self) -> &'static str {
         match self {
             Class::RoutedExperts => "routed experts",
@@ -64,7 +72,9 @@ impl Class {
 /// Bytes and tensor count of one (format, class) cell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Cell {
+    /// Bytes of the cell's tensors as stored.
     pub bytes: u64,
+    /// Tensors in the cell (an MXFP4 weight's codes and scales count as two).
     pub tensors: usize,
 }
 

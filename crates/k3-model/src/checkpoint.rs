@@ -19,6 +19,7 @@ use crate::inventory::{A_LOG, KdaNames, Role, TensorClass, expert_layout, text_t
 /// A checkpoint that matches its config.
 #[derive(Debug)]
 pub struct Validated<'a> {
+    /// The checkpoint checked.
     pub checkpoint: &'a Checkpoint,
     /// Per KDA layer whose `A_log` was stored padded: (layer, stored length).
     pub truncated_a_log: Vec<(usize, usize)>,

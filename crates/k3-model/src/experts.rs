@@ -55,10 +55,14 @@ impl Default for ExpertOptions {
 /// Errors opening the store or its usage file.
 #[derive(Debug, thiserror::Error)]
 pub enum ExpertOptionsError {
+    /// The store could not be opened (a capacity over the memory limit, a shard that would not
+    /// open, an I/O thread that would not start).
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The usage file could not be read or parsed.
     #[error(transparent)]
     Usage(#[from] expert_store::usage::UsageError),
+    /// Both `cache_experts` and `cache_bytes` are set: the capacity is one or the other.
     #[error("an expert cache in experts per layer and one in bytes cannot both be given")]
     TwoCapacities,
 }

@@ -93,6 +93,8 @@ pub struct Plan {
 /// Why no plan fits.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PlanError {
+    /// The budget, less the margin, is below the least any trunk layout needs with the fixed costs
+    /// (sequence state, f32 copies, expert read buffers at one read in flight).
     #[error(
         "the memory budget of {} ({}{}) is below this run's minimum of {}: {}; raise the memory \
          limit, or lower the batch size, the context length or the expert reads in flight",
@@ -103,10 +105,15 @@ pub enum PlanError {
         minimum.describe()
     )]
     BelowMinimum {
+        /// The budget and where it came from.
         budget: MemoryBudget,
+        /// Bytes taken off it ([`safety_margin`]; 0 for `--memory-gb`).
         margin: u64,
+        /// The least plan, class by class.
         minimum: MemoryPlan,
     },
+    /// What the flags fix (an expert cache size, `--resident-trunk`, `--max-batch`, `--ctx`) does
+    /// not fit the budget, less the margin, beside the rest the run needs.
     #[error(
         "the memory budget of {} ({}{}) cannot hold what the options ask for: {}; {}",
         gb(budget.bytes),
@@ -116,8 +123,11 @@ pub enum PlanError {
         advice
     )]
     Flags {
+        /// The budget and where it came from.
         budget: MemoryBudget,
+        /// Bytes taken off it ([`safety_margin`]; 0 for `--memory-gb`).
         margin: u64,
+        /// What the flags ask for, class by class.
         plan: MemoryPlan,
         /// What to change, in words.
         advice: &'static str,

@@ -34,6 +34,7 @@ pub enum Bucket {
 }
 
 impl Bucket {
+    /// Every bucket, in the order a profile prints them (and [`Profile::totals`] returns them).
     pub const ALL: [Bucket; 9] = [
         Bucket::Kda,
         Bucket::Mla,
@@ -46,6 +47,7 @@ impl Bucket {
         Bucket::LmHead,
     ];
 
+    /// The bucket as a profile prints it.
     pub fn name(self) -> &'static str {
         match self {
             Bucket::Kda => "KDA",
@@ -94,10 +96,12 @@ pub struct Profile {
 }
 
 impl Profile {
+    /// Every bucket at zero.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// Charges `elapsed` to `bucket` (from any thread).
     pub fn add(&self, bucket: Bucket, elapsed: Duration) {
         self.nanos[bucket as usize].fetch_add(
             u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX),
@@ -118,6 +122,7 @@ impl Profile {
         std::array::from_fn(|i| Duration::from_nanos(self.nanos[i].load(Ordering::Relaxed)))
     }
 
+    /// Sets every bucket back to zero (between a warm-up and the measured run).
     pub fn reset(&self) {
         for n in &self.nanos {
             n.store(0, Ordering::Relaxed);

@@ -29,6 +29,7 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     /// Subtracted per occurrence in the output.
     pub frequency_penalty: f32,
+    /// Seed of the random draws: the same seed, logits and history give the same token.
     pub seed: u64,
     /// Log-probabilities of this many top alternatives (0: only the chosen token's).
     pub top_logprobs: usize,
@@ -58,8 +59,11 @@ impl Default for SamplingParams {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{name} must be {range}, got {value}")]
 pub struct ParamError {
+    /// The parameter, as OpenAI names it.
     pub name: &'static str,
+    /// The values it takes, in words (`in [0, 2]`).
     pub range: &'static str,
+    /// The value given.
     pub value: f64,
 }
 
@@ -138,8 +142,12 @@ impl SamplingParams {
 /// The chosen token and its log-probability, with the top alternatives when asked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampled {
+    /// The token id chosen.
     pub token: u32,
+    /// Its natural-log probability under the penalised, biased logits at temperature 1.
     pub logprob: f32,
+    /// The `top_logprobs` likeliest tokens with their log-probabilities, likeliest first (ties to
+    /// the lower id); empty when none were asked for.
     pub top: Vec<(u32, f32)>,
 }
 
@@ -155,6 +163,8 @@ pub struct Sampler {
 }
 
 impl Sampler {
+    /// A sampler with `params`, its random state from `params.seed`, counting `prompt` as seen for
+    /// the repetition penalty.
     pub fn new(params: SamplingParams, prompt: &[u32]) -> Self {
         Self {
             rng: params.seed,

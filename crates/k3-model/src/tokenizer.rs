@@ -26,12 +26,23 @@ const MAX_RUN: usize = 25_000;
 /// Errors loading a tokenizer.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
+    /// A file cannot be read, or is wrong as a whole (`tokenizer_config.json` not JSON or
+    /// without `added_tokens_decoder`, two tokens of `tiktoken.model` sharing a rank).
     #[error("{path}: {reason}")]
-    File { path: PathBuf, reason: String },
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A line of `tiktoken.model` is not `base64 rank`, or repeats a token.
     #[error("{path}: line {line}: {reason}")]
     Line {
+        /// The file.
         path: PathBuf,
+        /// The line, 1-based.
         line: usize,
+        /// What is wrong with it.
         reason: String,
     },
 }

@@ -28,9 +28,14 @@ pub const RATE_STEPS: u64 = 3;
 /// An assembled engine: what a [`Model`] is made from, and what the binaries report on.
 #[derive(Debug)]
 pub struct Engine {
+    /// The validated config.
     pub config: K3Config,
+    /// The opened checkpoint (validated against the config; its mapping backs the weights that are
+    /// not copied).
     pub checkpoint: Checkpoint,
+    /// The kernel tier every model built here computes with.
     pub kernels: Kernels,
+    /// The compute threads, by NUMA domain, shared by every model built here.
     pub pool: Arc<Pool>,
     /// The expert store, where the options ask for one (placed, and preloaded if asked).
     pub store: Option<Arc<ExpertStore>>,

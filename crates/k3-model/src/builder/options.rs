@@ -49,6 +49,8 @@ pub struct EngineOptions {
     pub ranks: Arc<Ranks>,
     /// The memory the run may use, in bytes (`--memory-gb`; `None`: the smaller of the host's
     /// available memory and the process's cgroup headroom, less [`safety_margin`]).
+    ///
+    /// [`safety_margin`]: crate::plan::safety_margin
     pub memory_bytes: Option<u64>,
     /// Bytes of memory the binary's own prompt cache may hold (k3-serve's `--prompt-cache-gb`;
     /// 0: none). The plan sets them aside before the weights take the rest, so the cache and
@@ -99,22 +101,35 @@ impl<F: FnMut(&str)> BuildSink for F {
 /// Why an engine could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
+    /// The checkpoint cannot be opened, does not match the config (a tensor missing, of the
+    /// wrong shape or format), or its trunk could not be copied resident.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// `scan` found a NaN/Inf in a float tensor or a 0xFF E8M0 scale, or could not read a tensor.
     #[error("the weight scan: {0}")]
     Scan(#[from] ScanError),
+    /// No memory plan fits the budget.
     #[error(transparent)]
     Plan(#[from] PlanError),
+    /// The kernel tier asked for is not supported on this CPU.
     #[error(transparent)]
     Kernel(#[from] mxfp4_kernels::Error),
+    /// The worker pool could not be built (no workers asked for, a domain's threads that would
+    /// not start).
     #[error("worker pool: {0}")]
     Pool(#[from] numa_sched::Error),
+    /// The ranks disagree (different checkpoints) or ask for what a multi-rank run does not support
+    /// (the expert store).
     #[error(transparent)]
     Ranks(#[from] RanksError),
+    /// The expert options are contradictory, or the store or its usage file could not be opened.
     #[error(transparent)]
     Experts(#[from] ExpertOptionsError),
+    /// Preloading the expert store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Reading the plan's resident trunk failed, or the packed trunk took more memory than its
+    /// plan and the expert cache could not give the excess up.
     #[error(transparent)]
     Model(#[from] ModelError),
 }

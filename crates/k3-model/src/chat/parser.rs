@@ -17,8 +17,12 @@ use crate::tokenizer::Tokenizer;
 /// What a piece of generated output is.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Delta {
+    /// Reasoning text: inside `think`, up to the think closer or the response opener.
     Reasoning(String),
+    /// Answer text: inside `response`, after the think closer, or a `tools` element passed on as
+    /// text.
     Content(String),
+    /// A complete tool call, emitted once its element closes.
     ToolCall(ToolCall),
 }
 

@@ -9,6 +9,7 @@ use serde_json::Value;
 /// One encoded-on-its-own piece of a prompt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Segment {
+    /// The segment's text.
     pub text: String,
     /// A control segment: special-token strings in it become special tokens.
     pub special: bool,
@@ -20,6 +21,7 @@ pub struct Message {
     /// `system`, `user`, `assistant` or `tool`; other roles are not rendered (as in the
     /// reference).
     pub role: String,
+    /// The message text (for a tool result, the result).
     pub content: String,
     /// A past assistant turn's reasoning (`think`), rendered when thinking is on.
     pub reasoning: Option<String>,
@@ -40,8 +42,11 @@ pub struct Message {
 /// string or null renders nothing).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolCall {
+    /// The call's id, which a tool result's `tool_call_id` names; `None` when the call has none.
     pub id: Option<String>,
+    /// The tool's name.
     pub name: String,
+    /// A JSON object, a string, or null (see above).
     pub arguments: Value,
 }
 
@@ -60,13 +65,17 @@ impl ToolCall {
 /// in its wording but refuses it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum ThinkingEffort {
+    /// `low`.
     Low,
+    /// `high`.
     High,
+    /// `max`, the default.
     #[default]
     Max,
 }
 
 impl ThinkingEffort {
+    /// The template's spelling: `low`, `high` or `max`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Low => "low",
@@ -99,10 +108,15 @@ impl fmt::Display for ThinkingEffort {
 /// `auto` and a named function add nothing (the reference template renders nothing for them).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum ToolChoice {
+    /// `auto`, the default: the model decides; renders nothing.
     #[default]
     Auto,
+    /// `none`: a system message asks for no tool call.
     None,
+    /// `required`: a system message asks for a tool call.
     Required,
+    /// `{"type": "function", "function": {"name": N}}`: one named function; renders nothing (as in
+    /// the reference).
     Function(String),
 }
 
@@ -132,8 +146,10 @@ impl ToolChoice {
 /// conversation (the schema written as the template's `json_sorted`); `text` adds nothing.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub enum ResponseFormat {
+    /// `text`, the default: free text; renders nothing.
     #[default]
     Text,
+    /// `json_object`: a system message asks for a JSON object.
     JsonObject,
     /// The schema (JSON null when the request carries none).
     JsonSchema(Value),
@@ -174,8 +190,11 @@ pub struct ChatOptions {
     /// kept, and the generation prompt opens `think`; off: no reasoning anywhere and the
     /// generation prompt opens `response`.
     pub thinking: bool,
+    /// How much to think, when thinking is on (`max` by default).
     pub thinking_effort: ThinkingEffort,
+    /// Whether and which tools the model should call.
     pub tool_choice: ToolChoice,
+    /// The shape the answer should take.
     pub response_format: ResponseFormat,
 }
 
@@ -193,25 +212,32 @@ impl Default for ChatOptions {
 /// A conversation the reference template refuses to render.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ChatError {
+    /// `thinking_effort` is not `low`, `high` or `max`; holds the value given.
     #[error("unsupported thinking_effort {0:?}; supported values are low, high and max")]
     ThinkingEffort(String),
     #[error(
         "unsupported tool_choice {0}; expected \"auto\", \"none\", \"required\" or \
          {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"
     )]
+    /// `tool_choice` is not one of OpenAI's forms; holds it as JSON text.
     ToolChoice(String),
     #[error(
         "unsupported response_format {0}; expected {{\"type\": \"text\" | \"json_object\" | \
          \"json_schema\"}}"
     )]
+    /// `response_format` has no known `type`; holds it as JSON text.
     ResponseFormat(String),
     #[error(
         "tool call {index} of message {message} has arguments {found}; expected a JSON object \
          or a string"
     )]
+    /// A tool call's arguments are neither a JSON object, a string nor null.
     Arguments {
+        /// The message, 0-based.
         message: usize,
+        /// The call within the message, 0-based.
         index: usize,
+        /// The arguments as JSON text.
         found: String,
     },
     #[error(
@@ -219,5 +245,9 @@ pub enum ChatError {
          of a call in the preceding assistant message, or answer at most as many calls as it \
          made"
     )]
-    ToolName { message: usize },
+    /// A tool result names no tool and no call of the preceding assistant message gives it one.
+    ToolName {
+        /// The tool result's message, 0-based.
+        message: usize,
+    },
 }

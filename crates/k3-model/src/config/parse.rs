@@ -40,6 +40,7 @@ impl K3Config {
         })
     }
 
+    /// Decoder layers (`num_hidden_layers`, 93 in K3).
     pub fn num_layers(&self) -> usize {
         self.layers.len()
     }

@@ -45,13 +45,17 @@ impl Role {
 /// Stored element type (the release's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// bfloat16, 2 bytes: the release's linear weights and most vectors.
     Bf16,
+    /// f32, 4 bytes: the KDA vectors the state depends on (conv taps, `A_log`, `dt_bias`, `o_norm`)
+    /// and the router bias.
     F32,
     /// Packed MXFP4 codes and E8M0 scales (compressed-tensors `weight_packed` / `weight_scale`).
     U8,
 }
 
 impl DType {
+    /// Bytes per element.
     pub fn bytes(self) -> usize {
         match self {
             DType::Bf16 => 2,
@@ -72,23 +76,32 @@ impl DType {
 /// What a tensor is for: the rows of the byte plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TensorClass {
+    /// The token embedding table.
     Embedding,
+    /// The output projection to the vocabulary.
     LmHead,
     /// Final norm and the output AttnRes vectors.
     OutputNorms,
     /// Per layer: the two layer norms and the four AttnRes vectors.
     LayerNorms,
+    /// A KDA layer's projections, conv taps and gate vectors.
     KdaAttention,
+    /// A gated-MLA layer's projections and latent norms.
     MlaAttention,
+    /// The dense layers' MLPs.
     DenseMlp,
+    /// The MoE router's weight and selection bias.
     Router,
     /// Latent down/up projections and the latent norm.
     LatentProjections,
+    /// The MoE layers' fused shared-expert MLPs.
     SharedExperts,
+    /// The routed experts' packed MXFP4 codes and scales.
     RoutedExperts,
 }
 
 impl TensorClass {
+    /// Every class, in the byte plan's row order.
     pub const ALL: [TensorClass; 11] = [
         TensorClass::Embedding,
         TensorClass::LmHead,
@@ -102,6 +115,7 @@ impl TensorClass {
         TensorClass::SharedExperts,
         TensorClass::RoutedExperts,
     ];
+    /// The class as the byte plan's rows print it.
     pub fn name(self) -> &'static str {
         match self {
             TensorClass::Embedding => "embedding",
@@ -122,9 +136,14 @@ impl TensorClass {
 /// One stored tensor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorSpec {
+    /// Name relative to the text model (`model.layers.3.self_attn.q_proj.weight`).
     pub name: String,
+    /// Stored shape, `[out, in]` for a matrix; an expert part's is in bytes (`[rows, cols / 2]`
+    /// codes, `[rows, cols / 32]` scales).
     pub shape: Vec<usize>,
+    /// The release's element type.
     pub dtype: DType,
+    /// What the tensor is for, the byte plan's row.
     pub class: TensorClass,
     /// Decoder layer, for per-layer tensors.
     pub layer: Option<usize>,
@@ -348,7 +367,9 @@ pub struct BytePlan {
     pub moe_layers: usize,
     /// Routed-expert bytes one decoded token reads: `top_k` experts in every MoE layer.
     pub routed_bytes_per_token: usize,
+    /// Text tensors in the checkpoint.
     pub text_tensors: usize,
+    /// Their bytes in the release's dtypes.
     pub text_bytes: usize,
     /// Weight bytes one decoded token reads: every trunk tensor except the embedding table,
     /// one embedding row, and `top_k` experts in every MoE layer.
@@ -356,6 +377,7 @@ pub struct BytePlan {
 }
 
 impl BytePlan {
+    /// The byte plan of a checkpoint for `config`.
     pub fn new(config: &K3Config) -> Self {
         let tensors = text_tensors(config);
         let by_class = TensorClass::ALL

@@ -15,6 +15,7 @@ pub const LM_HEAD: &str = "lm_head.weight";
 pub const FINAL_NORM: &str = "model.norm.weight";
 /// The output AttnRes mix: its norm and its `[1, hidden]` projection.
 pub const OUTPUT_RES_NORM: &str = "model.output_attn_res_norm.weight";
+/// The output AttnRes mix's `[1, hidden]` projection (its norm is [`OUTPUT_RES_NORM`]).
 pub const OUTPUT_RES_PROJ: &str = "model.output_attn_res_proj.weight";
 
 /// The leaf name of a KDA layer's `A_log` (the one vector stored padded, docs/MODEL.md §6.4).
@@ -27,17 +28,22 @@ fn layer_prefix(layer: usize) -> String {
 /// A decoder layer's norms and AttnRes vectors.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LayerNames {
+    /// RMSNorm before the token mixer (`input_layernorm`, `[hidden]`).
     pub input_norm: String,
+    /// RMSNorm before the FFN (`post_attention_layernorm`, `[hidden]`).
     pub post_norm: String,
+    /// The AttnRes mix before the token mixer: its norm (`[hidden]`; never read at layer 0).
     pub attn_res_norm: String,
     /// `[1, hidden]`.
     pub attn_res_proj: String,
+    /// The AttnRes mix before the FFN: its norm (`[hidden]`).
     pub mlp_res_norm: String,
     /// `[1, hidden]`.
     pub mlp_res_proj: String,
 }
 
 impl LayerNames {
+    /// The names of decoder layer `layer` (0-based).
     pub fn new(layer: usize) -> Self {
         let p = layer_prefix(layer);
         Self {
@@ -54,22 +60,34 @@ impl LayerNames {
 /// A KDA layer's tensors.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KdaNames {
+    /// Query projection `[heads·head_dim, hidden]`.
     pub q: String,
+    /// Key projection `[heads·head_dim, hidden]`.
     pub k: String,
+    /// Value projection `[heads·head_dim, hidden]`.
     pub v: String,
+    /// Output gate projection `[heads·head_dim, hidden]` (`g_proj`, the name MLA's gate shares).
     pub g: String,
+    /// Output projection `[hidden, heads·head_dim]`.
     pub o: String,
     /// The q, k and v short convolutions' taps.
     pub conv: [String; 3],
+    /// Decay gate's low-rank down projection `[head_dim, hidden]` (`f = Wfb (Wfa x)`).
     pub f_a: String,
+    /// Decay gate's low-rank up projection `[heads·head_dim, head_dim]`.
     pub f_b: String,
+    /// β projection `[heads, hidden]` (`β = sigmoid(Wb x)`, one per head).
     pub b: String,
+    /// Per-head decay scale `A_log` (F32, stored padded; [`A_LOG`]).
     pub a_log: String,
+    /// Per-channel decay gate bias `[heads·head_dim]` (F32).
     pub dt_bias: String,
+    /// RMSNorm weight on each head's output `[head_dim]` (F32, shared by all heads).
     pub o_norm: String,
 }
 
 impl KdaNames {
+    /// The names of KDA layer `layer` (0-based).
     pub fn new(layer: usize) -> Self {
         let p = format!("{}self_attn.", layer_prefix(layer));
         Self {
@@ -92,18 +110,27 @@ impl KdaNames {
 /// A gated-MLA layer's tensors.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MlaNames {
+    /// Query down projection `[q_lora_rank, hidden]`.
     pub q_a: String,
+    /// RMSNorm on the query latent `[q_lora_rank]`.
     pub q_a_norm: String,
+    /// Query up projection `[heads·(nope + rope), q_lora_rank]`.
     pub q_b: String,
+    /// KV down projection `[kv_lora_rank + rope, hidden]`: the cached latent and the shared `k_pe`.
     pub kv_a: String,
+    /// RMSNorm on the KV latent `[kv_lora_rank]`.
     pub kv_a_norm: String,
+    /// KV up projection `[heads·(nope + v), kv_lora_rank]`: per head the key rows (W_UK), then the
+    /// value rows (W_UV).
     pub kv_b: String,
     /// The output gate (present when the config has one).
     pub g: String,
+    /// Output projection `[hidden, heads·v_head_dim]`.
     pub o: String,
 }
 
 impl MlaNames {
+    /// The names of MLA layer `layer` (0-based).
     pub fn new(layer: usize) -> Self {
         let p = format!("{}self_attn.", layer_prefix(layer));
         Self {
@@ -122,8 +149,11 @@ impl MlaNames {
 /// A SwiGLU-style MLP's three projections: a dense layer's, or a MoE layer's shared experts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MlpNames {
+    /// Gate projection `[intermediate, hidden]` (the SiTU gate branch).
     pub gate: String,
+    /// Up projection `[intermediate, hidden]`.
     pub up: String,
+    /// Down projection `[hidden, intermediate]`.
     pub down: String,
 }
 
@@ -145,16 +175,23 @@ impl MlpNames {
 /// A MoE layer's tensors other than the routed experts ([`expert_layout`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MoeNames {
+    /// Router weight `[num_experts, hidden]` (`gate.weight`).
     pub router: String,
+    /// Selection bias `[num_experts]` (F32, `e_score_correction_bias`): added to the scores for
+    /// choosing only.
     pub router_bias: String,
+    /// Latent down projection `[latent, hidden]` (present with a latent MoE).
     pub latent_down: String,
     /// Present when the config's latent MoE uses a norm.
     pub latent_norm: String,
+    /// Latent up projection `[hidden, latent]` (present with a latent MoE).
     pub latent_up: String,
+    /// The shared experts' fused MLP (present when the config has shared experts).
     pub shared: MlpNames,
 }
 
 impl MoeNames {
+    /// The names of MoE layer `layer` (0-based).
     pub fn new(layer: usize) -> Self {
         let p = format!("{}block_sparse_moe.", layer_prefix(layer));
         Self {

@@ -27,6 +27,7 @@ impl Default for Checksum {
 }
 
 impl Checksum {
+    /// An empty stream's state.
     pub fn new() -> Self {
         Self {
             lanes: std::array::from_fn(|i| OFFSET ^ i as u64),

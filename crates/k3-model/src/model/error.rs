@@ -6,23 +6,40 @@ use expert_store::checkpoint::CheckpointError;
 /// Errors of model construction and evaluation.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
+    /// A tensor is missing, of the wrong shape or format, or unreadable in the checkpoint.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// A kernel refused its operands (a shape the loader should have caught).
     #[error(transparent)]
     Kernel(#[from] mxfp4_kernels::Error),
+    /// The worker pool could not start or run a dispatch, or a helper thread stopped; holds
+    /// why.
     #[error("worker pool: {0}")]
     Pool(String),
     /// A memory plan that does not match the checkpoint it is applied to.
     #[error("memory plan: {0}")]
     Plan(String),
+    /// A token id given to the model is not below `vocab_size`.
     #[error("token {token} is outside the vocabulary of {vocab}")]
-    Token { token: usize, vocab: usize },
+    Token {
+        /// The token id.
+        token: usize,
+        /// The config's `vocab_size`.
+        vocab: usize,
+    },
     /// An expert could not be read: this step fails (the session is then mid-step and must
     /// be reset); the model and other sessions carry on.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// An expert store opened with another layout than the config implies
+    /// ([`Model::with_expert_store`](crate::model::Model::with_expert_store)).
     #[error("the expert store's experts are {store}, the config's {config}")]
-    StoreLayout { store: String, config: String },
+    StoreLayout {
+        /// The store's layout, as it prints.
+        store: String,
+        /// The config's [`expert_layout`](crate::inventory::expert_layout), as it prints.
+        config: String,
+    },
 }
 
 pub(super) type Result<T, E = ModelError> = std::result::Result<T, E>;

@@ -29,6 +29,7 @@ pub const PREFILL_CHUNK: usize = MAX_TOKENS;
 
 /// A K3 model whose weights borrow from a mapped checkpoint.
 pub struct Model<'a> {
+    /// The validated config the model was built for.
     pub config: K3Config,
     pub(super) kernels: Kernels,
     pub(super) pool: Arc<Pool>,

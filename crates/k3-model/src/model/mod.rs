@@ -16,6 +16,10 @@
 //! `kda`, `mla` and `moe` the blocks; `experts` the routed experts' tasks; `source` where the
 //! routed experts come from ([`ExpertSource`]); `clock` the decode clock a memory plan sizes
 //! its stream by; `wide` the AVX-512-compiled wrapper.
+//!
+//! [`WeightMatrix`]: mxfp4_kernels::WeightMatrix
+//! [`Checkpoint::linear`]: expert_store::Checkpoint::linear
+//! [`ExpertSource`]: expert_store::source::ExpertSource
 
 mod clock;
 mod dispatch;

@@ -6,7 +6,7 @@
 //!
 //! The AttnRes banks are not state: they live inside one forward pass, per token.
 //!
-//! [`file`] writes and reads snapshot files (header, identity, checksum).
+//! [`file`](mod@file) writes and reads snapshot files (header, identity, checksum).
 
 pub mod file;
 
@@ -20,19 +20,35 @@ const F32_BYTES: usize = 4;
 /// Why a snapshot cannot be restored into a session (or a file does not hold one).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SnapshotError {
+    /// The snapshot comes from a model with another number of layers.
     #[error("the snapshot has {found} layers, the session {expected}")]
-    Layers { expected: usize, found: usize },
+    Layers {
+        /// The session's layers.
+        expected: usize,
+        /// The snapshot's layers.
+        found: usize,
+    },
+    /// A layer's token mixer differs between the snapshot and the session.
     #[error("layer {layer}: the snapshot holds {found} state, the session {expected}")]
     LayerKind {
+        /// The layer, 0-based.
         layer: usize,
+        /// The session's kind: `"kda"`, `"mla"` or `"no"`.
         expected: &'static str,
+        /// The snapshot's kind, spelled the same way.
         found: &'static str,
     },
+    /// A layer's array has another length than this model gives it at the snapshot's
+    /// position (another model's widths, or a damaged snapshot).
     #[error("layer {layer}: the snapshot's {part} has {found} values, the session's {expected}")]
     Size {
+        /// The layer, 0-based.
         layer: usize,
+        /// The array: `"q conv window"`, `"kda state"`, `"mla latent"`, `"mla k_pe"`, ...
         part: &'static str,
+        /// `f32`s it should hold.
         expected: usize,
+        /// `f32`s it holds.
         found: usize,
     },
 }

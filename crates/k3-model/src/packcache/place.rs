@@ -35,13 +35,20 @@ impl PackCachePlace {
 }
 
 /// What [`PackCache::open_or_write`] did.
+///
+/// [`PackCache::open_or_write`]: crate::packcache::PackCache::open_or_write
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     /// A matching file was there.
     Opened,
     /// The file was written (`why`: none was there, or what made the one there stale), in
     /// `seconds`.
-    Written { why: String, seconds: f64 },
+    Written {
+        /// Why it was written: none was there, or what made the one there stale.
+        why: String,
+        /// Wall time of the write, in seconds.
+        seconds: f64,
+    },
 }
 
 /// The cache file's name for a checkpoint of `identity`

@@ -8,14 +8,21 @@ use crate::io::error::IoError;
 /// One matrix the cache holds.
 #[derive(Debug)]
 pub struct PackedTensor {
+    /// The matrix's name as stored in the checkpoint.
     pub name: String,
+    /// Rows of the matrix.
     pub rows: usize,
+    /// Columns of the matrix (a multiple of 32).
     pub cols: usize,
     /// Where its body starts in the file (rows of `packed_body_bytes(1, cols)` bytes).
     pub body: usize,
     /// Its exception blocks (BF16, [`EXCEPTION_BYTES`] each), and per row the index of its
     /// first one (`rows + 1` entries).
+    ///
+    /// [`EXCEPTION_BYTES`]: mxfp4_kernels::packed::EXCEPTION_BYTES
     pub exceptions: Vec<u8>,
+    /// Per row the index of its first exception block, and the total last: row `r`'s blocks are
+    /// `row_exceptions[r]..row_exceptions[r + 1]`.
     pub row_exceptions: Vec<u32>,
 }
 
@@ -37,11 +44,15 @@ pub struct PackCache {
 /// Why a cache could not be opened or written.
 #[derive(Debug, thiserror::Error)]
 pub enum PackCacheError {
+    /// Creating, writing, syncing, renaming or reading the cache file failed.
     #[error("{}: {source}", path.display())]
     Io {
+        /// The file or directory.
         path: PathBuf,
+        /// The operating system's error.
         source: std::io::Error,
     },
+    /// The directory's filesystem has too little free space for the file.
     #[error(
         "{}: {} free, the pack cache needs {}",
         dir.display(),
@@ -49,13 +60,17 @@ pub enum PackCacheError {
         crate::units::gb(*needed)
     )]
     Space {
+        /// The directory.
         dir: PathBuf,
+        /// Bytes free there.
         free: u64,
+        /// Bytes the file needs: its bodies, a bound on its manifest, and some slack.
         needed: u64,
     },
     /// Reading the checkpoint's rows, or packing them on the pool, failed.
     #[error(transparent)]
     Checkpoint(#[from] expert_store::CheckpointError),
+    /// The packing reader's thread or the worker pool failed; holds why.
     #[error("worker pool: {0}")]
     Pool(String),
 }

@@ -28,7 +28,9 @@ pub enum Part {
     Attention,
     /// A dense MLP's projections: each its own unit, read in row blocks.
     Gate,
+    /// A dense MLP's up projection, likewise.
     Up,
+    /// A dense MLP's down projection, likewise.
     Down,
     /// A MoE layer's router, latent projections and shared experts: one unit.
     Moe,
@@ -61,11 +63,18 @@ impl Part {
 /// it, its size, the part that reads it and its rows (first dimension).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredTensor {
+    /// Its name in the checkpoint, as stored (with the release's `language_model.` prefix; an MXFP4
+    /// linear's `weight_packed` or `weight_scale`).
     pub name: String,
+    /// The safetensors file holding it.
     pub path: PathBuf,
+    /// Byte offset of its data in that file.
     pub offset: usize,
+    /// Bytes of its data (a row block's alone).
     pub bytes: u64,
+    /// The part of the forward pass that reads it.
     pub part: Part,
+    /// Its rows, the first dimension (a row block's alone).
     pub rows: usize,
     /// Columns of a BF16 matrix kept packed where it is resident
     /// (`mxfp4_kernels::packed`): its resident bytes are the packed form's. `None`: kept as
@@ -82,15 +91,20 @@ pub struct StoredTensor {
 /// it, and the first row of the tensor (or row block) this is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PackedAt {
+    /// The pack cache file.
     pub path: PathBuf,
+    /// Byte offset in the file where the whole matrix's packed body starts.
     pub body: usize,
+    /// The matrix row this tensor (or row block) starts at.
     pub first_row: usize,
 }
 
 /// A matrix a pack cache file holds (see [`WeightSizes::with_packed`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeldPacked {
+    /// Rows of the matrix.
     pub rows: usize,
+    /// Columns of the matrix (a multiple of 32).
     pub cols: usize,
     /// Where its body starts in the file.
     pub body: usize,
@@ -214,9 +228,11 @@ pub struct WeightSizes {
     pub layers: Vec<Vec<StoredTensor>>,
     /// The embedding table, and the bytes of one row of it (read per token).
     pub embed: u64,
+    /// Bytes of one row of the embedding table.
     pub embed_row: u64,
     /// Every routed expert's buffer bytes summed, and the largest one.
     pub expert_total: u64,
+    /// The largest routed expert's buffer bytes: what one expert read buffer holds.
     pub expert_largest: u64,
     /// Routed experts per MoE layer (one entry per MoE layer).
     pub experts_per_layer: Vec<usize>,

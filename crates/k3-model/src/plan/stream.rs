@@ -31,6 +31,7 @@ pub const MIN_CAP: u64 = 64 << 20;
 pub struct StreamStep {
     /// The layer (the layer count for the head).
     pub layer: usize,
+    /// The part of the forward pass that reads it.
     pub part: Part,
     /// For a part read in row blocks, the rows of this block (of each of its tensors).
     pub rows: Option<Range<usize>>,
@@ -69,6 +70,7 @@ impl TrunkPlan {
             .unwrap_or(0)
     }
 
+    /// Whether any trunk bytes are read from disk per token (some step is left).
     pub fn streams(&self) -> bool {
         !self.steps.is_empty()
     }
@@ -124,6 +126,7 @@ fn units(sizes: &WeightSizes) -> Vec<Unit<'_>> {
 /// A layout of the trunk for one cap and slot count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
+    /// What is resident and what streams.
     pub trunk: TrunkPlan,
     /// Bytes of the resident copy.
     pub resident: u64,

@@ -448,7 +448,10 @@ fn a_budget_below_the_minimum_is_refused_with_the_numbers() {
     ] {
         assert!(message.contains(needle), "{needle} not in {message}");
     }
-    assert!(!message.contains("--"), "no flag named in the library: {message}");
+    assert!(
+        !message.contains("--"),
+        "no flag named in the library: {message}"
+    );
     assert_eq!(error.knobs()[0], crate::knob::Knob::MemoryLimit);
     // The margin comes off the budget first, and is named.
     let margin = 1000;

@@ -11,13 +11,17 @@ use crate::inventory::{Role, TensorSpec};
 /// A float storage format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FloatFormat {
+    /// bfloat16, 2 bytes: the release's.
     #[default]
     Bf16,
+    /// IEEE half, 2 bytes.
     F16,
+    /// f32, 4 bytes.
     F32,
 }
 
 impl FloatFormat {
+    /// Every format, in the order the flags list them.
     pub const ALL: [FloatFormat; 3] = [FloatFormat::Bf16, FloatFormat::F16, FloatFormat::F32];
 
     /// The name the `--*-dtype` flags take.
@@ -73,6 +77,8 @@ impl std::str::FromStr for FloatFormat {
 ///
 /// Values do not depend on the formats: the trunk's are drawn as BF16 values and stored
 /// exactly (BF16, F32) or rounded (F16), so an F32 copy decodes to the BF16 checkpoint's bits.
+///
+/// [`generate`]: crate::synth::generate
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SynthFormats {
     /// Format of every linear weight outside the routed experts (embedding and lm_head too).

@@ -51,6 +51,7 @@ pub enum Preset {
 }
 
 impl Preset {
+    /// Every preset, in the order `--preset` lists them.
     pub const ALL: [Preset; 3] = [Preset::Tiny, Preset::K3_040B, Preset::K3Wide];
 
     /// The name `--preset` takes.
@@ -82,7 +83,10 @@ impl std::str::FromStr for Preset {
 /// What to generate.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SynthOptions {
+    /// The shapes to generate.
     pub preset: Preset,
+    /// Seed of every drawn value (each tensor draws from it and its name): the same seed and
+    /// options write the same bytes.
     pub seed: u64,
     /// Override the preset's number of layers.
     pub layers: Option<usize>,
@@ -121,9 +125,13 @@ pub fn selection_bias(skew: f32, experts: usize) -> Vec<f32> {
 /// What was written.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SynthReport {
+    /// The config written, parsed.
     pub config: K3Config,
+    /// Safetensors files written: one per layer and one for the globals, as in the release.
     pub shards: usize,
+    /// Tensors written.
     pub tensors: usize,
+    /// Bytes of tensor data written (the index's `total_size`).
     pub bytes: usize,
 }
 
@@ -234,15 +242,22 @@ fn shift_special_ids(map: &mut serde_json::Map<String, Value>, first_special: u6
 /// Errors of the generator.
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
+    /// The preset's config, with the options applied, does not validate.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// A safetensors file could not be written.
     #[error(transparent)]
     Write(#[from] CheckpointError),
+    /// Creating the directory or writing the config, tokenizer or index file failed.
     #[error("{path}: {source}")]
     Io {
+        /// The directory or file.
         path: std::path::PathBuf,
+        /// The operating system's error.
         source: std::io::Error,
     },
+    /// The options ask for a checkpoint that cannot be written (F16-rounded trunk values stored as
+    /// BF16, MXFP4 over a width not a multiple of 32); holds why.
     #[error("{0}")]
     Invalid(String),
 }

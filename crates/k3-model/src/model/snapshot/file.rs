@@ -43,7 +43,9 @@ use writer::Writer;
 /// What a snapshot is valid for: the engine that computed it and the checkpoint it ran.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Identity {
+    /// The engine version that computed the state ([`ENGINE_VERSION`]).
     pub engine: String,
+    /// The checkpoint it ran ([`checkpoint_identity`]).
     pub checkpoint: u64,
 }
 
@@ -61,7 +63,7 @@ impl Identity {
 const MATRIX_SAMPLE: usize = 4096;
 
 /// A hash naming a checkpoint: the config, every tensor's name, dtype, shape and place, the
-/// values of the 1-D tensors (norms, biases, decays: small), and [`MATRIX_SAMPLE`] bytes from
+/// values of the 1-D tensors (norms, biases, decays: small), and `MATRIX_SAMPLE` (4096) bytes from
 /// the middle of every other tensor but the routed experts' (a merged adapter or a fine-tune
 /// may change matrices and leave every vector alone; a dense change shows in any page of the
 /// matrix). The routed experts, most of the tensors and bytes, are not read: a few thousand
@@ -149,6 +151,7 @@ fn read_samples(samples: &[(&str, &Path, std::ops::Range<usize>, &[u8])]) -> (Ve
 /// A snapshot file's header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileHeader {
+    /// What the snapshot is valid for.
     pub identity: Identity,
     /// An opaque tag its writer stored with the state ([`save_in`]): k3-serve's prompt cache
     /// keeps the tenant's cache namespace there, so a file is only ever found again for the

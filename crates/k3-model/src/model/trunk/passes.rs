@@ -25,6 +25,8 @@ impl<'a> Model<'a> {
     /// the plan reads them there ([`StoredTensor::packed_at`]), with `O_DIRECT` on an I/O
     /// thread on `io_cpus`, through `plan.slots` buffers, a step ahead of compute. Logits are
     /// the same bits.
+    ///
+    /// [`StoredTensor::packed_at`]: crate::plan::StoredTensor::packed_at
     pub fn with_planned_trunk(
         mut self,
         ckpt: &'a Checkpoint,

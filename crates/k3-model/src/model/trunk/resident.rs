@@ -73,6 +73,8 @@ impl ResidentTrunk {
     /// Packing runs on `pool`'s workers, the reads on an I/O thread on `io_cpus`, a chunk
     /// ahead. The packed matrices `cache` holds are read packed from it instead (0.77x the
     /// bytes, nothing to pack), with its exception blocks and row index.
+    ///
+    /// [`TrunkPlan`]: crate::plan::TrunkPlan
     pub fn load(
         ckpt: &Checkpoint,
         names: &HashSet<String>,
