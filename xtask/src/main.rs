@@ -20,6 +20,7 @@ mod oracle;
 mod oracle_chat;
 mod oracle_ct;
 mod oracle_fla;
+mod oracle_hf;
 mod oracle_llamacpp;
 mod oracle_tiktoken;
 mod peer_kernels;
@@ -131,6 +132,14 @@ const TASKS: &[Task] = &[
             the llama-cpp-python sdist, rendered by jinja2) of the conversations in \
             crates/k3-model/tests/data/chat (k3-model tests)",
         run: oracle_chat::run,
+    },
+    Task {
+        name: "oracle-hf-download",
+        usage: "[--venv DIR] [--out DIR]",
+        about: "freeze what huggingface_hub's own `hf download` makes of the docs' download \
+            command for the release (its CLI parser and pattern filter; nothing is fetched); \
+            xtask's docs tests check it",
+        run: oracle_hf::run,
     },
     Task {
         name: "oracle-fla-kda",
