@@ -105,7 +105,120 @@ pub(crate) fn run(config: &K3Config, machines: &Machines) -> Result<()> {
         "\ns/token is max(disk, memory): the plan's bytes from disk over the drives' rate, and the \
          weight bytes of a token over the memory's rate (reads overlapping compute)."
     );
+    let facts = Facts::of(config, machines)?;
+    println!("\n{}", facts.lines(machines).join("\n"));
     Ok(())
+}
+
+/// What a person needs besides the table: the disk the release takes with its pack cache, the
+/// least memory the plan accepts, and how long a start takes on one drive.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Facts {
+    /// The text shards' bytes as stored (what `--model` reads from disk).
+    pub(crate) checkpoint: u64,
+    /// The pack cache file: the trunk's BF16 matrices packed, and its manifest.
+    pub(crate) pack_cache: u64,
+    /// The BF16 bytes the first start reads to write the pack cache.
+    pub(crate) pack_source: u64,
+    /// The least memory budget the plan accepts (before the host's safety margin).
+    pub(crate) least_memory: u64,
+    /// Per machine: the bytes a start reads before serving (the resident trunk share and the
+    /// expert cache's preload).
+    pub(crate) start_reads: Vec<(u64, u64)>,
+}
+
+impl Facts {
+    pub(crate) fn of(config: &K3Config, machines: &Machines) -> Result<Self> {
+        let stored = WeightSizes::of_config(config);
+        let packed = stored.clone().with_projected_pack_cache();
+        let packable: Vec<_> = stored.packable();
+        let pack_source = packable.iter().map(|t| t.bytes).sum();
+        let bodies: u64 = packable
+            .iter()
+            .map(|t| {
+                let cols = t.pack_cols.expect("packable");
+                mxfp4_kernels::packed::packed_body_bytes(t.rows, cols)
+                    .next_multiple_of(expert_store::io::IO_ALIGN) as u64
+            })
+            .sum();
+        let plan_at = |memory: u64| {
+            Plan::new(
+                &packed,
+                MemoryPlan::state(config, machines.run),
+                &ExpertOptions::default(),
+                machines.run,
+                Some(MemoryBudget {
+                    bytes: memory,
+                    source: "a machine".into(),
+                    limit: false,
+                }),
+                safety_margin(memory),
+                None,
+            )
+        };
+        // The least accepted budget, to 0.1 GB: the plan is monotone in the budget.
+        let (mut low, mut high) = (0u64, 1u64 << 44);
+        ensure!(plan_at(high).is_ok(), "no budget fits the config");
+        while high - low > 100_000_000 {
+            let mid = low + (high - low) / 2;
+            if plan_at(mid).is_ok() {
+                high = mid;
+            } else {
+                low = mid;
+            }
+        }
+        let start_reads = machines
+            .memory
+            .iter()
+            .filter_map(|&memory| {
+                let plan = plan_at(memory).ok()?;
+                // Where everything fits as stored the engine maps it and reads it all in at
+                // start (but the embedding table); else the resident share and the cache.
+                let reads = match &plan.trunk {
+                    None => stored.trunk_stored_bytes() + stored.expert_total,
+                    Some(_) => plan.memory.resident_trunk + plan.memory.expert_cache,
+                };
+                Some((memory, reads))
+            })
+            .collect();
+        Ok(Self {
+            checkpoint: BytePlan::new(config).text_bytes as u64,
+            pack_cache: bodies + packed.packed_side,
+            pack_source,
+            least_memory: high,
+            start_reads,
+        })
+    }
+
+    /// The facts as the lines `k3-plan` prints (the docs quote them; a test checks the quote).
+    pub(crate) fn lines(&self, machines: &Machines) -> Vec<String> {
+        let gb = |b: u64| b as f64 / 1e9;
+        let rate = machines.drive_rate;
+        let mut lines = vec![
+            format!(
+                "disk: the text shards {:.1} GB, the pack cache {:.1} GB (written beside the checkpoint by the first start: it reads {:.1} GB of BF16 matrices and writes the packed file, about {:.0} s on one drive)",
+                gb(self.checkpoint),
+                gb(self.pack_cache),
+                gb(self.pack_source),
+                (self.pack_source + self.pack_cache) as f64 / rate
+            ),
+            format!(
+                "least memory the plan accepts (ctx {}, max batch {}): {:.1} GB",
+                machines.run.ctx,
+                machines.run.max_batch,
+                gb(self.least_memory)
+            ),
+        ];
+        for &(memory, reads) in &self.start_reads {
+            lines.push(format!(
+                "start on a {:.0} GB machine: reads {:.1} GB before it serves (the resident trunk and expert cache, or everything where it all fits), about {:.0} s on one drive",
+                gb(memory),
+                gb(reads),
+                reads as f64 / rate
+            ));
+        }
+        lines
+    }
 }
 
 /// `G,..` in decimal GB as bytes.
