@@ -255,13 +255,11 @@ fn build_ours() -> Result<PathBuf> {
         "build",
         "--release",
         "-p",
-        "k3-model",
-        "--example",
+        "k3-bench",
+        "--bin",
         "teacher_forced_decode_bench",
     ]))?;
-    Ok(from_root(
-        "target/release/examples/teacher_forced_decode_bench",
-    ))
+    Ok(from_root("target/release/teacher_forced_decode_bench"))
 }
 
 /// The checkpoint's safetensors shards.

@@ -3,9 +3,10 @@
 //! memory and over forced TCP; a killed rank ends the job with an error naming it, within
 //! 30 s; ranks that opened different checkpoints are refused with both values.
 //!
-//! Needs the decode bench built with the feature first (`.ci/run` does it):
-//! `cargo build -p k3-model --features mpi --example teacher_forced_decode_bench`, and Open
-//! MPI's `mpirun` (Debian: openmpi-bin). Run as root, hence `--allow-run-as-root`.
+//! Cargo builds the bench with the same features before these tests run
+//! (`cargo test -p k3-bench --features mpi --test mpi -- --test-threads 1`, as `.ci/run`
+//! does); they need Open MPI's `mpirun` (Debian: openmpi-bin). Run as root, hence
+//! `--allow-run-as-root`.
 #![cfg(feature = "mpi")]
 
 use std::io::{BufRead, BufReader};
@@ -17,20 +18,9 @@ use std::time::{Duration, Instant};
 
 use k3_model::synth::{Preset, SynthOptions, generate};
 
-/// The bench beside this test binary (`target/<profile>/examples/`).
+/// The bench, built by cargo for this test with the same features.
 fn bench() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let path = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps")
-        .join("examples/teacher_forced_decode_bench");
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo build -p k3-model --features mpi --example teacher_forced_decode_bench` first",
-        path.display()
-    );
-    path
+    PathBuf::from(env!("CARGO_BIN_EXE_teacher_forced_decode_bench"))
 }
 
 fn mpirun() -> Command {
