@@ -123,13 +123,12 @@ fn main() -> Result<()> {
         ..args.engine.clone()
     };
     // Under mpirun, ranks other than 0 print their startup line and errors only.
+    // The build's lines about an option end with its flag; so does a failure's message.
     let mut quiet = |_: &str| {};
-    let sink: &mut dyn BuildSink = if leader {
-        &mut Stderr::default()
-    } else {
-        &mut quiet
-    };
-    let engine = Engine::build(&model_dir, config, &options, sink)?;
+    let mut stderr = k3_cli::FlagHints(Stderr::default());
+    let sink: &mut dyn BuildSink = if leader { &mut stderr } else { &mut quiet };
+    let engine = Engine::build(&model_dir, config, &options, sink)
+        .map_err(|e| anyhow::anyhow!(k3_cli::with_flags(&e)))?;
     let share = RankShare::of(&engine.checkpoint, &ranks);
     if ranks.size() > 1 {
         eprintln!("{}", share.describe(&ranks));

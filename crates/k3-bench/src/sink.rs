@@ -5,7 +5,7 @@ use k3_model::builder::BuildSink;
 
 /// The build's lines on stderr, and the expert preload's progress as a bar (GB/s, ETA),
 /// cleared by the next line.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub(crate) struct Stderr {
     bar: Option<indicatif::ProgressBar>,
 }
