@@ -25,7 +25,8 @@ use anyhow::{Context, Result, bail};
 
 use crate::gguf_k3_meta::Outtype;
 use crate::oracle::run_checked;
-use crate::oracle_llamacpp::{WORK_DIR, build_target, fetch_sdist};
+use crate::oracle_llamacpp::{WORK_DIR, build_llama_bench, fetch_sdist};
+use crate::runs::{between, drop_page_cache};
 use crate::{Options, from_root};
 use k3_model::K3Config;
 use k3_model::inventory::BytePlan;
@@ -274,13 +275,6 @@ fn shard_files(model: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Asks the kernel to drop `path`'s pages from the page cache (`POSIX_FADV_DONTNEED`).
-pub(crate) fn drop_page_cache(path: &Path) -> Result<()> {
-    let file = std::fs::File::open(path).with_context(|| path.display().to_string())?;
-    expert_store::io::drop_page_cache(&file, 0, 0)
-        .with_context(|| format!("posix_fadvise on {}", path.display()))
-}
-
 /// The least weight bytes a prefill of `prompt` tokens reads: every trunk tensor once (one
 /// embedding row per token, the lm_head once, for the last token) and every expert the prompt
 /// can touch, `min(experts, prompt x top_k)` per MoE layer.
@@ -289,12 +283,6 @@ fn prompt_bytes(config: &K3Config, plan: &BytePlan, prompt: usize) -> usize {
     plan.bytes_per_token - plan.routed_bytes_per_token
         + (prompt - 1) * config.hidden_size * 2
         + plan.moe_layers * touched * plan.expert_bytes
-}
-
-/// `llama-bench`, built once in the build directory the logits oracle's `libllama` also
-/// lives in.
-pub(crate) fn build_llama_bench(work: &Path, source: &Path) -> Result<PathBuf> {
-    build_target(work, source, "llama-bench", "llama-bench")
 }
 
 /// The GGUF of `model` (trunk BF16, experts ggml MXFP4), converted once per directory by the
@@ -372,12 +360,6 @@ fn line_with<'t>(text: &'t str, marker: &str) -> Result<&'t str> {
     text.lines()
         .find(|l| l.contains(marker))
         .with_context(|| format!("no {marker:?} line in: {text}"))
-}
-
-/// The number in `line` between `after` and the next `before`.
-pub(crate) fn between(line: &str, after: &str, before: &str) -> Option<f64> {
-    let rest = &line[line.find(after)? + after.len()..];
-    rest[..rest.find(before)?].trim().parse().ok()
 }
 
 /// Our prefill tokens/s for a `prompt`-token prompt in chunks of up to `PREFILL_CHUNK`

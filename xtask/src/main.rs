@@ -24,6 +24,7 @@ mod oracle_hf;
 mod oracle_llamacpp;
 mod oracle_tiktoken;
 mod peer_kernels;
+mod runs;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -530,3 +530,9 @@ impl HarnessReport {
         })
     }
 }
+
+/// `llama-bench`, built once in the build directory the logits oracle's `libllama` also
+/// lives in.
+pub(crate) fn build_llama_bench(work: &Path, source: &Path) -> Result<PathBuf> {
+    build_target(work, source, "llama-bench", "llama-bench")
+}

@@ -26,8 +26,8 @@ use benches::{
 };
 use mxfp4_kernels::{Kernels, Tier};
 
-use crate::bench_peers::build_llama_bench;
 use crate::oracle::run_checked;
+use crate::oracle_llamacpp::build_llama_bench;
 use crate::oracle_llamacpp::{WORK_DIR, fetch_sdist};
 use crate::{Options, from_root};
 
