@@ -8,8 +8,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use expert_store::Checkpoint;
 use expert_store::scan::scan_checkpoint;
-use k3_model::census::census;
-use k3_model::checkpoint::validate;
+use k3_model::checks::census;
+use k3_model::checks::validate;
 use k3_model::config::K3Config;
 use k3_model::tokenizer::Tokenizer;
 

@@ -99,7 +99,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             drive_rate: number("drive-gbps", 7.0)? * 1e9,
             // One socket of 12 DDR5-4800 channels, at the ~75% of peak a streaming read gets.
             memory_rate: number("memory-gbps", 345.0)? * 1e9,
-            run: k3_model::budget::RunShape {
+            run: k3_model::plan::RunShape {
                 resident_trunk: false,
                 max_batch: number("max-batch", 1.0)? as usize,
                 ctx: number("ctx", 32768.0)? as usize,

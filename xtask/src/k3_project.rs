@@ -8,10 +8,10 @@
 
 use anyhow::{Result, ensure};
 use expert_store::io::MemoryBudget;
-use k3_model::budget::{MemoryPlan, RunShape};
 use k3_model::config::K3Config;
 use k3_model::experts::ExpertOptions;
 use k3_model::inventory::BytePlan;
+use k3_model::plan::{MemoryUse, RunShape};
 use k3_model::plan::{Plan, WeightSizes, safety_margin};
 
 /// What the projection is asked for.
@@ -66,7 +66,7 @@ pub(crate) fn run(config: &K3Config, machines: &Machines) -> Result<()> {
             limit: false,
         };
         let margin = safety_margin(memory);
-        let flags = MemoryPlan::state(config, machines.run);
+        let flags = MemoryUse::state(config, machines.run);
         let plan = Plan::new(
             &sizes,
             flags,
@@ -144,7 +144,7 @@ impl Facts {
         let plan_at = |memory: u64| {
             Plan::new(
                 &packed,
-                MemoryPlan::state(config, machines.run),
+                MemoryUse::state(config, machines.run),
                 &ExpertOptions::default(),
                 machines.run,
                 Some(MemoryBudget {
@@ -276,7 +276,7 @@ mod tests {
         let plan = |gb| {
             Plan::new(
                 &s,
-                MemoryPlan::state(&config, run),
+                MemoryUse::state(&config, run),
                 &ExpertOptions::default(),
                 run,
                 Some(budget(gb)),
@@ -316,7 +316,7 @@ mod tests {
         let streamed = |s: &WeightSizes| {
             let plan = Plan::new(
                 s,
-                MemoryPlan::state(&config, run),
+                MemoryUse::state(&config, run),
                 &ExpertOptions::default(),
                 run,
                 Some(MemoryBudget {

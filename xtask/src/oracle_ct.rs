@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
 use expert_store::Checkpoint;
-use k3_model::checkpoint::validate;
+use k3_model::checks::validate;
 use k3_model::config::{FfnKind, K3Config};
 use k3_model::inventory::{TensorClass, text_tensors};
 use k3_model::synth::{Preset, SynthOptions, generate};

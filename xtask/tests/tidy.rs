@@ -137,24 +137,24 @@ const THREAD_ALLOW: &[Allowed] = &[
                  touch no weights (xtask is a tool, not the engine)",
     },
     Allowed {
-        path: "crates/k3-serve/src/engine/mod.rs",
+        path: "crates/k3-serve/src/engine/handle.rs",
         pattern: "thread::Builder::new(",
         reason: "the engine thread: loads the model and drives the pool; each step's work runs \
                  on the pool's pinned workers, not on it",
     },
     Allowed {
-        path: "crates/k3-serve/src/main.rs",
+        path: "crates/k3-serve/src/serving.rs",
         pattern: "runtime::Builder::new_multi_thread(",
         reason: "the HTTP runtime: two threads asleep on sockets that touch no weights \
                  (docs/ARCHITECTURE.md contract 5 names it)",
     },
     Allowed {
-        path: "crates/k3-serve/src/main.rs",
+        path: "crates/k3-serve/src/serving.rs",
         pattern: "spawn_blocking(",
         reason: "the HTTP runtime's blocking pool: waits for the engine to finish loading",
     },
     Allowed {
-        path: "crates/k3-serve/src/server/mod.rs",
+        path: "crates/k3-serve/src/server/handlers.rs",
         pattern: "spawn_blocking(",
         reason: "the HTTP runtime's blocking pool: renders and tokenizes prompts, touches no \
                  weights",

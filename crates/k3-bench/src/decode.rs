@@ -27,8 +27,8 @@ pub(crate) fn decode(
     profile: &Profile,
     ranks: &Ranks,
 ) -> Result<CollectiveStats> {
-    let (pool, store) = (&engine.pool, &engine.store);
-    let plan = BytePlan::new(&engine.config);
+    let (pool, store) = (engine.pool(), engine.store());
+    let plan = BytePlan::new(engine.config());
     let mut out = match &args.logits_out {
         Some(path) => Some(std::io::BufWriter::new(
             std::fs::File::create(path).with_context(|| path.display().to_string())?,
@@ -36,7 +36,7 @@ pub(crate) fn decode(
         None => None,
     };
     // `--probe-mb 0` turns the probe off, and so does a memory limit it does not fit.
-    let probe = ReadProbe::new(pool.threads(), (args.probe_mb as u64) << 20, &engine.plan)?;
+    let probe = ReadProbe::new(pool.threads(), (args.probe_mb as u64) << 20, engine.plan())?;
     probe.read(); // warm: the first pass also faults the buffer's pages in
     if let Some(store) = store {
         store.reset_stats(); // the preload's reads are not the decode's

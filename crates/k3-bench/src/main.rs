@@ -49,7 +49,6 @@ use anyhow::{Context, Result};
 use k3_model::builder::{BuildSink, Engine, EngineOptions};
 use k3_model::config::K3Config;
 use k3_model::profile::Profile;
-use k3_model::shares::RankShare;
 use k3_model::synth::{SynthOptions, generate};
 
 use crate::args::{Args, BINARY, bench_flags, parse, seeded_tokens};
@@ -129,7 +128,7 @@ fn main() -> Result<()> {
     let sink: &mut dyn BuildSink = if leader { &mut stderr } else { &mut quiet };
     let engine = Engine::build(&model_dir, config, &options, sink)
         .map_err(|e| anyhow::anyhow!(k3_cli::with_flags(&e)))?;
-    let share = RankShare::of(&engine.checkpoint, &ranks);
+    let share = engine.rank_share(&ranks);
     if ranks.size() > 1 {
         eprintln!("{}", share.describe(&ranks));
     }
@@ -145,7 +144,7 @@ fn main() -> Result<()> {
     };
     let tokens = match &args.tokens {
         Some(tokens) => tokens.clone(),
-        None => seeded_tokens(args.steps, engine.config.vocab_size),
+        None => seeded_tokens(args.steps, engine.config().vocab_size),
     };
     if let Some(n) = args.prefill {
         let timed = time_prefill(

@@ -4,8 +4,8 @@
 use std::path::Path;
 
 use anyhow::Result;
+use k3_model::builder::RankShare;
 use k3_model::model::Model;
-use k3_model::shares::RankShare;
 use numa_sched::{CollectiveStats, Ranks};
 
 /// Bytes of this process's resident pages in mappings of files under `dir` (the

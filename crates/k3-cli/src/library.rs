@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use expert_store::Policy;
 use k3_model::builder::EngineOptions;
-use k3_model::packcache::PackCachePlace;
+use k3_model::builder::PackCachePlace;
 
 use crate::error::UsageError;
 use crate::flag::{Flag, Group, Kind};

@@ -24,3 +24,7 @@ mod warm;
 
 pub use engine::{Engine, RATE_STEPS};
 pub use options::{BuildError, BuildSink, EngineOptions};
+
+// What the options and the engine hand out, whose homes are internal.
+pub use crate::packcache::place::PackCachePlace;
+pub use crate::shares::RankShare;

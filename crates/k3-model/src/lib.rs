@@ -1,35 +1,41 @@
-//! The Kimi K3 model: config parsing, trunk weights, KDA, gated MLA, attention residuals, latent MoE, the per-sequence Session, decode and chunked prefill, tokenizer, chat rendering and sampling.
+//! The Kimi K3 model: config parsing, trunk weights, KDA, gated MLA, attention residuals,
+//! latent MoE, the per-sequence `Session`, decode and chunked prefill, tokenizer, chat rendering
+//! and sampling, and the one builder every binary assembles an engine with.
 //!
-//! Implemented so far: [`config`], the typed and validated `config.json`; [`inventory`],
-//! every tensor the config implies with its byte plan; [`checkpoint`], validation of a
-//! checkpoint against the config; [`synth`], synthetic checkpoints in the release's layout;
-//! [`ops`], the forward pass's primitives (norms, AttnRes mix, router, KDA gate/conv/step);
-//! [`model`], the forward pass and `Session`; [`profile`], its wall time by bucket; [`experts`], the expert-store options the
-//! binaries share; [`budget`], the memory plan checked at startup; [`plan`], the budget split over it; [`census`], bytes per
-//! storage format and tensor class.
+//! In layers, each importing only from those below it (a test of the workspace checks that no
+//! file imports one that imports it back):
+//! 1. what the model is: [`config`] (the validated `config.json`), [`inventory`] (every tensor
+//!    the config implies and its byte plan), [`knob`] (the options a person turns), and the
+//!    leaves [`tokenizer`], [`chat`], [`sampling`], [`ops`] (the forward pass's primitives),
+//!    [`profile`];
+//! 2. [`checks`]: a checkpoint validated against the config, and its format census;
+//!    [`experts`]: the expert store's options; [`synth`]: synthetic checkpoints in the
+//!    release's layout;
+//! 3. [`plan`]: the memory a run takes ([`plan::MemoryUse`]) and the budget split over it;
+//! 4. bulk I/O (chunked reads, packing, the atomic file writer) and the pack cache, internal;
+//! 5. [`model`]: the forward pass, `Session`, snapshots;
+//! 6. [`builder`]: config + checkpoint + options into a ready engine.
 
 #![warn(missing_docs)]
 
-pub mod budget;
 pub mod builder;
-pub mod census;
 pub mod chat;
-pub mod checkpoint;
+pub mod checks;
 pub mod config;
 pub mod experts;
 pub mod inventory;
-pub(crate) mod io;
+mod io;
 pub mod knob;
 pub mod model;
 pub mod ops;
-pub mod packcache;
+mod packcache;
 pub mod plan;
 pub mod profile;
 pub mod sampling;
-pub mod shares;
+mod shares;
 pub mod synth;
 pub mod tokenizer;
-pub(crate) mod units;
+mod units;
 
 pub use config::{AttentionKind, ConfigError, FfnKind, K3Config, KdaGate};
 

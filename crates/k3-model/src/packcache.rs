@@ -18,13 +18,9 @@
 //! stored.
 
 mod format;
-mod place;
+pub(crate) mod place;
 mod read;
 #[cfg(test)]
 mod tests;
-mod types;
+pub(crate) mod types;
 mod write;
-
-pub use format::PACK_CACHE_VERSION;
-pub use place::{Outcome, PackCachePlace, file_name};
-pub use types::{PackCache, PackCacheError, PackedTensor};

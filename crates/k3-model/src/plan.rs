@@ -1,7 +1,7 @@
 //! The memory planner (contract 6): one budget split into the classes a run allocates, for a
 //! checkpoint that does not fit it. Where everything fits (trunk, every expert, sequence
 //! state), weights are read through the file mapping as before and the plan only checks the
-//! flags' allocations ([`MemoryPlan`]). Where it does not, the plan decides:
+//! flags' allocations ([`MemoryUse`]). Where it does not, the plan decides:
 //!
 //! 1. the fixed costs: sequence state (KV, KDA), the f32 copies made at load, the expert
 //!    store's I/O buffers (its free list, one read in flight per I/O thread, and the landed
@@ -25,13 +25,15 @@
 
 use expert_store::io::MemoryBudget;
 
-use crate::budget::{MemoryPlan, RunShape};
 use crate::experts::ExpertOptions;
 use crate::knob::Knob;
 use crate::units::gb;
 
+pub(crate) mod budget;
 mod sizes;
 mod stream;
+
+pub use budget::{MemoryUse, OverBudget, RunShape};
 
 pub use sizes::{
     HeldPacked, MERGE_GAP, PACKED_EXCEPTIONS_PER_10K, PackedAt, Part, StoredTensor, WeightSizes,
@@ -70,7 +72,7 @@ pub fn safety_margin(budget: u64) -> u64 {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     /// Bytes of each class.
-    pub memory: MemoryPlan,
+    pub memory: MemoryUse,
     /// What the plan was made against (`None`: unknown, nothing planned or refused).
     pub budget: Option<MemoryBudget>,
     /// Taken off the budget before splitting it (see [`safety_margin`]).
@@ -110,7 +112,7 @@ pub enum PlanError {
         /// Bytes taken off it ([`safety_margin`]; 0 for `--memory-gb`).
         margin: u64,
         /// The least plan, class by class.
-        minimum: MemoryPlan,
+        minimum: MemoryUse,
     },
     /// What the flags fix (an expert cache size, `--resident-trunk`, `--max-batch`, `--ctx`) does
     /// not fit the budget, less the margin, beside the rest the run needs.
@@ -128,7 +130,7 @@ pub enum PlanError {
         /// Bytes taken off it ([`safety_margin`]; 0 for `--memory-gb`).
         margin: u64,
         /// What the flags ask for, class by class.
-        plan: MemoryPlan,
+        plan: MemoryUse,
         /// What to change, in words.
         advice: &'static str,
         /// The options that advice names.
@@ -160,7 +162,7 @@ fn margin_words(margin: u64) -> String {
 
 impl Plan {
     /// Splits `budget` (less `margin`) over a run of `run` with the expert flags `experts`;
-    /// `flags` is the plan of the flags alone ([`MemoryPlan::new`]), used as it is where
+    /// `flags` is the plan of the flags alone ([`MemoryUse::new`]), used as it is where
     /// everything fits.
     ///
     /// `hidden`: the bytes the disk reads while a token computes, where an earlier run
@@ -181,7 +183,7 @@ impl Plan {
     /// free list beyond that).
     pub fn new(
         sizes: &WeightSizes,
-        flags: MemoryPlan,
+        flags: MemoryUse,
         experts: &ExpertOptions,
         run: RunShape,
         budget: Option<MemoryBudget>,
@@ -204,7 +206,7 @@ impl Plan {
     /// 243-348 through the mapping; a 64-token prefill 25.7-27.4 tokens/s against 23.4-27.5.
     pub fn resident_everything(
         sizes: &WeightSizes,
-        flags: MemoryPlan,
+        flags: MemoryUse,
         experts: &ExpertOptions,
         run: RunShape,
         budget: Option<MemoryBudget>,
@@ -226,7 +228,7 @@ impl Plan {
     #[allow(clippy::too_many_arguments)]
     fn make(
         sizes: &WeightSizes,
-        flags: MemoryPlan,
+        flags: MemoryUse,
         experts: &ExpertOptions,
         run: RunShape,
         budget: Option<MemoryBudget>,
@@ -237,7 +239,7 @@ impl Plan {
         // One pass of the plan, counting the expert store's free list (`free_list`) or not.
         let pass = |free_list: bool| -> Result<Self, PlanError> {
             let budget = budget.clone();
-            let mapped = |memory: MemoryPlan, budget| Self {
+            let mapped = |memory: MemoryUse, budget| Self {
                 io_threads: experts.io_threads,
                 memory,
                 budget,
@@ -283,7 +285,7 @@ impl Plan {
             // The fixed costs with `io_threads` reads in flight, and the flag's whole copy of the
             // trunk where --resident-trunk asks for it.
             let fixed = |io_threads: usize| {
-                let mut memory = MemoryPlan {
+                let mut memory = MemoryUse {
                     resident_trunk: 0,
                     trunk_buffers: 0,
                     io_buffers: match free_list {

@@ -64,7 +64,7 @@ impl RankShare {
 
 /// Refuses a job whose ranks opened different checkpoints (by tensor-data size and
 /// [`checkpoint_identity`]), naming the first rank that differs from rank 0 and both values.
-pub fn same_checkpoint(
+pub(crate) fn same_checkpoint(
     ckpt: &Checkpoint,
     config: &K3Config,
     ranks: &Ranks,

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k3_model::builder::EngineOptions;
+use k3_model::builder::PackCachePlace;
 use k3_model::chat::ThinkingEffort;
-use k3_model::packcache::PackCachePlace;
 use k3_serve::cli::{self, Flag, Outcome, Parsed, UsageError};
 use k3_serve::conn::ConnLimits;
 use k3_serve::engine::StateFiles;

@@ -7,7 +7,6 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use k3_model::builder::{Engine, EngineOptions};
 use k3_model::config::K3Config;
-use k3_model::shares::RankShare;
 
 /// A rank other than 0: builds the engine with the same flags (its build lines unprinted),
 /// prints its startup line, and runs rank 0's steps until rank 0's model goes away. It
@@ -28,7 +27,7 @@ pub(crate) fn follow(model_dir: &Path, options: &EngineOptions) -> Result<()> {
         .map_err(|e| anyhow::anyhow!(k3_cli::with_flags(&e)))?;
     eprintln!(
         "{}",
-        RankShare::of(&engine.checkpoint, &options.ranks).describe(&options.ranks)
+        engine.rank_share(&options.ranks).describe(&options.ranks)
     );
     let model = engine.model()?;
     model.follow()?;

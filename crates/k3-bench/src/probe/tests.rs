@@ -9,13 +9,13 @@ use super::*;
 #[test]
 fn the_read_probe_runs_under_a_memory_limit_only_where_it_fits_beside_the_plan() {
     use expert_store::io::MemoryBudget;
-    use k3_model::budget::MemoryPlan;
+    use k3_model::plan::MemoryUse;
     const MIB: u64 = 1 << 20;
     let probe = 512 * MIB;
     let plan = |bytes: u64, limit: bool, margin: u64, planned: u64| Plan {
-        memory: MemoryPlan {
+        memory: MemoryUse {
             expert_cache: planned,
-            ..MemoryPlan::default()
+            ..MemoryUse::default()
         },
         budget: Some(MemoryBudget {
             bytes,

@@ -18,7 +18,7 @@ use super::trunk::load_trunk;
 use super::warm::warm_mapping;
 use crate::config::K3Config;
 use crate::model::{DecodeClock, ExpertPlacement, Model, ModelError, ResidentTrunk};
-use crate::packcache::PackCache;
+use crate::packcache::types::PackCache;
 use crate::plan::{Plan, safety_margin};
 
 /// One-token steps a run decodes (after its first) before [`Engine::decode_rates`] trusts
@@ -29,18 +29,18 @@ pub const RATE_STEPS: u64 = 3;
 #[derive(Debug)]
 pub struct Engine {
     /// The validated config.
-    pub config: K3Config,
+    pub(super) config: K3Config,
     /// The opened checkpoint (validated against the config; its mapping backs the weights that are
     /// not copied).
-    pub checkpoint: Checkpoint,
+    pub(super) checkpoint: Checkpoint,
     /// The kernel tier every model built here computes with.
-    pub kernels: Kernels,
+    pub(super) kernels: Kernels,
     /// The compute threads, by NUMA domain, shared by every model built here.
-    pub pool: Arc<Pool>,
+    pub(super) pool: Arc<Pool>,
     /// The expert store, where the options ask for one (placed, and preloaded if asked).
-    pub store: Option<Arc<ExpertStore>>,
+    pub(super) store: Option<Arc<ExpertStore>>,
     /// The memory plan: the budget split over the run's memory.
-    pub plan: Plan,
+    pub(super) plan: Plan,
     pub(super) expert_placement: ExpertPlacement,
     /// Where the store's usage counts are saved ([`Engine::save_usage`]).
     pub(super) usage_path: Option<PathBuf>,
@@ -162,6 +162,41 @@ impl Engine {
             plan,
             expert_placement: options.expert_placement,
         })
+    }
+
+    /// The validated config.
+    pub fn config(&self) -> &K3Config {
+        &self.config
+    }
+
+    /// The opened checkpoint (validated against the config).
+    pub fn checkpoint(&self) -> &Checkpoint {
+        &self.checkpoint
+    }
+
+    /// The kernel tier every model built here computes with.
+    pub fn kernels(&self) -> Kernels {
+        self.kernels
+    }
+
+    /// The compute threads, by NUMA domain.
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    /// The expert store, where the options asked for one.
+    pub fn store(&self) -> Option<&Arc<ExpertStore>> {
+        self.store.as_ref()
+    }
+
+    /// The memory plan: the budget split over the run's memory.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// This process's share of the checkpoint among the ranks it runs with (all of it alone).
+    pub fn rank_share(&self, ranks: &numa_sched::Ranks) -> crate::shares::RankShare {
+        crate::shares::RankShare::of(&self.checkpoint, ranks)
     }
 
     /// The model over this engine: its experts from the store where there is one (else

@@ -13,7 +13,7 @@ use numa_sched::{PoolOptions, Ranks, RanksError};
 use crate::experts::{ExpertOptions, ExpertOptionsError};
 use crate::knob::Knob;
 use crate::model::{ExpertPlacement, ModelError};
-use crate::packcache::PackCachePlace;
+use crate::packcache::place::PackCachePlace;
 use crate::plan::PlanError;
 
 /// Everything an engine is built from besides the config and the checkpoint.

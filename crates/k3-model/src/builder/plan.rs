@@ -12,12 +12,13 @@ use mxfp4_kernels::Kernels;
 use numa_sched::Pool;
 
 use super::options::{BuildError, BuildSink, EngineOptions};
-use crate::budget::{MemoryPlan, RunShape};
-use crate::checkpoint::validate;
+use crate::checks::validate::validate;
 use crate::config::K3Config;
 use crate::knob::Knob;
 use crate::model::snapshot::file::checkpoint_identity;
-use crate::packcache::{Outcome, PackCache};
+use crate::packcache::place::Outcome;
+use crate::packcache::types::PackCache;
+use crate::plan::budget::{MemoryUse, RunShape};
 use crate::plan::{Plan, WeightSizes};
 
 /// What the first phase leaves for the others.
@@ -62,9 +63,9 @@ pub(super) fn plan(
         max_batch: options.max_batch,
         ctx: options.ctx,
     };
-    let flags = MemoryPlan {
+    let flags = MemoryUse {
         prompt_cache: options.prompt_cache_bytes,
-        ..MemoryPlan::new(&checkpoint, config, &options.experts, run)?
+        ..MemoryUse::new(&checkpoint, config, &options.experts, run)?
     };
     let mut sizes = WeightSizes::new(&checkpoint, config)?;
     if !options.pack_trunk {

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use super::options::{BuildError, BuildSink, EngineOptions};
 use super::plan::Planned;
-use crate::checkpoint::trunk_tensor_names;
+use crate::checks::validate::trunk_tensor_names;
 use crate::config::K3Config;
 use crate::knob::Knob;
 use crate::model::ResidentTrunk;

@@ -89,7 +89,7 @@ impl std::fmt::Debug for Model<'_> {
 }
 
 impl<'a> Model<'a> {
-    /// Builds the model over a checkpoint (validate it first with [`crate::checkpoint::validate`]),
+    /// Builds the model over a checkpoint (validate it first with [`crate::checks::validate::validate`]),
     /// routed experts read through the file mapping.
     pub fn new(ckpt: &'a Checkpoint, config: &K3Config, kernels: Kernels) -> Result<Self> {
         Self::load(ckpt, config, kernels, None)

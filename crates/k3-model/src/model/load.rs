@@ -14,7 +14,7 @@ use super::error::{ModelError, Result};
 use super::forward::{ExpertPlacement, Model};
 use super::source::MappedExperts;
 use super::weights::{Attention, Ffn, Kda, Layer, Mla, Mlp, Moe};
-use crate::checkpoint::a_log;
+use crate::checks::validate::a_log;
 use crate::config::{AttentionKind, FfnKind, K3Config};
 use crate::inventory::{
     EMBED_TOKENS, FINAL_NORM, KdaNames, LM_HEAD, LayerNames, MlaNames, MlpNames, MoeNames,

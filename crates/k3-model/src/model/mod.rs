@@ -24,13 +24,13 @@
 mod clock;
 mod dispatch;
 mod error;
-mod experts;
 mod follow;
 mod forward;
 mod kda;
 mod load;
 mod mla;
 mod moe;
+mod routed;
 mod session;
 pub mod snapshot;
 mod source;

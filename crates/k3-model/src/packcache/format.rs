@@ -15,7 +15,7 @@ use super::types::{PackCacheError, PackedTensor, io};
 /// The file's first bytes.
 pub(super) const MAGIC: &[u8; 8] = b"K3PACKED";
 /// Bumped whenever the layout of the file or of a packed block changes.
-pub const PACK_CACHE_VERSION: u32 = 1;
+pub(super) const PACK_CACHE_VERSION: u32 = 1;
 
 /// A source file as the manifest records it: its name in the checkpoint directory, size and
 /// modification time.

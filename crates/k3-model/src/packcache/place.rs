@@ -53,6 +53,6 @@ pub enum Outcome {
 
 /// The cache file's name for a checkpoint of `identity`
 /// (`model::snapshot::checkpoint_identity`).
-pub fn file_name(identity: u64) -> String {
+pub(crate) fn file_name(identity: u64) -> String {
     format!("k3-packed-{identity:016x}.bin")
 }

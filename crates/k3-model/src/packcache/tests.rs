@@ -10,7 +10,8 @@ use expert_store::io::IO_ALIGN;
 use mxfp4_kernels::packed::{EXCEPTION_BYTES, packed_body_bytes};
 use numa_sched::Pool;
 
-use super::*;
+use super::place::{Outcome, PackCachePlace, file_name};
+use super::types::{PackCache, PackCacheError};
 use crate::config::K3Config;
 use crate::plan::WeightSizes;
 use crate::synth::{Preset, SynthOptions, generate};

@@ -22,10 +22,10 @@ fn with_tiny<T>(tag: &str, f: impl FnOnce(&Checkpoint, &K3Config) -> T) -> T {
 }
 
 /// The tiny checkpoint's sizes and the plan of its flags (nothing asked for: mapped).
-fn tiny(tag: &str) -> (WeightSizes, MemoryPlan, K3Config) {
+fn tiny(tag: &str) -> (WeightSizes, MemoryUse, K3Config) {
     with_tiny(tag, |ckpt, config| {
         let sizes = WeightSizes::new(ckpt, config).unwrap();
-        let flags = MemoryPlan::new(ckpt, config, &options(), run()).unwrap();
+        let flags = MemoryUse::new(ckpt, config, &options(), run()).unwrap();
         (sizes, flags, config.clone())
     })
 }
@@ -54,7 +54,7 @@ fn budget(bytes: u64) -> Option<MemoryBudget> {
 }
 
 /// Everything a decode reads, as stored (what the mapping holds), with the state.
-fn everything(sizes: &WeightSizes, flags: &MemoryPlan) -> u64 {
+fn everything(sizes: &WeightSizes, flags: &MemoryUse) -> u64 {
     flags.kv_cache
         + flags.kda_state
         + flags.f32_copies
@@ -65,7 +65,7 @@ fn everything(sizes: &WeightSizes, flags: &MemoryPlan) -> u64 {
 /// The memory of a plan of `io_threads` expert reads in flight with nothing beyond the fixed
 /// costs: state, the least trunk layout (one buffer and what must be resident for it), the
 /// store's buffers and one selection of experts.
-fn minimum(sizes: &WeightSizes, flags: &MemoryPlan, io_threads: usize) -> u64 {
+fn minimum(sizes: &WeightSizes, flags: &MemoryUse, io_threads: usize) -> u64 {
     // A request hands out at most one landed expert per I/O thread at once; at the minimum
     // the cache holds no expert, so no free list is counted (one read in flight per thread).
     let selection = sizes
@@ -244,7 +244,7 @@ fn resident_everything_holds_the_packed_trunk_and_every_expert() {
 
 /// The tiny checkpoint's sizes and flags, and a budget with room for about half the trunk
 /// beyond the minimum (and no experts): the trunk-first plan streams the rest.
-fn half_the_trunk(tag: &str) -> (WeightSizes, MemoryPlan, u64) {
+fn half_the_trunk(tag: &str) -> (WeightSizes, MemoryUse, u64) {
     let (sizes, flags, _) = tiny(tag);
     let bytes = minimum(&sizes, &flags, 16) + sizes.trunk_resident_bytes() / 2;
     (sizes, flags, bytes)
@@ -480,7 +480,7 @@ fn the_flags_override_parts_of_the_plan() {
         resident_trunk: true,
         ..run()
     };
-    let ckpt_flags = MemoryPlan {
+    let ckpt_flags = MemoryUse {
         resident_trunk: sizes.trunk_resident_bytes() + sizes.embed.next_multiple_of(64),
         ..flags
     };
@@ -574,7 +574,7 @@ fn wide_like() -> WeightSizes {
 #[test]
 fn a_large_lm_head_streams_in_blocks_and_leaves_the_rest_resident() {
     let sizes = wide_like();
-    let flags = MemoryPlan::default();
+    let flags = MemoryUse::default();
     let mut head_cut = false;
     for bytes in [2_000_000_000, 3_600_000_000, 6_700_000_000] {
         let plan = Plan::new(&sizes, flags, &options(), run(), budget(bytes), 0, None).unwrap();
@@ -661,7 +661,7 @@ fn the_prompt_cache_is_set_aside_before_the_weights() {
     let sizes = sizes.unpacked();
     let all = everything(&sizes, &flags);
     let cache = sizes.trunk_resident_bytes() / 4;
-    let with_cache = MemoryPlan {
+    let with_cache = MemoryUse {
         prompt_cache: cache,
         ..flags
     };
@@ -760,7 +760,7 @@ fn the_free_list_is_counted_only_where_the_cache_holds_an_expert() {
     let plan = |bytes, experts: &ExpertOptions| {
         Plan::new(
             &sizes,
-            MemoryPlan::default(),
+            MemoryUse::default(),
             experts,
             run(),
             budget(bytes),

@@ -7,10 +7,10 @@ use std::process::Command;
 
 use expert_store::io::{MemoryBudget, memory_budget};
 use expert_store::{Checkpoint, ExpertStore};
-use k3_model::budget::{MemoryPlan, RunShape};
 use k3_model::config::{AttentionKind, K3Config};
 use k3_model::experts::ExpertOptions;
 use k3_model::inventory::{TensorClass, text_tensors};
+use k3_model::plan::{MemoryUse, RunShape};
 use k3_model::synth::{Preset, SynthOptions, generate};
 
 struct Scratch(PathBuf);
@@ -49,7 +49,7 @@ fn every_class_is_counted_from_the_checkpoint_and_the_run() {
     let (scratch, cfg) = tiny("classes");
     let mut ckpt = Checkpoint::open(&scratch.0).unwrap();
     let (experts, run) = big_run();
-    let plan = MemoryPlan::new(&ckpt, &cfg, &experts, run).unwrap();
+    let plan = MemoryUse::new(&ckpt, &cfg, &experts, run).unwrap();
     // The trunk is exactly what make_resident copies.
     let trunk: std::collections::HashSet<String> = text_tensors(&cfg)
         .into_iter()
@@ -98,7 +98,7 @@ fn every_class_is_counted_from_the_checkpoint_and_the_run() {
             + plan.f32_copies
     );
     // Without the flags: no trunk copy, no store, one sequence.
-    let small = MemoryPlan::new(
+    let small = MemoryUse::new(
         &ckpt,
         &cfg,
         &ExpertOptions::default(),
@@ -115,7 +115,7 @@ fn every_class_is_counted_from_the_checkpoint_and_the_run() {
     );
     assert_eq!(small.kv_cache * 64, plan.kv_cache);
     // A per-layer capacity counts that many experts of each MoE layer.
-    let per_layer = MemoryPlan::new(
+    let per_layer = MemoryUse::new(
         &ckpt,
         &cfg,
         &ExpertOptions {
@@ -134,13 +134,16 @@ fn a_plan_over_the_budget_names_every_class_the_total_and_the_source() {
     let (scratch, cfg) = tiny("over");
     let ckpt = Checkpoint::open(&scratch.0).unwrap();
     let (experts, run) = big_run();
-    let plan = MemoryPlan::new(&ckpt, &cfg, &experts, run).unwrap();
+    let plan = MemoryUse::new(&ckpt, &cfg, &experts, run).unwrap();
     let budget = MemoryBudget {
         bytes: plan.total() - 1,
         source: "cgroup v1 /sys/fs/cgroup/memory/test".into(),
         limit: true,
     };
-    let err = plan.check(Some(budget.clone())).unwrap_err().to_string();
+    let over = plan.check(Some(budget.clone())).unwrap_err();
+    // What to turn, as options the binaries name by their flags.
+    assert!(over.knobs().contains(&k3_model::knob::Knob::MaxBatch));
+    let err = over.to_string();
     for needle in [
         "resident trunk",
         "expert cache",
@@ -149,7 +152,7 @@ fn a_plan_over_the_budget_names_every_class_the_total_and_the_source() {
         "KDA state",
         "GB",
         "cgroup v1 /sys/fs/cgroup/memory/test",
-        "--max-batch",
+        "the batch size",
     ] {
         assert!(err.contains(needle), "{needle:?} not in {err}");
     }
@@ -251,15 +254,15 @@ fn child_startup_inside_the_cgroup() {
     let config =
         K3Config::from_json(&std::fs::read_to_string(model.join("config.json")).unwrap()).unwrap();
     let ckpt = Checkpoint::open(&model).unwrap();
-    k3_model::checkpoint::validate(&ckpt, &config).unwrap();
+    k3_model::checks::validate(&ckpt, &config).unwrap();
     let budget = memory_budget().unwrap();
     assert!(budget.bytes <= LIMIT, "{budget:?}");
     let (experts, run) = big_run();
-    let plan = MemoryPlan::new(&ckpt, &config, &experts, run).unwrap();
+    let plan = MemoryUse::new(&ckpt, &config, &experts, run).unwrap();
     assert!(plan.total() > LIMIT, "{}", plan.describe());
     let err = plan.check(Some(budget.clone())).unwrap_err();
     println!("refused: {err}");
-    let fits = MemoryPlan::new(
+    let fits = MemoryUse::new(
         &ckpt,
         &config,
         &experts,

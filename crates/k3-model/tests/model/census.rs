@@ -2,7 +2,7 @@
 //! inventory's classes.
 
 use expert_store::Checkpoint;
-use k3_model::census::{Class, Format, census};
+use k3_model::checks::{Class, Format, census};
 use k3_model::inventory::{BytePlan, TensorClass};
 use k3_model::synth::{Preset, SynthOptions, generate};
 

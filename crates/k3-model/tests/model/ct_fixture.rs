@@ -4,7 +4,7 @@
 //! `cargo xtask oracle-ct-checkpoint`, which records its exact command and package versions.
 
 use expert_store::Checkpoint;
-use k3_model::checkpoint::validate;
+use k3_model::checks::validate;
 use k3_model::config::{FfnKind, K3Config};
 use mxfp4_kernels::Kernels;
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use expert_store::checkpoint::Dtype;
 use expert_store::{Capacity, Checkpoint, ExpertStore, Policy, StoreConfig};
-use k3_model::checkpoint::{trunk_tensor_names, validate};
+use k3_model::checks::{trunk_tensor_names, validate};
 use k3_model::config::K3Config;
 use k3_model::model::{Model, expert_layout, fingerprint};
 use k3_model::synth::{FloatFormat, Preset, SynthFormats, SynthOptions, generate_with};
@@ -376,7 +376,7 @@ fn unsupported_formats_are_refused_by_name() {
 /// tensor bytes, with each class in the format it was written in.
 #[test]
 fn format_census_counts_every_byte_by_class_and_format() {
-    use k3_model::census::{Class, Format, census};
+    use k3_model::checks::{Class, Format, census};
     let (dir, config) = tiny(
         "census",
         &SynthFormats {

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use expert_store::Checkpoint;
-use k3_model::checkpoint::validate;
+use k3_model::checks::validate;
 use k3_model::config::{K3Config, KdaGate};
 use k3_model::model::{Model, fingerprint};
 use k3_model::synth::{Preset, SynthOptions, generate};

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use expert_store::{Capacity, Checkpoint, ExpertStore, Policy, StoreConfig};
-use k3_model::checkpoint::validate;
+use k3_model::checks::validate;
 use k3_model::config::K3Config;
 use k3_model::model::Model;
 use k3_model::synth::{Preset, SynthOptions, generate};

@@ -4,7 +4,7 @@
 //! (`cargo xtask oracle-llamacpp`, `tests/data/llamacpp_tiny/`).
 
 use expert_store::Checkpoint;
-use k3_model::checkpoint::validate;
+use k3_model::checks::validate;
 use k3_model::model::Model;
 use k3_model::synth::{Preset, SynthOptions, generate};
 use mxfp4_kernels::Kernels;

@@ -307,7 +307,7 @@ fn a_resharded_checkpoint_with_experts_across_shards_gives_the_same_bits() {
         table.len(),
         report.shards
     );
-    k3_model::checkpoint::validate(&resharded, &cfg).unwrap();
+    k3_model::checks::validate(&resharded, &cfg).unwrap();
     let mapped = fingerprints(&Model::new(&resharded, &cfg, kernels).unwrap());
     assert_eq!(mapped, original, "mapped, re-sharded");
     for (capacity, preload) in [

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use expert_store::Checkpoint;
-use k3_model::checkpoint::{a_log, validate, validate_expert_scales};
+use k3_model::checks::{a_log, validate, validate_expert_scales};
 use k3_model::config::{AttentionKind, FfnKind, K3Config, KdaGate};
 use k3_model::inventory::text_tensors;
 use k3_model::synth::{Preset, SynthOptions, generate};

@@ -43,20 +43,17 @@ pub(super) fn run(
     .map_err(|e| anyhow::anyhow!(k3_cli::with_flags(&e)))?;
     let ranks = &config.options.ranks;
     if ranks.size() > 1 {
-        log::info!(
-            "{}",
-            k3_model::shares::RankShare::of(&engine.checkpoint, ranks).describe(ranks)
-        );
+        log::info!("{}", engine.rank_share(ranks).describe(ranks));
     }
     let model = engine.model()?;
-    let store = &engine.store;
+    let store = engine.store();
     let ends: Vec<u32> = ["<|end_of_msg|>", "[EOS]"]
         .iter()
         .filter_map(|s| tokenizer.special(s))
         .collect();
     // The checkpoint's identity for state files, computed on first use (it hashes headers).
     let identity_cell = std::cell::OnceCell::new();
-    let identity = || identity_cell.get_or_init(|| Identity::of(&engine.checkpoint, model_config));
+    let identity = || identity_cell.get_or_init(|| Identity::of(engine.checkpoint(), model_config));
     // `--save-state`: once a job's answer is complete, its session's state goes to the file;
     // a failure is the job's error (its answer has been sent; the one-shot run exits non-zero).
     let save_state = |sequence: &Sequence| {
@@ -71,7 +68,7 @@ pub(super) fn run(
         }
     };
     let mut cache = EngineCache::open(&config.prompt_cache, || {
-        Identity::of(&engine.checkpoint, model_config)
+        Identity::of(engine.checkpoint(), model_config)
     });
     *metrics
         .prompt_cache

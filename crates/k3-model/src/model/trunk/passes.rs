@@ -15,7 +15,7 @@ use crate::io::chunks::{BULK_IO_THREAD, reader};
 use crate::io::error::checkpoint_io;
 use crate::model::error::{ModelError, Result};
 use crate::model::forward::Model;
-use crate::packcache::PackCache;
+use crate::packcache::types::PackCache;
 use crate::plan::{Part, TrunkPlan, merged_reads};
 
 impl<'a> Model<'a> {

@@ -12,7 +12,7 @@ use numa_sched::Pool;
 use crate::io::chunks::{pack_on, read_chunks, reader};
 use crate::io::error::checkpoint_io;
 use crate::model::error::{ModelError, Result};
-use crate::packcache::PackCache;
+use crate::packcache::types::PackCache;
 use crate::plan::StoredTensor;
 
 /// The trunk tensors the plan keeps resident, read once with `O_DIRECT` (no copy of them

@@ -12,7 +12,7 @@ use mxfp4_kernels::PackedBf16Matrix;
 
 use super::resident::ResidentTrunk;
 use crate::model::error::{ModelError, Result};
-use crate::packcache::PackCache;
+use crate::packcache::types::PackCache;
 use crate::plan::Part;
 
 /// The streamed part of the trunk and the I/O thread that reads it.

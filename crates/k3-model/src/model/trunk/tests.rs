@@ -60,14 +60,16 @@ fn every_layout_streams_the_mapped_bits() {
     // packed from a pack cache: the same bits every way.
     let mut packed_pieces = 0;
     let mut cache_steps = 0;
-    let cache_path = dir.join("cache").join(crate::packcache::file_name(1));
+    let cache_path = dir
+        .join("cache")
+        .join(crate::packcache::place::file_name(1));
     for (pack, cached) in [(false, false), (true, false), (true, true)] {
         let mut sizes = match pack {
             true => WeightSizes::new(&ckpt, &config).unwrap(),
             false => WeightSizes::new(&ckpt, &config).unwrap().unpacked(),
         };
         let cache = cached.then(|| {
-            let cache = crate::packcache::PackCache::write(
+            let cache = crate::packcache::types::PackCache::write(
                 &cache_path,
                 1,
                 &sizes.packable(),

@@ -32,7 +32,7 @@ pub struct RunShape {
 
 /// Bytes of each class of memory a run allocates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct MemoryPlan {
+pub struct MemoryUse {
     /// Trunk tensors copied into anonymous memory: all of them under `--resident-trunk`, or the
     /// share a [`crate::plan::Plan`] keeps resident.
     pub resident_trunk: u64,
@@ -70,7 +70,7 @@ pub struct MemoryPlan {
 )]
 pub struct OverBudget {
     /// The plan that does not fit.
-    pub plan: MemoryPlan,
+    pub plan: MemoryUse,
     /// The memory available, and where that figure came from.
     pub budget: MemoryBudget,
 }
@@ -86,7 +86,7 @@ impl OverBudget {
     }
 }
 
-impl MemoryPlan {
+impl MemoryUse {
     /// The plan for `run` over `ckpt` (its headers only: sizes come from the stored tensors
     /// and the expert table, so any dtype and any sharding are counted as stored).
     pub fn new(
