@@ -7,8 +7,9 @@
 use crate::codes::f32_to_bf16;
 use crate::error::{Error, Result};
 #[cfg(target_arch = "x86_64")]
-use crate::tier::Avx512;
-use crate::tier::{Kernels, Tier};
+use crate::isa::Avx512;
+use crate::kernels::Kernels;
+use crate::tier::Tier;
 
 /// The most activation vectors one call takes. More than 4 run as groups of 2-4 over
 /// cache-sized stretches of rows, so a wider call costs no registers; it reads each weight from

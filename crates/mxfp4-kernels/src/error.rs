@@ -1,6 +1,6 @@
 //! The crate's one error type.
 
-use crate::Tier;
+use crate::tier::Tier;
 
 /// Everything that can be wrong with the shapes and bytes handed to the kernels.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

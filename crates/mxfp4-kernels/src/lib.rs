@@ -19,30 +19,38 @@
 //! assert_eq!(y, [16.0, 16.0]);
 //! ```
 
+#![warn(missing_docs)]
+
+// Layers, bottom up; a module imports only from those above it in this list:
+// isa, tier, error, codes -> view, packed, weight, ggml -> kernels -> activations -> scalar,
+// x86 -> dispatch -> vmath, situ, expert.
 mod activations;
 pub mod codes;
+mod dispatch;
 mod error;
 mod expert;
 pub mod ggml;
 mod isa;
+mod kernels;
 pub mod packed;
 mod scalar;
 pub mod situ;
 mod tier;
 mod view;
 pub mod vmath;
+mod weight;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 pub use activations::{Activations, MAX_TOKENS};
 pub use error::{Error, Result};
 pub use expert::{ExpertScratch, GluActivation};
+pub use kernels::Kernels;
 pub use packed::{PackedBf16, PackedBf16Matrix, pack_rows_into};
 pub use situ::Situ;
-pub use tier::{Kernels, Tier};
-pub use view::{
-    Bf16Matrix, F16Matrix, F32Matrix, GROUP, GROUP_BYTES, MxFp4Matrix, WeightFormat, WeightMatrix,
-};
+pub use tier::Tier;
+pub use view::{Bf16Matrix, F16Matrix, F32Matrix, GROUP, GROUP_BYTES, MxFp4Matrix};
+pub use weight::{WeightFormat, WeightMatrix};
 
 // The README's example is compiled and run as a doctest, so it cannot drift from the API.
 #[cfg(doctest)]

@@ -2,7 +2,7 @@
 //! so the scalar, AVX2 and AVX-512 forms run the very same IEEE operations and agree bit for bit.
 
 use crate::error::{Error, Result};
-use crate::tier::Kernels;
+use crate::kernels::Kernels;
 use crate::vmath::{sigmoid, tanh};
 
 /// SiTU betas. `linear_beta: None` passes the up projection through unchanged (as HF does when
@@ -74,7 +74,7 @@ mod simd {
     use core::arch::x86_64::*;
 
     use super::Situ;
-    use crate::tier::{Avx2, Avx512};
+    use crate::isa::{Avx2, Avx512};
     use crate::vmath::simd::{sigmoid, tanh};
 
     /// `Situ::eval` over all elements, compiled for avx2 and fma: the scalar operations (the
