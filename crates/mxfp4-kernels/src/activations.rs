@@ -147,12 +147,15 @@ impl Activations {
         }
     }
 
+    /// The tier these were prepared for; only its kernels take them.
     pub fn tier(&self) -> Tier {
         self.tier
     }
+    /// Columns of one vector (the matrix width they multiply).
     pub fn cols(&self) -> usize {
         self.cols
     }
+    /// How many vectors (tokens), 1..=[`MAX_TOKENS`].
     pub fn tokens(&self) -> usize {
         self.tokens
     }

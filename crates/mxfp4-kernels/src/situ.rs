@@ -9,7 +9,9 @@ use crate::vmath::{sigmoid, tanh};
 /// `activation_situ_linear_beta` is null).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Situ {
+    /// β1, the gate's tanh scale.
     pub beta: f32,
+    /// β2, the up projection's tanh scale; `None` for none.
     pub linear_beta: Option<f32>,
 }
 

@@ -62,9 +62,11 @@ impl<'a> MxFp4Matrix<'a> {
         })
     }
 
+    /// Rows of the matrix.
     pub fn rows(&self) -> usize {
         self.rows
     }
+    /// Columns of the matrix (a multiple of [`GROUP`]).
     pub fn cols(&self) -> usize {
         self.cols
     }
@@ -148,9 +150,11 @@ macro_rules! float_matrix {
                 Ok(Self { bytes, rows, cols })
             }
 
+            /// Rows of the matrix.
             pub fn rows(&self) -> usize {
                 self.rows
             }
+            /// Columns of the matrix.
             pub fn cols(&self) -> usize {
                 self.cols
             }

@@ -7,15 +7,20 @@ use crate::view::{Bf16Matrix, F16Matrix, F32Matrix, MxFp4Matrix};
 /// How a matrix's weights are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum WeightFormat {
+    /// Little-endian BF16 ([`Bf16Matrix`]).
     Bf16,
-    /// BF16 packed losslessly in 12.25 bits per weight (`crate::packed`).
+    /// BF16 packed losslessly in 12.25 bits per weight ([`PackedBf16Matrix`]).
     PackedBf16,
+    /// Little-endian IEEE binary16 ([`F16Matrix`]).
     F16,
+    /// Little-endian f32 ([`F32Matrix`]).
     F32,
+    /// E2M1 codes with E8M0 scales per 32 weights ([`MxFp4Matrix`]).
     MxFp4,
 }
 
 impl WeightFormat {
+    /// Every format.
     pub const ALL: [WeightFormat; 5] = [
         WeightFormat::Bf16,
         WeightFormat::PackedBf16,
@@ -24,6 +29,7 @@ impl WeightFormat {
         WeightFormat::MxFp4,
     ];
 
+    /// The format's name in logs and plans (`bf16-packed`).
     pub fn name(self) -> &'static str {
         match self {
             WeightFormat::Bf16 => "bf16",
@@ -47,14 +53,33 @@ impl std::fmt::Display for WeightFormat {
 /// call, outside the kernels' loops.
 #[derive(Debug, Clone, Copy)]
 pub enum WeightMatrix<'a> {
+    /// A BF16 matrix.
     Bf16(Bf16Matrix<'a>),
+    /// A packed BF16 matrix.
     PackedBf16(PackedBf16Matrix<'a>),
+    /// An F16 matrix.
     F16(F16Matrix<'a>),
+    /// An F32 matrix.
     F32(F32Matrix<'a>),
+    /// An MXFP4 matrix.
     MxFp4(MxFp4Matrix<'a>),
 }
 
+/// `$body` with `$m` bound to the view inside `$matrix`, whatever its format.
+macro_rules! each_format {
+    ($matrix:expr, |$m:ident| $body:expr) => {
+        match $matrix {
+            WeightMatrix::Bf16($m) => $body,
+            WeightMatrix::PackedBf16($m) => $body,
+            WeightMatrix::F16($m) => $body,
+            WeightMatrix::F32($m) => $body,
+            WeightMatrix::MxFp4($m) => $body,
+        }
+    };
+}
+
 impl<'a> WeightMatrix<'a> {
+    /// The matrix's format.
     pub fn format(&self) -> WeightFormat {
         match self {
             WeightMatrix::Bf16(_) => WeightFormat::Bf16,
@@ -64,33 +89,17 @@ impl<'a> WeightMatrix<'a> {
             WeightMatrix::MxFp4(_) => WeightFormat::MxFp4,
         }
     }
+    /// Rows of the matrix.
     pub fn rows(&self) -> usize {
-        match self {
-            WeightMatrix::Bf16(m) => m.rows(),
-            WeightMatrix::PackedBf16(m) => m.rows(),
-            WeightMatrix::F16(m) => m.rows(),
-            WeightMatrix::F32(m) => m.rows(),
-            WeightMatrix::MxFp4(m) => m.rows(),
-        }
+        each_format!(self, |m| m.rows())
     }
+    /// Columns of the matrix.
     pub fn cols(&self) -> usize {
-        match self {
-            WeightMatrix::Bf16(m) => m.cols(),
-            WeightMatrix::PackedBf16(m) => m.cols(),
-            WeightMatrix::F16(m) => m.cols(),
-            WeightMatrix::F32(m) => m.cols(),
-            WeightMatrix::MxFp4(m) => m.cols(),
-        }
+        each_format!(self, |m| m.cols())
     }
     /// Bytes of weights that one pass over `rows` reads.
     pub fn bytes_for_rows(&self, rows: usize) -> usize {
-        match self {
-            WeightMatrix::Bf16(m) => m.bytes_for_rows(rows),
-            WeightMatrix::PackedBf16(m) => m.bytes_for_rows(rows),
-            WeightMatrix::F16(m) => m.bytes_for_rows(rows),
-            WeightMatrix::F32(m) => m.bytes_for_rows(rows),
-            WeightMatrix::MxFp4(m) => m.bytes_for_rows(rows),
-        }
+        each_format!(self, |m| m.bytes_for_rows(rows))
     }
     /// Bytes of the whole matrix.
     pub fn weight_bytes(&self) -> usize {
@@ -114,28 +123,20 @@ impl<'a> WeightMatrix<'a> {
     }
 }
 
-impl<'a> From<Bf16Matrix<'a>> for WeightMatrix<'a> {
-    fn from(m: Bf16Matrix<'a>) -> Self {
-        WeightMatrix::Bf16(m)
-    }
+/// `From` each view for `WeightMatrix`.
+macro_rules! from_views {
+    ($($variant:ident($view:ident)),*) => {$(
+        impl<'a> From<$view<'a>> for WeightMatrix<'a> {
+            fn from(m: $view<'a>) -> Self {
+                WeightMatrix::$variant(m)
+            }
+        }
+    )*};
 }
-impl<'a> From<PackedBf16Matrix<'a>> for WeightMatrix<'a> {
-    fn from(m: PackedBf16Matrix<'a>) -> Self {
-        WeightMatrix::PackedBf16(m)
-    }
-}
-impl<'a> From<F16Matrix<'a>> for WeightMatrix<'a> {
-    fn from(m: F16Matrix<'a>) -> Self {
-        WeightMatrix::F16(m)
-    }
-}
-impl<'a> From<F32Matrix<'a>> for WeightMatrix<'a> {
-    fn from(m: F32Matrix<'a>) -> Self {
-        WeightMatrix::F32(m)
-    }
-}
-impl<'a> From<MxFp4Matrix<'a>> for WeightMatrix<'a> {
-    fn from(m: MxFp4Matrix<'a>) -> Self {
-        WeightMatrix::MxFp4(m)
-    }
-}
+from_views!(
+    Bf16(Bf16Matrix),
+    PackedBf16(PackedBf16Matrix),
+    F16(F16Matrix),
+    F32(F32Matrix),
+    MxFp4(MxFp4Matrix)
+);
