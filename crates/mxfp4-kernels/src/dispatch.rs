@@ -24,8 +24,7 @@ impl Kernels {
         rows: Range<usize>,
         out: &mut [f32],
     ) -> Result<()> {
-        check_rows(&rows, matrix.rows())?;
-        check_out(rows.len() * matrix.cols(), out.len())?;
+        check_dequant(matrix.rows(), matrix.cols(), &rows, out)?;
         per_tier!(self, (matrix, rows, out) {
             scalar: scalar::dequant_mxfp4,
             avx2: x86::avx2::mxfp4::dequant_mxfp4,
@@ -43,8 +42,7 @@ impl Kernels {
         rows: Range<usize>,
         out: &mut [f32],
     ) -> Result<()> {
-        check_rows(&rows, matrix.rows())?;
-        check_out(rows.len() * matrix.cols(), out.len())?;
+        check_dequant(matrix.rows(), matrix.cols(), &rows, out)?;
         scalar::dequant_bf16(matrix, rows, out);
         Ok(())
     }
@@ -57,8 +55,7 @@ impl Kernels {
         rows: Range<usize>,
         out: &mut [f32],
     ) -> Result<()> {
-        check_rows(&rows, matrix.rows())?;
-        check_out(rows.len() * matrix.cols(), out.len())?;
+        check_dequant(matrix.rows(), matrix.cols(), &rows, out)?;
         let mut values = vec![0u16; matrix.cols()];
         for (row, dst) in rows.zip(out.chunks_exact_mut(matrix.cols())) {
             matrix.decode_row(row, &mut values);
@@ -76,8 +73,7 @@ impl Kernels {
         rows: Range<usize>,
         out: &mut [f32],
     ) -> Result<()> {
-        check_rows(&rows, matrix.rows())?;
-        check_out(rows.len() * matrix.cols(), out.len())?;
+        check_dequant(matrix.rows(), matrix.cols(), &rows, out)?;
         scalar::dequant_f16(matrix, rows, out);
         Ok(())
     }
@@ -89,8 +85,7 @@ impl Kernels {
         rows: Range<usize>,
         out: &mut [f32],
     ) -> Result<()> {
-        check_rows(&rows, matrix.rows())?;
-        check_out(rows.len() * matrix.cols(), out.len())?;
+        check_dequant(matrix.rows(), matrix.cols(), &rows, out)?;
         scalar::dequant_f32(matrix, rows, out);
         Ok(())
     }
@@ -131,10 +126,10 @@ impl Kernels {
         self.check_matmul(matrix.rows(), matrix.cols(), act, &rows, out)?;
         per_tier!(self, (matrix, act, rows, out) {
             scalar: scalar::matmul_mxfp4,
-            avx2: x86::avx2::mxfp4::matmul_mxfp4,
-            avx512: x86::exact::matmul_mxfp4,
-            avx512_bf16: x86::bf16::matmul_mxfp4,
-            avx512_vnni: x86::vnni::matmul_mxfp4,
+            avx2: x86::entry::avx2::<_, x86::avx2::mxfp4::Mxfp4>,
+            avx512: x86::entry::avx512::<_, x86::exact::Mxfp4>,
+            avx512_bf16: x86::entry::avx512_bf16::<_, x86::bf16::Mxfp4>,
+            avx512_vnni: x86::entry::avx512_vnni::<_, x86::vnni::Mxfp4>,
         });
         Ok(())
     }
@@ -151,10 +146,10 @@ impl Kernels {
         self.check_matmul(matrix.rows(), matrix.cols(), act, &rows, out)?;
         per_tier!(self, (matrix, act, rows, out) {
             scalar: scalar::matmul_bf16,
-            avx2: x86::avx2::float::matmul,
-            avx512: x86::exact::matmul_bf16,
-            avx512_bf16: x86::bf16::matmul_bf16,
-            avx512_vnni: x86::bf16::matmul_bf16,
+            avx2: x86::entry::avx2::<_, x86::avx2::float::Float>,
+            avx512: x86::entry::avx512::<_, x86::exact::Bf16>,
+            avx512_bf16: x86::entry::avx512_bf16::<_, x86::bf16::Bf16>,
+            avx512_vnni: x86::entry::avx512_vnni::<_, x86::bf16::Bf16>,
         });
         Ok(())
     }
@@ -174,9 +169,9 @@ impl Kernels {
         self.check_matmul(matrix.rows(), matrix.cols(), act, &rows, out)?;
         match self.token() {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: the token proves avx2/fma/f16c; `check_matmul` proved the shapes.
+            // SAFETY: the token proves avx2/fma/f16c, the kernel's features.
             TierToken::Avx2(token) => unsafe {
-                x86::avx2::packed::matmul_packed_bf16(token, matrix, act, rows, out)
+                x86::entry::avx2::<_, x86::avx2::packed::Packed>(token, matrix, act, rows, out)
             },
             // A GEMV or a GEMM of a few tokens decodes in registers; more tokens run as
             // groups of at most 4 over each stretch of rows and would decode every block once
@@ -249,10 +244,10 @@ impl Kernels {
         self.check_matmul(matrix.rows(), matrix.cols(), act, &rows, out)?;
         per_tier!(self, (matrix, act, rows, out) {
             scalar: scalar::matmul_f16,
-            avx2: x86::avx2::float::matmul,
-            avx512: x86::float::matmul_exact,
-            avx512_bf16: x86::float::matmul_bf16_act,
-            avx512_vnni: x86::float::matmul_bf16_act,
+            avx2: x86::entry::avx2::<_, x86::avx2::float::Float>,
+            avx512: x86::entry::avx512::<_, x86::float::Float<false>>,
+            avx512_bf16: x86::entry::avx512_bf16::<_, x86::float::Float<true>>,
+            avx512_vnni: x86::entry::avx512_vnni::<_, x86::float::Float<true>>,
         });
         Ok(())
     }
@@ -270,10 +265,10 @@ impl Kernels {
         self.check_matmul(matrix.rows(), matrix.cols(), act, &rows, out)?;
         per_tier!(self, (matrix, act, rows, out) {
             scalar: scalar::matmul_f32,
-            avx2: x86::avx2::float::matmul,
-            avx512: x86::float::matmul_exact,
-            avx512_bf16: x86::float::matmul_bf16_act,
-            avx512_vnni: x86::float::matmul_bf16_act,
+            avx2: x86::entry::avx2::<_, x86::avx2::float::Float>,
+            avx512: x86::entry::avx512::<_, x86::float::Float<false>>,
+            avx512_bf16: x86::entry::avx512_bf16::<_, x86::float::Float<true>>,
+            avx512_vnni: x86::entry::avx512_vnni::<_, x86::float::Float<true>>,
         });
         Ok(())
     }
@@ -296,6 +291,8 @@ impl Kernels {
         }
     }
 
+    /// `act` was prepared by these kernels for the matrix's width, `rows` lie in the matrix
+    /// and `out` holds them for every token.
     fn check_matmul(
         &self,
         matrix_rows: usize,
@@ -319,6 +316,12 @@ impl Kernels {
         check_rows(rows, matrix_rows)?;
         check_out(rows.len() * act.tokens(), out.len())
     }
+}
+
+/// `rows` lie in a matrix of `matrix_rows` rows and `out` holds them (`cols` f32 each).
+fn check_dequant(matrix_rows: usize, cols: usize, rows: &Range<usize>, out: &[f32]) -> Result<()> {
+    check_rows(rows, matrix_rows)?;
+    check_out(rows.len() * cols, out.len())
 }
 
 fn check_rows(rows: &Range<usize>, n_rows: usize) -> Result<()> {

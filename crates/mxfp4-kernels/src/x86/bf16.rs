@@ -9,15 +9,13 @@
 //! 0..7 (group A) and 8..15 (group B); each lane is then scaled by its group's exact scale.
 
 use core::arch::x86_64::*;
-use std::ops::Range;
 
-use super::driver::{Avx512Gemm, Bf16Gemv, MxFp4Gemv, RowKernel, Tile, drive, width};
+use super::driver::{Avx512Gemm, Bf16Gemv, MxFp4Gemv, RowKernel, Tile, width};
 use super::loads::{group_lanes, load_bytes32, load_bytes64, scales16};
 use super::prefetch::{bf16_prefetch_offset, prefetch_ahead};
 use super::sums::store_sums;
 use crate::activations::Activations;
 use crate::codes::E2M1_VALUES;
-use crate::isa::Avx512;
 use crate::view::{Bf16Matrix, GROUP, MxFp4Matrix};
 
 /// E2M1 as BF16 bit patterns, repeated so a 5-bit `vpermw` index needs no masking.
@@ -39,21 +37,6 @@ static PAIR_LANES: [[i32; 16]; 8] = group_lanes::<8>(8);
 fn as_bh(v: __m512i) -> __m512bh {
     // SAFETY: both are 64-byte plain vector types; every bit pattern is valid for each.
     unsafe { core::mem::transmute::<__m512i, __m512bh>(v) }
-}
-
-/// # Safety
-/// The CPU must have avx512f/bw/vl (the token says it has) and avx512bf16; shapes as checked
-/// by `Kernels`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-pub(crate) unsafe fn matmul_mxfp4(
-    _: Avx512,
-    matrix: &MxFp4Matrix<'_>,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    // SAFETY: this function has `Mxfp4`'s target features.
-    unsafe { drive::<_, Mxfp4>(matrix, act, rows, out) }
 }
 
 /// The MXFP4 row kernel: two groups per step, decoded by `vpermw` to BF16, `vdpbf16ps`.
@@ -124,20 +107,6 @@ impl RowKernel<MxFp4Matrix<'_>> for Mxfp4 {
         }
         store_sums(&acc, tile, out);
     }
-}
-
-/// # Safety
-/// As [`matmul_mxfp4`], for a BF16 matrix.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-pub(crate) unsafe fn matmul_bf16(
-    _: Avx512,
-    matrix: &Bf16Matrix<'_>,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    // SAFETY: this function has `Bf16`'s target features.
-    unsafe { drive::<_, Bf16>(matrix, act, rows, out) }
 }
 
 /// BF16 rows: 32 weights and 32 BF16 activations in column order, one `vdpbf16ps`.

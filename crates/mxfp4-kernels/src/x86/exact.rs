@@ -10,7 +10,7 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::driver::{Avx512Gemm, Bf16Gemv, MxFp4Gemv, RowKernel, Tile, drive, width};
+use super::driver::{Avx512Gemm, Bf16Gemv, MxFp4Gemv, RowKernel, Tile, width};
 use super::lanes::{
     HALF_BITS, HIGH_HALF, INTERLEAVE_FIRST, INTERLEAVE_SECOND, ODD_WORDS, block_offset,
 };
@@ -63,21 +63,6 @@ pub(crate) unsafe fn dequant_mxfp4(
             }
         }
     }
-}
-
-/// # Safety
-/// As [`dequant_mxfp4`]; `act` was prepared for this tier with `matrix.cols()` columns and
-/// `out` holds `rows.len() * act.tokens()` f32.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(crate) unsafe fn matmul_mxfp4(
-    _: Avx512,
-    matrix: &MxFp4Matrix<'_>,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    // SAFETY: this function has `Mxfp4`'s target features.
-    unsafe { drive::<_, Mxfp4>(matrix, act, rows, out) }
 }
 
 /// The MXFP4 row kernel: per group, 16 code bytes decoded by `vpermps` into the scaled table.
@@ -136,20 +121,6 @@ impl RowKernel<MxFp4Matrix<'_>> for Mxfp4 {
         }
         store_sums(&acc, tile, out);
     }
-}
-
-/// # Safety
-/// As [`matmul_mxfp4`], for a BF16 matrix.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(crate) unsafe fn matmul_bf16(
-    _: Avx512,
-    matrix: &Bf16Matrix<'_>,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    // SAFETY: this function has `Bf16`'s target features.
-    unsafe { drive::<_, Bf16>(matrix, act, rows, out) }
 }
 
 /// BF16 rows: 64 bytes hold 32 values; dword lane j has column 2j in its low half and 2j+1 in

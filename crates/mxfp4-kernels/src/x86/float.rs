@@ -11,54 +11,14 @@
 //! take F16 or F32 weights without rounding them.
 
 use core::arch::x86_64::*;
-use std::ops::Range;
 
-use super::driver::{Avx512Gemm, Bf16Gemv, RowKernel, Rows, Tile, drive, width};
+use super::driver::{Avx512Gemm, Bf16Gemv, RowKernel, Tile, width};
 use super::lanes::{F32_EVEN_IDX, F32_ODD_IDX, HALF_BITS, HIGH_HALF, block_offset, f32_tail_masks};
 use super::loads::load_bytes64;
 use super::prefetch::bf16_prefetch_offset;
 use super::sums::store_sums;
 use crate::activations::Activations;
-use crate::isa::Avx512;
 use crate::view::{F16Matrix, F32Matrix};
-
-/// F16 or F32 matrices with f32 activations (`perm32`), for the exact `avx512` tier.
-///
-/// # Safety
-/// The CPU must have avx512f, avx512bw and avx512vl (the token says it has); `rows` must lie
-/// inside `matrix`, `act` was prepared for the `avx512` tier with `matrix.cols()` columns and
-/// `out` holds `rows.len() * act.tokens()` f32 (checked by `Kernels`).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(crate) unsafe fn matmul_exact<M: Rows>(
-    _: Avx512,
-    matrix: &M,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) where
-    Float<false>: RowKernel<M>,
-{
-    // SAFETY: this function has `Float`'s target features.
-    unsafe { drive::<M, Float<false>>(matrix, act, rows, out) }
-}
-
-/// As [`matmul_exact`], with `act` prepared for an approximate tier (`bf16_natural`).
-///
-/// # Safety
-/// As [`matmul_exact`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(crate) unsafe fn matmul_bf16_act<M: Rows>(
-    _: Avx512,
-    matrix: &M,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) where
-    Float<true>: RowKernel<M>,
-{
-    // SAFETY: this function has `Float`'s target features.
-    unsafe { drive::<M, Float<true>>(matrix, act, rows, out) }
-}
 
 /// The F16 and F32 row kernel, on f32 activations or (`BF16_ACT`) on the approximate tiers'
 /// BF16 ones; the BF16 kernels' plans, so the same row blocks for the same shapes.

@@ -9,15 +9,13 @@
 //! `l` then holds group `l / 4`; it is converted to f32 and scaled by `2^(s-128) * d`.
 
 use core::arch::x86_64::*;
-use std::ops::Range;
 
-use super::driver::{Avx512Gemm, Gemv, RowKernel, Tile, drive, width};
+use super::driver::{Avx512Gemm, Gemv, RowKernel, Tile, width};
 use super::loads::{group_lanes, load_bytes64, scales16};
 use super::prefetch::prefetch_ahead;
 use super::sums::store_sums;
 use crate::activations::Activations;
 use crate::codes::E2M1_DOUBLED;
-use crate::isa::Avx512;
 use crate::view::{GROUP, MxFp4Matrix};
 
 /// Offset doubled E2M1 codes (`2 * E2M1 + 12`), four times over for a 6-bit `vpermb` index.
@@ -33,21 +31,6 @@ static CODES_U8_X4: [u8; 64] = {
 
 /// Lane patterns selecting the scales of groups 4q..4q+3 out of 16 (four lanes each).
 static QUAD_LANES: [[i32; 16]; 4] = group_lanes::<4>(4);
-
-/// # Safety
-/// The CPU must have avx512f/bw/vl (the token says it has), avx512vnni and avx512vbmi; shapes
-/// as checked by `Kernels`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
-pub(crate) unsafe fn matmul_mxfp4(
-    _: Avx512,
-    matrix: &MxFp4Matrix<'_>,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    // SAFETY: this function has `Mxfp4`'s target features.
-    unsafe { drive::<_, Mxfp4>(matrix, act, rows, out) }
-}
 
 /// The MXFP4 row kernel: four groups per step, `vpermb` to offset int8 codes, `vpdpbusd`.
 /// GEMVs stream 3 rows.

@@ -5,13 +5,11 @@
 //! puts in lanes `8h + j` of `even`/`odd`.
 
 use core::arch::x86_64::*;
-use std::ops::Range;
 
 use super::acc::{act_block, fma_block, store_sums};
 use crate::activations::Activations;
-use crate::isa::Avx2;
 use crate::view::{Bf16Matrix, F16Matrix, F32Matrix};
-use crate::x86::driver::{Avx2Gemm, Gemv, RowKernel, Rows, Tile, drive, width};
+use crate::x86::driver::{Avx2Gemm, Gemv, RowKernel, Tile, width};
 use crate::x86::lanes::{HALF_BITS, HIGH_HALF, block_offset};
 use crate::x86::prefetch::Prefetch;
 
@@ -23,26 +21,6 @@ const F32: u8 = 2;
 /// Bytes per value of a format.
 const fn elem(format: u8) -> usize {
     if format == F32 { 4 } else { 2 }
-}
-
-/// A BF16, F16 or F32 matrix times `act`.
-///
-/// # Safety
-/// The CPU must have avx2, fma and f16c (the token says it has); `rows` must lie inside
-/// `matrix`, `act` was prepared for this tier with `matrix.cols()` columns and `out` holds
-/// `rows.len() * act.tokens()` f32 (checked by `Kernels`).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn matmul<M: Rows>(
-    _: Avx2,
-    matrix: &M,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) where
-    Float: RowKernel<M>,
-{
-    // SAFETY: this function has `Float`'s target features.
-    unsafe { drive::<M, Float>(matrix, act, rows, out) }
 }
 
 /// The BF16, F16 and F32 row kernel; GEMVs stream 4 rows.

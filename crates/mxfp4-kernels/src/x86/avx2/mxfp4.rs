@@ -28,26 +28,10 @@ use super::acc::{Acc, act_block};
 use crate::activations::Activations;
 use crate::isa::Avx2;
 use crate::view::{GROUP, GROUP_BYTES, MxFp4Matrix};
-use crate::x86::driver::{Avx2Gemm, Gemv, RowKernel, Tile, drive, width};
+use crate::x86::driver::{Avx2Gemm, Gemv, RowKernel, Tile, width};
 use crate::x86::exact::{SCALED_BF16_BYTES, SCALED_TABLES};
 use crate::x86::lanes;
 use crate::x86::prefetch::{prefetch_distance, prefetch_step};
-
-/// # Safety
-/// The CPU must have avx2, fma and f16c (the token says it has); `rows` must lie inside
-/// `matrix`, `act` was prepared for this tier with `matrix.cols()` columns and `out` holds
-/// `rows.len() * act.tokens()` f32 (checked by `Kernels`).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn matmul_mxfp4(
-    _: Avx2,
-    matrix: &MxFp4Matrix<'_>,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    // SAFETY: this function has `Mxfp4`'s target features.
-    unsafe { drive::<_, Mxfp4>(matrix, act, rows, out) }
-}
 
 /// Dequantizes `rows` of `matrix` to f32 (bit-identical to scalar: the decode is exact): every
 /// group decoded and put back in column order.

@@ -18,27 +18,10 @@ use std::ops::Range;
 use super::acc::{act_block, fma_block, store_sums};
 use super::float::split_bf16;
 use crate::activations::Activations;
-use crate::isa::Avx2;
 use crate::packed::{BASE_AT, CODES_AT, PACKED_BLOCK_BYTES, PackedBf16Matrix};
-use crate::x86::driver::{Avx2Gemm, Gemv, RowKernel, Tile, drive, width};
+use crate::x86::driver::{Avx2Gemm, Gemv, RowKernel, Tile, width};
 use crate::x86::lanes::{HALF_BITS, HIGH_HALF};
 use crate::x86::prefetch::{prefetch_distance, prefetch_step};
-
-/// # Safety
-/// The CPU must have avx2, fma and f16c (the token says it has); `rows` must lie inside
-/// `matrix`, `act` was prepared for this tier with `matrix.cols()` columns and `out` holds
-/// `rows.len() * act.tokens()` f32 (checked by `Kernels`).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn matmul_packed_bf16(
-    _: Avx2,
-    matrix: &PackedBf16Matrix<'_>,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    // SAFETY: this function has `Packed`'s target features.
-    unsafe { drive::<_, Packed>(matrix, act, rows, out) }
-}
 
 /// `code -> exponent` offsets: entry 0 is masked to 0, entry `c` is `base + c - 1`.
 const OFFSETS: [i8; 16] = [0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14];
