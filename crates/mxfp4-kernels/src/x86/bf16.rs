@@ -16,7 +16,7 @@ use super::prefetch::{bf16_prefetch_offset, prefetch_ahead};
 use super::sums::store_sums;
 use crate::activations::Activations;
 use crate::codes::E2M1_VALUES;
-use crate::view::{Bf16Matrix, GROUP, MxFp4Matrix};
+use crate::view::{Bf16Matrix, MxFp4Matrix};
 
 /// E2M1 as BF16 bit patterns, repeated so a 5-bit `vpermw` index needs no masking.
 static E2M1_BF16_X2: [u16; 32] = {
@@ -55,15 +55,11 @@ impl RowKernel<MxFp4Matrix<'_>> for Mxfp4 {
         tile: Tile,
         out: &mut [f32],
     ) {
-        let Tile { tok0, row0, .. } = tile;
-        assert!(row0 + R <= m.rows() && act.bf16_mx.len() >= (tok0 + T) * act.padded());
-        let cols = width::<C>(m.cols());
-        let groups = cols / GROUP;
-        let row_bytes = cols / 2;
+        let rows = tile.mxfp4_rows::<R, C>(m);
+        let (groups, row_bytes, packed) = (rows.groups, rows.row_bytes, rows.packed);
+        let scales = rows.scales.as_ptr();
         let stride = act.padded();
-        let packed = m.packed()[row0 * row_bytes..].as_ptr();
-        let scales = m.scales()[row0 * groups..(row0 + R) * groups].as_ptr();
-        let x = act.bf16_mx[tok0 * stride..].as_ptr();
+        let x = tile.tokens::<T, _>(&act.bf16_mx, stride);
         // SAFETY: the table is 32 u16 = 64 bytes.
         let table = unsafe { _mm512_loadu_si512(E2M1_BF16_X2.as_ptr().cast()) };
         let mut acc = [[_mm512_setzero_ps(); T]; R];
@@ -73,7 +69,7 @@ impl RowKernel<MxFp4Matrix<'_>> for Mxfp4 {
             let g = 2 * pair;
             if g % 16 == 0 {
                 for (r, s) in row_scales.iter_mut().enumerate() {
-                    // SAFETY: reads min(16, groups - g) scale bytes of row row0 + r.
+                    // SAFETY: reads min(16, groups - g) scale bytes of the tile's row r.
                     *s = unsafe { scales16(scales.add(r * groups + g), (groups - g).min(16)) };
                 }
             }
@@ -92,7 +88,7 @@ impl RowKernel<MxFp4Matrix<'_>> for Mxfp4 {
             prefetch_ahead(packed, R * row_bytes, pair, pairs);
             for r in 0..R {
                 let at = packed.wrapping_add(r * row_bytes + 16 * g);
-                // SAFETY: `code_bytes` bytes of the groups left in row row0 + r are readable.
+                // SAFETY: `code_bytes` bytes of the groups left in the tile's row r are readable.
                 let bytes = unsafe { load_bytes32(at, code_bytes) };
                 let words = _mm512_cvtepu8_epi16(bytes);
                 let w_low = _mm512_permutexvar_epi16(words, table);
@@ -125,12 +121,12 @@ impl RowKernel<Bf16Matrix<'_>> for Bf16 {
         tile: Tile,
         out: &mut [f32],
     ) {
-        let Tile { tok0, row0, .. } = tile;
-        assert!(row0 + R <= m.rows() && act.bf16_natural.len() >= (tok0 + T) * act.padded());
+        let row0 = tile.row0;
+        assert!(row0 + R <= m.rows());
         let cols = width::<C>(m.cols());
         let stride = act.padded();
         let base = m.bytes()[row0 * cols * 2..].as_ptr().cast::<u16>();
-        let x = act.bf16_natural[tok0 * stride..].as_ptr();
+        let x = tile.tokens::<T, _>(&act.bf16_natural, stride);
         let mut acc = [[_mm512_setzero_ps(); T]; R];
         let blocks = cols.div_ceil(32);
         for block in 0..blocks {

@@ -14,7 +14,7 @@ use std::ops::Range;
 
 use crate::activations::Activations;
 use crate::packed::PackedBf16Matrix;
-use crate::view::{Bf16Matrix, F16Matrix, F32Matrix, MxFp4Matrix};
+use crate::view::{Bf16Matrix, F16Matrix, F32Matrix, GROUP, MxFp4Matrix};
 
 /// One call of a block kernel: rows `row0..row0 + R` of the matrix for tokens `tok0..tok0 + T`,
 /// whose sums land at `out[(tok0 + t) * n + local0 + r]`, where the caller's row range has `n`
@@ -25,6 +25,47 @@ pub(crate) struct Tile {
     pub(crate) row0: usize,
     pub(crate) local0: usize,
     pub(crate) n: usize,
+}
+
+impl Tile {
+    /// Token `tok0`'s vector in a prepared activation layout of `stride` values per token, after
+    /// asserting that the tile's `T` tokens lie in it: the kernels' unchecked activation loads
+    /// (any offset below `T * stride` from here) rely on this assert.
+    #[inline(always)]
+    pub(crate) fn tokens<const T: usize, E>(&self, layout: &[E], stride: usize) -> *const E {
+        assert!(layout.len() >= (self.tok0 + T) * stride);
+        layout[self.tok0 * stride..].as_ptr()
+    }
+
+    /// The tile's `R` rows of an MXFP4 matrix, after asserting that they lie in it: the
+    /// kernels' unchecked code loads rely on this assert.
+    #[inline(always)]
+    pub(crate) fn mxfp4_rows<'a, const R: usize, const C: usize>(
+        &self,
+        m: &MxFp4Matrix<'a>,
+    ) -> Mxfp4Rows<'a> {
+        assert!(self.row0 + R <= m.rows());
+        let cols = width::<C>(m.cols());
+        let (groups, row_bytes) = (cols / GROUP, cols / 2);
+        Mxfp4Rows {
+            groups,
+            row_bytes,
+            packed: m.packed()[self.row0 * row_bytes..].as_ptr(),
+            scales: &m.scales()[self.row0 * groups..(self.row0 + R) * groups],
+        }
+    }
+}
+
+/// A tile's rows of an MXFP4 matrix, as its kernel walks them (`Tile::mxfp4_rows`).
+pub(crate) struct Mxfp4Rows<'a> {
+    /// Scale groups per row.
+    pub(crate) groups: usize,
+    /// Code bytes per row.
+    pub(crate) row_bytes: usize,
+    /// The first row's codes; the others follow `row_bytes` apart.
+    pub(crate) packed: *const u8,
+    /// The rows' scale bytes, `groups` per row.
+    pub(crate) scales: &'a [u8],
 }
 
 /// What the driver needs of a matrix view.

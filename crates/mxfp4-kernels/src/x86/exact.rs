@@ -81,23 +81,19 @@ impl RowKernel<MxFp4Matrix<'_>> for Mxfp4 {
         tile: Tile,
         out: &mut [f32],
     ) {
-        let Tile { tok0, row0, .. } = tile;
-        assert!(row0 + R <= m.rows() && act.perm32.len() >= (tok0 + T) * act.padded());
-        let cols = width::<C>(m.cols());
-        let groups = cols / GROUP;
-        let row_bytes = cols / 2;
+        let rows = tile.mxfp4_rows::<R, C>(m);
+        let (groups, row_bytes, packed) = (rows.groups, rows.row_bytes, rows.packed);
+        let scales = rows.scales.as_ptr();
         let stride = act.padded();
-        let packed = m.packed()[row0 * row_bytes..].as_ptr();
-        let scales = m.scales()[row0 * groups..(row0 + R) * groups].as_ptr();
-        let x = act.perm32[tok0 * stride..].as_ptr();
+        let x = tile.tokens::<T, _>(&act.perm32, stride);
         let mut acc = [[_mm512_setzero_ps(); T]; R];
         let ahead = prefetch_distance(R * row_bytes);
         for g in 0..groups {
             let mut even = [_mm512_setzero_ps(); T];
             let mut odd = [_mm512_setzero_ps(); T];
             for t in 0..T {
-                // SAFETY: tok0 + t < tok0 + T tokens and 32g + 32 <= cols <= stride, so both loads are inside
-                // `perm32` (length checked by the assert above).
+                // SAFETY: t < T and 32g + 32 <= cols <= stride, so both loads lie in the tile's
+                // tokens of `perm32` (`Tile::tokens`).
                 unsafe {
                     even[t] = _mm512_loadu_ps(x.add(t * stride + GROUP * g));
                     odd[t] = _mm512_loadu_ps(x.add(t * stride + GROUP * g + 16));
@@ -105,11 +101,12 @@ impl RowKernel<MxFp4Matrix<'_>> for Mxfp4 {
             }
             prefetch_step(packed, ahead, g, R * GROUP_BYTES);
             for r in 0..R {
-                // SAFETY: row0 + r < rows (assert above); the group's 16 bytes lie in that row.
+                // SAFETY: r < R, a row of the tile (`Tile::mxfp4_rows`); the group's 16 bytes
+                // lie in that row.
                 let v = _mm512_cvtepu8_epi32(unsafe {
                     _mm_loadu_si128(packed.add(r * row_bytes + GROUP_BYTES * g).cast())
                 });
-                // SAFETY: r < R and g < groups index the R x groups scale bytes sliced above.
+                // SAFETY: r < R and g < groups index the tile's R x groups scale bytes.
                 let scaled = scaled_table(unsafe { *scales.add(r * groups + g) });
                 let low = _mm512_permutexvar_ps(v, scaled);
                 let high = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), scaled);
@@ -145,12 +142,12 @@ impl RowKernel<Bf16Matrix<'_>> for Bf16 {
         tile: Tile,
         out: &mut [f32],
     ) {
-        let Tile { tok0, row0, .. } = tile;
-        assert!(row0 + R <= m.rows() && act.perm32.len() >= (tok0 + T) * act.padded());
+        let row0 = tile.row0;
+        assert!(row0 + R <= m.rows());
         let cols = width::<C>(m.cols());
         let stride = act.padded();
         let base = m.bytes()[row0 * cols * 2..].as_ptr();
-        let x = act.perm32[tok0 * stride..].as_ptr();
+        let x = tile.tokens::<T, _>(&act.perm32, stride);
         let high_half = _mm512_set1_epi32(HIGH_HALF as i32);
         let mut acc = [[_mm512_setzero_ps(); T]; R];
         let blocks = cols.div_ceil(32);

@@ -89,15 +89,15 @@ macro_rules! packed_kernel {
                 tile: Tile,
                 out: &mut [f32],
             ) {
-                let Tile { tok0, row0, .. } = tile;
+                let row0 = tile.row0;
+                assert!(row0 + R <= m.rows());
                 let stride = act.padded();
-                assert!(row0 + R <= m.rows() && act.perm32.len() >= (tok0 + T) * stride);
                 let cols = width::<C>(m.cols());
                 let blocks = cols / 32;
                 let row_bytes = blocks * PACKED_BLOCK_BYTES;
                 let body = &m.body()[row0 * row_bytes..(row0 + R) * row_bytes];
                 let base = body.as_ptr();
-                let x = act.perm32[tok0 * stride..].as_ptr();
+                let x = tile.tokens::<T, _>(&act.perm32, stride);
                 let mut next: [usize; R] = std::array::from_fn(|r| m.first_exception(row0 + r));
                 let mut acc = [[_mm512_setzero_ps(); T]; R];
                 let ahead = prefetch_distance(R * row_bytes);
@@ -108,8 +108,8 @@ macro_rules! packed_kernel {
                     let mut even = [_mm512_setzero_ps(); T];
                     let mut odd = [_mm512_setzero_ps(); T];
                     for t in 0..T {
-                        // SAFETY: 32 * block + 32 <= cols <= stride, inside token tok0 + t's row
-                        // of `perm32` (length asserted above).
+                        // SAFETY: t < T and 32 * block + 32 <= cols <= stride, inside the tile's
+                        // tokens of `perm32` (`Tile::tokens`).
                         unsafe {
                             even[t] = _mm512_loadu_ps(x.add(t * stride + 32 * block));
                             odd[t] = _mm512_loadu_ps(x.add(t * stride + 32 * block + 16));

@@ -10,13 +10,13 @@
 
 use core::arch::x86_64::*;
 
-use super::driver::{Avx512Gemm, Gemv, RowKernel, Tile, width};
+use super::driver::{Avx512Gemm, Gemv, RowKernel, Tile};
 use super::loads::{group_lanes, load_bytes64, scales16};
 use super::prefetch::prefetch_ahead;
 use super::sums::store_sums;
 use crate::activations::Activations;
 use crate::codes::E2M1_DOUBLED;
-use crate::view::{GROUP, MxFp4Matrix};
+use crate::view::MxFp4Matrix;
 
 /// Offset doubled E2M1 codes (`2 * E2M1 + 12`), four times over for a 6-bit `vpermb` index.
 static CODES_U8_X4: [u8; 64] = {
@@ -48,23 +48,14 @@ impl RowKernel<MxFp4Matrix<'_>> for Mxfp4 {
         tile: Tile,
         out: &mut [f32],
     ) {
-        let Tile { tok0, row0, .. } = tile;
+        let rows = tile.mxfp4_rows::<R, C>(m);
+        let (groups, row_bytes, packed) = (rows.groups, rows.row_bytes, rows.packed);
+        let scales = rows.scales.as_ptr();
         let stride = act.padded();
         let blocks_per_token = stride / 128;
-        assert!(
-            row0 + R <= m.rows()
-                && act.q8.len() >= (tok0 + T) * stride
-                && act.q8_correction.len() >= (tok0 + T) * blocks_per_token * 16
-                && act.q8_step.len() >= (tok0 + T) * blocks_per_token * 16
-        );
-        let cols = width::<C>(m.cols());
-        let groups = cols / GROUP;
-        let row_bytes = cols / 2;
-        let packed = m.packed()[row0 * row_bytes..].as_ptr();
-        let scales = m.scales()[row0 * groups..(row0 + R) * groups].as_ptr();
-        let q8 = act.q8[tok0 * stride..].as_ptr();
-        let correction = act.q8_correction[tok0 * blocks_per_token * 16..].as_ptr();
-        let step = act.q8_step[tok0 * blocks_per_token * 16..].as_ptr();
+        let q8 = tile.tokens::<T, _>(&act.q8, stride);
+        let correction = tile.tokens::<T, _>(&act.q8_correction, blocks_per_token * 16);
+        let step = tile.tokens::<T, _>(&act.q8_step, blocks_per_token * 16);
         // SAFETY: the table is 64 bytes.
         let table = unsafe { _mm512_loadu_si512(CODES_U8_X4.as_ptr().cast()) };
         let mut acc = [[_mm512_setzero_ps(); T]; R];
@@ -74,7 +65,7 @@ impl RowKernel<MxFp4Matrix<'_>> for Mxfp4 {
             let g = 4 * block;
             if g % 16 == 0 {
                 for (r, s) in row_scales.iter_mut().enumerate() {
-                    // SAFETY: reads min(16, groups - g) scale bytes of row row0 + r.
+                    // SAFETY: reads min(16, groups - g) scale bytes of the tile's row r.
                     let scale =
                         unsafe { scales16(scales.add(r * groups + g), (groups - g).min(16)) };
                     // 2^(s-127) / 2 undoes the doubled codes; exact (a power of two).
@@ -90,7 +81,7 @@ impl RowKernel<MxFp4Matrix<'_>> for Mxfp4 {
             let mut x_step = [_mm512_setzero_ps(); T];
             for t in 0..T {
                 let at = t * blocks_per_token + block;
-                // SAFETY: block < blocks_per_token, so every load is inside its array (assert).
+                // SAFETY: block < blocks_per_token, so every load lies in the tile's tokens (`Tile::tokens`).
                 unsafe {
                     x_low[t] = _mm512_loadu_si512(q8.add(128 * at).cast());
                     x_high[t] = _mm512_loadu_si512(q8.add(128 * at + 64).cast());
@@ -101,7 +92,7 @@ impl RowKernel<MxFp4Matrix<'_>> for Mxfp4 {
             prefetch_ahead(packed, R * row_bytes, block, blocks);
             for r in 0..R {
                 let at = packed.wrapping_add(r * row_bytes + 16 * g);
-                // SAFETY: `code_bytes` bytes of the groups left in row row0 + r are readable.
+                // SAFETY: `code_bytes` bytes of the groups left in the tile's row r are readable.
                 let v = unsafe { load_bytes64(at, code_bytes) };
                 let w_low = _mm512_permutexvar_epi8(v, table);
                 let w_high = _mm512_permutexvar_epi8(_mm512_srli_epi16::<4>(v), table);

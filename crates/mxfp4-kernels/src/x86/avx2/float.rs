@@ -60,15 +60,15 @@ fn float_block<const R: usize, const T: usize, const C: usize, const FORMAT: u8>
     tile: Tile,
     out: &mut [f32],
 ) {
-    let Tile { tok0, row0, .. } = tile;
+    let row0 = tile.row0;
     let elem = elem(FORMAT);
     let stride = act.padded();
-    assert!(row0 + R <= rows && act.perm32.len() >= (tok0 + T) * stride);
+    assert!(row0 + R <= rows);
     let cols = width::<C>(cols);
     assert!(bytes.len() >= (row0 + R) * cols * elem);
     let first = row0 * cols * elem;
     let base = bytes[first..].as_ptr();
-    let x = act.perm32[tok0 * stride..].as_ptr();
+    let x = tile.tokens::<T, _>(&act.perm32, stride);
     let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
     let whole = cols / 32;
     let mut prefetch = Prefetch::new(R * cols * elem, whole);
@@ -83,8 +83,8 @@ fn float_block<const R: usize, const T: usize, const C: usize, const FORMAT: u8>
             // (the row block lies in `bytes`, asserted above).
             let w = unsafe { split::<FORMAT>(at) };
             for t in 0..T {
-                // SAFETY: 32 * block + 32 <= cols <= stride, inside token tok0 + t's row of
-                // `perm32` (length asserted above).
+                // SAFETY: t < T and 32 * block + 32 <= cols <= stride, inside the tile's
+                // tokens of `perm32` (`Tile::tokens`).
                 let xt = unsafe { act_block(x.add(t * stride), block) };
                 fma_block(&mut acc[r][t], &w, &xt);
             }

@@ -28,7 +28,7 @@ use super::acc::{Acc, act_block};
 use crate::activations::Activations;
 use crate::isa::Avx2;
 use crate::view::{GROUP, GROUP_BYTES, MxFp4Matrix};
-use crate::x86::driver::{Avx2Gemm, Gemv, RowKernel, Tile, width};
+use crate::x86::driver::{Avx2Gemm, Gemv, RowKernel, Tile};
 use crate::x86::exact::{SCALED_BF16_BYTES, SCALED_TABLES};
 use crate::x86::lanes;
 use crate::x86::prefetch::{prefetch_distance, prefetch_step};
@@ -90,25 +90,20 @@ impl RowKernel<MxFp4Matrix<'_>> for Mxfp4 {
         out: &mut [f32],
     ) {
         let Tile {
-            tok0,
-            row0,
-            local0,
-            n,
+            tok0, local0, n, ..
         } = tile;
-        assert!(row0 + R <= m.rows() && act.avx2_mx.len() >= (tok0 + T) * act.padded());
-        let cols = width::<C>(m.cols());
-        let groups = cols / GROUP;
-        let row_bytes = cols / 2;
+        let rows = tile.mxfp4_rows::<R, C>(m);
+        let (groups, row_bytes, packed, scales) =
+            (rows.groups, rows.row_bytes, rows.packed, rows.scales);
         let stride = act.padded();
-        let packed = m.packed()[row0 * row_bytes..].as_ptr();
-        let scales = &m.scales()[row0 * groups..(row0 + R) * groups];
-        let x = act.avx2_mx[tok0 * stride..].as_ptr();
+        let x = tile.tokens::<T, _>(&act.avx2_mx, stride);
         let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
         let ahead = prefetch_distance(R * row_bytes);
         for g in 0..groups {
             prefetch_step(packed, ahead, g, R * GROUP_BYTES);
             for r in 0..R {
-                // SAFETY: row0 + r < rows (asserted above); the group's 16 bytes lie in that row.
+                // SAFETY: r < R, a row of the tile (`Tile::mxfp4_rows`); the group's 16 bytes
+                // lie in that row.
                 let w = unsafe {
                     decode_unpacked(
                         packed.add(r * row_bytes + GROUP_BYTES * g),
@@ -116,8 +111,8 @@ impl RowKernel<MxFp4Matrix<'_>> for Mxfp4 {
                     )
                 };
                 for t in 0..T {
-                    // SAFETY: 32g + 32 <= cols <= stride, inside token tok0 + t's row of `avx2_mx`
-                    // (length asserted above). The 4 vectors are `[low, high]` of lanes
+                    // SAFETY: t < T and 32g + 32 <= cols <= stride, inside the tile's tokens of
+                    // `avx2_mx` (`Tile::tokens`). The 4 vectors are `[low, high]` of lanes
                     // `[0..4, 8..12]`, then of `[4..8, 12..16]` (that layout's order).
                     let xt = unsafe { act_block(x.add(t * stride), g) };
                     for v in 0..2 {

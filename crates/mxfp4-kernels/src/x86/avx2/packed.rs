@@ -47,15 +47,15 @@ impl RowKernel<PackedBf16Matrix<'_>> for Packed {
         tile: Tile,
         out: &mut [f32],
     ) {
-        let Tile { tok0, row0, .. } = tile;
+        let row0 = tile.row0;
+        assert!(row0 + R <= m.rows());
         let stride = act.padded();
-        assert!(row0 + R <= m.rows() && act.perm32.len() >= (tok0 + T) * stride);
         let cols = width::<C>(m.cols());
         let blocks = cols / 32;
         let row_bytes = blocks * PACKED_BLOCK_BYTES;
         let body = &m.body()[row0 * row_bytes..(row0 + R) * row_bytes];
         let base = body.as_ptr();
-        let x = act.perm32[tok0 * stride..].as_ptr();
+        let x = tile.tokens::<T, _>(&act.perm32, stride);
         let mut next: [usize; R] = std::array::from_fn(|r| m.first_exception(row0 + r));
         let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
         let ahead = prefetch_distance(R * row_bytes);
@@ -73,8 +73,8 @@ impl RowKernel<PackedBf16Matrix<'_>> for Packed {
                     unsafe { split_bf16(raw.as_ptr()) }
                 };
                 for t in 0..T {
-                    // SAFETY: 32 * block + 32 <= cols <= stride, inside token tok0 + t's row of
-                    // `perm32` (length asserted above).
+                    // SAFETY: t < T and 32 * block + 32 <= cols <= stride, inside the tile's
+                    // tokens of `perm32` (`Tile::tokens`).
                     let xt = unsafe { act_block(x.add(t * stride), block) };
                     fma_block(&mut acc[r][t], &w, &xt);
                 }
