@@ -70,6 +70,7 @@ pub(crate) struct Mxfp4Rows<'a> {
 
 /// What the driver needs of a matrix view.
 pub(crate) trait Rows {
+    /// Columns of the matrix.
     fn cols(&self) -> usize;
     /// Bytes of weights one pass over `rows` rows reads (sizes a GEMM's stretch).
     fn bytes_for_rows(&self, rows: usize) -> usize;
@@ -107,10 +108,10 @@ pub(crate) trait RowKernel<M: Rows> {
     /// The rows per block of GEMMs of 2, 3 and 4 tokens.
     type Gemm: GemmPlan;
 
-    /// Rows `tile.row0..tile.row0 + R` for tokens `tile.tok0..tile.tok0 + T`, their sums stored as
-    /// [`Tile`] says. `C` is the width this copy is compiled for, or 0 for any width
+    /// Rows `tile.row0..tile.row0 + R` for tokens `tile.tok0..tile.tok0 + T`, their sums
+    /// stored as [`Tile`] says. `C` is the width this copy is compiled for, or 0 for any width
     /// (see [`width`]). The kernel asserts that the rows and tokens lie in `m` and `act`
-    /// before any unchecked load.
+    /// before any unchecked load (`Tile::mxfp4_rows`, `Tile::tokens`).
     ///
     /// # Safety
     /// The CPU must have the kernel's target features.
@@ -235,7 +236,9 @@ macro_rules! gemv_plan {
                 // SAFETY: by this function's contract.
                 unsafe {
                     match m.cols() {
-                        $($cols => run_rows::<M, K, $rows, 1, $cols>(m, act, 0, rows, first, n, out),)*
+                        $($cols => {
+                            run_rows::<M, K, $rows, 1, $cols>(m, act, 0, rows, first, n, out)
+                        })*
                         _ => run_rows::<M, K, $rows, 1, 0>(m, act, 0, rows, first, n, out),
                     }
                 }

@@ -81,7 +81,8 @@ impl RowKernel<MxFp4Matrix<'_>> for Mxfp4 {
             let mut x_step = [_mm512_setzero_ps(); T];
             for t in 0..T {
                 let at = t * blocks_per_token + block;
-                // SAFETY: block < blocks_per_token, so every load lies in the tile's tokens (`Tile::tokens`).
+                // SAFETY: t < T and block < blocks_per_token, so every load lies in the tile's
+                // tokens (`Tile::tokens`).
                 unsafe {
                     x_low[t] = _mm512_loadu_si512(q8.add(128 * at).cast());
                     x_high[t] = _mm512_loadu_si512(q8.add(128 * at + 64).cast());
