@@ -7,8 +7,9 @@
 use crate::codes::f32_to_bf16;
 use crate::error::{Error, Result};
 #[cfg(target_arch = "x86_64")]
-use crate::tier::Avx512;
-use crate::tier::{Kernels, Tier};
+use crate::isa::Avx512;
+use crate::kernels::Kernels;
+use crate::tier::Tier;
 
 /// The most activation vectors one call takes. More than 4 run as groups of 2-4 over
 /// cache-sized stretches of rows, so a wider call costs no registers; it reads each weight from
@@ -146,12 +147,15 @@ impl Activations {
         }
     }
 
+    /// The tier these were prepared for; only its kernels take them.
     pub fn tier(&self) -> Tier {
         self.tier
     }
+    /// Columns of one vector (the matrix width they multiply).
     pub fn cols(&self) -> usize {
         self.cols
     }
+    /// How many vectors (tokens), 1..=[`MAX_TOKENS`].
     pub fn tokens(&self) -> usize {
         self.tokens
     }

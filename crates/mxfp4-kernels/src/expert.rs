@@ -12,8 +12,8 @@ use std::ops::Range;
 
 use crate::activations::Activations;
 use crate::error::{Error, Result};
+use crate::kernels::Kernels;
 use crate::situ::Situ;
-use crate::tier::Kernels;
 use crate::view::MxFp4Matrix;
 
 /// The element-wise activation of a gated linear unit: `out[i] = act(gate[i], up[i])`.

@@ -13,7 +13,9 @@ use crate::view::{GROUP, GROUP_BYTES, MxFp4Matrix};
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct BlockMxfp4 {
+    /// The E8M0 scale byte (the same byte as the OCP scale; ggml halves its codes' table).
     pub e: u8,
+    /// The 32 codes: `qs[j]` holds element `j` in its low nibble, `j + 16` in its high one.
     pub qs: [u8; 16],
 }
 /// Bytes of one block on disk.

@@ -62,12 +62,16 @@ pub const fn packed_body_bytes(rows: usize, cols: usize) -> usize {
 /// A packed matrix, owned: the body, the exception blocks and where each row's start.
 #[derive(Debug, Clone, Default)]
 pub struct PackedBf16 {
+    /// Every row's blocks, 49 bytes each ([`packed_body_bytes`] in all).
     pub body: Vec<u8>,
+    /// The exception blocks' BF16 bytes, 64 each, in row and block order.
     pub exceptions: Vec<u8>,
     /// `rows + 1` indices into `exceptions` (in blocks): row `r`'s are
     /// `row_exceptions[r]..row_exceptions[r + 1]`.
     pub row_exceptions: Vec<u32>,
+    /// Rows of the matrix.
     pub rows: usize,
+    /// Columns of the matrix (a multiple of [`PACKED_BLOCK`]).
     pub cols: usize,
 }
 
@@ -268,9 +272,11 @@ impl<'a> PackedBf16Matrix<'a> {
         })
     }
 
+    /// Rows of the matrix.
     pub fn rows(&self) -> usize {
         self.rows
     }
+    /// Columns of the matrix.
     pub fn cols(&self) -> usize {
         self.cols
     }
@@ -296,12 +302,12 @@ impl<'a> PackedBf16Matrix<'a> {
         self.exceptions
     }
     /// Index of row `row`'s first exception block in [`Self::exceptions`].
-    pub fn first_exception(&self, row: usize) -> usize {
+    pub(crate) fn first_exception(&self, row: usize) -> usize {
         self.row_exceptions[row] as usize
     }
     /// Exception block `next` (64 BF16 bytes) for the next exception block met in row `row`,
     /// and `next` moved past it. Panics where the row has no more than its index says.
-    pub fn take_exception(&self, row: usize, next: &mut usize) -> &'a [u8] {
+    pub(crate) fn take_exception(&self, row: usize, next: &mut usize) -> &'a [u8] {
         let e = *next;
         assert!(
             e < self.first_exception(row + 1),

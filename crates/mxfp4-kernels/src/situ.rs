@@ -2,14 +2,16 @@
 //! so the scalar, AVX2 and AVX-512 forms run the very same IEEE operations and agree bit for bit.
 
 use crate::error::{Error, Result};
-use crate::tier::Kernels;
+use crate::kernels::Kernels;
 use crate::vmath::{sigmoid, tanh};
 
 /// SiTU betas. `linear_beta: None` passes the up projection through unchanged (as HF does when
 /// `activation_situ_linear_beta` is null).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Situ {
+    /// β1, the gate's tanh scale.
     pub beta: f32,
+    /// β2, the up projection's tanh scale; `None` for none.
     pub linear_beta: Option<f32>,
 }
 
@@ -74,7 +76,7 @@ mod simd {
     use core::arch::x86_64::*;
 
     use super::Situ;
-    use crate::tier::{Avx2, Avx512};
+    use crate::isa::{Avx2, Avx512};
     use crate::vmath::simd::{sigmoid, tanh};
 
     /// `Situ::eval` over all elements, compiled for avx2 and fma: the scalar operations (the

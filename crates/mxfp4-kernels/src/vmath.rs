@@ -9,7 +9,7 @@
 //! x^17 for |a| < 0.55 (no cancellation near 0), else `1 - 2/(e^{2|a|} + 1)` with the sign of
 //! `a`. Measured against f64 in the tests: a few ulp.
 
-use crate::tier::Kernels;
+use crate::kernels::Kernels;
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 const LN2_HI: f32 = 0.693_359_4; // 0x3f318000: few mantissa bits, so n * LN2_HI is exact
@@ -169,7 +169,7 @@ impl Kernels {
 mod avx2 {
     //! The scalar functions compiled for avx2 and fma (the `avx2` tier).
 
-    use crate::tier::Avx2;
+    use crate::isa::Avx2;
 
     /// `$name(token, x)` maps the scalar `$f` over `x` in place.
     macro_rules! map_fn {
@@ -194,7 +194,7 @@ pub(crate) mod simd {
     use core::arch::x86_64::*;
 
     use super::*;
-    use crate::tier::Avx512;
+    use crate::isa::Avx512;
 
     /// `$f` over the whole vectors of 16 of `$x` in place; evaluates to how many elements it
     /// did. A macro, not a function taking a closure: the closure would not inline the

@@ -10,16 +10,16 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
+use super::driver::{Avx512Gemm, Bf16Gemv, MxFp4Gemv, RowKernel, Tile, width};
 use super::lanes::{
     HALF_BITS, HIGH_HALF, INTERLEAVE_FIRST, INTERLEAVE_SECOND, ODD_WORDS, block_offset,
 };
-use super::{
-    bf16_prefetch_offset, by_tokens, by_tokens_bf16, load_bytes64, prefetch_distance,
-    prefetch_step, run_rows, store_sums, width,
-};
+use super::loads::load_bytes64;
+use super::prefetch::{bf16_prefetch_offset, prefetch_distance, prefetch_step};
+use super::sums::store_sums;
 use crate::activations::Activations;
 use crate::codes::{E2M1_VALUES, E8M0_TO_F32};
-use crate::tier::Avx512;
+use crate::isa::Avx512;
 use crate::view::{Bf16Matrix, GROUP, GROUP_BYTES, MxFp4Matrix};
 
 /// # Safety
@@ -65,82 +65,59 @@ pub(crate) unsafe fn dequant_mxfp4(
     }
 }
 
-/// # Safety
-/// As [`dequant_mxfp4`]; `act` was prepared for this tier with `matrix.cols()` columns and
-/// `out` holds `rows.len() * act.tokens()` f32.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(crate) unsafe fn matmul_mxfp4(
-    matrix: &MxFp4Matrix<'_>,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    by_tokens!(mxfp4_block, 8, [3584, 3072], matrix, act, rows, out);
-}
+/// The MXFP4 row kernel: per group, 16 code bytes decoded by `vpermps` into the scaled table.
+pub(crate) struct Mxfp4;
 
-/// Rows `row0..row0+R` for all `T` tokens.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-#[inline]
-#[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
-fn mxfp4_block<const R: usize, const T: usize, const C: usize>(
-    m: &MxFp4Matrix<'_>,
-    act: &Activations,
-    tok0: usize,
-    row0: usize,
-    local0: usize,
-    n: usize,
-    out: &mut [f32],
-) {
-    assert!(row0 + R <= m.rows() && act.perm32.len() >= (tok0 + T) * act.padded());
-    let cols = width::<C>(m.cols());
-    let groups = cols / GROUP;
-    let row_bytes = cols / 2;
-    let stride = act.padded();
-    let packed = m.packed()[row0 * row_bytes..].as_ptr();
-    let scales = m.scales()[row0 * groups..(row0 + R) * groups].as_ptr();
-    let x = act.perm32[tok0 * stride..].as_ptr();
-    let mut acc = [[_mm512_setzero_ps(); T]; R];
-    let ahead = prefetch_distance(R * row_bytes);
-    for g in 0..groups {
-        let mut even = [_mm512_setzero_ps(); T];
-        let mut odd = [_mm512_setzero_ps(); T];
-        for t in 0..T {
-            // SAFETY: tok0 + t < tok0 + T tokens and 32g + 32 <= cols <= stride, so both loads are inside
-            // `perm32` (length checked by the assert above).
-            unsafe {
-                even[t] = _mm512_loadu_ps(x.add(t * stride + GROUP * g));
-                odd[t] = _mm512_loadu_ps(x.add(t * stride + GROUP * g + 16));
-            }
-        }
-        prefetch_step(packed, ahead, g, R * GROUP_BYTES);
-        for r in 0..R {
-            // SAFETY: row0 + r < rows (assert above); the group's 16 bytes lie in that row.
-            let v = _mm512_cvtepu8_epi32(unsafe {
-                _mm_loadu_si128(packed.add(r * row_bytes + GROUP_BYTES * g).cast())
-            });
-            // SAFETY: r < R and g < groups index the R x groups scale bytes sliced above.
-            let scaled = scaled_table(unsafe { *scales.add(r * groups + g) });
-            let low = _mm512_permutexvar_ps(v, scaled);
-            let high = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), scaled);
+impl RowKernel<MxFp4Matrix<'_>> for Mxfp4 {
+    type Gemv = MxFp4Gemv;
+    type Gemm = Avx512Gemm;
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    #[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
+    unsafe fn block<const R: usize, const T: usize, const C: usize>(
+        m: &MxFp4Matrix<'_>,
+        act: &Activations,
+        tile: Tile,
+        out: &mut [f32],
+    ) {
+        let rows = tile.mxfp4_rows::<R, C>(m);
+        let (groups, row_bytes, packed) = (rows.groups, rows.row_bytes, rows.packed);
+        let scales = rows.scales.as_ptr();
+        let stride = act.padded();
+        let x = tile.tokens::<T, _>(&act.perm32, stride);
+        let mut acc = [[_mm512_setzero_ps(); T]; R];
+        let ahead = prefetch_distance(R * row_bytes);
+        for g in 0..groups {
+            let mut even = [_mm512_setzero_ps(); T];
+            let mut odd = [_mm512_setzero_ps(); T];
             for t in 0..T {
-                acc[r][t] = _mm512_fmadd_ps(low, even[t], acc[r][t]);
-                acc[r][t] = _mm512_fmadd_ps(high, odd[t], acc[r][t]);
+                // SAFETY: t < T and 32g + 32 <= cols <= stride, so both loads lie in the tile's
+                // tokens of `perm32` (`Tile::tokens`).
+                unsafe {
+                    even[t] = _mm512_loadu_ps(x.add(t * stride + GROUP * g));
+                    odd[t] = _mm512_loadu_ps(x.add(t * stride + GROUP * g + 16));
+                }
+            }
+            prefetch_step(packed, ahead, g, R * GROUP_BYTES);
+            for r in 0..R {
+                // SAFETY: r < R, a row of the tile (`Tile::mxfp4_rows`); the group's 16 bytes
+                // lie in that row.
+                let v = _mm512_cvtepu8_epi32(unsafe {
+                    _mm_loadu_si128(packed.add(r * row_bytes + GROUP_BYTES * g).cast())
+                });
+                // SAFETY: r < R and g < groups index the tile's R x groups scale bytes.
+                let scaled = scaled_table(unsafe { *scales.add(r * groups + g) });
+                let low = _mm512_permutexvar_ps(v, scaled);
+                let high = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(v), scaled);
+                for t in 0..T {
+                    acc[r][t] = _mm512_fmadd_ps(low, even[t], acc[r][t]);
+                    acc[r][t] = _mm512_fmadd_ps(high, odd[t], acc[r][t]);
+                }
             }
         }
+        store_sums(&acc, tile, out);
     }
-    store_sums(&acc, tok0, local0, n, out);
-}
-
-/// # Safety
-/// As [`matmul_mxfp4`], for a BF16 matrix.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(crate) unsafe fn matmul_bf16(
-    matrix: &Bf16Matrix<'_>,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    by_tokens_bf16!(bf16_block, matrix, act, rows, out);
 }
 
 /// BF16 rows: 64 bytes hold 32 values; dword lane j has column 2j in its low half and 2j+1 in
@@ -148,72 +125,78 @@ pub(crate) unsafe fn matmul_bf16(
 /// ones — exact widening in two instructions, paired with the same [even, odd] activations.
 ///
 /// Memory: a GEMV streams `R` rows at once (16 for one token), 64 bytes of each in turn, while
-/// the next row block is prefetched as one sequential window (`PREFETCH_BF16, prefetch_ahead`).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-#[inline]
-#[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
-fn bf16_block<const R: usize, const T: usize, const C: usize>(
-    m: &Bf16Matrix<'_>,
-    act: &Activations,
-    tok0: usize,
-    row0: usize,
-    local0: usize,
-    n: usize,
-    out: &mut [f32],
-) {
-    assert!(row0 + R <= m.rows() && act.perm32.len() >= (tok0 + T) * act.padded());
-    let cols = width::<C>(m.cols());
-    let stride = act.padded();
-    let base = m.bytes()[row0 * cols * 2..].as_ptr();
-    let x = act.perm32[tok0 * stride..].as_ptr();
-    let high_half = _mm512_set1_epi32(HIGH_HALF as i32);
-    let mut acc = [[_mm512_setzero_ps(); T]; R];
-    let blocks = cols.div_ceil(32);
-    for block in 0..blocks {
-        let valid = (cols - 32 * block).min(32);
-        let mut even = [_mm512_setzero_ps(); T];
-        let mut odd = [_mm512_setzero_ps(); T];
-        for t in 0..T {
-            // SAFETY: 32 * block + 32 <= stride (cols padded to 128), inside `perm32`.
-            unsafe {
-                even[t] = _mm512_loadu_ps(x.add(t * stride + 32 * block));
-                odd[t] = _mm512_loadu_ps(x.add(t * stride + 32 * block + 16));
-            }
-        }
-        let ahead = bf16_prefetch_offset(R, cols, block) * 2;
-        for r in 0..R {
-            let at = base.wrapping_add(block_offset(r, cols, block, 2));
-            // Prefetch hint only: it never faults, so an address past the matrix is harmless.
-            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(ahead).cast());
-            // SAFETY: `valid` values are left in row row0 + r from `at`.
-            let (w_even, w_odd) = if valid == 32 {
-                // Two loads of the same line: the first folds into the shift, the second is
-                // a masked load that zeroes the even halves (the AND), so a line costs five
-                // instructions, not six. The line is in L1 by then: the masked load hits.
-                // SAFETY: 32 values are left in row row0 + r from `at`.
-                unsafe {
-                    (
-                        _mm512_castsi512_ps(_mm512_slli_epi32::<HALF_BITS>(_mm512_loadu_si512(
-                            at.cast(),
-                        ))),
-                        _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(ODD_WORDS, at.cast())),
-                    )
-                }
-            } else {
-                // SAFETY: `valid` values are left in row row0 + r from `at`.
-                let v = unsafe { load_bytes64(at, 2 * valid) };
-                (
-                    _mm512_castsi512_ps(_mm512_slli_epi32::<HALF_BITS>(v)),
-                    _mm512_castsi512_ps(_mm512_and_si512(v, high_half)),
-                )
-            };
+/// each row prefetches ahead of itself and, near its end, into the next row block
+/// (`bf16_prefetch_offset`).
+pub(crate) struct Bf16;
+
+impl RowKernel<Bf16Matrix<'_>> for Bf16 {
+    type Gemv = Bf16Gemv;
+    type Gemm = Avx512Gemm;
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    #[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
+    unsafe fn block<const R: usize, const T: usize, const C: usize>(
+        m: &Bf16Matrix<'_>,
+        act: &Activations,
+        tile: Tile,
+        out: &mut [f32],
+    ) {
+        let row0 = tile.row0;
+        assert!(row0 + R <= m.rows());
+        let cols = width::<C>(m.cols());
+        let stride = act.padded();
+        let base = m.bytes()[row0 * cols * 2..].as_ptr();
+        let x = tile.tokens::<T, _>(&act.perm32, stride);
+        let high_half = _mm512_set1_epi32(HIGH_HALF as i32);
+        let mut acc = [[_mm512_setzero_ps(); T]; R];
+        let blocks = cols.div_ceil(32);
+        for block in 0..blocks {
+            let valid = (cols - 32 * block).min(32);
+            let mut even = [_mm512_setzero_ps(); T];
+            let mut odd = [_mm512_setzero_ps(); T];
             for t in 0..T {
-                acc[r][t] = _mm512_fmadd_ps(w_even, even[t], acc[r][t]);
-                acc[r][t] = _mm512_fmadd_ps(w_odd, odd[t], acc[r][t]);
+                // SAFETY: 32 * block + 32 <= stride (cols padded to 128), inside `perm32`.
+                unsafe {
+                    even[t] = _mm512_loadu_ps(x.add(t * stride + 32 * block));
+                    odd[t] = _mm512_loadu_ps(x.add(t * stride + 32 * block + 16));
+                }
+            }
+            let ahead = bf16_prefetch_offset(R, cols, block) * 2;
+            for r in 0..R {
+                let at = base.wrapping_add(block_offset(r, cols, block, 2));
+                // Prefetch hint only: it never faults, so an address past the matrix is harmless.
+                _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(ahead).cast());
+                // SAFETY: `valid` values are left in row row0 + r from `at`.
+                let (w_even, w_odd) = if valid == 32 {
+                    // Two loads of the same line: the first folds into the shift, the second is
+                    // a masked load that zeroes the even halves (the AND), so a line costs five
+                    // instructions, not six. The line is in L1 by then: the masked load hits.
+                    // SAFETY: 32 values are left in row row0 + r from `at`.
+                    unsafe {
+                        (
+                            _mm512_castsi512_ps(_mm512_slli_epi32::<HALF_BITS>(
+                                _mm512_loadu_si512(at.cast()),
+                            )),
+                            _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(ODD_WORDS, at.cast())),
+                        )
+                    }
+                } else {
+                    // SAFETY: `valid` values are left in row row0 + r from `at`.
+                    let v = unsafe { load_bytes64(at, 2 * valid) };
+                    (
+                        _mm512_castsi512_ps(_mm512_slli_epi32::<HALF_BITS>(v)),
+                        _mm512_castsi512_ps(_mm512_and_si512(v, high_half)),
+                    )
+                };
+                for t in 0..T {
+                    acc[r][t] = _mm512_fmadd_ps(w_even, even[t], acc[r][t]);
+                    acc[r][t] = _mm512_fmadd_ps(w_odd, odd[t], acc[r][t]);
+                }
             }
         }
+        store_sums(&acc, tile, out);
     }
-    store_sums(&acc, tok0, local0, n, out);
 }
 
 /// The 16 E2M1 values as one vector.

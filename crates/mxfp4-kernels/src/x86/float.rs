@@ -11,92 +11,46 @@
 //! take F16 or F32 weights without rounding them.
 
 use core::arch::x86_64::*;
-use std::ops::Range;
 
+use super::driver::{Avx512Gemm, Bf16Gemv, RowKernel, Tile, width};
 use super::lanes::{F32_EVEN_IDX, F32_ODD_IDX, HALF_BITS, HIGH_HALF, block_offset, f32_tail_masks};
-use super::{
-    bf16_prefetch_offset, by_tokens, by_tokens_bf16, load_bytes64, run_rows, store_sums, width,
-};
+use super::loads::load_bytes64;
+use super::prefetch::bf16_prefetch_offset;
+use super::sums::store_sums;
 use crate::activations::Activations;
 use crate::view::{F16Matrix, F32Matrix};
 
-/// # Safety
-/// The CPU must have avx512f, avx512bw and avx512vl; `rows` must lie inside `matrix`, `act`
-/// was prepared for the `avx512` tier with `matrix.cols()` columns and `out` holds
-/// `rows.len() * act.tokens()` f32 (checked by `Kernels`).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(crate) unsafe fn matmul_f32_exact(
-    matrix: &F32Matrix<'_>,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    by_tokens_bf16!(f32_exact_block, matrix, act, rows, out);
-}
+/// The F16 and F32 row kernel, on f32 activations or (`BF16_ACT`) on the approximate tiers'
+/// BF16 ones; the BF16 kernels' plans, so the same row blocks for the same shapes.
+pub(crate) struct Float<const BF16_ACT: bool>;
 
-/// # Safety
-/// As [`matmul_f32_exact`], with `act` prepared for an approximate tier (`bf16_natural`).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(crate) unsafe fn matmul_f32_bf16_act(
-    matrix: &F32Matrix<'_>,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    by_tokens_bf16!(f32_bf16_act_block, matrix, act, rows, out);
-}
+/// `Float`'s kernel for one format of `$elem`-byte values.
+macro_rules! float_kernel {
+    ($matrix:ident, $elem:literal) => {
+        impl<const BF16_ACT: bool> RowKernel<$matrix<'_>> for Float<BF16_ACT> {
+            type Gemv = Bf16Gemv;
+            type Gemm = Avx512Gemm;
 
-/// # Safety
-/// As [`matmul_f32_exact`], for an F16 matrix.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(crate) unsafe fn matmul_f16_exact(
-    matrix: &F16Matrix<'_>,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    by_tokens_bf16!(f16_exact_block, matrix, act, rows, out);
-}
-
-/// # Safety
-/// As [`matmul_f32_bf16_act`], for an F16 matrix.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-pub(crate) unsafe fn matmul_f16_bf16_act(
-    matrix: &F16Matrix<'_>,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    by_tokens_bf16!(f16_bf16_act_block, matrix, act, rows, out);
-}
-
-/// The four (format, activation layout) row kernels `by_tokens!` instantiates.
-macro_rules! block_fn {
-    ($name:ident, $matrix:ident, $elem:literal, $bf16_act:literal) => {
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-        #[inline]
-        fn $name<const R: usize, const T: usize, const C: usize>(
-            m: &$matrix<'_>,
-            act: &Activations,
-            tok0: usize,
-            row0: usize,
-            local0: usize,
-            n: usize,
-            out: &mut [f32],
-        ) {
-            float_block::<R, T, C, $elem, $bf16_act>(
-                (m.bytes(), m.rows(), m.cols()),
-                act,
-                (tok0, row0, local0, n),
-                out,
-            );
+            #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+            #[inline]
+            unsafe fn block<const R: usize, const T: usize, const C: usize>(
+                m: &$matrix<'_>,
+                act: &Activations,
+                tile: Tile,
+                out: &mut [f32],
+            ) {
+                float_block::<R, T, C, $elem, BF16_ACT>(
+                    (m.bytes(), m.rows(), m.cols()),
+                    act,
+                    tile,
+                    out,
+                );
+            }
         }
     };
 }
-block_fn!(f32_exact_block, F32Matrix, 4, false);
-block_fn!(f32_bf16_act_block, F32Matrix, 4, true);
-block_fn!(f16_exact_block, F16Matrix, 2, false);
-block_fn!(f16_bf16_act_block, F16Matrix, 2, true);
+float_kernel!(F32Matrix, 4);
+float_kernel!(F16Matrix, 2);
 
 /// Rows `row0..row0+R` for tokens `tok0..tok0+T` of a matrix of `ELEM`-byte floats (4: F32,
 /// 2: F16); activations f32 (`perm32`) or BF16 (`bf16_natural`, `BF16_ACT`).
@@ -112,9 +66,10 @@ fn float_block<
 >(
     (bytes, rows, cols): (&[u8], usize, usize),
     act: &Activations,
-    (tok0, row0, local0, n): (usize, usize, usize, usize),
+    tile: Tile,
     out: &mut [f32],
 ) {
+    let Tile { tok0, row0, .. } = tile;
     let stride = act.padded();
     let x_len = if BF16_ACT {
         act.bf16_natural.len()
@@ -174,7 +129,7 @@ fn float_block<
             }
         }
     }
-    store_sums(&acc, tok0, local0, n, out);
+    store_sums(&acc, tile, out);
 }
 
 /// Up to 32 f32 from `at` (the rest zero), split into even and odd columns.

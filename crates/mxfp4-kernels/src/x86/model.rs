@@ -1,8 +1,8 @@
-//! A portable model of the exact BF16 row kernel (`exact::bf16_block`) and the F16/F32 row
+//! A portable model of the exact BF16 row kernel (`exact::Bf16`) and the F16/F32 row
 //! kernels (`float::float_block`), for CPUs without AVX-512: each intrinsic is emulated on
 //! plain arrays as Intel documents it, the loaders are transcribed line by line with the
 //! kernels' own constants and address arithmetic (`lanes`), and the row kernels run through
-//! the real dispatch macros (`by_tokens_bf16!`, `run_rows!`) on activations laid out by the
+//! the real driver (`driver::drive`, with those kernels' plans) on activations laid out by the
 //! real `Activations` code. Memory reads are bounds-checked, so a load past the matrix (an
 //! unsound tail) panics instead of reading a neighbour.
 //!

@@ -1,5 +1,5 @@
 //! Packed BF16 matrices (`crate::packed`) in the exact `avx512` tier: each block decoded in
-//! registers to the 32 BF16 words a BF16 row holds, widened as `exact::bf16_block` widens a
+//! registers to the 32 BF16 words a BF16 row holds, widened as `exact::Bf16::block` widens a
 //! BF16 row's 64 bytes, then its FMAs in its order, so every result has `matmul_bf16`'s bits.
 //! An exception block (base 0) is read from the matrix's kept BF16 blocks instead.
 //!
@@ -10,24 +10,29 @@
 //! most of the trunk is packed, that made a token's compute 2.3 s (PERFORMANCE.md, phase 16).
 //!
 //! A GEMV's memory stream: while a block of `R` rows computes, the next row block is
-//! prefetched in fixed steps (`x86::prefetch_step`).
+//! prefetched in fixed steps (`prefetch::prefetch_step`).
 
 use core::arch::x86_64::*;
 use std::ops::Range;
 
 use super::avx2::packed::{decode_words, tables};
+use super::driver::{Avx512Gemm, PackedGemv, RowKernel, Tile, drive, width};
 use super::lanes::{HALF_BITS, HIGH_HALF};
-use super::{by_tokens, prefetch_distance, prefetch_step, run_rows, store_sums, width};
+use super::prefetch::{prefetch_distance, prefetch_step};
+use super::sums::store_sums;
 use crate::activations::Activations;
+use crate::isa::Avx512;
 use crate::packed::{
     BASE_AT, CODES_AT, PACKED_BLOCK, PACKED_BLOCK_BYTES, PackedBf16Matrix, SLOT_COLUMN,
 };
 
 /// # Safety
-/// The CPU must have avx512f/bw/vl (which imply avx2, fma and f16c); `rows` must lie inside
-/// `matrix` and `out` hold `rows.len() * tokens` f32 (checked by `Kernels`).
+/// The CPU must have avx512f/bw/vl (the token says it has; they imply avx2, fma and f16c);
+/// `rows` must lie inside `matrix` and `out` hold `rows.len() * tokens` f32 (checked by
+/// `Kernels`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 pub(crate) unsafe fn matmul_packed_bf16(
+    _: Avx512,
     matrix: &PackedBf16Matrix<'_>,
     act: &Activations,
     rows: Range<usize>,
@@ -38,18 +43,8 @@ pub(crate) unsafe fn matmul_packed_bf16(
         unsafe { matmul_packed_bf16_vbmi(matrix, act, rows, out) };
         return;
     }
-    // GEMVs run 4 rows at a time: on k3-wide in a cgroup of 0.9x the model (the whole trunk
-    // packed and resident), 2 threads, alternating, 4 rows 131-151 ms/token (mean of 8 steps),
-    // 8 rows 138-157, 16 rows 157-167.
-    by_tokens!(
-        packed_block,
-        4,
-        [7168, 12288, 6144, 3584, 1536, 512],
-        matrix,
-        act,
-        rows,
-        out
-    );
+    // SAFETY: this function has `Packed`'s target features.
+    unsafe { drive::<_, Packed>(matrix, act, rows, out) }
 }
 
 /// [`matmul_packed_bf16`] with the `vpermb` decode.
@@ -63,15 +58,8 @@ unsafe fn matmul_packed_bf16_vbmi(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
-    by_tokens!(
-        packed_block_vbmi,
-        4,
-        [7168, 12288, 6144, 3584, 1536, 512],
-        matrix,
-        act,
-        rows,
-        out
-    );
+    // SAFETY: this function has `PackedVbmi`'s target features.
+    unsafe { drive::<_, PackedVbmi>(matrix, act, rows, out) }
 }
 
 /// Whether this CPU has avx512vbmi (`is_x86_feature_detected!` caches what it detects).
@@ -79,77 +67,84 @@ pub(crate) fn has_vbmi() -> bool {
     std::arch::is_x86_feature_detected!("avx512vbmi")
 }
 
-/// A packed row block kernel: `$tables` is set up once per row block, and `$decode` gives the
-/// 32 words of the block at `$at` whose base byte `$b` is not 0.
-macro_rules! packed_block_fn {
+/// A packed row kernel: `$tables` is set up once per row block, and `$decode` gives the 32
+/// words of the block at `$at` whose base byte `$b` is not 0. GEMVs run 4 rows at a time: on
+/// k3-wide in a cgroup of 0.9x the model (the whole trunk packed and resident), 2 threads,
+/// alternating, 4 rows 131-151 ms/token (mean of 8 steps), 8 rows 138-157, 16 rows 157-167.
+macro_rules! packed_kernel {
     ($(#[$attr:meta])* $name:ident, $features:literal, $tables:ident = $setup:expr, |$at:ident, $b:ident| $decode:expr) => {
         $(#[$attr])*
-        #[target_feature(enable = $features)]
-        #[inline]
-        #[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
-        fn $name<const R: usize, const T: usize, const C: usize>(
-            m: &PackedBf16Matrix<'_>,
-            act: &Activations,
-            tok0: usize,
-            row0: usize,
-            local0: usize,
-            n: usize,
-            out: &mut [f32],
-        ) {
-            let stride = act.padded();
-            assert!(row0 + R <= m.rows() && act.perm32.len() >= (tok0 + T) * stride);
-            let cols = width::<C>(m.cols());
-            let blocks = cols / 32;
-            let row_bytes = blocks * PACKED_BLOCK_BYTES;
-            let body = &m.body()[row0 * row_bytes..(row0 + R) * row_bytes];
-            let base = body.as_ptr();
-            let x = act.perm32[tok0 * stride..].as_ptr();
-            let mut next: [usize; R] = std::array::from_fn(|r| m.first_exception(row0 + r));
-            let mut acc = [[_mm512_setzero_ps(); T]; R];
-            let ahead = prefetch_distance(R * row_bytes);
-            let high_half = _mm512_set1_epi32(HIGH_HALF as i32);
-            let $tables = $setup;
-            for block in 0..blocks {
-                prefetch_step(base, ahead, block, R * PACKED_BLOCK_BYTES);
-                let mut even = [_mm512_setzero_ps(); T];
-                let mut odd = [_mm512_setzero_ps(); T];
-                for t in 0..T {
-                    // SAFETY: 32 * block + 32 <= cols <= stride, inside token tok0 + t's row
-                    // of `perm32` (length asserted above).
-                    unsafe {
-                        even[t] = _mm512_loadu_ps(x.add(t * stride + 32 * block));
-                        odd[t] = _mm512_loadu_ps(x.add(t * stride + 32 * block + 16));
-                    }
-                }
-                for r in 0..R {
-                    let at = r * row_bytes + block * PACKED_BLOCK_BYTES;
-                    let $b = body[at + BASE_AT];
-                    let v = if $b != 0 {
-                        // SAFETY: the block's 49 bytes lie in `body` (`at + 49 <= R *
-                        // row_bytes`).
-                        let $at = unsafe { base.add(at) };
-                        $decode
-                    } else {
-                        let raw = m.take_exception(row0 + r, &mut next[r]);
-                        // SAFETY: `raw` is 64 bytes, 32 BF16 values.
-                        unsafe { _mm512_loadu_si512(raw.as_ptr().cast()) }
-                    };
-                    let w_even = _mm512_castsi512_ps(_mm512_slli_epi32::<HALF_BITS>(v));
-                    let w_odd = _mm512_castsi512_ps(_mm512_and_si512(v, high_half));
+        pub(crate) struct $name;
+
+        impl RowKernel<PackedBf16Matrix<'_>> for $name {
+            type Gemv = PackedGemv;
+            type Gemm = Avx512Gemm;
+
+            #[target_feature(enable = $features)]
+            #[inline]
+            #[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
+            unsafe fn block<const R: usize, const T: usize, const C: usize>(
+                m: &PackedBf16Matrix<'_>,
+                act: &Activations,
+                tile: Tile,
+                out: &mut [f32],
+            ) {
+                let row0 = tile.row0;
+                assert!(row0 + R <= m.rows());
+                let stride = act.padded();
+                let cols = width::<C>(m.cols());
+                let blocks = cols / 32;
+                let row_bytes = blocks * PACKED_BLOCK_BYTES;
+                let body = &m.body()[row0 * row_bytes..(row0 + R) * row_bytes];
+                let base = body.as_ptr();
+                let x = tile.tokens::<T, _>(&act.perm32, stride);
+                let mut next: [usize; R] = std::array::from_fn(|r| m.first_exception(row0 + r));
+                let mut acc = [[_mm512_setzero_ps(); T]; R];
+                let ahead = prefetch_distance(R * row_bytes);
+                let high_half = _mm512_set1_epi32(HIGH_HALF as i32);
+                let $tables = $setup;
+                for block in 0..blocks {
+                    prefetch_step(base, ahead, block, R * PACKED_BLOCK_BYTES);
+                    let mut even = [_mm512_setzero_ps(); T];
+                    let mut odd = [_mm512_setzero_ps(); T];
                     for t in 0..T {
-                        acc[r][t] = _mm512_fmadd_ps(w_even, even[t], acc[r][t]);
-                        acc[r][t] = _mm512_fmadd_ps(w_odd, odd[t], acc[r][t]);
+                        // SAFETY: t < T and 32 * block + 32 <= cols <= stride, inside the tile's
+                        // tokens of `perm32` (`Tile::tokens`).
+                        unsafe {
+                            even[t] = _mm512_loadu_ps(x.add(t * stride + 32 * block));
+                            odd[t] = _mm512_loadu_ps(x.add(t * stride + 32 * block + 16));
+                        }
+                    }
+                    for r in 0..R {
+                        let at = r * row_bytes + block * PACKED_BLOCK_BYTES;
+                        let $b = body[at + BASE_AT];
+                        let v = if $b != 0 {
+                            // SAFETY: the block's 49 bytes lie in `body` (`at + 49 <= R *
+                            // row_bytes`).
+                            let $at = unsafe { base.add(at) };
+                            $decode
+                        } else {
+                            let raw = m.take_exception(row0 + r, &mut next[r]);
+                            // SAFETY: `raw` is 64 bytes, 32 BF16 values.
+                            unsafe { _mm512_loadu_si512(raw.as_ptr().cast()) }
+                        };
+                        let w_even = _mm512_castsi512_ps(_mm512_slli_epi32::<HALF_BITS>(v));
+                        let w_odd = _mm512_castsi512_ps(_mm512_and_si512(v, high_half));
+                        for t in 0..T {
+                            acc[r][t] = _mm512_fmadd_ps(w_even, even[t], acc[r][t]);
+                            acc[r][t] = _mm512_fmadd_ps(w_odd, odd[t], acc[r][t]);
+                        }
                     }
                 }
+                store_sums(&acc, tile, out);
             }
-            store_sums(&acc, tok0, local0, n, out);
         }
     };
 }
 
-packed_block_fn!(
-    /// Rows `row0..row0+R` for tokens `tok0..tok0+T`, the `avx2` decode.
-    packed_block,
+packed_kernel!(
+    /// The packed row kernel with the `avx2` decode.
+    Packed,
     "avx512f,avx512bw,avx512vl,avx2,fma,f16c",
     offsets = tables(),
     |at, _b| {
@@ -159,9 +154,9 @@ packed_block_fn!(
     }
 );
 
-packed_block_fn!(
-    /// Rows `row0..row0+R` for tokens `tok0..tok0+T`, the `vpermb` decode.
-    packed_block_vbmi,
+packed_kernel!(
+    /// The packed row kernel with the `vpermb` decode.
+    PackedVbmi,
     "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c",
     t = vbmi_tables(),
     |at, b| {
@@ -337,7 +332,7 @@ mod tests {
         }
     }
 
-    /// Runs `avx2_decode` or the `vpermb` kernel over `rows` of `m` for `act`'s tokens.
+    /// Runs the `avx2` decode's or the `vpermb` decode's kernel over `rows` of `m` for `act`'s tokens.
     ///
     /// # Safety
     /// avx512f/bw/vl, and avx512vbmi where `vbmi`.
@@ -353,15 +348,8 @@ mod tests {
             // SAFETY: by this function's contract.
             unsafe { matmul_packed_bf16_vbmi(m, act, rows, out) };
         } else {
-            by_tokens!(
-                packed_block,
-                4,
-                [7168, 12288, 6144, 3584, 1536, 512],
-                m,
-                act,
-                rows,
-                out
-            );
+            // SAFETY: by this function's contract.
+            unsafe { drive::<_, Packed>(m, act, rows, out) };
         }
     }
 

@@ -1,17 +1,17 @@
 //! BF16, F16 and F32 matrices in the `avx2` tier: the `avx512` BF16/float row kernel
-//! (`exact::bf16_block`, `float::float_block`) on two 8-lane halves. Per block of 32 columns,
+//! (`exact::Bf16::block`, `float::float_block`) on two 8-lane halves. Per block of 32 columns,
 //! half `h` holds columns `16h..16h + 16`; its loader yields their even columns (lane `j`:
 //! column `16h + 2j`) and odd columns (`16h + 2j + 1`), exactly the values `avx512`'s loader
 //! puts in lanes `8h + j` of `even`/`odd`.
 
 use core::arch::x86_64::*;
-use std::ops::Range;
 
-use super::{Prefetch, act_block, by_tokens_avx2, fma_block, store_sums};
+use super::acc::{act_block, fma_block, store_sums};
 use crate::activations::Activations;
 use crate::view::{Bf16Matrix, F16Matrix, F32Matrix};
+use crate::x86::driver::{Avx2Gemm, Gemv, RowKernel, Tile, width};
 use crate::x86::lanes::{HALF_BITS, HIGH_HALF, block_offset};
-use crate::x86::{run_rows, width};
+use crate::x86::prefetch::Prefetch;
 
 /// The weight formats of this kernel, as its `FORMAT` parameter.
 const BF16: u8 = 0;
@@ -23,62 +23,32 @@ const fn elem(format: u8) -> usize {
     if format == F32 { 4 } else { 2 }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn matmul_bf16(
-    m: &Bf16Matrix<'_>,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    by_tokens_avx2!(bf16_block, 4, m, act, rows, out);
-}
+/// The BF16, F16 and F32 row kernel; GEMVs stream 4 rows.
+pub(crate) struct Float;
 
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn matmul_f16(
-    m: &F16Matrix<'_>,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    by_tokens_avx2!(f16_block, 4, m, act, rows, out);
-}
+/// `Float`'s kernel for matrices of `$format` values.
+macro_rules! float_kernel {
+    ($matrix:ident, $format:ident) => {
+        impl RowKernel<$matrix<'_>> for Float {
+            type Gemv = Gemv<4>;
+            type Gemm = Avx2Gemm;
 
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn matmul_f32(
-    m: &F32Matrix<'_>,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    by_tokens_avx2!(f32_block, 4, m, act, rows, out);
-}
-
-/// The three row kernels `by_tokens_avx2!` instantiates.
-macro_rules! block_fn {
-    ($name:ident, $matrix:ident, $format:ident) => {
-        #[target_feature(enable = "avx2,fma,f16c")]
-        #[inline]
-        fn $name<const R: usize, const T: usize, const C: usize>(
-            m: &$matrix<'_>,
-            act: &Activations,
-            tok0: usize,
-            row0: usize,
-            local0: usize,
-            n: usize,
-            out: &mut [f32],
-        ) {
-            float_block::<R, T, C, $format>(
-                (m.bytes(), m.rows(), m.cols()),
-                act,
-                (tok0, row0, local0, n),
-                out,
-            );
+            #[target_feature(enable = "avx2,fma,f16c")]
+            #[inline]
+            unsafe fn block<const R: usize, const T: usize, const C: usize>(
+                m: &$matrix<'_>,
+                act: &Activations,
+                tile: Tile,
+                out: &mut [f32],
+            ) {
+                float_block::<R, T, C, $format>((m.bytes(), m.rows(), m.cols()), act, tile, out);
+            }
         }
     };
 }
-block_fn!(bf16_block, Bf16Matrix, BF16);
-block_fn!(f16_block, F16Matrix, F16);
-block_fn!(f32_block, F32Matrix, F32);
+float_kernel!(Bf16Matrix, BF16);
+float_kernel!(F16Matrix, F16);
+float_kernel!(F32Matrix, F32);
 
 /// Rows `row0..row0+R` for tokens `tok0..tok0+T` of a matrix of `FORMAT` values.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -87,17 +57,18 @@ block_fn!(f32_block, F32Matrix, F32);
 fn float_block<const R: usize, const T: usize, const C: usize, const FORMAT: u8>(
     (bytes, rows, cols): (&[u8], usize, usize),
     act: &Activations,
-    (tok0, row0, local0, n): (usize, usize, usize, usize),
+    tile: Tile,
     out: &mut [f32],
 ) {
+    let row0 = tile.row0;
     let elem = elem(FORMAT);
     let stride = act.padded();
-    assert!(row0 + R <= rows && act.perm32.len() >= (tok0 + T) * stride);
+    assert!(row0 + R <= rows);
     let cols = width::<C>(cols);
     assert!(bytes.len() >= (row0 + R) * cols * elem);
     let first = row0 * cols * elem;
     let base = bytes[first..].as_ptr();
-    let x = act.perm32[tok0 * stride..].as_ptr();
+    let x = tile.tokens::<T, _>(&act.perm32, stride);
     let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
     let whole = cols / 32;
     let mut prefetch = Prefetch::new(R * cols * elem, whole);
@@ -112,8 +83,8 @@ fn float_block<const R: usize, const T: usize, const C: usize, const FORMAT: u8>
             // (the row block lies in `bytes`, asserted above).
             let w = unsafe { split::<FORMAT>(at) };
             for t in 0..T {
-                // SAFETY: 32 * block + 32 <= cols <= stride, inside token tok0 + t's row of
-                // `perm32` (length asserted above).
+                // SAFETY: t < T and 32 * block + 32 <= cols <= stride, inside the tile's
+                // tokens of `perm32` (`Tile::tokens`).
                 let xt = unsafe { act_block(x.add(t * stride), block) };
                 fma_block(&mut acc[r][t], &w, &xt);
             }
@@ -135,7 +106,7 @@ fn float_block<const R: usize, const T: usize, const C: usize, const FORMAT: u8>
             }
         }
     }
-    store_sums::<R, T>(&acc, tok0, local0, n, out);
+    store_sums::<R, T>(&acc, tile, out);
 }
 
 /// 32 values of `FORMAT` from `at`, widened exactly: `[even 0..7, even 8..15, odd 0..7, odd

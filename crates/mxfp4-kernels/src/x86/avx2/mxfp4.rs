@@ -1,4 +1,4 @@
-//! MXFP4 matrices in the `avx2` tier: `exact::mxfp4_block` on two 8-lane vectors.
+//! MXFP4 matrices in the `avx2` tier: `exact::Mxfp4::block` on two 8-lane vectors.
 //!
 //! GEMV/GEMM decode: a group's 16 code bytes are widened to 16-bit words, each holding its low
 //! nibble in its low byte and its high nibble in its high byte; two `pshufb`s look up the
@@ -9,7 +9,7 @@
 //! position of a low and a high vector, and its chain is `avx512`'s: the low column's FMA, then
 //! the high column's. The in-lane unpacks put lanes `[0..4, 8..12]` in the first accumulator
 //! and `[4..8, 12..16]` in the second; the activations are laid out to match
-//! (`Activations::avx2_mx`) and [`hsum_mx`] adds the lanes in `x86::hsum`'s tree and operand
+//! (`Activations::avx2_mx`) and [`hsum_mx`] adds the lanes in `sums::hsum`'s tree and operand
 //! order, so the result has `avx512`'s bits. Compared with a `vpermps` lookup of the scaled
 //! table (what `dequant` still uses): 16 vector operations per group and row instead of 22.
 //!
@@ -24,25 +24,28 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{Acc, act_block, by_tokens_avx2};
+use super::acc::{Acc, act_block};
 use crate::activations::Activations;
+use crate::isa::Avx2;
 use crate::view::{GROUP, GROUP_BYTES, MxFp4Matrix};
+use crate::x86::driver::{Avx2Gemm, Gemv, RowKernel, Tile};
 use crate::x86::exact::{SCALED_BF16_BYTES, SCALED_TABLES};
 use crate::x86::lanes;
-use crate::x86::{prefetch_distance, prefetch_step, run_rows, width};
+use crate::x86::prefetch::{prefetch_distance, prefetch_step};
 
+/// Dequantizes `rows` of `matrix` to f32 (bit-identical to scalar: the decode is exact): every
+/// group decoded and put back in column order.
+///
+/// # Safety
+/// The CPU must have avx2, fma and f16c (the token says it has); `rows` must lie inside
+/// `matrix` and `out` hold `rows.len() * cols` f32 (checked by `Kernels`).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn matmul(m: &MxFp4Matrix<'_>, act: &Activations, rows: Range<usize>, out: &mut [f32]) {
-    // GEMVs stream 3 rows: the decode is the bottleneck here (compute, not memory), and 4
-    // rows' accumulators with the decode's temporaries spill to the stack. 16384x3584 at 1
-    // thread on this Zen 3 host, best of alternating runs: 8.4 ms with 3 rows, 8.8 with 2,
-    // 9.3 with 4.
-    by_tokens_avx2!(mxfp4_block, 3, m, act, rows, out);
-}
-
-/// Every group of `rows` decoded and put back in column order.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn dequant(matrix: &MxFp4Matrix<'_>, rows: Range<usize>, out: &mut [f32]) {
+pub(crate) unsafe fn dequant_mxfp4(
+    _: Avx2,
+    matrix: &MxFp4Matrix<'_>,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
     let cols = matrix.cols();
     for (row, out_row) in rows.zip(out.chunks_exact_mut(cols)) {
         let packed = matrix.packed_row(row).chunks_exact(GROUP_BYTES);
@@ -67,59 +70,67 @@ pub(super) fn dequant(matrix: &MxFp4Matrix<'_>, rows: Range<usize>, out: &mut [f
     }
 }
 
-/// Rows `row0..row0+R` for tokens `tok0..tok0+T`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-#[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
-fn mxfp4_block<const R: usize, const T: usize, const C: usize>(
-    m: &MxFp4Matrix<'_>,
-    act: &Activations,
-    tok0: usize,
-    row0: usize,
-    local0: usize,
-    n: usize,
-    out: &mut [f32],
-) {
-    assert!(row0 + R <= m.rows() && act.avx2_mx.len() >= (tok0 + T) * act.padded());
-    let cols = width::<C>(m.cols());
-    let groups = cols / GROUP;
-    let row_bytes = cols / 2;
-    let stride = act.padded();
-    let packed = m.packed()[row0 * row_bytes..].as_ptr();
-    let scales = &m.scales()[row0 * groups..(row0 + R) * groups];
-    let x = act.avx2_mx[tok0 * stride..].as_ptr();
-    let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
-    let ahead = prefetch_distance(R * row_bytes);
-    for g in 0..groups {
-        prefetch_step(packed, ahead, g, R * GROUP_BYTES);
-        for r in 0..R {
-            // SAFETY: row0 + r < rows (asserted above); the group's 16 bytes lie in that row.
-            let w = unsafe {
-                decode_unpacked(
-                    packed.add(r * row_bytes + GROUP_BYTES * g),
-                    scales[r * groups + g],
-                )
-            };
-            for t in 0..T {
-                // SAFETY: 32g + 32 <= cols <= stride, inside token tok0 + t's row of `avx2_mx`
-                // (length asserted above). The 4 vectors are `[low, high]` of lanes
-                // `[0..4, 8..12]`, then of `[4..8, 12..16]` (that layout's order).
-                let xt = unsafe { act_block(x.add(t * stride), g) };
-                for v in 0..2 {
-                    acc[r][t][v] = _mm256_fmadd_ps(w[2 * v], xt[2 * v], acc[r][t][v]);
-                    acc[r][t][v] = _mm256_fmadd_ps(w[2 * v + 1], xt[2 * v + 1], acc[r][t][v]);
+/// The MXFP4 row kernel. GEMVs stream 3 rows: the decode is the bottleneck here (compute, not
+/// memory), and 4 rows' accumulators with the decode's temporaries spill to the stack.
+/// 16384x3584 at 1 thread on this Zen 3 host, best of alternating runs: 8.4 ms with 3 rows,
+/// 8.8 with 2, 9.3 with 4.
+pub(crate) struct Mxfp4;
+
+impl RowKernel<MxFp4Matrix<'_>> for Mxfp4 {
+    type Gemv = Gemv<3>;
+    type Gemm = Avx2Gemm;
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    #[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
+    unsafe fn block<const R: usize, const T: usize, const C: usize>(
+        m: &MxFp4Matrix<'_>,
+        act: &Activations,
+        tile: Tile,
+        out: &mut [f32],
+    ) {
+        let Tile {
+            tok0, local0, n, ..
+        } = tile;
+        let rows = tile.mxfp4_rows::<R, C>(m);
+        let (groups, row_bytes, packed, scales) =
+            (rows.groups, rows.row_bytes, rows.packed, rows.scales);
+        let stride = act.padded();
+        let x = tile.tokens::<T, _>(&act.avx2_mx, stride);
+        let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
+        let ahead = prefetch_distance(R * row_bytes);
+        for g in 0..groups {
+            prefetch_step(packed, ahead, g, R * GROUP_BYTES);
+            for r in 0..R {
+                // SAFETY: r < R, a row of the tile (`Tile::mxfp4_rows`); the group's 16 bytes
+                // lie in that row.
+                let w = unsafe {
+                    decode_unpacked(
+                        packed.add(r * row_bytes + GROUP_BYTES * g),
+                        scales[r * groups + g],
+                    )
+                };
+                for t in 0..T {
+                    // SAFETY: t < T and 32g + 32 <= cols <= stride, inside the tile's tokens of
+                    // `avx2_mx` (`Tile::tokens`). The 4 vectors are `[low, high]` of lanes
+                    // `[0..4, 8..12]`, then of `[4..8, 12..16]` (that layout's order).
+                    let xt = unsafe { act_block(x.add(t * stride), g) };
+                    for v in 0..2 {
+                        acc[r][t][v] = _mm256_fmadd_ps(w[2 * v], xt[2 * v], acc[r][t][v]);
+                        acc[r][t][v] = _mm256_fmadd_ps(w[2 * v + 1], xt[2 * v + 1], acc[r][t][v]);
+                    }
                 }
             }
         }
-    }
-    for (r, row_acc) in acc.iter().enumerate() {
-        for (t, &a) in row_acc.iter().enumerate() {
-            out[(tok0 + t) * n + local0 + r] = hsum_mx(a);
+        for (r, row_acc) in acc.iter().enumerate() {
+            for (t, &a) in row_acc.iter().enumerate() {
+                out[(tok0 + t) * n + local0 + r] = hsum_mx(a);
+            }
         }
     }
 }
 
-/// `x86::hsum` of the 16 logical lanes held as `[0..4, 8..12]` and `[4..8, 12..16]`: lanes
+/// `sums::hsum` of the 16 logical lanes held as `[0..4, 8..12]` and `[4..8, 12..16]`: lanes
 /// `i + (i + 8)` (the two halves of each vector), then `i + (i + 4)` (the two vectors), `i + (i
 /// + 2)`, lane 0 + lane 1, each sum with the lower lane first, as `hsum` adds them.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -139,7 +150,7 @@ pub(super) fn hsum_mx(v: Acc) -> f32 {
     _mm_cvtss_f32(x)
 }
 
-/// One group's 32 weights, exactly, as `mxfp4_block` consumes them: the low-nibble weights of
+/// One group's 32 weights, exactly, as `Mxfp4::block` consumes them: the low-nibble weights of
 /// bytes `[0..4, 8..12]`, their high-nibble weights, then the same for bytes `[4..8, 12..16]`.
 ///
 /// # Safety

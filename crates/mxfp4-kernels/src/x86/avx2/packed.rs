@@ -15,24 +15,13 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
+use super::acc::{act_block, fma_block, store_sums};
 use super::float::split_bf16;
-use super::{act_block, by_tokens_avx2, fma_block, store_sums};
 use crate::activations::Activations;
 use crate::packed::{BASE_AT, CODES_AT, PACKED_BLOCK_BYTES, PackedBf16Matrix};
+use crate::x86::driver::{Avx2Gemm, Gemv, RowKernel, Tile, width};
 use crate::x86::lanes::{HALF_BITS, HIGH_HALF};
-use crate::x86::{prefetch_distance, prefetch_step, run_rows, width};
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn matmul_packed_bf16(
-    m: &PackedBf16Matrix<'_>,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    // GEMVs run 3 rows at a time: 2, 3 and 4 measured alike (12288x7168 from memory, 2
-    // threads, 9.7-11.6 GB/s of packed bytes), 3 at the top.
-    by_tokens_avx2!(packed_block, 3, m, act, rows, out);
-}
+use crate::x86::prefetch::{prefetch_distance, prefetch_step};
 
 /// `code -> exponent` offsets: entry 0 is masked to 0, entry `c` is `base + c - 1`.
 const OFFSETS: [i8; 16] = [0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14];
@@ -41,52 +30,58 @@ const NOT_FIRST: [i8; 16] = [
     0, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
 ];
 
-/// Rows `row0..row0+R` for tokens `tok0..tok0+T`.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-#[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
-fn packed_block<const R: usize, const T: usize, const C: usize>(
-    m: &PackedBf16Matrix<'_>,
-    act: &Activations,
-    tok0: usize,
-    row0: usize,
-    local0: usize,
-    n: usize,
-    out: &mut [f32],
-) {
-    let stride = act.padded();
-    assert!(row0 + R <= m.rows() && act.perm32.len() >= (tok0 + T) * stride);
-    let cols = width::<C>(m.cols());
-    let blocks = cols / 32;
-    let row_bytes = blocks * PACKED_BLOCK_BYTES;
-    let body = &m.body()[row0 * row_bytes..(row0 + R) * row_bytes];
-    let base = body.as_ptr();
-    let x = act.perm32[tok0 * stride..].as_ptr();
-    let mut next: [usize; R] = std::array::from_fn(|r| m.first_exception(row0 + r));
-    let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
-    let ahead = prefetch_distance(R * row_bytes);
-    let (offsets, not_first) = tables();
-    for block in 0..blocks {
-        prefetch_step(base, ahead, block, R * PACKED_BLOCK_BYTES);
-        for r in 0..R {
-            let at = r * row_bytes + block * PACKED_BLOCK_BYTES;
-            let w = if body[at + BASE_AT] != 0 {
-                // SAFETY: the block's 49 bytes lie in `body` (`at + 49 <= R * row_bytes`).
-                unsafe { decode(base.add(at), offsets, not_first) }
-            } else {
-                let raw = m.take_exception(row0 + r, &mut next[r]);
-                // SAFETY: `raw` is 64 bytes, 32 BF16 values.
-                unsafe { split_bf16(raw.as_ptr()) }
-            };
-            for t in 0..T {
-                // SAFETY: 32 * block + 32 <= cols <= stride, inside token tok0 + t's row of
-                // `perm32` (length asserted above).
-                let xt = unsafe { act_block(x.add(t * stride), block) };
-                fma_block(&mut acc[r][t], &w, &xt);
+/// The packed row kernel. GEMVs run 3 rows at a time: 2, 3 and 4 measured alike (12288x7168
+/// from memory, 2 threads, 9.7-11.6 GB/s of packed bytes), 3 at the top.
+pub(crate) struct Packed;
+
+impl RowKernel<PackedBf16Matrix<'_>> for Packed {
+    type Gemv = Gemv<3>;
+    type Gemm = Avx2Gemm;
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    #[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
+    unsafe fn block<const R: usize, const T: usize, const C: usize>(
+        m: &PackedBf16Matrix<'_>,
+        act: &Activations,
+        tile: Tile,
+        out: &mut [f32],
+    ) {
+        let row0 = tile.row0;
+        assert!(row0 + R <= m.rows());
+        let stride = act.padded();
+        let cols = width::<C>(m.cols());
+        let blocks = cols / 32;
+        let row_bytes = blocks * PACKED_BLOCK_BYTES;
+        let body = &m.body()[row0 * row_bytes..(row0 + R) * row_bytes];
+        let base = body.as_ptr();
+        let x = tile.tokens::<T, _>(&act.perm32, stride);
+        let mut next: [usize; R] = std::array::from_fn(|r| m.first_exception(row0 + r));
+        let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
+        let ahead = prefetch_distance(R * row_bytes);
+        let (offsets, not_first) = tables();
+        for block in 0..blocks {
+            prefetch_step(base, ahead, block, R * PACKED_BLOCK_BYTES);
+            for r in 0..R {
+                let at = r * row_bytes + block * PACKED_BLOCK_BYTES;
+                let w = if body[at + BASE_AT] != 0 {
+                    // SAFETY: the block's 49 bytes lie in `body` (`at + 49 <= R * row_bytes`).
+                    unsafe { decode(base.add(at), offsets, not_first) }
+                } else {
+                    let raw = m.take_exception(row0 + r, &mut next[r]);
+                    // SAFETY: `raw` is 64 bytes, 32 BF16 values.
+                    unsafe { split_bf16(raw.as_ptr()) }
+                };
+                for t in 0..T {
+                    // SAFETY: t < T and 32 * block + 32 <= cols <= stride, inside the tile's
+                    // tokens of `perm32` (`Tile::tokens`).
+                    let xt = unsafe { act_block(x.add(t * stride), block) };
+                    fma_block(&mut acc[r][t], &w, &xt);
+                }
             }
         }
+        store_sums::<R, T>(&acc, tile, out);
     }
-    store_sums::<R, T>(&acc, tok0, local0, n, out);
 }
 
 /// One packed block's 32 values as `split_bf16` gives a BF16 block's: `[even 0..7, even 8..15,

@@ -1,12 +1,13 @@
 //! The `avx2` tier against the modelled `avx512` exact tier, bit for bit, on this CPU: BF16,
 //! F16 and F32 through the instruction-level model (`kernel::model_matmul`), MXFP4 through a
-//! lane model of `exact::mxfp4_block` (decoded weights, 16 FMA chains, `hsum`'s tree).
+//! lane model of `exact::Mxfp4::block` (decoded weights, 16 FMA chains, `hsum`'s tree).
 //!
 //! NaN results compare as equal whatever their payload: the model's `mul_add` may be a
 //! software FMA off-target, which need not produce the hardware's default NaN.
 
 use crate::activations::Activations;
-use crate::tier::{Kernels, Tier};
+use crate::kernels::Kernels;
+use crate::tier::Tier;
 use crate::view::{Bf16Matrix, F16Matrix, F32Matrix, MxFp4Matrix};
 
 use super::intrinsics::Lanes;
@@ -56,7 +57,7 @@ fn assert_same_bits(label: &str, got: &[f32], want: &[f32]) {
     }
 }
 
-/// `avx2::hsum` of two halves gives the modelled `x86::hsum` of the 16 lanes (the documented
+/// `avx2::acc::hsum` of two halves gives the modelled `sums::hsum` of the 16 lanes (the documented
 /// tree), on values where the order of additions shows in the last bits.
 #[test]
 fn avx2_hsum_is_the_avx512_tree() {
@@ -69,7 +70,7 @@ fn avx2_hsum_is_the_avx512_tree() {
         let lanes: [f32; 16] = core::array::from_fn(|_| rng.value());
         // SAFETY: avx2 was detected (`avx2()` above); each load reads 8 of the 16 values.
         let got = unsafe {
-            crate::x86::avx2::hsum([
+            crate::x86::avx2::acc::hsum([
                 _mm256_loadu_ps(lanes.as_ptr()),
                 _mm256_loadu_ps(lanes.as_ptr().add(8)),
             ])
@@ -150,7 +151,7 @@ fn avx2_float_formats_equal_modelled_avx512_bitwise() {
     }
 }
 
-/// `exact::mxfp4_block`'s arithmetic for one (row, token): lane `j` takes, group by group,
+/// `exact::Mxfp4::block`'s arithmetic for one (row, token): lane `j` takes, group by group,
 /// `fma(w[32g + 2j], x[32g + 2j])` then `fma(w[32g + 2j + 1], x[32g + 2j + 1])`; the lanes
 /// are summed in `hsum`'s tree (`store_sums` gives `hsum`'s bits for every block shape).
 fn mxfp4_lane_model(w: &[f32], x: &[f32]) -> f32 {

@@ -57,7 +57,7 @@ pub(super) fn dwords(v: [u8; 64]) -> Lanes {
     })
 }
 
-/// `x86::load_bytes64`: 64 bytes, or the first `n < 64` (the rest zero).
+/// `loads::load_bytes64`: 64 bytes, or the first `n < 64` (the rest zero).
 pub(super) fn load_bytes64(mem: &[u8], at: usize, n: usize) -> [u8; 64] {
     if n >= 64 {
         maskz_loadu_epi8(mem, at, u64::MAX)

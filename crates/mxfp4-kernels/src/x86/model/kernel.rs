@@ -1,19 +1,19 @@
-//! The modelled loaders (BF16, F16, F32 weights; the activations) and row kernel, transcribed from `exact::bf16_block` and `float::float_block`, with `store_sums`'s horizontal sums.
+//! The modelled loaders (BF16, F16, F32 weights; the activations) and row kernel, transcribed from `exact::Bf16::block` and `float::float_block`, with `store_sums`'s horizontal sums.
 
 use std::ops::Range;
 
 use crate::activations::Activations;
+use crate::x86::driver::{Avx512Gemm, Bf16Gemv, RowKernel, Rows, Tile, drive, width};
 use crate::x86::lanes::{
     F32_EVEN_IDX, F32_ODD_IDX, HALF_BITS, HIGH_HALF, HSUM_LANE_ONE, HSUM_UPPER_HALF,
     HSUM_UPPER_QUARTER, HSUM16_EVEN_BLOCKS, HSUM16_EVEN_LANES, HSUM16_HIGH_BLOCKS,
     HSUM16_LOW_BLOCKS, HSUM16_ODD_BLOCKS, HSUM16_ODD_LANES, ODD_WORDS, block_offset,
     f32_tail_masks, hsum16_input,
 };
-use crate::x86::{by_tokens, by_tokens_bf16, run_rows, width};
 
 use super::intrinsics::*;
 
-/// The exact BF16 kernel's weight load (`exact::bf16_block`): `(even, odd)` of one block.
+/// The exact BF16 kernel's weight load (`exact::Bf16::block`): `(even, odd)` of one block.
 pub(super) fn bf16_split(mem: &[u8], at: usize, valid: usize) -> (Lanes, Lanes) {
     if valid == 32 {
         (
@@ -102,7 +102,7 @@ pub(super) fn act_split(
     }
 }
 
-/// `x86::hsum`, instruction by instruction (`movhlps` and `addss` on lanes 0..3).
+/// `sums::hsum`, instruction by instruction (`movhlps` and `addss` on lanes 0..3).
 pub(super) fn hsum_insns(v: Lanes) -> f32 {
     let s = add(v, shuffle_f32x4(v, v, HSUM_UPPER_HALF));
     let s = add(s, shuffle_f32x4(s, s, HSUM_UPPER_QUARTER));
@@ -113,7 +113,7 @@ pub(super) fn hsum_insns(v: Lanes) -> f32 {
     y[0] + y[(HSUM_LANE_ONE & 3) as usize]
 }
 
-/// `x86::hsum16`, instruction by instruction.
+/// `sums::hsum16`, instruction by instruction.
 pub(super) fn hsum16(v: &[Lanes; 16]) -> Lanes {
     let input = |j: usize| v[hsum16_input(j)];
     let halves: [Lanes; 8] = core::array::from_fn(|k| {
@@ -140,7 +140,7 @@ pub(super) fn hsum16(v: &[Lanes; 16]) -> Lanes {
     )
 }
 
-/// `x86::hsum`'s tree as its documentation states it: lanes 8 apart, then 4, 2, 1.
+/// `sums::hsum`'s tree as its documentation states it: lanes 8 apart, then 4, 2, 1.
 pub(super) fn hsum(v: Lanes) -> f32 {
     let f = |i: usize| f32::from_bits(v[i]);
     let a: [f32; 8] = core::array::from_fn(|i| f(i) + f(i + 8));
@@ -158,27 +158,48 @@ pub(super) struct Model<'a> {
     pub(super) bf16_act: bool,
 }
 
-impl Model<'_> {
-    pub(super) fn cols(&self) -> usize {
+impl Rows for Model<'_> {
+    fn cols(&self) -> usize {
         self.cols
     }
-    pub(super) fn bytes_for_rows(&self, rows: usize) -> usize {
+    fn bytes_for_rows(&self, rows: usize) -> usize {
         rows * self.cols * self.format.elem()
     }
 }
 
-/// `float::float_block` / `exact::bf16_block`, transcribed: rows `row0..row0+R`, tokens
+/// The modelled row kernel, run by the real driver with the plans of the BF16 kernels it
+/// models (`exact::Bf16`, `float::Float`).
+pub(super) struct ModelKernel;
+
+impl RowKernel<Model<'_>> for ModelKernel {
+    type Gemv = Bf16Gemv;
+    type Gemm = Avx512Gemm;
+
+    unsafe fn block<const R: usize, const T: usize, const C: usize>(
+        m: &Model<'_>,
+        act: &Activations,
+        tile: Tile,
+        out: &mut [f32],
+    ) {
+        model_block::<R, T, C>(m, act, tile, out);
+    }
+}
+
+/// `float::float_block` / `exact::Bf16::block`, transcribed: rows `row0..row0+R`, tokens
 /// `tok0..tok0+T`, sums stored as `store_sums` does.
 #[allow(clippy::needless_range_loop)] // r and t index loads and accumulators alike
-pub(super) fn model_block<const R: usize, const T: usize, const C: usize>(
+fn model_block<const R: usize, const T: usize, const C: usize>(
     m: &Model<'_>,
     act: &Activations,
-    tok0: usize,
-    row0: usize,
-    local0: usize,
-    n: usize,
+    tile: Tile,
     out: &mut [f32],
 ) {
+    let Tile {
+        tok0,
+        row0,
+        local0,
+        n,
+    } = tile;
     assert!(row0 + R <= m.rows);
     let cols = width::<C>(m.cols);
     let elem = m.format.elem();
@@ -221,10 +242,10 @@ pub(super) fn model_block<const R: usize, const T: usize, const C: usize>(
     }
 }
 
-/// The model kernel over `rows` through the real dispatch (`by_tokens_bf16!`).
+/// The model kernel over `rows` through the real driver (`drive`).
 pub(super) fn model_matmul(m: &Model<'_>, act: &Activations, rows: Range<usize>) -> Vec<f32> {
     let mut out = vec![f32::NAN; rows.len() * act.tokens()];
-    let out_ref = &mut out[..];
-    by_tokens_bf16!(model_block, m, act, rows, out_ref);
+    // SAFETY: the model kernel has no target features.
+    unsafe { drive::<_, ModelKernel>(m, act, rows, &mut out) };
     out
 }
