@@ -25,6 +25,15 @@ pub fn flag_of(knob: Knob) -> &'static str {
     }
 }
 
+/// What a line about `knob` is followed by: the flag, and where it helps, what it does.
+pub fn hint_of(knob: Knob) -> &'static str {
+    match knob {
+        Knob::PackCache => "--pack-cache off reads them as stored",
+        Knob::PackTrunk => "--no-pack-trunk keeps every matrix as stored",
+        knob => flag_of(knob),
+    }
+}
+
 /// `error`'s message, followed by the flags of the options it names, if any.
 pub fn with_flags(error: &BuildError) -> String {
     let knobs = error.knobs();
@@ -45,7 +54,7 @@ impl<S: BuildSink> BuildSink for FlagHints<S> {
     }
 
     fn line_about(&mut self, line: &str, knob: Knob) {
-        self.0.line(&format!("{line} ({})", flag_of(knob)));
+        self.0.line(&format!("{line} ({})", hint_of(knob)));
     }
 
     fn preload_progress(&mut self, progress: PreloadProgress) {
@@ -95,9 +104,16 @@ mod tests {
         let mut sink = FlagHints(|line: &str| lines.push(line.to_owned()));
         sink.line("plain");
         sink.line_about("pack cache: not used", Knob::PackCache);
+        sink.line_about("weight scan: 3 tensors read", Knob::Scan);
+        sink.line_about("memory plan: budget 4 GB", Knob::MemoryLimit);
         assert_eq!(
             lines,
-            ["plain", "pack cache: not used (--pack-cache DIR|off)"]
+            [
+                "plain",
+                "pack cache: not used (--pack-cache off reads them as stored)",
+                "weight scan: 3 tensors read (--scan)",
+                "memory plan: budget 4 GB (--memory-gb)"
+            ]
         );
     }
 }

@@ -26,7 +26,7 @@ pub use check::{flags_not_named_in, table_problems};
 pub use error::UsageError;
 pub use flag::{Flag, Group, Kind, all_spellings, is_flag_spelling};
 pub use help::{flags_in_help, groups, render_help, render_version, spelled};
-pub use knobs::{FlagHints, flag_of, with_flags};
+pub use knobs::{FlagHints, flag_of, hint_of, with_flags};
 pub use library::{apply_library_flags, library_flags, library_flags_with_threads, model_flag};
 pub use parse::{Outcome, Parsed, parse, parse_or_exit};
 

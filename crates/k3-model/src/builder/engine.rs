@@ -17,6 +17,7 @@ use super::plan::{Planned, plan};
 use super::trunk::load_trunk;
 use super::warm::warm_mapping;
 use crate::config::K3Config;
+use crate::knob::Knob;
 use crate::model::{DecodeClock, ExpertPlacement, Model, ModelError, ResidentTrunk};
 use crate::packcache::types::PackCache;
 use crate::plan::{Plan, safety_margin};
@@ -120,7 +121,12 @@ impl Engine {
         sink: &mut dyn BuildSink,
     ) -> Result<Self, BuildError> {
         let mut planned = plan(dir, &config, options, budget, margin, sink)?;
-        sink.line(&format!("memory plan: {}", planned.plan.describe()));
+        let memory_plan = format!("memory plan: {}", planned.plan.describe());
+        match options.memory_bytes {
+            // The budget is the caller's: the binary names the option that gave it.
+            Some(_) => sink.line_about(&memory_plan, Knob::MemoryLimit),
+            None => sink.line(&memory_plan),
+        }
         sink.line(&planned.pool.topology().describe());
         sink.line(&format!(
             "kernel tier {}, {} compute threads ({} per domain)",
