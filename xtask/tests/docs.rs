@@ -289,3 +289,56 @@ fn the_readme_opens_short_and_links_every_page() {
         assert!(contents.contains(&format!("({page})")), "{page} not linked");
     }
 }
+
+/// GitHub's anchor for a heading: lower case, spaces as `-`, punctuation but `-` and `_` gone.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// Every relative link of README.md and docs/ (`[text](path#anchor)`) names a file that exists
+/// and, with an anchor, a heading of it.
+#[test]
+fn the_docs_links_resolve() {
+    let mut broken = Vec::new();
+    for (page, text) in docs() {
+        let dir = page.parent().unwrap();
+        for (at, _) in text.match_indices("](") {
+            let rest = &text[at + 2..];
+            let Some(end) = rest.find(')') else { continue };
+            let target = &rest[..end];
+            if target.contains("://") || target.contains(' ') {
+                continue;
+            }
+            let (file, fragment) = target.split_once('#').unwrap_or((target, ""));
+            let linked = if file.is_empty() {
+                page.clone()
+            } else {
+                dir.join(file)
+            };
+            let Ok(linked_text) = fs::read_to_string(&linked) else {
+                broken.push(format!("{}: {target}", page.display()));
+                continue;
+            };
+            let headings = linked_text
+                .lines()
+                .filter_map(|l| {
+                    l.trim_start_matches('#')
+                        .strip_prefix(' ')
+                        .filter(|_| l.starts_with('#'))
+                })
+                .map(anchor)
+                .collect::<Vec<_>>();
+            if !fragment.is_empty() && !headings.iter().any(|h| h == fragment) {
+                broken.push(format!("{}: {target} (no such heading)", page.display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links: {broken:#?}");
+    assert_eq!(anchor("Several hosts (MPI)"), "several-hosts-mpi");
+}
