@@ -37,7 +37,7 @@ pub fn table_problems(table: &[Flag]) -> Vec<String> {
     problems
 }
 
-/// The long names of the flags of `table` that `doc` (a README) does not name: a flag counts
+/// The long names of the flags of `table` that `doc` (a docs page) does not name: a flag counts
 /// as named where `--name` follows a backtick, a slash (`-m/--model`), a space or a bracket
 /// and is not followed by more of a name (`--numa` is not named by `--numa-fake`).
 pub fn flags_not_named_in(doc: &str, table: &[Flag]) -> Vec<String> {

@@ -1,5 +1,5 @@
 //! The parser, the help and the library flags, on a small table of every kind plus the
-//! library flags.
+//! library flags; the reading of a docs page's first example.
 
 use super::*;
 use k3_model::builder::EngineOptions;
@@ -345,4 +345,26 @@ fn a_required_flag_must_be_given() {
         "{:?}",
         table_problems(&table)
     );
+}
+
+/// A docs page's first `sh` block is read as a shell reads it: continuation lines joined,
+/// comments cut, quoted words whole.
+#[test]
+fn the_first_example_of_a_page_is_read_as_a_shell_reads_it() {
+    let page = "x\n```text\nno\n```\n```sh\na b \\\n  c   # said\nd 'e f' \"g h\"\n```\n```sh\nlater\n```\n";
+    assert_eq!(first_sh_block(page), ["a b c", "d 'e f' \"g h\""]);
+    assert_eq!(shell_words("d 'e f' \"g h\" ''"), ["d", "e f", "g h", ""]);
+    assert_eq!(args_after("run -- --x 'y z'", "run --"), ["--x", "y z"]);
+}
+
+#[test]
+#[should_panic(expected = "no ```sh block")]
+fn a_page_without_an_example_fails() {
+    first_sh_block("# title\n```text\nx\n```\n");
+}
+
+#[test]
+#[should_panic(expected = "needs a shell")]
+fn an_example_that_needs_a_shell_fails() {
+    shell_words("k3-serve --prompt \"$(cat a.txt)\"");
 }

@@ -8,8 +8,8 @@ use std::path::Path;
 /// The layout k3 reads, said after every refusal but a missing path.
 const LAYOUT: &str = "k3 reads the Hugging Face release layout, a directory with config.json, \
      tiktoken.model, tokenizer_config.json and the *.safetensors shards with \
-     model.safetensors.index.json (`hf download moonshotai/Kimi-K3 --local-dir DIR`, see the \
-     README)";
+     model.safetensors.index.json (`hf download moonshotai/Kimi-K3 --local-dir DIR`, see \
+     docs/RELEASE.md)";
 
 /// The files a checkpoint directory must hold besides its weights.
 const REQUIRED: [&str; 3] = ["config.json", "tiktoken.model", "tokenizer_config.json"];

@@ -1,6 +1,6 @@
 """A streamed chat against a running k3-serve with the official `openai` client, then two
 default (non-streamed) chats: with thinking off the answer is in `message.content`; with
-thinking on (the default) the reasoning is in `message.reasoning_content`, as the README says.
+thinking on (the default) the reasoning is in `message.reasoning_content`, as docs/SERVING.md says.
 
 Usage: client.py BASE_URL MODEL. Prints one JSON line: the chunks seen, the text, the finish
 reason, the two answers' fields; exits non-zero if the stream is malformed or a field is not

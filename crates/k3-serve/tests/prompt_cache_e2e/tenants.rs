@@ -128,7 +128,7 @@ async fn a_cache_salt_splits_a_tenant_on_both_endpoints() {
     assert!(cached_tokens(&again) > 10, "{again}");
 }
 
-/// Without keys every client is the one open tenant (the README says so): the same system
+/// Without keys every client is the one open tenant (docs/SERVING.md says so): the same system
 /// prompt is shared, unless a salt says otherwise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_keys_clients_share_unless_salted() {

@@ -1,7 +1,9 @@
 //! Integration tests of k3-serve: the router without sockets (every endpoint and error
-//! class), the binary on a loopback port driven by a plain HTTP client, and its command line.
+//! class), the binary on a loopback port driven by a plain HTTP client, its command line, and
+//! the first examples of the docs pages about it.
 
 mod cli;
+mod docs;
 mod e2e;
 mod fuzz;
 mod http_layer;
