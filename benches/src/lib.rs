@@ -9,6 +9,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use k3_testkit::Rng;
 use mxfp4_kernels::codes::f32_to_bf16;
 use mxfp4_kernels::{Activations, Bf16Matrix, ExpertScratch, Kernels, MxFp4Matrix, Situ};
 
@@ -90,33 +91,6 @@ impl Drop for HugeBuf {
 unsafe impl Send for HugeBuf {}
 // SAFETY: shared access is read-only (`&[u8]`).
 unsafe impl Sync for HugeBuf {}
-
-/// SplitMix64: deterministic bytes without a dependency.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    pub fn fill(&mut self, buf: &mut [u8]) {
-        for chunk in buf.chunks_mut(8) {
-            let v = self.next_u64().to_le_bytes();
-            chunk.copy_from_slice(&v[..chunk.len()]);
-        }
-    }
-    /// Uniform in [-1, 1).
-    pub fn unit(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
 
 /// An owned MXFP4 matrix with random codes and realistic scales (2^-9 .. 2^-3, as QAT experts).
 #[derive(Debug)]

@@ -96,20 +96,12 @@ mod tests {
 
     use expert_store::Checkpoint;
     use k3_model::synth::{Preset, SynthOptions, generate};
-
-    struct Scratch(PathBuf);
-
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    use k3_testkit::Scratch;
 
     fn tiny(tag: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("k3-check-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        generate(&dir, &SynthOptions::new(Preset::Tiny)).unwrap();
-        Scratch(dir)
+        let dir = Scratch::new(&format!("check-{tag}"));
+        generate(dir.path(), &SynthOptions::new(Preset::Tiny)).unwrap();
+        dir
     }
 
     fn check(dir: &Path, extra: &[&str]) -> Result<(), String> {
@@ -135,8 +127,8 @@ mod tests {
     #[test]
     fn a_clean_checkpoint_passes_and_each_damage_is_named() {
         let dir = tiny("clean");
-        check(&dir.0, &[]).unwrap();
-        check(&dir.0, &["--no-scan"]).unwrap();
+        check(dir.path(), &[]).unwrap();
+        check(dir.path(), &["--no-scan"]).unwrap();
 
         // NaN in a BF16 matrix, -0/max/Inf in a BF16 vector, NaN in an F32 vector, a 0xFF
         // E8M0 scale: found by the scan, named with their counts; --no-scan does not read them.
@@ -168,15 +160,15 @@ mod tests {
         ];
         for (i, (tensor, at, bytes, needle)) in cases.into_iter().enumerate() {
             let dir = tiny(&format!("nan{i}"));
-            poke(&dir.0, tensor, at, bytes);
-            let err = check(&dir.0, &[]).unwrap_err();
+            poke(dir.path(), tensor, at, bytes);
+            let err = check(dir.path(), &[]).unwrap_err();
             assert!(err.contains(needle), "{needle:?} not in {err}");
-            check(&dir.0, &["--no-scan"]).unwrap();
+            check(dir.path(), &["--no-scan"]).unwrap();
         }
 
         // Config values and tokenizer files the server refuses.
         let dir = tiny("config");
-        let path = dir.0.join("config.json");
+        let path = dir.path().join("config.json");
         let text = std::fs::read_to_string(&path).unwrap();
         std::fs::write(
             &path,
@@ -186,24 +178,24 @@ mod tests {
             ),
         )
         .unwrap();
-        let err = check(&dir.0, &["--no-scan"]).unwrap_err();
+        let err = check(dir.path(), &["--no-scan"]).unwrap_err();
         assert!(err.contains("max_position_embeddings is invalid"), "{err}");
         let dir = tiny("tokenizer");
-        std::fs::write(dir.0.join("tokenizer_config.json"), "{ not json").unwrap();
-        let err = check(&dir.0, &["--no-scan"]).unwrap_err();
+        std::fs::write(dir.path().join("tokenizer_config.json"), "{ not json").unwrap();
+        let err = check(dir.path(), &["--no-scan"]).unwrap_err();
         assert!(
             err.contains("loading the tokenizer") && err.contains("tokenizer_config.json"),
             "{err}"
         );
-        std::fs::remove_file(dir.0.join("tokenizer_config.json")).unwrap();
+        std::fs::remove_file(dir.path().join("tokenizer_config.json")).unwrap();
         assert!(
-            check(&dir.0, &["--no-scan"])
+            check(dir.path(), &["--no-scan"])
                 .unwrap_err()
                 .contains("tokenizer_config.json")
         );
         let dir = tiny("tiktoken");
-        std::fs::remove_file(dir.0.join("tiktoken.model")).unwrap();
-        let err = check(&dir.0, &["--no-scan"]).unwrap_err();
+        std::fs::remove_file(dir.path().join("tiktoken.model")).unwrap();
+        let err = check(dir.path(), &["--no-scan"]).unwrap_err();
         assert!(err.contains("tiktoken.model"), "{err}");
     }
 }

@@ -17,6 +17,7 @@
 use anyhow::{Context, Result};
 use k3_model::config::{AttentionKind, FfnKind, K3Config};
 use k3_model::inventory::{BytePlan, DType, TensorClass, text_tensors};
+use k3_testkit::Rng;
 
 use crate::{Options, from_root};
 
@@ -291,20 +292,13 @@ fn busiest_share(
     layers: usize,
     tokens: usize,
 ) -> f64 {
-    let mut rng = 0x4B33_u64;
-    let mut next = || {
-        rng = rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
+    let mut rng = Rng::new(0x4B33);
     let mut total = 0.0;
     let mut picks: Vec<usize> = (0..experts).collect();
     for _ in 0..tokens * layers {
         // A partial Fisher-Yates shuffle: the first top_k are a uniform sample.
         for i in 0..top_k {
-            let j = i + (next() % (experts - i) as u64) as usize;
+            let j = i + rng.below(experts - i);
             picks.swap(i, j);
         }
         let mut per_domain = vec![0usize; domains];

@@ -20,6 +20,7 @@ use k3_model::checks::validate;
 use k3_model::config::{FfnKind, K3Config};
 use k3_model::inventory::{TensorClass, text_tensors};
 use k3_model::synth::{Preset, SynthOptions, generate};
+use k3_testkit::Scratch;
 
 use crate::oracle::{
     DEFAULT_VENV, PINNED, publish_staged, relative, run_checked, staging_dir, venv_with,
@@ -52,7 +53,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
 
     let python = venv_with(&venv, &[&PINNED[..], &EXTRA_PINS[..]].concat())?;
 
-    let synth = ScratchDir::new("k3-ct-synth")?;
+    let synth = Scratch::try_new("ct-synth").context("cannot make a scratch directory")?;
     let synth_options = SynthOptions {
         preset: SYNTH_PRESET.parse::<Preset>().map_err(anyhow::Error::msg)?,
         seed: SYNTH_SEED,
@@ -61,7 +62,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         router_skew: 0.0,
         softplus_gate: false,
     };
-    let report = generate(&synth.0, &synth_options).context("generating the base checkpoint")?;
+    let report = generate(synth.path(), &synth_options).context("generating the base checkpoint")?;
     let provenance = serde_json::json!({
         "generator": "k3_model::synth::generate",
         "preset": SYNTH_PRESET,
@@ -72,20 +73,20 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     });
 
     let partial = staging_dir(&out)?;
-    fs::copy(synth.0.join("config.json"), partial.join("config.json"))
+    fs::copy(synth.path().join("config.json"), partial.join("config.json"))
         .context("cannot copy config.json")?;
 
     let mut script = Command::new(&python);
     script
         .arg(from_root(SCRIPT))
         .arg("--synth")
-        .arg(&synth.0)
+        .arg(synth.path())
         .args(["--synth-options", &provenance.to_string()])
         .args(["--seed", &SEED.to_string(), "--command", &command, "--out"])
         .arg(&partial);
     run_checked(&mut script)?;
 
-    let versions = check_fixture(&synth.0, &partial, &report.config)
+    let versions = check_fixture(synth.path(), &partial, &report.config)
         .with_context(|| format!("bad fixture in {}", partial.display()))?;
     let digests = publish_staged(&partial, &out, &FIXTURE_FILES, &HASHED_FILES)?;
 
@@ -107,26 +108,6 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     println!("packages: {versions}");
     println!("wall:     {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
-}
-
-/// A temporary directory, removed on drop.
-struct ScratchDir(PathBuf);
-
-impl ScratchDir {
-    fn new(tag: &str) -> Result<Self> {
-        let dir = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
-        if dir.exists() {
-            fs::remove_dir_all(&dir)
-                .with_context(|| format!("cannot remove stale {}", dir.display()))?;
-        }
-        Ok(Self(dir))
-    }
-}
-
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Checks the script's output against the generated checkpoint: a valid K3 checkpoint for our

@@ -367,6 +367,8 @@ fn base64_decode(text: &str) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
+    use k3_testkit::Rng;
+
     use super::*;
 
     #[test]
@@ -425,24 +427,18 @@ mod tests {
             }
             parts.iter().filter_map(|p| ranks.get(p).copied()).collect()
         }
-        let mut seed = 0x1234_5678_9abc_def0u64;
-        let mut next = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rng = Rng::new(0x1234_5678_9abc_def0);
         for case in 0..200 {
             let mut ranks: HashMap<Vec<u8>, u32> =
                 (b'a'..=b'd').map(|b| (vec![b], u32::from(b))).collect();
             // Random multi-byte tokens, some with equal-rank-free but overlapping forms.
             for r in 0..40u32 {
-                let len = 2 + (next() % 4) as usize;
-                let token: Vec<u8> = (0..len).map(|_| b'a' + (next() % 4) as u8).collect();
+                let len = 2 + rng.below(4);
+                let token: Vec<u8> = (0..len).map(|_| b'a' + rng.below(4) as u8).collect();
                 ranks.entry(token).or_insert(1000 + r);
             }
-            let len = (next() % 60) as usize;
-            let piece: Vec<u8> = (0..len).map(|_| b'a' + (next() % 4) as u8).collect();
+            let len = rng.below(60);
+            let piece: Vec<u8> = (0..len).map(|_| b'a' + rng.below(4) as u8).collect();
             let mut got = Vec::new();
             byte_pair_encode(&piece, &ranks, &mut got);
             assert_eq!(got, quadratic(&piece, &ranks), "case {case}: {piece:?}");

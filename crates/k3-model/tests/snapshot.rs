@@ -12,23 +12,9 @@ use k3_model::config::K3Config;
 use k3_model::model::snapshot::file::{self, Checksum, FileError, Identity};
 use k3_model::model::{Model, Session, Snapshot, SnapshotError, fingerprint, state_bytes};
 use k3_model::synth::{Preset, SynthOptions, generate, preset_config};
+use k3_testkit::Scratch;
 use mxfp4_kernels::Kernels;
 use numa_sched::PoolOptions;
-
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn scratch(tag: &str) -> Scratch {
-    let dir = std::env::temp_dir().join(format!("k3-snapshot-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    Scratch(dir)
-}
 
 fn tiny(dir: &Path, seed: u64, layers: Option<usize>) -> K3Config {
     let options = SynthOptions {
@@ -82,9 +68,9 @@ fn snapshot_at_prefix(model: &Model<'_>, tokens: &[usize], chunk: usize) -> Snap
 
 #[test]
 fn snapshot_bytes_are_the_configs_state_bytes() {
-    let dir = scratch("bytes");
-    let config = tiny(&dir.0, 1, None);
-    let ckpt = Checkpoint::open(&dir.0).unwrap();
+    let dir = Scratch::new("snapshot-bytes");
+    let config = tiny(dir.path(), 1, None);
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
     let model = Model::new(&ckpt, &config, Kernels::detect()).unwrap();
     let mut session = model.session();
     let tokens = prompt(40, 0);
@@ -108,9 +94,9 @@ fn snapshot_bytes_are_the_configs_state_bytes() {
 
 #[test]
 fn a_restored_session_continues_with_the_cold_runs_bits() {
-    let dir = scratch("resume");
-    let config = tiny(&dir.0, 2, None);
-    let ckpt = Checkpoint::open(&dir.0).unwrap();
+    let dir = Scratch::new("snapshot-resume");
+    let config = tiny(dir.path(), 2, None);
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
     let kernels = Kernels::detect();
     let tokens = prompt(PROMPT, 1);
     let reference = cold(&Model::new(&ckpt, &config, kernels).unwrap(), &tokens, 64);
@@ -152,9 +138,9 @@ fn a_restored_session_continues_with_the_cold_runs_bits() {
 
 #[test]
 fn a_restored_session_keeps_its_bits_inside_a_decode_batch() {
-    let dir = scratch("batch");
-    let config = tiny(&dir.0, 3, None);
-    let ckpt = Checkpoint::open(&dir.0).unwrap();
+    let dir = Scratch::new("snapshot-batch");
+    let config = tiny(dir.path(), 3, None);
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
     let pool = PoolOptions {
         fake_domains: Some(2),
         threads: Some(2),
@@ -193,12 +179,15 @@ fn a_restored_session_keeps_its_bits_inside_a_decode_batch() {
 
 #[test]
 fn a_snapshot_of_another_model_is_refused() {
-    let (a, b) = (scratch("model-a"), scratch("model-b"));
-    let config_a = tiny(&a.0, 1, None);
-    let config_b = tiny(&b.0, 1, Some(4));
+    let (a, b) = (
+        Scratch::new("snapshot-model-a"),
+        Scratch::new("snapshot-model-b"),
+    );
+    let config_a = tiny(a.path(), 1, None);
+    let config_b = tiny(b.path(), 1, Some(4));
     let (ckpt_a, ckpt_b) = (
-        Checkpoint::open(&a.0).unwrap(),
-        Checkpoint::open(&b.0).unwrap(),
+        Checkpoint::open(a.path()).unwrap(),
+        Checkpoint::open(b.path()).unwrap(),
     );
     let kernels = Kernels::detect();
     let model_a = Model::new(&ckpt_a, &config_a, kernels).unwrap();
@@ -234,12 +223,12 @@ struct Saved {
 }
 
 fn saved(tag: &str) -> Saved {
-    let dir = scratch(&format!("{tag}-ckpt"));
-    let files = scratch(&format!("{tag}-files"));
-    let config = tiny(&dir.0, 4, None);
-    let ckpt = Checkpoint::open(&dir.0).unwrap();
+    let dir = Scratch::new(&format!("snapshot-{tag}-ckpt"));
+    let files = Scratch::new(&format!("snapshot-{tag}-files"));
+    let config = tiny(dir.path(), 4, None);
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
     let tokens = prompt(PREFIX, 6);
-    let path = files.0.join("state.k3state");
+    let path = files.path().join("state.k3state");
     {
         let model = Model::new(&ckpt, &config, Kernels::detect()).unwrap();
         let mut session = model.session();
@@ -284,7 +273,7 @@ fn a_snapshot_file_round_trips_to_the_same_bits() {
     model.restore(&mut session, &snap).unwrap();
     assert_eq!(continue_from(&model, &mut session, &rest, 1), reference);
     // No temporary file is left beside it.
-    let names: Vec<_> = std::fs::read_dir(&s.files.0).unwrap().collect();
+    let names: Vec<_> = std::fs::read_dir(s.files.path()).unwrap().collect();
     assert_eq!(names.len(), 1);
 }
 
@@ -348,9 +337,9 @@ fn another_checkpoint_or_engine_is_refused() {
     let s = saved("foreign");
     let ours = Identity::of(&s.ckpt, &s.config);
     // The same preset with another seed: same shapes, other values.
-    let other_dir = scratch("foreign-other");
-    let other_config = tiny(&other_dir.0, 5, None);
-    let other_ckpt = Checkpoint::open(&other_dir.0).unwrap();
+    let other_dir = Scratch::new("snapshot-foreign-other");
+    let other_config = tiny(other_dir.path(), 5, None);
+    let other_ckpt = Checkpoint::open(other_dir.path()).unwrap();
     let theirs = Identity::of(&other_ckpt, &other_config);
     assert_ne!(theirs.checkpoint, ours.checkpoint);
     assert_eq!(theirs.engine, ours.engine);
@@ -374,7 +363,7 @@ fn another_checkpoint_or_engine_is_refused() {
         other => panic!("{other:?}"),
     }
     // The identity is a pure function of the checkpoint: reopening gives the same.
-    let reopened = Checkpoint::open(&s._dir.0).unwrap();
+    let reopened = Checkpoint::open(s._dir.path()).unwrap();
     assert_eq!(Identity::of(&reopened, &s.config), ours);
 }
 

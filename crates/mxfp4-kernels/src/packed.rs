@@ -380,14 +380,9 @@ impl<'a> PackedBf16Matrix<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use k3_testkit::Rng;
 
-    fn lcg(state: &mut u64) -> u64 {
-        *state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        *state >> 33
-    }
+    use super::*;
 
     fn to_bytes(values: &[u16]) -> Vec<u8> {
         values.iter().flat_map(|v| v.to_le_bytes()).collect()
@@ -399,12 +394,12 @@ mod tests {
     fn every_bf16_pattern_round_trips() {
         let cols = 64;
         let mut values = Vec::new();
-        let mut s = 7;
+        let mut rng = Rng::new(7);
         for v in 0..=u16::MAX {
             values.push(v);
             // A typical weight: exponent 110..=121, random sign and mantissa.
-            let e = 110 + (lcg(&mut s) % 12) as u16;
-            values.push(((lcg(&mut s) as u16) & 0x807F) | (e << 7));
+            let e = 110 + rng.below(12) as u16;
+            values.push(((rng.next_u64() as u16) & 0x807F) | (e << 7));
         }
         let rows = values.len() / cols;
         let packed = PackedBf16::pack(&to_bytes(&values), rows, cols).unwrap();
@@ -464,7 +459,7 @@ mod tests {
     #[test]
     fn sub_rows_decode_as_the_whole() {
         let (rows, cols) = (9, 96);
-        let mut s = 3;
+        let mut rng = Rng::new(3);
         let values: Vec<u16> = (0..rows * cols)
             .map(|i| {
                 // Every 7th block spans 20 exponents: an exception.
@@ -473,7 +468,7 @@ mod tests {
                 } else {
                     115 + (i % 5)
                 };
-                ((lcg(&mut s) as u16) & 0x807F) | ((e as u16) << 7)
+                ((rng.next_u64() as u16) & 0x807F) | ((e as u16) << 7)
             })
             .collect();
         let packed = PackedBf16::pack(&to_bytes(&values), rows, cols).unwrap();

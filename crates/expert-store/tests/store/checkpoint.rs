@@ -2,34 +2,13 @@
 //! the loader must catch.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use expert_store::checkpoint::{Checkpoint, CheckpointError, Dtype};
 use expert_store::layout::{ExpertLayout, MatrixLayout};
 use expert_store::writer::{TensorOut, write_safetensors};
+use k3_testkit::Scratch;
 use proptest::prelude::{ProptestConfig, any, proptest};
-
-/// A scratch directory under the target dir, removed on drop.
-pub(crate) struct Scratch(pub(crate) PathBuf);
-
-impl Scratch {
-    pub(crate) fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "k3-store-{tag}-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 pub(crate) const EXPERTS: usize = 12;
 
@@ -119,9 +98,9 @@ pub(crate) fn write_checkpoint(dir: &Path, prefix: &str) -> BTreeMap<String, Str
 #[test]
 fn reads_shards_views_and_expert_table() {
     for prefix in ["language_model.", ""] {
-        let scratch = Scratch::new("read");
-        write_checkpoint(&scratch.0, prefix);
-        let ckpt = Checkpoint::open(&scratch.0).unwrap();
+        let scratch = Scratch::new("store-read");
+        write_checkpoint(scratch.path(), prefix);
+        let ckpt = Checkpoint::open(scratch.path()).unwrap();
         assert_eq!(ckpt.len(), 3 + EXPERTS * 6);
         let norm = ckpt.require("model.norm.weight").unwrap();
         assert_eq!((norm.dtype, norm.shape), (Dtype::BF16, &[64usize][..]));
@@ -190,9 +169,9 @@ fn reads_shards_views_and_expert_table() {
 /// missing; a layout naming other tensors finds nothing.
 #[test]
 fn an_expert_missing_a_layout_tensor_is_an_error_naming_it() {
-    let scratch = Scratch::new("missing");
-    write_checkpoint(&scratch.0, "language_model.");
-    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let scratch = Scratch::new("store-missing");
+    write_checkpoint(scratch.path(), "language_model.");
+    let ckpt = Checkpoint::open(scratch.path()).unwrap();
     let mut matrices = layout().matrices().to_vec();
     let base = "model.layers.{layer}.block_sparse_moe.experts.{expert}";
     matrices.push(
@@ -232,9 +211,9 @@ fn an_expert_missing_a_layout_tensor_is_an_error_naming_it() {
 
 #[test]
 fn resident_copies_hand_out_the_same_bytes_from_owned_memory() {
-    let scratch = Scratch::new("resident");
-    write_checkpoint(&scratch.0, "language_model.");
-    let mut ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let scratch = Scratch::new("store-resident");
+    write_checkpoint(scratch.path(), "language_model.");
+    let mut ckpt = Checkpoint::open(scratch.path()).unwrap();
     let names: Vec<String> = [
         "model.norm.weight",
         "lm_head.weight",
@@ -289,20 +268,20 @@ fn resident_copies_hand_out_the_same_bytes_from_owned_memory() {
 
 #[test]
 fn single_file_checkpoint() {
-    let scratch = Scratch::new("single");
+    let scratch = Scratch::new("store-single");
     write_safetensors(
-        &scratch.0.join("model.safetensors"),
+        &scratch.path().join("model.safetensors"),
         vec![tensor("model.norm.weight", Dtype::BF16, &[4])],
         fill,
     )
     .unwrap();
-    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let ckpt = Checkpoint::open(scratch.path()).unwrap();
     assert_eq!(ckpt.require("model.norm.weight").unwrap().bytes.len(), 8);
 }
 
 #[test]
 fn float_values_follow_the_header_dtype() {
-    let scratch = Scratch::new("dtypes");
+    let scratch = Scratch::new("store-dtypes");
     // F16: 1, -2, 0.5, the smallest subnormal 2^-24, -0, +inf, 65504; BF16: 1, -3.5; F32: 0.1.
     let f16: [u16; 7] = [0x3C00, 0xC000, 0x3800, 0x0001, 0x8000, 0x7C00, 0x7BFF];
     let bf16: [u16; 2] = [0x3F80, 0xC060];
@@ -313,7 +292,7 @@ fn float_values_follow_the_header_dtype() {
         tensor("d.u8", Dtype::U8, &[2]),
     ];
     write_safetensors(
-        &scratch.0.join("model.safetensors"),
+        &scratch.path().join("model.safetensors"),
         tensors,
         |t, buf| match t.name.as_str() {
             "a.f16" => buf.extend(f16.iter().flat_map(|h| h.to_le_bytes())),
@@ -323,7 +302,7 @@ fn float_values_follow_the_header_dtype() {
         },
     )
     .unwrap();
-    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let ckpt = Checkpoint::open(scratch.path()).unwrap();
     let got = ckpt.f32_values("a.f16", &[7]).unwrap();
     let want = [1.0, -2.0, 0.5, 2f32.powi(-24), -0.0, f32::INFINITY, 65504.0];
     assert_eq!(
@@ -343,9 +322,9 @@ fn float_values_follow_the_header_dtype() {
 
 #[test]
 fn nan_scale_is_rejected_with_its_place() {
-    let scratch = Scratch::new("nan");
-    write_checkpoint(&scratch.0, "language_model.");
-    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let scratch = Scratch::new("store-nan");
+    write_checkpoint(scratch.path(), "language_model.");
+    let ckpt = Checkpoint::open(scratch.path()).unwrap();
     let scale = ckpt
         .require("model.layers.1.block_sparse_moe.experts.3.w3.weight_scale")
         .unwrap();
@@ -354,7 +333,7 @@ fn nan_scale_is_rejected_with_its_place() {
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[at] = 0xFF;
     std::fs::write(&path, bytes).unwrap();
-    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let ckpt = Checkpoint::open(scratch.path()).unwrap();
     let err = ckpt
         .mxfp4_matrix("model.layers.1.block_sparse_moe.experts.3.w3", 64, 64)
         .unwrap_err()
@@ -468,10 +447,10 @@ fn corruptions_are_clean_errors() {
         ),
     ];
     for (what, corrupt, needle) in cases {
-        let scratch = Scratch::new("corrupt");
-        write_checkpoint(&scratch.0, "language_model.");
-        corrupt(&scratch.0);
-        let err = Checkpoint::open(&scratch.0)
+        let scratch = Scratch::new("store-corrupt");
+        write_checkpoint(scratch.path(), "language_model.");
+        corrupt(scratch.path());
+        let err = Checkpoint::open(scratch.path())
             .map(|_| ())
             .unwrap_err()
             .to_string();
@@ -491,9 +470,9 @@ proptest! {
     #[test]
     fn random_damage_never_panics(edits in proptest::collection::vec((0usize..600, any::<u8>()), 1..6),
                                    cut in proptest::option::of(0usize..8000)) {
-        let scratch = Scratch::new("fuzz");
-        write_checkpoint(&scratch.0, "language_model.");
-        let p = scratch.0.join("model-00001-of-000002.safetensors");
+        let scratch = Scratch::new("store-fuzz");
+        write_checkpoint(scratch.path(), "language_model.");
+        let p = scratch.path().join("model-00001-of-000002.safetensors");
         let mut bytes = std::fs::read(&p).unwrap();
         for (at, value) in edits {
             if at < bytes.len() {
@@ -504,7 +483,7 @@ proptest! {
             bytes.truncate(cut.min(bytes.len()));
         }
         std::fs::write(&p, bytes).unwrap();
-        if let Ok(ckpt) = Checkpoint::open(&scratch.0) {
+        if let Ok(ckpt) = Checkpoint::open(scratch.path()) {
             let _ = ckpt.bf16_matrix("lm_head.weight", 32, 64);
             let _ = ckpt.f32_values("model.layers.0.self_attn.A_log", &[8]);
             let _ = ckpt.expert_table(&layout());
@@ -517,8 +496,8 @@ proptest! {
 /// still an error naming it.
 #[test]
 fn absent_vision_only_shards_are_skipped_and_absent_text_shards_are_errors() {
-    let scratch = Scratch::new("vision");
-    let dir = &scratch.0;
+    let scratch = Scratch::new("store-vision");
+    let dir = scratch.path();
     let mut map = write_checkpoint(dir, "language_model.");
     let vision = "model-00003-of-000003.safetensors";
     for name in [

@@ -1,8 +1,9 @@
 //! The store's I/O threads run on the CPUs its config names (an engine's domain 0).
 
 use expert_store::{Checkpoint, ExpertStore, StoreConfig};
+use k3_testkit::Scratch;
 
-use crate::checkpoint::{Scratch, layout, write_checkpoint};
+use crate::checkpoint::{layout, write_checkpoint};
 
 /// `Cpus_allowed_list` of a task's `status` file: `"0-3,8"` style.
 fn allowed(status: &str) -> Option<String> {
@@ -40,9 +41,9 @@ fn io_threads_run_on_the_cpus_the_config_names() {
         return;
     }
     let last = *cpus.last().unwrap();
-    let dir = Scratch::new("io-cpus");
-    write_checkpoint(&dir.0, "language_model.");
-    let ckpt = Checkpoint::open(&dir.0).unwrap();
+    let dir = Scratch::new("store-io-cpus");
+    write_checkpoint(dir.path(), "language_model.");
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
     let store = ExpertStore::open(
         &ckpt,
         layout(),

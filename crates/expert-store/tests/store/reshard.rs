@@ -4,8 +4,9 @@
 
 use expert_store::writer::{ReshardLayout, reshard};
 use expert_store::{Capacity, Checkpoint, ExpertStore, StoreConfig};
+use k3_testkit::Scratch;
 
-use crate::checkpoint::{EXPERTS, Scratch, layout, write_checkpoint};
+use crate::checkpoint::{EXPERTS, layout, write_checkpoint};
 
 /// Every tensor of the source is in the copy with the same dtype, shape and bytes.
 fn same_tensors(a: &Checkpoint, b: &Checkpoint) {
@@ -19,16 +20,16 @@ fn same_tensors(a: &Checkpoint, b: &Checkpoint) {
 
 #[test]
 fn experts_split_over_shards_are_read_piece_by_piece() {
-    let src = Scratch::new("reshard-src");
-    write_checkpoint(&src.0, "language_model.");
-    std::fs::write(src.0.join("config.json"), "{}").unwrap();
-    let source = Checkpoint::open(&src.0).unwrap();
+    let src = Scratch::new("store-reshard-src");
+    write_checkpoint(src.path(), "language_model.");
+    std::fs::write(src.path().join("config.json"), "{}").unwrap();
+    let source = Checkpoint::open(src.path()).unwrap();
     // One expert is 6 tensors, 2048 + 128 bytes each pair: shards of 3000 bytes hold about
     // one pair, so after a shuffle nearly every expert spans several files.
-    let dst = Scratch::new("reshard-dst");
+    let dst = Scratch::new("store-reshard-dst");
     let report = reshard(
-        &src.0,
-        &dst.0,
+        src.path(),
+        dst.path(),
         ReshardLayout {
             max_shard_bytes: 3000,
             shuffle_seed: Some(7),
@@ -37,11 +38,11 @@ fn experts_split_over_shards_are_read_piece_by_piece() {
     .unwrap();
     assert!(report.shards > 10, "{report:?}");
     assert_eq!(
-        std::fs::read(dst.0.join("config.json")).unwrap(),
+        std::fs::read(dst.path().join("config.json")).unwrap(),
         b"{}",
         "other files are copied"
     );
-    let copy = Checkpoint::open(&dst.0).unwrap();
+    let copy = Checkpoint::open(dst.path()).unwrap();
     same_tensors(&source, &copy);
 
     let table = copy.expert_table(&layout()).unwrap();
@@ -123,12 +124,12 @@ fn experts_split_over_shards_are_read_piece_by_piece() {
 
 #[test]
 fn name_order_with_large_shards_keeps_experts_whole() {
-    let src = Scratch::new("reshard-whole-src");
-    write_checkpoint(&src.0, "");
-    let dst = Scratch::new("reshard-whole-dst");
+    let src = Scratch::new("store-reshard-whole-src");
+    write_checkpoint(src.path(), "");
+    let dst = Scratch::new("store-reshard-whole-dst");
     let report = reshard(
-        &src.0,
-        &dst.0,
+        src.path(),
+        dst.path(),
         ReshardLayout {
             max_shard_bytes: usize::MAX,
             shuffle_seed: None,
@@ -136,8 +137,8 @@ fn name_order_with_large_shards_keeps_experts_whole() {
     )
     .unwrap();
     assert_eq!(report.shards, 1);
-    let copy = Checkpoint::open(&dst.0).unwrap();
-    same_tensors(&Checkpoint::open(&src.0).unwrap(), &copy);
+    let copy = Checkpoint::open(dst.path()).unwrap();
+    same_tensors(&Checkpoint::open(src.path()).unwrap(), &copy);
     let table = copy.expert_table(&layout()).unwrap();
     assert!(table.values().all(|l| l.contiguous && !l.spans_shards()));
 }

@@ -4,8 +4,7 @@
 use expert_store::checkpoint::{Checkpoint, Dtype};
 use expert_store::scan::{require_finite, scan_checkpoint};
 use expert_store::writer::{TensorOut, write_safetensors};
-
-use crate::checkpoint::Scratch;
+use k3_testkit::Scratch;
 
 fn t(name: &str, dtype: Dtype, n: usize) -> TensorOut {
     TensorOut {
@@ -17,7 +16,7 @@ fn t(name: &str, dtype: Dtype, n: usize) -> TensorOut {
 
 #[test]
 fn nan_inf_and_nan_scales_are_counted_per_tensor() {
-    let dir = Scratch::new("scan");
+    let dir = Scratch::new("store-scan");
     // Each float tensor: finite values (incl. max finite, -0, subnormal), then 2 NaNs
     // (quiet and signalling, one negative) and 3 infinities (+, -, +).
     let f32s: Vec<u32> = vec![
@@ -47,7 +46,7 @@ fn nan_inf_and_nan_scales_are_counted_per_tensor() {
         t("e.w1.weight_scale", Dtype::U8, 6),
     ];
     write_safetensors(
-        &dir.0.join("model.safetensors"),
+        &dir.path().join("model.safetensors"),
         tensors,
         |t, buf| match t.name.as_str() {
             "a.f32" => buf.extend(f32s.iter().flat_map(|v| v.to_le_bytes())),
@@ -60,7 +59,7 @@ fn nan_inf_and_nan_scales_are_counted_per_tensor() {
         },
     )
     .unwrap();
-    let ckpt = Checkpoint::open(&dir.0).unwrap();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
     let mut calls = 0;
     let report = scan_checkpoint(&ckpt, |done, total| {
         calls += 1;

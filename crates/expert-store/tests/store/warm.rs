@@ -2,8 +2,9 @@
 //! once each (adjacent tensors merged, ranges rounded out to pages), and nothing else is asked.
 
 use expert_store::Checkpoint;
+use k3_testkit::Scratch;
 
-use crate::checkpoint::{Scratch, write_checkpoint};
+use crate::checkpoint::write_checkpoint;
 
 /// Pages of `bytes` that are resident (`mincore`), and how many pages it spans.
 fn resident_pages(bytes: &[u8]) -> (usize, usize) {
@@ -21,17 +22,17 @@ fn resident_pages(bytes: &[u8]) -> (usize, usize) {
 
 #[test]
 fn warming_maps_the_selected_tensors_and_counts_their_pages_once() {
-    let dir = Scratch::new("warm");
-    write_checkpoint(&dir.0, "");
+    let dir = Scratch::new("store-warm");
+    write_checkpoint(dir.path(), "");
     // Off the page cache where the kernel lets us, so the warm has something to read.
-    for entry in std::fs::read_dir(&dir.0).unwrap() {
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
         let file = std::fs::File::open(entry.unwrap().path()).unwrap();
         file.sync_all().unwrap();
         use std::os::fd::AsRawFd;
         // SAFETY: advice on an open descriptor; no memory is involved.
         unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     }
-    let ckpt = Checkpoint::open(&dir.0).unwrap();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
     let chosen = |name: &str| name.contains("experts.3.");
     let names: Vec<String> = ckpt
         .tensor_names()

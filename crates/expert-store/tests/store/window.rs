@@ -5,8 +5,9 @@
 use std::time::{Duration, Instant};
 
 use expert_store::{Capacity, Checkpoint, ExpertStore, StoreConfig};
+use k3_testkit::Scratch;
 
-use crate::checkpoint::{EXPERTS, Scratch, layout, write_checkpoint};
+use crate::checkpoint::{EXPERTS, layout, write_checkpoint};
 
 /// Polls the store's finished loads until `at_least`, or panics after 20 s.
 fn wait_for_loads(store: &ExpertStore, at_least: u64) {
@@ -24,9 +25,9 @@ fn wait_for_loads(store: &ExpertStore, at_least: u64) {
 /// A scratch checkpoint of `EXPERTS` experts and a store over it with `io_threads` I/O
 /// threads and no cache (every use a read).
 fn store(tag: &str, io_threads: usize) -> (Scratch, Checkpoint, ExpertStore) {
-    let dir = Scratch::new(tag);
-    write_checkpoint(&dir.0, "");
-    let ckpt = Checkpoint::open(&dir.0).unwrap();
+    let dir = Scratch::new(&format!("store-{tag}"));
+    write_checkpoint(dir.path(), "");
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
     let config = StoreConfig {
         capacity: Capacity::PerLayer(0),
         io_threads,

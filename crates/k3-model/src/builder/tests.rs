@@ -1,10 +1,9 @@
 //! The builder on the `tiny` preset: plans, the packed trunk, the expert store, warming.
 
-use std::path::PathBuf;
-
 use expert_store::Checkpoint;
 use expert_store::io::MemoryBudget;
 use expert_store::usage::{DecodeRates, UsageHistory};
+use k3_testkit::Scratch;
 use mxfp4_kernels::Kernels;
 
 use super::engine::Engine;
@@ -16,31 +15,27 @@ use crate::plan::{PlanError, WeightSizes};
 use crate::synth::{Preset, SynthOptions, generate};
 
 /// A fresh `tiny` checkpoint in its own directory (removed on drop) and its config.
-struct Tiny(PathBuf, K3Config);
+struct Tiny(Scratch, K3Config);
 
 impl Tiny {
     fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("k3-builder-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        generate(&dir, &SynthOptions::new(Preset::Tiny)).unwrap();
-        let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+        let dir = Scratch::new(&format!("builder-{name}"));
+        generate(dir.path(), &SynthOptions::new(Preset::Tiny)).unwrap();
+        let text = std::fs::read_to_string(dir.path().join("config.json")).unwrap();
         Self(dir, K3Config::from_json(&text).unwrap())
     }
 
     fn build(&self, options: &EngineOptions) -> (Engine, Vec<String>) {
         let mut lines = Vec::new();
-        let engine =
-            Engine::build_within(&self.0, self.1.clone(), options, None, &mut |line: &str| {
-                lines.push(line.to_owned())
-            })
-            .unwrap();
+        let engine = Engine::build_within(
+            self.0.path(),
+            self.1.clone(),
+            options,
+            None,
+            &mut |line: &str| lines.push(line.to_owned()),
+        )
+        .unwrap();
         (engine, lines)
-    }
-}
-
-impl Drop for Tiny {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -95,7 +90,7 @@ fn a_budget_that_everything_fits_warms_the_mapping() {
     };
     let mut lines = Vec::new();
     let engine = Engine::build_within(
-        &tiny.0,
+        tiny.0.path(),
         tiny.1.clone(),
         &options(1),
         Some(budget),
@@ -139,7 +134,7 @@ fn a_limit_that_everything_fits_holds_the_trunk_packed() {
         drop(plain);
         let mut lines = Vec::new();
         let engine = Engine::build_within_limit(
-            &tiny.0,
+            tiny.0.path(),
             tiny.1.clone(),
             &options,
             limit.clone(),
@@ -223,7 +218,7 @@ fn a_budget_too_small_is_refused_with_numbers() {
     };
     let build = |bytes, lines: &mut Vec<String>| {
         Engine::build_within(
-            &tiny.0,
+            tiny.0.path(),
             tiny.1.clone(),
             &options,
             budget(bytes),
@@ -277,7 +272,7 @@ fn a_budget_too_small_is_refused_with_numbers() {
     // Half the layers' trunk resident, the rest streamed, what is left to the expert
     // cache (preloaded): the same bits.
     let sizes = {
-        let ckpt = Checkpoint::open(&tiny.0).unwrap();
+        let ckpt = Checkpoint::open(tiny.0.path()).unwrap();
         WeightSizes::new(&ckpt, &tiny.1).unwrap()
     };
     let layers: u64 = sizes
@@ -320,7 +315,7 @@ fn usage_is_saved_to_the_options_path() {
     let mut options = options(1);
     options.experts.usage_cache = true;
     options.experts.cache_experts = Some(2);
-    let path = tiny.0.join("usage-here.json");
+    let path = tiny.0.path().join("usage-here.json");
     options.experts.usage_file = Some(path.clone());
     let (engine, _) = tiny.build(&options);
     fingerprints(&engine);
@@ -342,13 +337,13 @@ fn an_earlier_runs_rates_size_the_stream() {
     let tiny = Tiny::new("rates");
     let mut options = options(1);
     let unplanned = fingerprints(&tiny.build(&options).0);
-    let path = tiny.0.join("usage-rates.json");
+    let path = tiny.0.path().join("usage-rates.json");
     options.experts.usage_cache = true;
     options.experts.usage_file = Some(path.clone());
-    let sizes = WeightSizes::new(&Checkpoint::open(&tiny.0).unwrap(), &tiny.1).unwrap();
+    let sizes = WeightSizes::new(&Checkpoint::open(tiny.0.path()).unwrap(), &tiny.1).unwrap();
     // About half the trunk resident: the trunk-first plan streams the rest.
     options.memory_bytes = Some(sizes.trunk_resident_bytes() / 2 + 2_000_000);
-    let first = Engine::build(&tiny.0, tiny.1.clone(), &options, &mut |_: &str| {}).unwrap();
+    let first = Engine::build(tiny.0.path(), tiny.1.clone(), &options, &mut |_: &str| {}).unwrap();
     assert_eq!(first.plan.hidden, None);
     let streamed = first
         .plan
@@ -364,7 +359,7 @@ fn an_earlier_runs_rates_size_the_stream() {
         compute_us: hidden,
     });
     history.save(&path).unwrap();
-    let second = Engine::build(&tiny.0, tiny.1.clone(), &options, &mut |_: &str| {}).unwrap();
+    let second = Engine::build(tiny.0.path(), tiny.1.clone(), &options, &mut |_: &str| {}).unwrap();
     assert_eq!(second.plan.hidden, Some(hidden));
     assert!(
         second.plan.memory.expert_cache > first.plan.memory.expert_cache,

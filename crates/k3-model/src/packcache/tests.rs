@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use expert_store::Checkpoint;
 use expert_store::io::IO_ALIGN;
+use k3_testkit::Scratch;
 use mxfp4_kernels::packed::{EXCEPTION_BYTES, packed_body_bytes};
 use numa_sched::Pool;
 
@@ -17,28 +18,21 @@ use crate::plan::WeightSizes;
 use crate::synth::{Preset, SynthOptions, generate};
 
 /// A fresh `tiny` checkpoint in its own directory (removed on drop).
-struct Tiny(PathBuf, K3Config);
+struct Tiny(Scratch, K3Config);
 
 impl Tiny {
     fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("k3-packcache-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let config = generate(&dir, &SynthOptions::new(Preset::Tiny))
+        let dir = Scratch::new(&format!("packcache-{name}"));
+        let config = generate(dir.path(), &SynthOptions::new(Preset::Tiny))
             .unwrap()
             .config;
         Self(dir, config)
     }
 
     fn sizes(&self) -> (Checkpoint, WeightSizes) {
-        let ckpt = Checkpoint::open(&self.0).unwrap();
+        let ckpt = Checkpoint::open(self.0.path()).unwrap();
         let sizes = WeightSizes::new(&ckpt, &self.1).unwrap();
         (ckpt, sizes)
-    }
-}
-
-impl Drop for Tiny {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -52,7 +46,7 @@ fn each_matrix_is_held_as_pack_rows_into_makes_it_and_the_file_reopens() {
     let (ckpt, sizes) = tiny.sizes();
     let want = sizes.packable();
     assert!(want.len() > 3, "the tiny trunk has BF16 matrices");
-    let path = tiny.0.join("cache").join(file_name(7));
+    let path = tiny.0.path().join("cache").join(file_name(7));
     // A writer killed mid-write left its temporary file (no process has that pid); one of a
     // live process (pid 1) is left alone.
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -111,7 +105,7 @@ fn a_stale_or_damaged_file_is_written_again() {
     let tiny = Tiny::new("stale");
     let (_ckpt, sizes) = tiny.sizes();
     let want = sizes.packable();
-    let dir = tiny.0.join("cache");
+    let dir = tiny.0.path().join("cache");
     let path = dir.join(file_name(9));
     assert_eq!(
         PackCache::open(&path, 9, &want).unwrap().unwrap_err(),
@@ -159,7 +153,7 @@ fn a_place_that_cannot_take_the_file_says_why() {
     let (_ckpt, sizes) = tiny.sizes();
     let want = sizes.packable();
     // A directory under a regular file cannot be made (even by root).
-    let blocker = tiny.0.join("a-file");
+    let blocker = tiny.0.path().join("a-file");
     std::fs::write(&blocker, b"x").unwrap();
     let errors =
         PackCache::open_or_write(&[blocker.join("cache")], 3, &want, &pool(), &[]).unwrap_err();
@@ -169,7 +163,7 @@ fn a_place_that_cannot_take_the_file_says_why() {
         "{errors:?}"
     );
     // The next place is tried.
-    let good = tiny.0.join("good");
+    let good = tiny.0.path().join("good");
     let (cache, outcome) = PackCache::open_or_write(
         &[blocker.join("cache"), good.clone()],
         3,

@@ -12,20 +12,12 @@ use k3_model::experts::ExpertOptions;
 use k3_model::inventory::{TensorClass, text_tensors};
 use k3_model::plan::{MemoryUse, RunShape};
 use k3_model::synth::{Preset, SynthOptions, generate};
-
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use k3_testkit::Scratch;
 
 fn tiny(tag: &str) -> (Scratch, K3Config) {
-    let dir = std::env::temp_dir().join(format!("k3-budget-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let report = generate(&dir, &SynthOptions::new(Preset::Tiny)).unwrap();
-    (Scratch(dir), report.config)
+    let dir = Scratch::new(&format!("budget-{tag}"));
+    let report = generate(dir.path(), &SynthOptions::new(Preset::Tiny)).unwrap();
+    (dir, report.config)
 }
 
 /// The run the cgroup test refuses: a server on the tiny checkpoint with the trunk resident,
@@ -47,7 +39,7 @@ fn big_run() -> (ExpertOptions, RunShape) {
 #[test]
 fn every_class_is_counted_from_the_checkpoint_and_the_run() {
     let (scratch, cfg) = tiny("classes");
-    let mut ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let mut ckpt = Checkpoint::open(scratch.path()).unwrap();
     let (experts, run) = big_run();
     let plan = MemoryUse::new(&ckpt, &cfg, &experts, run).unwrap();
     // The trunk is exactly what make_resident copies.
@@ -132,7 +124,7 @@ fn every_class_is_counted_from_the_checkpoint_and_the_run() {
 #[test]
 fn a_plan_over_the_budget_names_every_class_the_total_and_the_source() {
     let (scratch, cfg) = tiny("over");
-    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let ckpt = Checkpoint::open(scratch.path()).unwrap();
     let (experts, run) = big_run();
     let plan = MemoryUse::new(&ckpt, &cfg, &experts, run).unwrap();
     let budget = MemoryBudget {
@@ -211,7 +203,7 @@ fn inside_a_memory_cgroup_smaller_than_the_plan_startup_refuses_without_an_oom_k
             "--test-threads=1",
         ])
         .env(CHILD_GROUP, &group.0)
-        .env(CHILD_MODEL, &scratch.0)
+        .env(CHILD_MODEL, scratch.path())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -6,7 +6,6 @@
 //! of their BF16 twin. Each through the mapped and the streamed expert paths and a resident
 //! trunk, in the exact tiers (scalar and, where the CPU has it, avx512).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use expert_store::checkpoint::Dtype;
@@ -15,25 +14,17 @@ use k3_model::checks::{trunk_tensor_names, validate};
 use k3_model::config::K3Config;
 use k3_model::model::{Model, expert_layout, fingerprint};
 use k3_model::synth::{FloatFormat, Preset, SynthFormats, SynthOptions, generate_with};
+use k3_testkit::Scratch;
 use mxfp4_kernels::Kernels;
 
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn tiny(tag: &str, formats: &SynthFormats) -> (Scratch, K3Config) {
-    let dir = std::env::temp_dir().join(format!("k3-formats-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = Scratch::new(&format!("formats-{tag}"));
     let options = SynthOptions {
         seed: 5,
         ..SynthOptions::new(Preset::Tiny)
     };
-    let report = generate_with(&dir, &options, formats).unwrap();
-    (Scratch(dir), report.config)
+    let report = generate_with(dir.path(), &options, formats).unwrap();
+    (dir, report.config)
 }
 
 const TOKENS: [usize; 10] = [1, 500, 17, 42, 1023, 7, 300, 64, 900, 2];
@@ -138,14 +129,14 @@ fn f32_trunk_of_bf16_values_gives_the_bf16_bits() {
         "model.layers.1.self_attn.q_proj.weight",
     ] {
         assert_eq!(
-            dtype_of(&f32.0, &format!("language_model.{name}")),
+            dtype_of(f32.path(), &format!("language_model.{name}")),
             Dtype::F32,
             "{name}"
         );
     }
     for kernels in exact_tiers() {
-        let want = logits_every_path(&bf16.0, &config, kernels);
-        let got = logits_every_path(&f32.0, &config, kernels);
+        let want = logits_every_path(bf16.path(), &config, kernels);
+        let got = logits_every_path(f32.path(), &config, kernels);
         assert_eq!(
             prints(&got),
             prints(&want),
@@ -178,19 +169,19 @@ fn f16_trunk_equals_its_f32_twin_and_stays_near_bf16() {
         },
     );
     assert_eq!(
-        dtype_of(&f16.0, "language_model.lm_head.weight"),
+        dtype_of(f16.path(), "language_model.lm_head.weight"),
         Dtype::F16
     );
     for kernels in exact_tiers() {
-        let got = logits_every_path(&f16.0, &config, kernels);
-        let exact = logits_every_path(&twin.0, &config, kernels);
+        let got = logits_every_path(f16.path(), &config, kernels);
+        let exact = logits_every_path(twin.path(), &config, kernels);
         assert_eq!(
             prints(&got),
             prints(&exact),
             "{}: f16 vs its f32 twin",
             kernels.tier()
         );
-        let reference = logits_every_path(&bf16.0, &config, kernels);
+        let reference = logits_every_path(bf16.path(), &config, kernels);
         let scale = reference
             .iter()
             .flatten()
@@ -224,7 +215,7 @@ fn float_vectors_in_bf16_or_f16_equal_the_f32_ones() {
     let (f32, config) = tiny("vec-f32", &vectors(FloatFormat::F32));
     let want: Vec<_> = exact_tiers()
         .into_iter()
-        .map(|k| prints(&logits_every_path(&f32.0, &config, k)))
+        .map(|k| prints(&logits_every_path(f32.path(), &config, k)))
         .collect();
     for (format, dtype) in [
         (FloatFormat::Bf16, Dtype::BF16),
@@ -239,10 +230,10 @@ fn float_vectors_in_bf16_or_f16_equal_the_f32_ones() {
             "input_layernorm.weight",
         ] {
             let name = format!("language_model.model.layers.0.{name}");
-            assert_eq!(dtype_of(&dir.0, &name), dtype, "{name}");
+            assert_eq!(dtype_of(dir.path(), &name), dtype, "{name}");
         }
         for (kernels, want) in exact_tiers().into_iter().zip(&want) {
-            let got = prints(&logits_every_path(&dir.0, &config, kernels));
+            let got = prints(&logits_every_path(dir.path(), &config, kernels));
             assert_eq!(&got, want, "{}: {format} vectors vs f32", kernels.tier());
         }
     }
@@ -270,7 +261,7 @@ fn mxfp4_trunk_linears_give_their_bf16_twins_bits() {
                 ..mx.clone()
             },
         );
-        let ckpt = Checkpoint::open(&dir.0).unwrap();
+        let ckpt = Checkpoint::open(dir.path()).unwrap();
         let o_proj = "model.layers.1.self_attn.o_proj";
         assert!(ckpt.tensor(&format!("{o_proj}.weight")).is_none());
         assert_eq!(
@@ -285,8 +276,8 @@ fn mxfp4_trunk_linears_give_their_bf16_twins_bits() {
             "lm_head is MXFP4 only when all linears are"
         );
         for kernels in exact_tiers() {
-            let got = prints(&logits_every_path(&dir.0, &config, kernels));
-            let want = prints(&logits_every_path(&twin.0, &config, kernels));
+            let got = prints(&logits_every_path(dir.path(), &config, kernels));
+            let want = prints(&logits_every_path(twin.path(), &config, kernels));
             assert_eq!(
                 got,
                 want,
@@ -303,12 +294,12 @@ fn mxfp4_trunk_linears_give_their_bf16_twins_bits() {
 fn unsupported_formats_are_refused_by_name() {
     use expert_store::writer::{TensorOut, write_safetensors};
     let (dir, config) = tiny("refuse", &SynthFormats::default());
-    let ckpt = Checkpoint::open(&dir.0).unwrap();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
     // Rewrite the globals' shard with lm_head as I32 (its shape kept), then with lm_head F32
     // and the final norm U8.
     let t = ckpt.require("lm_head.weight").unwrap();
     let (path, shape) = (t.path.to_owned(), t.shape.to_vec());
-    let index = dir.0.join("model.safetensors.index.json");
+    let index = dir.path().join("model.safetensors.index.json");
     let weight_map: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&index).unwrap()).unwrap();
     let file_name = path.file_name().unwrap().to_str().unwrap();
@@ -355,7 +346,7 @@ fn unsupported_formats_are_refused_by_name() {
         std::fs::write(&index, json.to_string()).unwrap();
     };
     rewrite(Dtype::I32, None);
-    let err = validate(&Checkpoint::open(&dir.0).unwrap(), &config)
+    let err = validate(&Checkpoint::open(dir.path()).unwrap(), &config)
         .unwrap_err()
         .to_string();
     assert!(
@@ -363,7 +354,7 @@ fn unsupported_formats_are_refused_by_name() {
         "{err}"
     );
     rewrite(Dtype::F32, Some(Dtype::U8));
-    let err = validate(&Checkpoint::open(&dir.0).unwrap(), &config)
+    let err = validate(&Checkpoint::open(dir.path()).unwrap(), &config)
         .unwrap_err()
         .to_string();
     assert!(
@@ -386,7 +377,7 @@ fn format_census_counts_every_byte_by_class_and_format() {
             ..SynthFormats::default()
         },
     );
-    let ckpt = Checkpoint::open(&dir.0).unwrap();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
     let cells = census(&ckpt, &config);
     assert_eq!(
         cells.values().map(|c| c.bytes).sum::<u64>(),

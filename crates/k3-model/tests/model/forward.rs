@@ -2,30 +2,20 @@
 //! continues identically; the exact SIMD tier stays close to the scalar oracle; both KDA gate
 //! forms run. (Parity with llama.cpp and fla comes with the forward-pass issue's oracles.)
 
-use std::path::PathBuf;
-
 use expert_store::Checkpoint;
 use k3_model::checks::validate;
 use k3_model::config::{K3Config, KdaGate};
 use k3_model::model::{Model, fingerprint};
 use k3_model::synth::{Preset, SynthOptions, generate};
+use k3_testkit::Scratch;
 use mxfp4_kernels::Kernels;
-
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn tiny_checkpoint(tag: &str) -> (Scratch, K3Config) {
     tiny_checkpoint_skewed(tag, 0.0)
 }
 
 fn tiny_checkpoint_skewed(tag: &str, router_skew: f32) -> (Scratch, K3Config) {
-    let dir = std::env::temp_dir().join(format!("k3-forward-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = Scratch::new(&format!("forward-{tag}"));
     let options = SynthOptions {
         preset: Preset::Tiny,
         seed: 1,
@@ -34,8 +24,8 @@ fn tiny_checkpoint_skewed(tag: &str, router_skew: f32) -> (Scratch, K3Config) {
         router_skew,
         softplus_gate: false,
     };
-    let report = generate(&dir, &options).unwrap();
-    (Scratch(dir), report.config)
+    let report = generate(dir.path(), &options).unwrap();
+    (dir, report.config)
 }
 
 const TOKENS: [usize; 16] = [
@@ -67,7 +57,7 @@ fn max_abs_gap(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 #[test]
 fn tiny_forward_is_finite_deterministic_and_tier_consistent() {
     let (scratch, config) = tiny_checkpoint("main");
-    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let ckpt = Checkpoint::open(scratch.path()).unwrap();
     validate(&ckpt, &config).unwrap();
     let model = Model::new(&ckpt, &config, Kernels::detect()).unwrap();
     let logits = run(&model);
@@ -143,7 +133,7 @@ fn tiny_forward_is_finite_deterministic_and_tier_consistent() {
 #[test]
 fn both_kda_gate_forms_run() {
     let (scratch, mut config) = tiny_checkpoint("gates");
-    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let ckpt = Checkpoint::open(scratch.path()).unwrap();
     let bounded = run(&Model::new(&ckpt, &config, Kernels::detect()).unwrap());
     assert!(matches!(config.kda.gate, KdaGate::LowerBound(_)));
     config.kda.gate = KdaGate::Softplus;
@@ -162,7 +152,7 @@ fn both_kda_gate_forms_run() {
 #[test]
 fn chunked_scoring_equals_step_by_step_in_every_tier() {
     let (scratch, config) = tiny_checkpoint("chunks");
-    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let ckpt = Checkpoint::open(scratch.path()).unwrap();
     for kernels in Kernels::available() {
         let model = Model::new(&ckpt, &config, kernels).unwrap();
         let steps = fingerprints(&run(&model));
@@ -181,7 +171,7 @@ fn chunked_scoring_equals_step_by_step_in_every_tier() {
 #[test]
 fn thread_count_does_not_change_a_bit() {
     let (scratch, config) = tiny_checkpoint("threads");
-    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let ckpt = Checkpoint::open(scratch.path()).unwrap();
     for kernels in Kernels::available() {
         let single = fingerprints(&run(&Model::new(&ckpt, &config, kernels).unwrap()));
         for threads in [2, 3] {
@@ -215,7 +205,7 @@ fn thread_count_does_not_change_a_bit() {
 #[test]
 fn a_resident_trunk_gives_the_same_bits() {
     let (scratch, config) = tiny_checkpoint("resident");
-    let mut ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let mut ckpt = Checkpoint::open(scratch.path()).unwrap();
     let mapped = fingerprints(&run(&Model::new(&ckpt, &config, Kernels::detect()).unwrap()));
     let copied = ckpt
         .make_resident(|stored| !stored.contains(".experts."))
@@ -234,7 +224,7 @@ fn a_resident_trunk_gives_the_same_bits() {
 fn profiling_changes_no_bit_and_charges_every_phase_the_model_has() {
     use k3_model::profile::{Bucket, Profile};
     let (scratch, config) = tiny_checkpoint("profile");
-    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let ckpt = Checkpoint::open(scratch.path()).unwrap();
     let plain = fingerprints(&run(&Model::new(&ckpt, &config, Kernels::detect()).unwrap()));
     let profile = std::sync::Arc::new(Profile::new());
     let model = Model::new(&ckpt, &config, Kernels::detect())
@@ -257,7 +247,7 @@ fn profiling_changes_no_bit_and_charges_every_phase_the_model_has() {
 #[test]
 fn approximate_tiers_stay_near_the_exact_tier() {
     let (scratch, config) = tiny_checkpoint_skewed("approx", 8.0);
-    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let ckpt = Checkpoint::open(scratch.path()).unwrap();
     let Ok(exact) = Kernels::new(mxfp4_kernels::Tier::Avx512) else {
         eprintln!("note: no avx512 tier on this CPU; skipped");
         return;
@@ -321,11 +311,10 @@ fn runs_on_single_file_checkpoints_with_root_quantization_config() {
             .collect()
     };
     let nested = logits(&fixture);
-    let scratch = Scratch(std::env::temp_dir().join(format!("k3-rootq-{}", std::process::id())));
-    std::fs::create_dir_all(&scratch.0).unwrap();
+    let scratch = Scratch::new("rootq");
     std::fs::copy(
         fixture.join("model.safetensors"),
-        scratch.0.join("model.safetensors"),
+        scratch.path().join("model.safetensors"),
     )
     .unwrap();
     let mut config: serde_json::Value =
@@ -337,8 +326,8 @@ fn runs_on_single_file_checkpoints_with_root_quantization_config() {
         .remove("quantization_config")
         .unwrap();
     config["quantization_config"] = quantization;
-    std::fs::write(scratch.0.join("config.json"), config.to_string()).unwrap();
-    assert_eq!(logits(&scratch.0), nested);
+    std::fs::write(scratch.path().join("config.json"), config.to_string()).unwrap();
+    assert_eq!(logits(scratch.path()), nested);
 }
 
 /// A step shared by several sequences gives each the bits it gets alone, whoever shares it
@@ -346,7 +335,7 @@ fn runs_on_single_file_checkpoints_with_root_quantization_config() {
 #[test]
 fn batched_decode_matches_each_sequence_alone() {
     let (scratch, config) = tiny_checkpoint("batch");
-    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let ckpt = Checkpoint::open(scratch.path()).unwrap();
     let pool = std::sync::Arc::new(numa_sched::Pool::new(2).unwrap());
     let model = Model::new(&ckpt, &config, Kernels::detect())
         .unwrap()

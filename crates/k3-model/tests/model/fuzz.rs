@@ -17,6 +17,7 @@ use k3_model::config::K3Config;
 use k3_model::model::Model;
 use k3_model::synth::{Preset, SynthOptions, generate};
 use k3_model::tokenizer::Tokenizer;
+use k3_testkit::Scratch;
 use mxfp4_kernels::Kernels;
 use serde_json::Value;
 
@@ -25,14 +26,6 @@ const CASES_PER_KIND: usize = 32;
 /// A case that takes longer than this is a failure: loading the tiny checkpoint and decoding
 /// three tokens takes milliseconds, so seconds mean the input drove work out of proportion.
 const TIME_BOUND: Duration = Duration::from_secs(20);
-
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Loads `dir` the way the engine does and decodes a few tokens, mapped and streamed.
 /// `Err` is an orderly refusal; a panic propagates to the caller.
@@ -72,14 +65,12 @@ fn load_and_decode(dir: &Path) -> Result<(), String> {
 
 /// A copy of `original` in a fresh directory (files copied, so mutations stay local).
 fn copy_of(original: &Path, tag: &str) -> Scratch {
-    let dir = std::env::temp_dir().join(format!("k3-fuzz-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Scratch::new(&format!("fuzz-{tag}"));
     for entry in std::fs::read_dir(original).unwrap() {
         let entry = entry.unwrap();
-        std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+        std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
     }
-    Scratch(dir)
+    dir
 }
 
 fn shards(dir: &Path) -> Vec<PathBuf> {
@@ -340,11 +331,10 @@ fn mutate(dir: &Path, kind: Kind, rng: &mut fastrand::Rng) -> String {
 
 #[test]
 fn mutated_checkpoints_never_panic() {
-    let original = std::env::temp_dir().join(format!("k3-fuzz-base-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&original);
-    generate(&original, &SynthOptions::new(Preset::Tiny)).unwrap();
-    let _base = Scratch(original.clone());
-    load_and_decode(&original).expect("the unmutated checkpoint loads");
+    let base = Scratch::new("fuzz-base");
+    let original = base.path();
+    generate(original, &SynthOptions::new(Preset::Tiny)).unwrap();
+    load_and_decode(original).expect("the unmutated checkpoint loads");
 
     let kinds = [
         Kind::HeaderBytes,
@@ -363,10 +353,10 @@ fn mutated_checkpoints_never_panic() {
     for (k, &kind) in kinds.iter().enumerate() {
         for i in 0..CASES_PER_KIND {
             let case = k * CASES_PER_KIND + i;
-            let copy = copy_of(&original, &case.to_string());
-            let what = mutate(&copy.0, kind, &mut rng);
+            let copy = copy_of(original, &case.to_string());
+            let what = mutate(copy.path(), kind, &mut rng);
             let start = Instant::now();
-            let dir = copy.0.clone();
+            let dir = copy.path().to_path_buf();
             let outcome = std::panic::catch_unwind(move || load_and_decode(&dir));
             let took = start.elapsed();
             match outcome {

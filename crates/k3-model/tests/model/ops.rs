@@ -4,20 +4,13 @@
 
 use k3_model::config::KdaGate;
 use k3_model::ops::*;
+use k3_testkit::Rng;
 use mxfp4_kernels::Kernels;
 
-/// SplitMix64 in [-1, 1).
+/// `n` values uniform in [-1, 1).
 fn randoms(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
+    let mut rng = Rng::new(seed);
+    (0..n).map(|_| rng.unit()).collect()
 }
 
 fn close(a: f32, b: f64, rel: f64) -> bool {

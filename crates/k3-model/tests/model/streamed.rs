@@ -2,7 +2,6 @@
 //! policy, preload and thread count as experts read through the mapping; the store's
 //! statistics, usage file, preload choice and failure behaviour on the `tiny` preset.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use expert_store::{
@@ -11,26 +10,18 @@ use expert_store::{
 use k3_model::config::K3Config;
 use k3_model::model::{Model, expert_layout, fingerprint};
 use k3_model::synth::{Preset, SynthOptions, generate};
+use k3_testkit::Scratch;
 use mxfp4_kernels::Kernels;
 
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn tiny(tag: &str, router_skew: f32) -> (Scratch, K3Config) {
-    let dir = std::env::temp_dir().join(format!("k3-streamed-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = Scratch::new(&format!("streamed-{tag}"));
     let options = SynthOptions {
         seed: 3,
         router_skew,
         ..SynthOptions::new(Preset::Tiny)
     };
-    let report = generate(&dir, &options).unwrap();
-    (Scratch(dir), report.config)
+    let report = generate(dir.path(), &options).unwrap();
+    (dir, report.config)
 }
 
 const TOKENS: [usize; 12] = [1, 500, 17, 42, 1023, 7, 7, 300, 64, 65, 900, 2];
@@ -65,7 +56,7 @@ fn config(capacity: Capacity, policy: Policy) -> StoreConfig {
 #[test]
 fn every_cache_capacity_gives_the_mapped_bits() {
     let (scratch, cfg) = tiny("caps", 0.0);
-    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let ckpt = Checkpoint::open(scratch.path()).unwrap();
     let kernels = Kernels::detect();
     let mapped = fingerprints(&Model::new(&ckpt, &cfg, kernels).unwrap());
     let experts = cfg.moe.num_experts;
@@ -138,7 +129,7 @@ fn every_cache_capacity_gives_the_mapped_bits() {
 #[test]
 fn preload_takes_the_hottest_experts_of_an_earlier_run() {
     let (scratch, cfg) = tiny("usage", 0.0);
-    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let ckpt = Checkpoint::open(scratch.path()).unwrap();
     let store = ExpertStore::open(
         &ckpt,
         expert_layout(&cfg),
@@ -151,7 +142,7 @@ fn preload_takes_the_hottest_experts_of_an_earlier_run() {
     history.add(layer, 5, 100);
     history.add(layer, 2, 50);
     history.add(layer, 7, 1);
-    let path = scratch.0.join(expert_store::usage::USAGE_FILE);
+    let path = scratch.path().join(expert_store::usage::USAGE_FILE);
     history.save(&path).unwrap();
     let history = UsageHistory::load(&path).unwrap().unwrap();
     let store = ExpertStore::open(
@@ -187,7 +178,7 @@ fn preload_takes_the_hottest_experts_of_an_earlier_run() {
 #[test]
 fn a_bad_read_fails_that_request_and_the_store_carries_on() {
     let (scratch, cfg) = tiny("badread", 0.0);
-    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let ckpt = Checkpoint::open(scratch.path()).unwrap();
     // The expert stored last in the last file: every other expert lies before it.
     let table = ckpt.expert_table(&expert_layout(&cfg)).unwrap();
     let ((layer, expert), last) = table
@@ -249,7 +240,7 @@ fn a_bad_read_fails_that_request_and_the_store_carries_on() {
 #[test]
 fn a_cache_larger_than_memory_is_refused_with_the_numbers() {
     let (scratch, cfg) = tiny("toolarge", 0.0);
-    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let ckpt = Checkpoint::open(scratch.path()).unwrap();
     let err = ExpertStore::open(
         &ckpt,
         expert_layout(&cfg),
@@ -282,23 +273,23 @@ fn a_cache_larger_than_memory_is_refused_with_the_numbers() {
 #[test]
 fn a_resharded_checkpoint_with_experts_across_shards_gives_the_same_bits() {
     let (scratch, cfg) = tiny("reshard-src", 0.0);
-    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let ckpt = Checkpoint::open(scratch.path()).unwrap();
     let kernels = Kernels::detect();
     let original = fingerprints(&Model::new(&ckpt, &cfg, kernels).unwrap());
     let expert_bytes = k3_model::inventory::expert_bytes(&cfg);
     // Shards of about a third of an expert, tensors shuffled: experts straddle files, and
     // within a file their tensors lie apart.
-    let copy = Scratch(scratch.0.with_extension("resharded"));
+    let copy = Scratch::new("streamed-resharded");
     let report = expert_store::writer::reshard(
-        &scratch.0,
-        &copy.0,
+        scratch.path(),
+        copy.path(),
         expert_store::writer::ReshardLayout {
             max_shard_bytes: expert_bytes / 3,
             shuffle_seed: Some(11),
         },
     )
     .unwrap();
-    let resharded = Checkpoint::open(&copy.0).unwrap();
+    let resharded = Checkpoint::open(copy.path()).unwrap();
     let table = resharded.expert_table(&expert_layout(&cfg)).unwrap();
     let spanning = table.values().filter(|l| l.spans_shards()).count();
     assert!(

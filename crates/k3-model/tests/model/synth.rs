@@ -1,7 +1,7 @@
 //! The generator and the loader agree: a `tiny` checkpoint is written, opened, validated
 //! against its own config, and its experts decode; generation is deterministic and fast.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::Instant;
 
 use expert_store::Checkpoint;
@@ -9,22 +9,7 @@ use k3_model::checks::{a_log, validate, validate_expert_scales};
 use k3_model::config::{AttentionKind, FfnKind, K3Config, KdaGate};
 use k3_model::inventory::text_tensors;
 use k3_model::synth::{Preset, SynthOptions, generate};
-
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("k3-synth-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        Self(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use k3_testkit::Scratch;
 
 fn tiny(seed: u64) -> SynthOptions {
     SynthOptions {
@@ -39,9 +24,9 @@ fn tiny(seed: u64) -> SynthOptions {
 
 #[test]
 fn tiny_round_trips_through_the_loader() {
-    let scratch = Scratch::new("tiny");
+    let scratch = Scratch::new("synth-tiny");
     let start = Instant::now();
-    let report = generate(&scratch.0, &tiny(7)).unwrap();
+    let report = generate(scratch.path(), &tiny(7)).unwrap();
     let elapsed = start.elapsed();
     assert!(elapsed.as_secs_f64() < 5.0, "tiny took {elapsed:?}");
     eprintln!(
@@ -51,7 +36,7 @@ fn tiny_round_trips_through_the_loader() {
 
     // The written config parses to the config the generator used, with every K3 feature.
     let config =
-        K3Config::from_json(&std::fs::read_to_string(scratch.0.join("config.json")).unwrap())
+        K3Config::from_json(&std::fs::read_to_string(scratch.path().join("config.json")).unwrap())
             .unwrap();
     assert_eq!(config, report.config);
     assert_eq!(
@@ -65,7 +50,7 @@ fn tiny_round_trips_through_the_loader() {
     assert!(config.moe.latent.is_some() && config.moe.num_shared_experts > 0);
 
     // Tokenizer files: ranks 0..n in order, K3's specials at the top 256 ids.
-    let tiktoken = std::fs::read_to_string(scratch.0.join("tiktoken.model")).unwrap();
+    let tiktoken = std::fs::read_to_string(scratch.path().join("tiktoken.model")).unwrap();
     let ranks: Vec<usize> = tiktoken
         .lines()
         .map(|l| l.split_once(' ').unwrap().1.parse().unwrap())
@@ -77,7 +62,7 @@ fn tiny_round_trips_through_the_loader() {
     );
     assert!(ranks.len() <= config.vocab_size - 256);
     let tokenizer: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(scratch.0.join("tokenizer_config.json")).unwrap(),
+        &std::fs::read_to_string(scratch.path().join("tokenizer_config.json")).unwrap(),
     )
     .unwrap();
     let first_special = config.vocab_size - 256;
@@ -91,7 +76,7 @@ fn tiny_round_trips_through_the_loader() {
     assert_eq!(special(first_special + 2), "<|end_of_msg|>");
     assert_eq!(special(config.vocab_size - 1), "[PAD]");
     let raw: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(scratch.0.join("config.json")).unwrap())
+        serde_json::from_str(&std::fs::read_to_string(scratch.path().join("config.json")).unwrap())
             .unwrap();
     assert_eq!(
         raw["text_config"]["eos_token_id"],
@@ -103,11 +88,11 @@ fn tiny_round_trips_through_the_loader() {
     // Shard names like the release: 5-digit index, 6-digit total.
     assert!(
         scratch
-            .0
+            .path()
             .join(format!("model-00001-of-{:06}.safetensors", report.shards))
             .exists()
     );
-    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let ckpt = Checkpoint::open(scratch.path()).unwrap();
     assert_eq!(ckpt.len(), text_tensors(&config).len());
     assert_eq!(ckpt.data_bytes(), report.bytes);
     let validated = validate(&ckpt, &config).unwrap();
@@ -148,24 +133,23 @@ fn tiny_round_trips_through_the_loader() {
 #[test]
 fn generation_is_deterministic_per_seed() {
     let (a, b, c) = (
-        Scratch::new("det-a"),
-        Scratch::new("det-b"),
-        Scratch::new("det-c"),
+        Scratch::new("synth-det-a"),
+        Scratch::new("synth-det-b"),
+        Scratch::new("synth-det-c"),
     );
-    generate(&a.0, &tiny(3)).unwrap();
-    generate(&b.0, &tiny(3)).unwrap();
-    generate(&c.0, &tiny(4)).unwrap();
-    let read =
-        |dir: &PathBuf| std::fs::read(dir.join("model-00002-of-000010.safetensors")).unwrap();
-    assert_eq!(read(&a.0), read(&b.0));
-    assert_ne!(read(&a.0), read(&c.0));
+    generate(a.path(), &tiny(3)).unwrap();
+    generate(b.path(), &tiny(3)).unwrap();
+    generate(c.path(), &tiny(4)).unwrap();
+    let read = |dir: &Path| std::fs::read(dir.join("model-00002-of-000010.safetensors")).unwrap();
+    assert_eq!(read(a.path()), read(b.path()));
+    assert_ne!(read(a.path()), read(c.path()));
 }
 
 #[test]
 fn validation_names_what_is_wrong() {
-    let scratch = Scratch::new("invalid");
-    let report = generate(&scratch.0, &tiny(1)).unwrap();
-    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let scratch = Scratch::new("synth-invalid");
+    let report = generate(scratch.path(), &tiny(1)).unwrap();
+    let ckpt = Checkpoint::open(scratch.path()).unwrap();
     // The same files against a config with another width: a shape mismatch naming the tensor.
     let mut wider = report.config.clone();
     wider.hidden_size = 160;
@@ -194,14 +178,14 @@ fn validation_names_what_is_wrong() {
 
 #[test]
 fn router_skew_orders_the_selection_bias() {
-    let scratch = Scratch::new("skew");
+    let scratch = Scratch::new("synth-skew");
     let options = SynthOptions {
         router_skew: 1.0,
         softplus_gate: false,
         ..tiny(2)
     };
-    generate(&scratch.0, &options).unwrap();
-    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    generate(scratch.path(), &options).unwrap();
+    let ckpt = Checkpoint::open(scratch.path()).unwrap();
     let bias = ckpt
         .f32_values(
             "model.layers.1.block_sparse_moe.gate.e_score_correction_bias",
@@ -217,8 +201,8 @@ fn router_skew_orders_the_selection_bias() {
 fn extra_tensors_are_ignored() {
     use expert_store::checkpoint::Dtype;
     use expert_store::writer::{TensorOut, write_safetensors};
-    let scratch = Scratch::new("extras");
-    let report = generate(&scratch.0, &tiny(5)).unwrap();
+    let scratch = Scratch::new("synth-extras");
+    let report = generate(scratch.path(), &tiny(5)).unwrap();
     let vision = "model-vision.safetensors";
     let tensors = vec![
         TensorOut {
@@ -232,18 +216,18 @@ fn extra_tensors_are_ignored() {
             shape: vec![2, 4],
         },
     ];
-    let extra_bytes = write_safetensors(&scratch.0.join(vision), tensors, |t, buf| {
+    let extra_bytes = write_safetensors(&scratch.path().join(vision), tensors, |t, buf| {
         buf.resize(t.bytes(), 0)
     })
     .unwrap();
-    let index_path = scratch.0.join("model.safetensors.index.json");
+    let index_path = scratch.path().join("model.safetensors.index.json");
     let mut index: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&index_path).unwrap()).unwrap();
     index["weight_map"]["vision_tower.patch_embed.weight"] = vision.into();
     index["weight_map"]["mm_projector.proj.weight"] = vision.into();
     index["metadata"]["total_size"] = (report.bytes + extra_bytes).into();
     std::fs::write(&index_path, index.to_string()).unwrap();
-    let ckpt = Checkpoint::open(&scratch.0).unwrap();
+    let ckpt = Checkpoint::open(scratch.path()).unwrap();
     assert_eq!(ckpt.len(), report.tensors + 2);
     validate(&ckpt, &report.config).unwrap();
 }

@@ -11,27 +11,13 @@ use k3_model::config::K3Config;
 use k3_model::model::snapshot::file::Identity;
 use k3_model::model::{Model, Snapshot, fingerprint};
 use k3_model::synth::{Preset, SynthOptions, generate};
+use k3_testkit::Scratch;
 use mxfp4_kernels::Kernels;
 
 use super::{Namespace, PromptCache, SpillOptions};
 
 /// The namespace of every test but the isolation one.
 const NS: Namespace = Namespace([0; 16]);
-
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn scratch(tag: &str) -> Scratch {
-    let dir = std::env::temp_dir().join(format!("k3-prompt-cache-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    Scratch(dir)
-}
 
 /// A tiny checkpoint and the snapshots of one session after 1..=`max` tokens (the cache
 /// only checks that a snapshot's position is its token count, so conversations reuse them).
@@ -46,11 +32,11 @@ struct Fixture {
 const STREAM: [usize; 12] = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26];
 
 fn fixture(tag: &str) -> Fixture {
-    let dir = scratch(tag);
-    let config = generate(&dir.0, &SynthOptions::new(Preset::Tiny))
+    let dir = Scratch::new(&format!("prompt-cache-{tag}"));
+    let config = generate(dir.path(), &SynthOptions::new(Preset::Tiny))
         .unwrap()
         .config;
-    let ckpt = Checkpoint::open(&dir.0).unwrap();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
     let by_len = {
         let model = Model::new(&ckpt, &config, Kernels::detect()).unwrap();
         let mut session = model.session();
@@ -234,9 +220,9 @@ fn a_zero_budget_holds_nothing() {
 #[test]
 fn spilled_snapshots_survive_a_restart_and_bad_files_are_ignored() {
     let f = fixture("spill");
-    let dir = scratch("spill-dir");
+    let dir = Scratch::new("prompt-cache-spill-dir");
     let spill = SpillOptions {
-        dir: dir.0.join("cache"),
+        dir: dir.path().join("cache"),
         budget_bytes: 1 << 30,
         identity: f.identity(),
     };
@@ -304,13 +290,13 @@ fn spilled_snapshots_survive_a_restart_and_bad_files_are_ignored() {
 #[test]
 fn spill_files_stay_within_their_budget() {
     let f = fixture("disk-budget");
-    let dir = scratch("disk-budget-dir");
+    let dir = Scratch::new("prompt-cache-disk-budget-dir");
     // Room on disk for about two 3-token files.
     let probe = {
         let mut cache = PromptCache::new(
             0,
             Some(SpillOptions {
-                dir: dir.0.join("probe"),
+                dir: dir.path().join("probe"),
                 budget_bytes: 1 << 30,
                 identity: f.identity(),
             }),
@@ -319,7 +305,7 @@ fn spill_files_stay_within_their_budget() {
         cache.stats().disk_bytes
     };
     let spill = SpillOptions {
-        dir: dir.0.join("cache"),
+        dir: dir.path().join("cache"),
         budget_bytes: 2 * probe + probe / 2,
         identity: f.identity(),
     };
@@ -338,9 +324,9 @@ fn spill_files_stay_within_their_budget() {
 #[test]
 fn a_snapshot_larger_than_the_disk_budget_is_kept_in_ram_only() {
     let f = fixture("disk-too-small");
-    let dir = scratch("disk-too-small-dir");
+    let dir = Scratch::new("prompt-cache-disk-too-small-dir");
     let spill = SpillOptions {
-        dir: dir.0.join("cache"),
+        dir: dir.path().join("cache"),
         // Less than one snapshot's file.
         budget_bytes: f.bytes(3) as u64 / 2,
         identity: f.identity(),
@@ -378,9 +364,9 @@ fn a_snapshot_larger_than_the_disk_budget_is_kept_in_ram_only() {
 #[test]
 fn namespaces_never_share_entries() {
     let f = fixture("namespaces");
-    let dir = scratch("namespaces-dir");
+    let dir = Scratch::new("prompt-cache-namespaces-dir");
     let spill = SpillOptions {
-        dir: dir.0.join("cache"),
+        dir: dir.path().join("cache"),
         budget_bytes: 1 << 30,
         identity: f.identity(),
     };

@@ -244,23 +244,6 @@ pub(crate) async fn metric(state: &AppState, name: &str) -> u64 {
         .unwrap()
 }
 
-/// A scratch directory, removed on drop.
-pub(crate) struct TempDir(pub(crate) PathBuf);
-
-impl TempDir {
-    pub(crate) fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("k3-cache-e2e-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Every log record of level warn or above the engines of this binary emitted, as
 /// `LEVEL message` lines (tests run in parallel: each looks for lines naming its own files).
 static LOGGED: Mutex<Vec<String>> = Mutex::new(Vec::new());

@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 
 use k3_serve::engine::PromptCacheOptions;
 use k3_serve::server::AppState;
+use k3_testkit::Scratch;
 use serde_json::Value;
 
 use super::{
-    PLAIN, TempDir, cached_tokens, chat, cold, logged, outcome, server_on, synthetic, turn_one,
-    turn_two,
+    PLAIN, cached_tokens, chat, cold, logged, outcome, server_on, synthetic, turn_one, turn_two,
 };
 
 /// A server over `model_dir` spilling to `dir`.
@@ -47,38 +47,38 @@ async fn cold_turns() -> (Value, Value, Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spilled_snapshots_survive_a_restart() {
-    let dir = TempDir::new("restart");
+    let dir = Scratch::new("cache-e2e-restart");
     let (first, second, expected) = cold_turns().await;
     {
-        let before = spilling(super::tiny(), &dir.0);
+        let before = spilling(super::tiny(), dir.path());
         assert_eq!(outcome(&chat(&before, &turn_one()).await), outcome(&first));
     }
     assert!(
-        !files(&dir.0).is_empty(),
+        !files(dir.path()).is_empty(),
         "turn one's snapshots were spilled"
     );
     // A restart over the same directory: turn two resumes from the files.
-    let after = spilling(super::tiny(), &dir.0);
+    let after = spilling(super::tiny(), dir.path());
     let replayed = chat(&after, &second).await;
     assert!(cached_tokens(&replayed) > 0, "{replayed}");
     assert_eq!(outcome(&replayed), outcome(&expected));
     assert!(
-        logged(&dir.0.display().to_string()).is_empty(),
+        logged(&dir.path().display().to_string()).is_empty(),
         "nothing to warn about"
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flipped_byte_in_a_snapshot_file_is_ignored_with_a_warning() {
-    let dir = TempDir::new("flipped");
+    let dir = Scratch::new("cache-e2e-flipped");
     let (_, second, expected) = cold_turns().await;
     {
-        let before = spilling(super::tiny(), &dir.0);
+        let before = spilling(super::tiny(), dir.path());
         chat(&before, &turn_one()).await;
     }
     // The last payload byte of every file: each header still reads, so the files are
     // listed at the restart and found on a lookup, where the payload's checksum fails.
-    let spilled = files(&dir.0);
+    let spilled = files(dir.path());
     assert!(!spilled.is_empty());
     for path in &spilled {
         let mut bytes = std::fs::read(path).unwrap();
@@ -86,11 +86,11 @@ async fn a_flipped_byte_in_a_snapshot_file_is_ignored_with_a_warning() {
         bytes[last] ^= 0x10;
         std::fs::write(path, bytes).unwrap();
     }
-    let corrupt = spilling(super::tiny(), &dir.0);
+    let corrupt = spilling(super::tiny(), dir.path());
     let replayed = chat(&corrupt, &second).await;
     assert_eq!(cached_tokens(&replayed), 0, "no corrupt file is trusted");
     assert_eq!(outcome(&replayed), outcome(&expected));
-    let warnings = logged(&dir.0.display().to_string());
+    let warnings = logged(&dir.path().display().to_string());
     assert!(
         !warnings.is_empty(),
         "the corrupt files were ignored without a warning"
@@ -118,10 +118,10 @@ async fn a_flipped_byte_in_a_snapshot_file_is_ignored_with_a_warning() {
 /// over `tiny` (with a warning naming each when it reads the directory): turn two prefills
 /// cold and answers as cold.
 async fn files_of_another_checkpoint_are_ignored(other: &Path, tag: &str) {
-    let dir = TempDir::new(tag);
+    let dir = Scratch::new(&format!("cache-e2e-{tag}"));
     let (first, second, expected) = cold_turns().await;
     {
-        let foreign = spilling(other.to_path_buf(), &dir.0);
+        let foreign = spilling(other.to_path_buf(), dir.path());
         let answer = chat(&foreign, &turn_one()).await;
         assert_ne!(
             outcome(&answer),
@@ -130,15 +130,15 @@ async fn files_of_another_checkpoint_are_ignored(other: &Path, tag: &str) {
         );
         chat(&foreign, &second).await;
     }
-    let written = files(&dir.0);
+    let written = files(dir.path());
     assert!(written.len() >= 3, "{written:?}");
     // Turn two's prefixes on file: the system block and turn one's prompt, the other
     // checkpoint's.
-    let ours = spilling(super::tiny(), &dir.0);
+    let ours = spilling(super::tiny(), dir.path());
     let replayed = chat(&ours, &second).await;
     assert_eq!(cached_tokens(&replayed), 0, "a foreign file was trusted");
     assert_eq!(outcome(&replayed), outcome(&expected));
-    let warnings = logged(&dir.0.display().to_string());
+    let warnings = logged(&dir.path().display().to_string());
     for path in &written {
         assert!(
             warnings.iter().any(|l| l.contains(&*path.to_string_lossy())
@@ -163,14 +163,13 @@ async fn snapshot_files_of_another_seed_are_ignored() {
 async fn snapshot_files_of_a_checkpoint_differing_only_in_a_matrix_are_ignored() {
     // `tiny` with one projection of layer 0 negated (every BF16 sign bit flipped), as a merged
     // adapter or a fine-tune that leaves the norms and other vectors alone would change it.
-    let tuned = TempDir::new("tuned-model");
-    std::fs::create_dir_all(&tuned.0).unwrap();
+    let tuned = Scratch::new("cache-e2e-tuned-model");
     for entry in std::fs::read_dir(super::tiny()).unwrap() {
         let path = entry.unwrap().path();
-        std::fs::copy(&path, tuned.0.join(path.file_name().unwrap())).unwrap();
+        std::fs::copy(&path, tuned.path().join(path.file_name().unwrap())).unwrap();
     }
     let (path, range) = {
-        let ckpt = expert_store::Checkpoint::open(&tuned.0).unwrap();
+        let ckpt = expert_store::Checkpoint::open(tuned.path()).unwrap();
         let t = ckpt
             .tensor("model.layers.0.self_attn.v_proj.weight")
             .expect("tiny has this projection");
@@ -182,5 +181,5 @@ async fn snapshot_files_of_a_checkpoint_differing_only_in_a_matrix_are_ignored()
         *high ^= 0x80;
     }
     std::fs::write(&path, bytes).unwrap();
-    files_of_another_checkpoint_are_ignored(&tuned.0, "foreign-tuned").await;
+    files_of_another_checkpoint_are_ignored(tuned.path(), "foreign-tuned").await;
 }

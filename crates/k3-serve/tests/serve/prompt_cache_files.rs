@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use k3_testkit::Scratch;
 use serde_json::json;
 
 use crate::e2e::{
@@ -20,25 +21,6 @@ use crate::e2e::{
 const HEALTHY_WITHIN: Duration = Duration::from_secs(30);
 /// How long a server may take to exit after SIGTERM (the bound).
 const EXIT_WITHIN: Duration = Duration::from_secs(5);
-
-/// A directory of the test's own, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("k3-serve-files-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn mkfifo(path: &Path) {
     let c = CString::new(path.as_os_str().as_bytes()).unwrap();
@@ -108,8 +90,8 @@ fn terminate(server: &mut Server, log: &Path) -> ExitStatus {
 /// exits cleanly within 5 s of SIGTERM.
 #[test]
 fn special_files_in_the_prompt_cache_dir_are_skipped_and_sigterm_still_ends_the_server() {
-    let scratch = Scratch::new("special");
-    let dir = scratch.0.join("cache");
+    let scratch = Scratch::new("serve-files-special");
+    let dir = scratch.path().join("cache");
     std::fs::create_dir(&dir).unwrap();
     let name = |first: char| dir.join(format!("{first}123456789abcdef-10.k3state"));
     let fifo = name('0');
@@ -121,8 +103,8 @@ fn special_files_in_the_prompt_cache_dir_are_skipped_and_sigterm_still_ends_the_
     let socket = name('3');
     let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
     let dangling = name('4');
-    std::os::unix::fs::symlink(scratch.0.join("missing"), &dangling).unwrap();
-    let log = scratch.0.join("stderr.log");
+    std::os::unix::fs::symlink(scratch.path().join("missing"), &dangling).unwrap();
+    let log = scratch.path().join("stderr.log");
     let flags = [
         OsStr::new("--prompt-cache-gb"),
         OsStr::new("1"),
@@ -164,10 +146,10 @@ fn special_files_in_the_prompt_cache_dir_are_skipped_and_sigterm_still_ends_the_
 /// loads, creating nothing; one whose parent exists is created.
 #[test]
 fn a_prompt_cache_dir_that_cannot_be_one_is_refused_before_the_model_loads() {
-    let scratch = Scratch::new("dir");
-    let file = scratch.0.join("a-file");
+    let scratch = Scratch::new("serve-files-dir");
+    let file = scratch.path().join("a-file");
     std::fs::write(&file, b"not a directory").unwrap();
-    let missing = scratch.0.join("missing");
+    let missing = scratch.path().join("missing");
     let port = free_port().to_string();
     let tiny = crate::tiny();
     for (dir, why) in [
@@ -196,8 +178,8 @@ fn a_prompt_cache_dir_that_cannot_be_one_is_refused_before_the_model_loads() {
     assert!(!missing.exists(), "{} was created", missing.display());
     assert!(std::fs::metadata(&file).unwrap().is_file());
     // A new directory under an existing one is made.
-    let fresh = scratch.0.join("fresh");
-    let log = scratch.0.join("stderr.log");
+    let fresh = scratch.path().join("fresh");
+    let log = scratch.path().join("stderr.log");
     let flags = [
         OsStr::new("--prompt-cache-gb"),
         OsStr::new("1"),
@@ -242,9 +224,9 @@ fn sigterm_while_the_model_loads_ends_the_process_at_once() {
         println!("skipped under mpirun: the check is of one process's shutdown");
         return;
     }
-    let scratch = Scratch::new("loading");
-    let model = model_that_never_loads(&scratch.0);
-    let log = scratch.0.join("stderr.log");
+    let scratch = Scratch::new("serve-files-loading");
+    let model = model_that_never_loads(scratch.path());
+    let log = scratch.path().join("stderr.log");
     let mut server = spawn(&model, &[], &log);
     let start = Instant::now();
     let health = loop {

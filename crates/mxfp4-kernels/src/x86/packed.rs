@@ -278,6 +278,8 @@ unsafe fn decode_words_vbmi(at: *const u8, base: u8, t: VbmiTables) -> __m512i {
 
 #[cfg(test)]
 mod tests {
+    use k3_testkit::Rng;
+
     use super::*;
     use crate::packed::PackedBf16;
     use crate::view::Bf16Matrix;
@@ -289,14 +291,6 @@ mod tests {
             && is_x86_feature_detected!("avx512vl")
     }
 
-    /// A generator for the tests' bytes.
-    fn next(s: &mut u64) -> u64 {
-        *s = s
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        *s >> 16
-    }
-
     /// `vpermb`'s decode gives the `avx2` decode's 32 words for every base byte and random
     /// sign/mantissa and code bytes (every code, the high exponents that reach 255 included).
     #[test]
@@ -305,12 +299,12 @@ mod tests {
             eprintln!("note: no avx512vbmi here; its decode is not tested");
             return;
         }
-        let mut s = 7u64;
+        let mut rng = Rng::new(7);
         let mut block = [0u8; PACKED_BLOCK_BYTES];
         for base in 1..=255u8 {
             for _ in 0..64 {
                 for b in &mut block[..BASE_AT] {
-                    *b = next(&mut s) as u8;
+                    *b = rng.next_u64() as u8;
                 }
                 block[BASE_AT] = base;
                 // SAFETY: avx512f/bw/vl and vbmi were detected (which imply avx2, fma and
@@ -367,11 +361,11 @@ mod tests {
             return;
         }
         let k = Kernels::new(Tier::Avx512).unwrap();
-        let mut s = 11u64;
+        let mut rng = Rng::new(11);
         for (rows, cols) in [(13, 512), (9, 1536), (6, 320), (5, 7168)] {
             let bf16: Vec<u8> = (0..rows * cols)
                 .flat_map(|i| {
-                    let r = next(&mut s) as u16;
+                    let r = rng.next_u64() as u16;
                     let e = match ((i / 32) % 7, r % 53) {
                         (6, _) => 90 + (r >> 10) % 40,
                         (5, _) if (i / cols) % 3 == 0 => 240 + (r >> 10) % 15,
@@ -386,7 +380,7 @@ mod tests {
             let (m, b) = (packed.view(), Bf16Matrix::new(&bf16, rows, cols).unwrap());
             for tokens in 1..=6 {
                 let x: Vec<f32> = (0..tokens * cols)
-                    .map(|_| (next(&mut s) % 2001) as f32 / 1000.0 - 1.0)
+                    .map(|_| rng.below(2001) as f32 / 1000.0 - 1.0)
                     .collect();
                 let act = k.prepare(&x, cols).unwrap();
                 for range in [0..rows, 1..rows, rows - 1..rows] {

@@ -107,6 +107,8 @@ pub(crate) fn hsum16(v: &[__m512; 16]) -> __m512 {
 
 #[cfg(test)]
 mod tests {
+    use k3_testkit::Rng;
+
     use super::*;
 
     /// `hsum16` gives every vector `hsum`'s bits, on values of mixed signs and magnitudes
@@ -117,16 +119,9 @@ mod tests {
             eprintln!("skipped: no avx512f on this CPU");
             return;
         }
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let mantissa = ((state >> 40) as f32) / (1u64 << 24) as f32 - 0.5;
-            mantissa * 2f32.powi(((state >> 20) % 40) as i32 - 20)
-        };
+        let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
         for _ in 0..200 {
-            let values: Vec<f32> = (0..256).map(|_| next()).collect();
+            let values: Vec<f32> = (0..256).map(|_| rng.mixed(-20..=19)).collect();
             // SAFETY: avx512f was detected above; every load reads 16 of the 256 values.
             unsafe {
                 let v: [__m512; 16] =

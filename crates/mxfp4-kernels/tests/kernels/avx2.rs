@@ -3,6 +3,7 @@
 //! CPU runs both (the determinism contract: an AVX2 host and an AVX-512 host give the same
 //! logits).
 
+use k3_testkit::Rng;
 use mxfp4_kernels::codes::{f32_to_bf16, f32_to_f16};
 use mxfp4_kernels::{Bf16Matrix, F16Matrix, F32Matrix, Kernels, MxFp4Matrix, Tier, WeightMatrix};
 
@@ -71,11 +72,8 @@ fn bits(v: &[f32]) -> Vec<u32> {
 fn ragged_shapes(rng: &mut Rng) -> Vec<(usize, usize, usize)> {
     let mut shapes = Vec::new();
     for tokens in 1..=16 {
-        for cols in [
-            32 * (1 + rng.below(9) as usize),
-            1 + rng.below(290) as usize,
-        ] {
-            shapes.push((1 + rng.below(19) as usize, cols, tokens));
+        for cols in [32 * (1 + rng.below(9)), 1 + rng.below(290)] {
+            shapes.push((1 + rng.below(19), cols, tokens));
         }
     }
     shapes
@@ -135,7 +133,7 @@ fn avx2_equals_avx512_bitwise_where_both_exist() {
         let x = random_vec(&mut rng, tokens * cols);
         for m in formats.matrices() {
             let label = format!("{:?} [{rows}x{cols}], {tokens} tokens", m.format());
-            let start = rng.below(rows as u64) as usize;
+            let start = rng.below(rows);
             assert_eq!(
                 bits(&matmul(&avx2, &m, &x, start..rows)),
                 bits(&matmul(&avx512, &m, &x, start..rows)),

@@ -1,34 +1,8 @@
 //! Shared test data: random MXFP4/BF16 matrices and the error bounds tiers are held to.
 
+use k3_testkit::Rng;
 use mxfp4_kernels::codes::{E8M0_TO_F32, f32_to_bf16};
 use mxfp4_kernels::{Kernels, Tier};
-
-/// A small deterministic generator (SplitMix64), so failures reproduce without a seed file.
-#[derive(Debug, Clone)]
-pub(crate) struct Rng(u64);
-
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-    /// Uniform in [-1, 1).
-    pub(crate) fn unit(&mut self) -> f32 {
-        (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    pub(crate) fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next_u64() as u8).collect()
-    }
-}
 
 /// An owned MXFP4 matrix for tests.
 #[derive(Debug, Clone)]
@@ -49,7 +23,7 @@ impl OwnedMx {
         scale_hi: u8,
     ) -> Self {
         let packed = rng.bytes(rows * cols / 2);
-        let span = u64::from(scale_hi - scale_lo) + 1;
+        let span = usize::from(scale_hi - scale_lo) + 1;
         let scales = (0..rows * cols / 32)
             .map(|_| scale_lo + rng.below(span) as u8)
             .collect();

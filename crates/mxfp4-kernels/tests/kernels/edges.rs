@@ -1,6 +1,7 @@
 //! Edge cases and bad input: E8M0 bytes 0x00/0x01/0x7F/0xFE/0xFF, -0 codes, row tails, every
 //! code under every scale, the ggml layout round trip, and errors (never panics) for bad shapes.
 
+use k3_testkit::Rng;
 use mxfp4_kernels::codes::{E2M1_VALUES, E8M0_TO_F32, e8m0_to_f32};
 use mxfp4_kernels::ggml::{BlockMxfp4, from_ggml, to_ggml};
 use mxfp4_kernels::{Bf16Matrix, Error, Kernels, MAX_TOKENS, MxFp4Matrix, Tier};

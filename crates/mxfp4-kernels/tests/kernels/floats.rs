@@ -4,6 +4,7 @@
 //! BF16 kernel's bits, an F16 matrix the bits of the F32 matrix of its widened values, and an
 //! MXFP4 matrix the bits of the BF16 matrix of its dequantised values.
 
+use k3_testkit::Rng;
 use mxfp4_kernels::codes::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 use mxfp4_kernels::{
     Bf16Matrix, Error, F16Matrix, F32Matrix, Kernels, MAX_TOKENS, Tier, WeightFormat, WeightMatrix,

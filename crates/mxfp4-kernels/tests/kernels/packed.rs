@@ -2,6 +2,7 @@
 //! values packed, for every token count and row range, exception blocks included; dequant
 //! gives the BF16 values widened.
 
+use k3_testkit::Rng;
 use mxfp4_kernels::codes::bf16_to_f32;
 use mxfp4_kernels::{Bf16Matrix, MAX_TOKENS, PackedBf16, WeightMatrix};
 use proptest::prelude::{ProptestConfig, any, proptest};

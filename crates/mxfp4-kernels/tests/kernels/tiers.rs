@@ -2,6 +2,7 @@
 //! bound of `common::dot_bound`, exact tiers bit-identical on exactly-summable data, batch and
 //! row-split invariance bit for bit, SiTU and the expert FFN.
 
+use k3_testkit::Rng;
 use mxfp4_kernels::{Bf16Matrix, ExpertScratch, Kernels, MAX_TOKENS, Situ, Tier};
 use proptest::prelude::{ProptestConfig, any, prop_assert_eq, proptest};
 

@@ -197,6 +197,8 @@ pub(crate) fn decode_rows_bf16(m: &PackedBf16Matrix<'_>, rows: Range<usize>, out
 
 #[cfg(test)]
 mod tests {
+    use k3_testkit::Rng;
+
     use crate::packed::PackedBf16;
 
     /// The in-register row decode gives the portable decode's bytes, exception blocks (every
@@ -211,13 +213,10 @@ mod tests {
             return;
         }
         let (rows, cols) = (11, 320);
-        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15);
         let bf16: Vec<u8> = (0..rows * cols)
             .flat_map(|i| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                let r = (s >> 24) as u16;
+                let r = rng.next_u64() as u16;
                 let e = match ((i / 32) % 5, r % 53) {
                     (4, _) => 90 + (r >> 10) % 40,
                     (_, 0) => 0,

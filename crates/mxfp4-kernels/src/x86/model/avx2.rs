@@ -5,6 +5,8 @@
 //! NaN results compare as equal whatever their payload: the model's `mul_add` may be a
 //! software FMA off-target, which need not produce the hardware's default NaN.
 
+use k3_testkit::Rng;
+
 use crate::activations::Activations;
 use crate::kernels::Kernels;
 use crate::tier::Tier;
@@ -13,25 +15,9 @@ use crate::view::{Bf16Matrix, F16Matrix, F32Matrix, MxFp4Matrix};
 use super::intrinsics::Lanes;
 use super::kernel::{Format, Model, hsum, hsum_insns, model_matmul};
 
-/// A deterministic generator (SplitMix64).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    /// Mixed signs and magnitudes (2^-20..2^20), so the order of additions shows in the bits.
-    fn value(&mut self) -> f32 {
-        let mantissa = (self.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-        mantissa * 2f32.powi(self.below(41) as i32 - 20)
-    }
+/// Mixed signs and magnitudes (2^-20..2^20), so the order of additions shows in the bits.
+fn value(rng: &mut Rng) -> f32 {
+    rng.mixed(-20..=20)
 }
 
 /// The avx2 kernels, or `None` with a note where this CPU lacks avx2, fma or f16c.
@@ -65,9 +51,9 @@ fn avx2_hsum_is_the_avx512_tree() {
         return;
     }
     use core::arch::x86_64::_mm256_loadu_ps;
-    let mut rng = Rng(0xa7c2_0003);
+    let mut rng = Rng::new(0xa7c2_0003);
     for _ in 0..2000 {
-        let lanes: [f32; 16] = core::array::from_fn(|_| rng.value());
+        let lanes: [f32; 16] = core::array::from_fn(|_| value(&mut rng));
         // SAFETY: avx2 was detected (`avx2()` above); each load reads 8 of the 16 values.
         let got = unsafe {
             crate::x86::avx2::acc::hsum([
@@ -99,10 +85,10 @@ fn shapes(rng: &mut Rng, col_step: usize, max_cols: usize) -> Vec<(usize, usize,
 #[test]
 fn avx2_float_formats_equal_modelled_avx512_bitwise() {
     let Some(k) = avx2() else { return };
-    let mut rng = Rng(0xa7c2_0001);
+    let mut rng = Rng::new(0xa7c2_0001);
     for (rows, cols, tokens) in shapes(&mut rng, 1, 300) {
-        let values: Vec<f32> = (0..rows * cols).map(|_| rng.value()).collect();
-        let x: Vec<f32> = (0..tokens * cols).map(|_| rng.value()).collect();
+        let values: Vec<f32> = (0..rows * cols).map(|_| value(&mut rng)).collect();
+        let x: Vec<f32> = (0..tokens * cols).map(|_| value(&mut rng)).collect();
         let bf16: Vec<u8> = values
             .iter()
             .flat_map(|&v| crate::codes::f32_to_bf16(v).to_le_bytes())
@@ -175,9 +161,9 @@ fn mxfp4_lane_model(w: &[f32], x: &[f32]) -> f32 {
 fn avx2_mxfp4_equals_modelled_avx512_bitwise() {
     let Some(k) = avx2() else { return };
     let scalar = Kernels::scalar();
-    let mut rng = Rng(0xa7c2_0002);
+    let mut rng = Rng::new(0xa7c2_0002);
     for (case, (rows, cols, tokens)) in shapes(&mut rng, 32, 320).into_iter().enumerate() {
-        let packed: Vec<u8> = (0..rows * cols / 2).map(|_| rng.next() as u8).collect();
+        let packed: Vec<u8> = (0..rows * cols / 2).map(|_| rng.next_u64() as u8).collect();
         // Most cases keep the scales moderate, so sums are finite and rounding shows; some
         // draw every legal byte, with infinities and NaNs in the sums.
         let (lo, span) = if case % 4 == 0 { (0, 255) } else { (112, 30) };
@@ -185,7 +171,7 @@ fn avx2_mxfp4_equals_modelled_avx512_bitwise() {
             .map(|_| (lo + rng.below(span)) as u8)
             .collect();
         let m = MxFp4Matrix::new(&packed, &scales, rows, cols).unwrap();
-        let x: Vec<f32> = (0..tokens * cols).map(|_| rng.value()).collect();
+        let x: Vec<f32> = (0..tokens * cols).map(|_| value(&mut rng)).collect();
         let mut dense = vec![0.0f32; rows * cols];
         scalar.dequant_mxfp4(&m, 0..rows, &mut dense).unwrap();
         let mut decoded = vec![f32::NAN; rows * cols];

@@ -2,6 +2,8 @@
 
 use std::ops::Range;
 
+use k3_testkit::Rng;
+
 use crate::activations::Activations;
 use crate::codes::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
 use crate::tier::Tier;
@@ -13,22 +15,9 @@ use crate::x86::lanes::{
 use super::intrinsics::*;
 use super::kernel::*;
 
-/// A deterministic generator (64-bit LCG, high bits).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 32) as u32
-    }
-    /// A value of mixed sign and magnitude (about 2^-37..2^11: F16 normals, subnormals and zeros).
-    fn value(&mut self) -> f32 {
-        let mantissa = (self.next() >> 8) as f32 / (1u32 << 24) as f32 - 0.5;
-        mantissa * 2f32.powi((self.next() % 25) as i32 - 12)
-    }
+/// A value of mixed sign and magnitude (about 2^-37..2^11: F16 normals, subnormals and zeros).
+fn value(rng: &mut Rng) -> f32 {
+    rng.mixed(-12..=12)
 }
 
 /// One matrix's values in the three formats: BF16 values, the same widened to F32, their F16
@@ -48,7 +37,7 @@ struct Twins {
 impl Twins {
     fn new(rng: &mut Rng, len: usize) -> Self {
         let values: Vec<f32> = (0..len)
-            .map(|_| bf16_to_f32(f32_to_bf16(rng.value())))
+            .map(|_| bf16_to_f32(f32_to_bf16(value(rng))))
             .collect();
         let half_bits: Vec<u16> = values.iter().map(|&v| f32_to_f16(v)).collect();
         let halves: Vec<f32> = half_bits.iter().map(|&h| f16_to_f32(h)).collect();
@@ -131,11 +120,11 @@ fn cvtph_model_matches_codes() {
 /// BF16 kernel's bits, F16 its widened twin's bits.
 #[test]
 fn loaders_pick_each_columns_weight_and_activation() {
-    let mut rng = Rng(0x5eed_0001);
+    let mut rng = Rng::new(0x5eed_0001);
     for cols in 1..=200usize {
         let rows = 3 + cols % 5;
         let twins = Twins::new(&mut rng, rows * cols);
-        let x: Vec<f32> = (0..cols).map(|_| rng.value()).collect();
+        let x: Vec<f32> = (0..cols).map(|_| value(&mut rng)).collect();
         let exact = Activations::portable(Tier::Avx512, &x, cols);
         let bf16_act = Activations::portable(Tier::Avx512Bf16, &x, cols);
         let x_bf16: Vec<f32> = x.iter().map(|&v| bf16_to_f32(f32_to_bf16(v))).collect();
@@ -251,7 +240,7 @@ fn loaders_agree_on_special_values() {
 /// its GEMV's bits; and each result is within `dot_bound`'s error of the exact dot product.
 #[test]
 fn modelled_kernels_match_bf16_and_the_oracle() {
-    let mut rng = Rng(0x5eed_0002);
+    let mut rng = Rng::new(0x5eed_0002);
     let shapes: &[(usize, usize, usize)] = &[
         // (rows, cols, tokens)
         (19, 256, 1),
@@ -269,7 +258,7 @@ fn modelled_kernels_match_bf16_and_the_oracle() {
     ];
     for &(rows, cols, tokens) in shapes {
         let twins = Twins::new(&mut rng, rows * cols);
-        let x: Vec<f32> = (0..tokens * cols).map(|_| rng.value()).collect();
+        let x: Vec<f32> = (0..tokens * cols).map(|_| value(&mut rng)).collect();
         for bf16_act in [false, true] {
             let tier = if bf16_act {
                 Tier::Avx512Bf16
@@ -357,10 +346,10 @@ fn modelled_kernels_match_bf16_and_the_oracle() {
 /// `l` bit for bit, on values whose sums depend on the order of additions.
 #[test]
 fn hsum_shuffles_sum_in_the_documented_tree() {
-    let mut rng = Rng(0x5eed_0003);
+    let mut rng = Rng::new(0x5eed_0003);
     for _ in 0..500 {
         let v: [Lanes; 16] =
-            core::array::from_fn(|_| core::array::from_fn(|_| rng.value().to_bits()));
+            core::array::from_fn(|_| core::array::from_fn(|_| value(&mut rng).to_bits()));
         let sums = hsum16(&v);
         for l in 0..16 {
             assert_eq!(

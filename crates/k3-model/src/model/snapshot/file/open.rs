@@ -58,26 +58,10 @@ mod tests {
     use std::path::PathBuf;
     use std::time::Duration;
 
+    use k3_testkit::Scratch;
+
     use super::super::{Identity, load, read_header};
     use super::*;
-
-    /// A directory of its own under the temporary directory, removed on drop.
-    struct Scratch(PathBuf);
-
-    impl Scratch {
-        fn new(name: &str) -> Self {
-            let dir = std::env::temp_dir().join(format!("k3-open-{name}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
-            Self(dir)
-        }
-    }
-
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 
     /// `f`'s result, failing the test when it takes over 5 s (an open waiting for a FIFO's
     /// writer would wait for ever; its thread is left behind).
@@ -131,8 +115,8 @@ mod tests {
 
     #[test]
     fn a_regular_file_opens_with_its_length() {
-        let dir = Scratch::new("regular");
-        let path = dir.0.join("state.k3state");
+        let dir = Scratch::new("open-regular");
+        let path = dir.path().join("state.k3state");
         std::fs::write(&path, b"0123456789").unwrap();
         let (file, len) = open_regular(&path).unwrap();
         assert_eq!(len, 10);
@@ -145,8 +129,8 @@ mod tests {
     /// nothing) and a device: each refused at once, by kind, naming the path.
     #[test]
     fn anything_but_a_regular_file_is_refused_by_kind_without_blocking() {
-        let dir = Scratch::new("specials");
-        let (made, _listener) = specials(&dir.0);
+        let dir = Scratch::new("open-specials");
+        let (made, _listener) = specials(dir.path());
         for (path, kind) in made {
             let shown = path.display().to_string();
             let refused = promptly(&shown, {
@@ -164,7 +148,7 @@ mod tests {
                 "{message}"
             );
         }
-        let missing = dir.0.join("missing");
+        let missing = dir.path().join("missing");
         match open_regular(&missing) {
             Err(FileError::Io { path, source }) => {
                 assert_eq!(path, missing);
@@ -178,8 +162,8 @@ mod tests {
     /// descriptor says FIFO, a link is not followed (ELOOP), a socket is not opened (ENXIO).
     #[test]
     fn the_open_itself_neither_waits_nor_follows() {
-        let dir = Scratch::new("descriptor");
-        let (made, _listener) = specials(&dir.0);
+        let dir = Scratch::new("open-descriptor");
+        let (made, _listener) = specials(dir.path());
         for (path, kind) in made {
             let shown = path.display().to_string();
             let opened = promptly(&shown, {
@@ -202,8 +186,8 @@ mod tests {
     /// What callers use: reading a FIFO's header, or loading it, is refused at once.
     #[test]
     fn read_header_and_load_refuse_a_fifo_at_once() {
-        let dir = Scratch::new("fifo-read");
-        let fifo = dir.0.join("0123456789abcdef-10.k3state");
+        let dir = Scratch::new("open-fifo-read");
+        let fifo = dir.path().join("0123456789abcdef-10.k3state");
         mkfifo(&fifo);
         let identity = Identity {
             engine: "k3-model test".into(),
