@@ -24,29 +24,40 @@ pub const L2_ROWS: usize = 512;
 /// All weights and inputs the cases read, generated once (~1.2 GB with the read probe).
 #[derive(Debug)]
 pub struct Workloads {
+    /// The out-of-cache ring of experts ([`RING`]), leaked for the program's life.
     pub ring: &'static [Expert],
+    /// The ring's validated views, in ring order.
     pub views: Vec<ExpertViews<'static>>,
+    /// A KDA projection `[12288, 7168]` in BF16.
     pub kda: HugeBuf,
+    /// The lm_head slice `[16384, 7168]` in BF16.
     pub head: HugeBuf,
     /// The k3-0.40b lm_head (163840 x 1024): short 2 KB rows, the case where a GEMV's row
     /// streams are too short for the prefetchers.
     pub head_040b: HugeBuf,
     /// `kda` and `head` packed (`mxfp4_kernels::packed`): the same values in 12.25 bits each.
     pub kda_packed: PackedBf16,
+    /// `head` packed.
     pub head_packed: PackedBf16,
     /// The first 1024 rows of `kda` packed (5.3 MB, inside the L3): the packed GEMV's compute
     /// ceiling, as `kda_slice_1024x7168` is the BF16 GEMV's.
     pub kda_packed_slice: PackedBf16,
     /// 1 GiB for the STREAM-like read probe.
     pub probe: HugeBuf,
+    /// An expert input (latent width).
     pub z: Vec<f32>,
+    /// An expert's intermediate activations.
     pub h: Vec<f32>,
+    /// A hidden-size input.
     pub x: Vec<f32>,
+    /// A k3-0.40b hidden-size input.
     pub x_040b: Vec<f32>,
+    /// Sixteen latent-width inputs (a batch of tokens).
     pub tokens16: Vec<f32>,
 }
 
 impl Workloads {
+    /// Generates every workload from fixed seeds.
     pub fn generate() -> Self {
         let ring: &'static [Expert] = Vec::leak(experts(RING, 42));
         let kda = bf16_bytes(KDA_ROWS, HIDDEN, 7);
@@ -83,6 +94,7 @@ pub enum Cache {
 }
 
 impl Cache {
+    /// The name benchmark ids use.
     pub fn label(self) -> &'static str {
         match self {
             Cache::L2 => "in-L2",
@@ -94,13 +106,19 @@ impl Cache {
 
 /// One benchmark: `run` reads `bytes` bytes of weights per call.
 pub struct Case<'a> {
+    /// The operation (`gemv`, `expert_ffn`, ...).
     pub op: &'static str,
+    /// The weight shape, as a label.
     pub shape: &'static str,
+    /// Where the weights come from.
     pub cache: Cache,
+    /// Pool workers the case splits over.
     pub threads: usize,
     /// The kernel tier's name (`sum` for the read probe).
     pub variant: &'static str,
+    /// Weight bytes read per call of `run`.
     pub bytes: usize,
+    /// One timed call.
     pub run: Box<dyn FnMut() + 'a>,
 }
 

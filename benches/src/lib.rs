@@ -3,6 +3,8 @@
 //! engine's pinned pool (`numa_sched::Pool`), splitting rows (or experts) across its workers
 //! the way a caller of the kernels does.
 
+#![warn(missing_docs)]
+
 pub mod cases;
 
 use std::ops::Range;
@@ -15,15 +17,18 @@ use mxfp4_kernels::{Activations, Bf16Matrix, ExpertScratch, Kernels, MxFp4Matrix
 
 /// K3's routed expert: gate/up `[3072, 3584]`, down `[3584, 3072]` (docs/MODEL.md §3.3).
 pub const EXPERT_INTER: usize = 3072;
+/// The latent width routed experts read and write (K3's `moe_latent_size`).
 pub const EXPERT_LATENT: usize = 3584;
 /// KDA q/k/v/g projections `[12288, 7168]`.
 pub const KDA_ROWS: usize = 12288;
+/// K3's hidden size.
 pub const HIDDEN: usize = 7168;
 /// The lm_head is `[163840, 7168]` (2.35 GB); benches use a 16384-row slice (235 MB), which is
 /// already 7x the L3, so every pass streams from DRAM exactly as the full head would.
 pub const LM_HEAD_SLICE_ROWS: usize = 16384;
 /// k3-0.40b's hidden size and vocabulary: its lm_head is 163840 x 1024.
 pub const HIDDEN_040B: usize = 1024;
+/// k3-0.40b's vocabulary: the rows of its lm_head.
 pub const LM_HEAD_040B_ROWS: usize = 163_840;
 
 /// A zeroed, 2 MiB-aligned byte buffer. On Linux it is advised into transparent huge pages
@@ -39,6 +44,7 @@ pub struct HugeBuf {
 const HUGE_ALIGN: usize = 2 << 20;
 
 impl HugeBuf {
+    /// `len` zero bytes, advised into huge pages first when `huge_pages`.
     pub fn zeroed(len: usize, huge_pages: bool) -> Self {
         let layout = std::alloc::Layout::from_size_align(len.max(1), HUGE_ALIGN).expect("layout");
         // SAFETY: the layout has non-zero size.
@@ -56,6 +62,7 @@ impl HugeBuf {
         unsafe { std::ptr::write_bytes(raw, 0, len) };
         Self { ptr, len }
     }
+    /// A copy of `bytes` in a new buffer.
     pub fn from_slice(bytes: &[u8], huge_pages: bool) -> Self {
         let mut buf = Self::zeroed(bytes.len(), huge_pages);
         buf.copy_from_slice(bytes);
@@ -95,13 +102,18 @@ unsafe impl Sync for HugeBuf {}
 /// An owned MXFP4 matrix with random codes and realistic scales (2^-9 .. 2^-3, as QAT experts).
 #[derive(Debug)]
 pub struct MxOwned {
+    /// Two E2M1 codes per byte, row-major.
     pub packed: HugeBuf,
+    /// One E8M0 scale per 32 codes.
     pub scales: HugeBuf,
+    /// Output rows.
     pub rows: usize,
+    /// Input columns.
     pub cols: usize,
 }
 
 impl MxOwned {
+    /// Random codes and scales from `rng`.
     pub fn random(rng: &mut Rng, rows: usize, cols: usize) -> Self {
         let mut packed = HugeBuf::zeroed(rows * cols / 2, true);
         rng.fill(&mut packed);
@@ -115,10 +127,12 @@ impl MxOwned {
             cols,
         }
     }
+    /// The validated kernel view.
     pub fn view(&self) -> MxFp4Matrix<'_> {
         MxFp4Matrix::new(&self.packed, &self.scales, self.rows, self.cols)
             .expect("valid by construction")
     }
+    /// Codes and scales, in bytes.
     pub fn bytes(&self) -> usize {
         self.packed.len() + self.scales.len()
     }
@@ -127,12 +141,16 @@ impl MxOwned {
 /// One routed expert's three matrices.
 #[derive(Debug)]
 pub struct Expert {
+    /// The gate projection `[3072, 3584]`.
     pub gate: MxOwned,
+    /// The up projection `[3072, 3584]`.
     pub up: MxOwned,
+    /// The down projection `[3584, 3072]`.
     pub down: MxOwned,
 }
 
 impl Expert {
+    /// Three random matrices of K3's expert shapes.
     pub fn random(rng: &mut Rng) -> Self {
         Self {
             gate: MxOwned::random(rng, EXPERT_INTER, EXPERT_LATENT),
@@ -158,8 +176,11 @@ impl Expert {
 /// One expert's validated views.
 #[derive(Debug, Clone, Copy)]
 pub struct ExpertViews<'a> {
+    /// The gate projection.
     pub gate: MxFp4Matrix<'a>,
+    /// The up projection.
     pub up: MxFp4Matrix<'a>,
+    /// The down projection.
     pub down: MxFp4Matrix<'a>,
 }
 
@@ -187,11 +208,13 @@ pub fn bf16_bytes(rows: usize, cols: usize, seed: u64) -> HugeBuf {
     bytes
 }
 
+/// `n` activations uniform in [-1, 1).
 pub fn activations(n: usize, seed: u64) -> Vec<f32> {
     let mut rng = Rng::new(seed);
     (0..n).map(|_| rng.unit()).collect()
 }
 
+/// The kernel view of BF16 bytes of the given shape.
 pub fn bf16_view(bytes: &[u8], rows: usize, cols: usize) -> Bf16Matrix<'_> {
     Bf16Matrix::new(bytes, rows, cols).expect("valid by construction")
 }

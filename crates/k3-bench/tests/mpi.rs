@@ -12,11 +12,11 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use k3_model::synth::{Preset, SynthOptions, generate};
+use k3_testkit::Scratch;
 
 /// The bench, built by cargo for this test with the same features.
 fn bench() -> PathBuf {
@@ -29,35 +29,9 @@ fn mpirun() -> Command {
     c
 }
 
-/// A directory removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(what: &str) -> Self {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "k3-mpi-test-{}-{what}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).expect("a scratch directory");
-        Self(dir)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A synthetic checkpoint in a fresh directory.
 fn checkpoint(preset: Preset, seed: u64) -> Scratch {
-    let dir = Scratch::new("model");
+    let dir = Scratch::new("mpi-model");
     let mut options = SynthOptions::new(preset);
     options.seed = seed;
     generate(dir.path(), &options).expect("generating a checkpoint");
@@ -78,7 +52,7 @@ fn run(mut command: Command) -> Output {
 
 /// The bench's logits file for `ranks` processes (1: no mpirun) of `threads` threads each.
 fn logits(model: &Path, ranks: usize, threads: usize, extra: &[&str]) -> (Vec<u8>, String) {
-    let scratch = Scratch::new("logits");
+    let scratch = Scratch::new("mpi-logits");
     let out = scratch.path().join("logits.f32");
     let mut args: Vec<String> = [
         "--model",
