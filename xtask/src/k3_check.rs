@@ -92,7 +92,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::FileExt;
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
 
     use expert_store::Checkpoint;
     use k3_model::synth::{Preset, SynthOptions, generate};

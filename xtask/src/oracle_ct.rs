@@ -10,7 +10,7 @@
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
@@ -62,7 +62,8 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         router_skew: 0.0,
         softplus_gate: false,
     };
-    let report = generate(synth.path(), &synth_options).context("generating the base checkpoint")?;
+    let report =
+        generate(synth.path(), &synth_options).context("generating the base checkpoint")?;
     let provenance = serde_json::json!({
         "generator": "k3_model::synth::generate",
         "preset": SYNTH_PRESET,
@@ -73,8 +74,11 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     });
 
     let partial = staging_dir(&out)?;
-    fs::copy(synth.path().join("config.json"), partial.join("config.json"))
-        .context("cannot copy config.json")?;
+    fs::copy(
+        synth.path().join("config.json"),
+        partial.join("config.json"),
+    )
+    .context("cannot copy config.json")?;
 
     let mut script = Command::new(&python);
     script
@@ -183,7 +187,7 @@ fn check_fixture(synth_dir: &Path, fixture_dir: &Path, config: &K3Config) -> Res
         replaced == 6 * n_experts,
         "{replaced} expert tensors replaced, expected 6 for each of {n_experts} experts"
     );
-    let table = fixture.expert_table(&k3_model::inventory::expert_layout(&config))?;
+    let table = fixture.expert_table(&k3_model::inventory::expert_layout(config))?;
     ensure!(
         table.len() == n_experts && table.values().all(|l| l.contiguous),
         "expected {n_experts} experts each stored contiguously, found {} ({} contiguous)",

@@ -65,8 +65,8 @@ pub(super) fn open_store(
     experts.io_threads = plan.io_threads;
     let store = experts
         .open(
-            &checkpoint,
-            &config,
+            checkpoint,
+            config,
             expert_store::io::memory_available(),
             // The store's I/O threads run on domain 0's CPUs (contract 5: every thread placed).
             &pool.topology().domains[0].cpus,
