@@ -74,7 +74,7 @@ fn main() -> Result<()> {
         queue: 64,
         panic_on_prompt: None,
         scripted_answers: Vec::new(),
-        prefill_chunk: 8,
+        step_tokens: 8,
         prompt_cache: Default::default(),
     })?;
     if !wait_ready(&engine, Duration::from_secs(600)) {

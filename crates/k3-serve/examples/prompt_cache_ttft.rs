@@ -114,7 +114,7 @@ fn main() -> Result<()> {
             model_dir: model.clone(),
             options: options.clone(),
             queue: 4,
-            prefill_chunk: k3_model::model::PREFILL_CHUNK,
+            step_tokens: k3_model::model::PREFILL_CHUNK,
             prompt_cache: PromptCacheOptions {
                 budget_bytes,
                 dir: None,

@@ -28,6 +28,8 @@ pub(crate) struct Args {
     /// What the engine is built with: the library flags, `--scan`, `--max-batch`, `--ctx`.
     pub(crate) engine: EngineOptions,
     pub(crate) queue: usize,
+    /// `--step-tokens`: tokens one engine step feeds at most.
+    pub(crate) step_tokens: usize,
     pub(crate) conn: ConnLimits,
     pub(crate) prompt: Option<String>,
     /// `--raw`: the one-shot prompt is plain text, not a user message.
@@ -90,6 +92,7 @@ pub(crate) fn parse(
         port: p.get_or_default(table, "port")?,
         engine,
         queue: p.get_or_default(table, "queue")?,
+        step_tokens: p.get_or_default(table, "step-tokens")?,
         conn: ConnLimits {
             header: seconds("header-timeout-s")?,
             body: seconds("body-timeout-s")?,

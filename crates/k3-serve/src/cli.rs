@@ -111,6 +111,14 @@ pub fn k3_serve_flags() -> Vec<Flag> {
         )
         .aliases(&["-np", "--parallel"]),
         Flag::value(
+            "step-tokens",
+            "N",
+            Count,
+            "64",
+            SERVER,
+            "tokens one engine step feeds at most: each running stream's next token, then chunks of the prompts being prefilled, oldest first (larger: prompts prefill in fewer steps; smaller: streams wait less while a prompt prefills)",
+        ),
+        Flag::value(
             "queue",
             "N",
             Count,
@@ -422,7 +430,7 @@ mod tests {
             conn.max_connections
         );
         assert_eq!(none.get_or_default::<u16>(&table, "port").unwrap(), 8000);
-        for name in ["ctx", "max-batch", "queue"] {
+        for name in ["ctx", "max-batch", "queue", "step-tokens"] {
             assert!(none.get_or_default::<usize>(&table, name).unwrap() >= 1);
         }
         assert_eq!(

@@ -86,7 +86,7 @@ fn main() -> Result<()> {
         model_dir: model_dir.clone(),
         options: args.engine.clone(),
         queue: args.queue,
-        prefill_chunk: k3_model::model::PREFILL_CHUNK,
+        step_tokens: args.step_tokens,
         prompt_cache,
         panic_on_prompt: None,
         scripted_answers: Vec::new(),

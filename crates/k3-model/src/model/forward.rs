@@ -279,6 +279,45 @@ impl<'a> Model<'a> {
             .collect())
     }
 
+    /// One step of a scheduler over a mixed batch: `groups[g]` feeds its tokens (one decode
+    /// token, or a chunk of a prompt) to its own session, all in one layer-major pass that
+    /// reads each weight once for every token of the step. Returns, for each group, the logits
+    /// after its last token where `want[g]` (a decode, or a prompt's last chunk) and `None`
+    /// elsewhere. Bit-identical to each group's own [`Model::prefill`] or
+    /// [`Model::decode_step`] alone, whoever shares the step and however a prompt is cut.
+    ///
+    /// The lm_head runs only when some group wants logits, then for every group's last token
+    /// (one row each; what is not wanted is dropped).
+    ///
+    /// # Errors
+    /// A token outside the vocabulary, or a failure of the pass (an expert that cannot be
+    /// read): the step's sessions may then be half-advanced and should be dropped.
+    ///
+    /// # Panics
+    /// If `want` is not one entry per group, or a group has no token.
+    pub fn step(
+        &self,
+        groups: &mut [(&mut Session, &[usize])],
+        want: &[bool],
+    ) -> Result<Vec<Option<Vec<f32>>>> {
+        assert_eq!(want.len(), groups.len(), "one logits wish per group");
+        assert!(
+            groups.iter().all(|(_, t)| !t.is_empty()),
+            "every group of a step feeds at least one token"
+        );
+        let wanted = if want.iter().any(|&w| w) {
+            Logits::Last
+        } else {
+            Logits::None
+        };
+        let rows = self.run_step(groups, wanted)?;
+        Ok(rows
+            .into_iter()
+            .zip(want)
+            .map(|(mut rows, &w)| if w { rows.pop() } else { None })
+            .collect())
+    }
+
     /// Layer-major forward of several sequences' chunks (`groups[g]`: a session and the tokens
     /// it consumes): per-token state advances in each sequence's token order, weights are read
     /// once for all tokens. Returns each group's logits, one row per token.

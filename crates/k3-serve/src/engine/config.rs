@@ -18,8 +18,11 @@ pub struct EngineConfig {
     pub options: EngineOptions,
     /// Jobs waiting for a slot at most (more are refused: 429).
     pub queue: usize,
-    /// Prompt tokens prefilled in one forward pass at most.
-    pub prefill_chunk: usize,
+    /// Tokens one engine step feeds at most (`--step-tokens`): every running sequence's next
+    /// token first, then chunks of the prompts being prefilled, oldest first, in what is
+    /// left (at least one prompt token a step). Larger: a prompt prefills in fewer, longer
+    /// steps (each reads the weights once); smaller: the other streams wait less per step.
+    pub step_tokens: usize,
     /// The prompt cache (off when its budget is 0).
     pub prompt_cache: PromptCacheOptions,
     /// Fault injection for tests: a text prompt equal to `.0` panics in its sampling step

@@ -1,8 +1,9 @@
 //! The engine thread's loop: build the engine (`k3_model::builder`), then admit jobs while
-//! there is room, prefill each on its own (from the longest prefix in the prompt cache), and
-//! advance every active sequence one token per batched decode step, catching a panic in one
-//! job's work so the others carry on. Snapshots go to the prompt cache at the end of a chat's
-//! system block, of each prompt and of each answer.
+//! there is room (each restored from the longest prefix in the prompt cache), and run steps:
+//! one forward pass over every decoding sequence's next token and chunks of the prompts being
+//! prefilled, within `--step-tokens` (`schedule`), catching a panic in one job's work so the
+//! others carry on. Snapshots go to the prompt cache at the end of a chat's system block, of
+//! each prompt and of each answer.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use super::config::EngineConfig;
 use super::job::Event;
 use super::metrics::Metrics;
 use super::queue::{JobQueue, Pop};
+use super::schedule::{self, Feed, Standing};
 use super::sequence::Sequence;
 use super::state;
 use crate::api::valid::Prompt;
@@ -77,9 +79,14 @@ pub(super) fn run(
     loaded();
     log::info!("model loaded from {}", config.model_dir.display());
 
+    let budget = config.step_tokens.max(1);
+    log::info!(
+        "steps of at most {budget} tokens (--step-tokens): each running stream's next token, \
+         then chunks of the prompts being prefilled, oldest first"
+    );
     let mut active: Vec<Sequence> = Vec::new();
     loop {
-        // Admit: block only when idle.
+        // Admit: block only when idle. `--max-batch` counts the sequences being prefilled too.
         while active.len() < config.options.max_batch.max(1) {
             let job = match queue.pop(active.is_empty()) {
                 Pop::Job(job) => *job,
@@ -113,9 +120,11 @@ pub(super) fn run(
                 .as_ref()
                 .filter(|(text, _)| matches!(&job.request.prompt, Prompt::Text(t) if t == text))
                 .map(|&(_, at)| at);
-            // One job's prefill and first token: a panic fails this job alone.
+            // Admission restores what the prompt cache (or a state file) holds; the prompt's
+            // rest is prefilled by the steps. A panic here fails this job alone.
             let admitted = catch_unwind(AssertUnwindSafe(|| {
                 let mut sequence = Sequence::new(job, &model, tokenizer, &ends);
+                metrics.queue_wait.observe(sequence.queue_wait());
                 sequence.panic_at = panic_at;
                 if let Some((_, answer)) = config
                     .scripted_answers
@@ -125,7 +134,7 @@ pub(super) fn run(
                     sequence.script = answer.iter().copied().collect();
                 }
                 let tokens: Vec<usize> = sequence.prompt.iter().map(|&t| t as usize).collect();
-                let mut start = match sequence.state.load.clone() {
+                let start = match sequence.state.load.clone() {
                     // A state file named by the one-shot run: it, or a clear error.
                     Some(path) => {
                         match state::load(&path, identity(), &model, &mut sequence.session, &tokens)
@@ -145,46 +154,19 @@ pub(super) fn run(
                     ),
                 };
                 sequence.cached_tokens = start;
-                // A system block not cached yet: prefill to its end first and keep a snapshot
-                // there (the same bits as one prefill: chunking never changes them).
-                let system = sequence.system_tokens;
-                if cache.is_on() && system > start && system < tokens.len() {
-                    let chunk = config.prefill_chunk;
-                    if let Err(e) =
-                        model.prefill(&mut sequence.session, &tokens[start..system], chunk)
-                    {
-                        sequence.fail(&e.to_string());
-                        return sequence;
-                    }
-                    cache.save(
-                        sequence.cache_namespace,
-                        &tokens[..system],
-                        &sequence.session,
-                    );
-                    start = system;
-                }
-                match model.prefill(
-                    &mut sequence.session,
-                    &tokens[start..],
-                    config.prefill_chunk,
-                ) {
-                    Ok(logits) => {
-                        sequence.advance(&logits, tokenizer, metrics);
-                        cache.save(sequence.cache_namespace, &tokens, &sequence.session);
-                        save_state(&sequence);
-                    }
-                    Err(e) => sequence.fail(&e.to_string()),
-                }
+                sequence.fed_prompt = start;
                 sequence
             }));
             match admitted {
                 Ok(sequence) if !sequence.finished => active.push(sequence),
                 Ok(_) => {}
                 Err(panic) => {
-                    let _ = events.send(Event::Error(internal_error("prefill", &*panic)));
+                    let _ = events.send(Event::Error(internal_error("admission", &*panic)));
                 }
             }
         }
+        // A sequence whose client went away leaves at this step boundary, mid-prefill too.
+        active.retain_mut(|s| !s.cancel_if_gone());
         metrics.active.store(active.len() as i64, Ordering::Relaxed);
         *metrics
             .prompt_cache
@@ -193,42 +175,102 @@ pub(super) fn run(
         if active.is_empty() {
             continue;
         }
-        let start = Instant::now();
-        // A panic in the batched step cannot be laid at one job's door: it fails the jobs
-        // that shared the step (their states may be half-advanced), and the engine goes on.
+        let started = Instant::now();
+        let standings: Vec<Standing> = active
+            .iter()
+            .map(|s| Standing {
+                fed: s.fed_prompt,
+                prompt: s.prompt.len(),
+                // A system block not cached yet: its prompt stops there once, for a snapshot
+                // (the same bits as one prefill: chunking never changes them).
+                stop_at: cache.is_on().then_some(s.system_tokens),
+            })
+            .collect();
+        let feeds = schedule::plan(&standings, budget);
+        let inputs: Vec<Vec<usize>> = feeds
+            .iter()
+            .map(|(i, feed)| match feed {
+                Feed::Decode => vec![active[*i].last as usize],
+                Feed::Prompt(range) => active[*i].prompt[range.clone()]
+                    .iter()
+                    .map(|&t| t as usize)
+                    .collect(),
+            })
+            .collect();
+        let want: Vec<bool> = feeds
+            .iter()
+            .map(|(i, feed)| match feed {
+                Feed::Decode => true,
+                Feed::Prompt(range) => range.end == active[*i].prompt.len(),
+            })
+            .collect();
+        let (decodes, prompt_tokens) = feeds.iter().fold((0, 0), |(d, p), (_, f)| match f {
+            Feed::Decode => (d + 1, p),
+            Feed::Prompt(r) => (d, p + r.len()),
+        });
+        // A panic in the step cannot be laid at one job's door: it fails the jobs that shared
+        // the step (their states may be half-advanced), and the engine goes on.
         let step = catch_unwind(AssertUnwindSafe(|| {
-            let mut steps: Vec<(&mut Session, usize)> = active
-                .iter_mut()
-                .map(|s| (&mut s.session, s.last as usize))
+            let mut in_step: Vec<Option<&mut Sequence>> = active.iter_mut().map(Some).collect();
+            let mut groups: Vec<(&mut Session, &[usize])> = feeds
+                .iter()
+                .zip(&inputs)
+                .map(|((i, _), tokens)| {
+                    let sequence = in_step[*i].take().expect("one feed per sequence a step");
+                    (&mut sequence.session, &tokens[..])
+                })
                 .collect();
-            model.decode_batch(&mut steps)
+            model.step(&mut groups, &want)
         }));
         match step {
             Ok(Ok(logits)) => {
-                for (sequence, logits) in active.iter_mut().zip(logits) {
+                for ((i, feed), logits) in feeds.iter().zip(logits) {
+                    let sequence = &mut active[*i];
+                    let stage = match feed {
+                        Feed::Decode => "sampling",
+                        Feed::Prompt(range) => {
+                            sequence.fed_prompt = range.end;
+                            let tokens: Vec<usize> = sequence.prompt[..range.end]
+                                .iter()
+                                .map(|&t| t as usize)
+                                .collect();
+                            if range.end == sequence.system_tokens || logits.is_some() {
+                                cache.save(sequence.cache_namespace, &tokens, &sequence.session);
+                            }
+                            "prefill"
+                        }
+                    };
+                    let Some(logits) = logits else { continue };
                     let advanced = catch_unwind(AssertUnwindSafe(|| {
                         sequence.advance(&logits, tokenizer, metrics)
                     }));
                     if let Err(panic) = advanced {
-                        sequence.fail(&internal_error("sampling", &*panic));
+                        sequence.fail(&internal_error(stage, &*panic));
                     }
                 }
             }
             Ok(Err(e)) => {
-                for sequence in &mut active {
-                    sequence.fail(&e.to_string());
+                for (i, _) in &feeds {
+                    active[*i].fail(&e.to_string());
                 }
             }
             Err(panic) => {
-                let message = internal_error("a decode step", &*panic);
-                for sequence in &mut active {
-                    sequence.fail(&message);
+                let message = internal_error("a step", &*panic);
+                for (i, _) in &feeds {
+                    active[*i].fail(&message);
                 }
             }
         }
         metrics
             .decode_ns
-            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        metrics.steps.fetch_add(1, Ordering::Relaxed);
+        metrics
+            .step_decode_tokens
+            .fetch_add(decodes, Ordering::Relaxed);
+        metrics
+            .step_prefill_tokens
+            .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
         if let Some(store) = &store {
             *metrics.store.lock().unwrap_or_else(|p| p.into_inner()) = Some(store.stats());
         }

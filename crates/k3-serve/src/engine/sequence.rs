@@ -64,6 +64,9 @@ pub(super) struct Sequence {
     pub(super) cache_namespace: Namespace,
     /// Prompt tokens restored from the prompt cache.
     pub(super) cached_tokens: usize,
+    /// Prompt tokens its session has consumed (restored or prefilled): below the prompt's
+    /// length while it is being prefilled, chunk by chunk.
+    pub(super) fed_prompt: usize,
     /// The tokens sampled so far (all but the last have been fed to the session).
     pub(super) output: Vec<u32>,
     /// Ended with a `Done` event (not an error or a cancel): its session is whole.
@@ -81,6 +84,8 @@ pub(super) struct Sequence {
     submitted: Instant,
     admitted: Instant,
     prefilled: Option<Instant>,
+    /// When its last token was sampled (for the inter-token latency).
+    last_token_at: Option<Instant>,
     /// Fault injection (tests): panic in sampling once this many tokens are generated.
     pub(super) panic_at: Option<usize>,
     /// Test hook ([`super::config::EngineConfig::scripted_answers`]): tokens forced before sampling.
@@ -131,6 +136,7 @@ impl Sequence {
             system_tokens,
             cache_namespace,
             cached_tokens: 0,
+            fed_prompt: 0,
             output: Vec::new(),
             completed: false,
             events,
@@ -145,6 +151,7 @@ impl Sequence {
             submitted,
             admitted: Instant::now(),
             prefilled: None,
+            last_token_at: None,
             panic_at: None,
             script: Default::default(),
             state,
@@ -194,6 +201,21 @@ impl Sequence {
         self.completed = true;
     }
 
+    /// How long it waited in the queue before admission.
+    pub(super) fn queue_wait(&self) -> std::time::Duration {
+        self.admitted - self.submitted
+    }
+
+    /// Ends it if its client has gone away (checked at each step boundary, so a prefill
+    /// stops at the next one); true if it did.
+    pub(super) fn cancel_if_gone(&mut self) -> bool {
+        if !self.finished && self.events.is_closed() {
+            self.log_end("cancelled (the client went away)");
+            self.finished = true;
+        }
+        self.finished
+    }
+
     /// The tokens fed to the session: the prompt and every output token but the last.
     pub(super) fn fed(&self) -> Vec<usize> {
         let output = &self.output[..self.output.len().saturating_sub(1)];
@@ -211,7 +233,13 @@ impl Sequence {
             self.finished = true;
             return;
         }
-        self.prefilled.get_or_insert_with(Instant::now);
+        let now = Instant::now();
+        match self.last_token_at {
+            None => metrics.ttft.observe(now - self.submitted),
+            Some(then) => metrics.itl.observe(now - then),
+        }
+        self.last_token_at = Some(now);
+        self.prefilled.get_or_insert(now);
         if self.panic_at == Some(self.generated) {
             panic!("injected fault after {} tokens", self.generated);
         }

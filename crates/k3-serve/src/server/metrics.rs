@@ -6,6 +6,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 
 use super::state::{AppState, check_engine};
+use crate::engine::metrics::{BUCKETS, Histogram};
 
 /// Prometheus text format.
 pub(super) async fn metrics(State(state): State<AppState>) -> Response {
@@ -59,7 +60,7 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Response {
     text.metric(
         "k3_decode_tokens_per_second",
         "gauge",
-        "Generated tokens per second of decode-step time.",
+        "Generated tokens per second of engine-step time (steps that prefill prompt chunks included).",
         format!(
             "{:.3}",
             if decode_s > 0.0 {
@@ -68,6 +69,43 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Response {
                 0.0
             }
         ),
+    );
+    text.metric(
+        "k3_steps_total",
+        "counter",
+        "Engine steps (forward passes over the running streams' tokens and prompt chunks).",
+        m.steps.load(Ordering::Relaxed).to_string(),
+    );
+    text.family(
+        "k3_step_tokens_total",
+        "counter",
+        "Tokens the engine steps fed, by kind: decode (a running stream's next token) or \
+         prefill (a prompt chunk; cached prompt tokens are not fed).",
+    );
+    text.sample(
+        "k3_step_tokens_total",
+        "{kind=\"decode\"}",
+        m.step_decode_tokens.load(Ordering::Relaxed).to_string(),
+    );
+    text.sample(
+        "k3_step_tokens_total",
+        "{kind=\"prefill\"}",
+        m.step_prefill_tokens.load(Ordering::Relaxed).to_string(),
+    );
+    text.histogram(
+        "k3_ttft_seconds",
+        "Time from a request's arrival to its first token.",
+        &m.ttft,
+    );
+    text.histogram(
+        "k3_itl_seconds",
+        "Time between a stream's successive tokens.",
+        &m.itl,
+    );
+    text.histogram(
+        "k3_queue_wait_seconds",
+        "Time from a request's arrival to its admission to the running batch.",
+        &m.queue_wait,
     );
     text.metric(
         "k3_queue_depth",
@@ -156,5 +194,21 @@ impl Text {
     fn metric(&mut self, name: &str, kind: &str, help: &str, value: String) {
         self.family(name, kind, help);
         self.sample(name, "", value);
+    }
+
+    /// A histogram: its cumulative `_bucket{le=...}` samples, `_sum` and `_count`.
+    fn histogram(&mut self, name: &str, help: &str, histogram: &Histogram) {
+        self.family(name, "histogram", help);
+        let (cumulative, count, sum) = histogram.snapshot();
+        let bounds = BUCKETS.iter().map(|le| le.to_string());
+        for (le, n) in bounds.chain(["+Inf".to_owned()]).zip(cumulative) {
+            self.sample(
+                &format!("{name}_bucket"),
+                &format!("{{le=\"{le}\"}}"),
+                n.to_string(),
+            );
+        }
+        self.sample(&format!("{name}_sum"), "", format!("{sum:.6}"));
+        self.sample(&format!("{name}_count"), "", count.to_string());
     }
 }

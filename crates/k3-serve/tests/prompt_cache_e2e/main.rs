@@ -99,7 +99,7 @@ pub(crate) fn server_with(
             ..EngineOptions::default()
         },
         queue: 16,
-        prefill_chunk: setup.chunk,
+        step_tokens: setup.chunk,
         prompt_cache: cache,
         panic_on_prompt: None,
         scripted_answers,

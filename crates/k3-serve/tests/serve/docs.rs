@@ -76,12 +76,16 @@ fn k3_serve_args(command: &str, model: &Path) -> Vec<OsString> {
 }
 
 /// What a one-shot run generated: stdout (the answer), and stderr from `[reasoning]` to the
-/// timing line (the reasoning and the marks), without the log lines before it.
+/// timing line (the reasoning and the marks), without the log lines before it or after it
+/// (the engine thread may log that it saved the expert usage as the process ends).
 fn generated(stdout: &str, stderr: &str) -> (String, String) {
     let from = stderr
         .find("[reasoning]")
         .unwrap_or_else(|| panic!("no [reasoning] mark in {stderr}"));
     let mut lines: Vec<&str> = stderr[from..].lines().collect();
+    while lines.last().is_some_and(|l| l.starts_with("[INFO ")) {
+        lines.pop();
+    }
     let timing = lines.pop().unwrap_or_default();
     assert!(timing.contains(" tokens ("), "no timing line: {timing:?}");
     (stdout.to_owned(), lines.join("\n"))

@@ -12,6 +12,7 @@ mod prompt_cache_log;
 mod queue;
 mod router;
 mod status_counts;
+mod steps;
 mod validation;
 
 use std::path::PathBuf;

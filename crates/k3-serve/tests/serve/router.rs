@@ -41,7 +41,7 @@ fn state_on(
     state
 }
 
-fn config(
+pub(crate) fn config(
     model_dir: std::path::PathBuf,
     experts: ExpertOptions,
     queue: usize,
@@ -61,7 +61,7 @@ fn config(
             ..EngineOptions::default()
         },
         queue,
-        prefill_chunk: 8,
+        step_tokens: 8,
         prompt_cache: Default::default(),
         panic_on_prompt: None,
         scripted_answers: Vec::new(),
@@ -69,7 +69,7 @@ fn config(
 }
 
 /// The state over an engine that may still be loading (or have failed to).
-fn state_unready(config: EngineConfig, context: usize) -> AppState {
+pub(crate) fn state_unready(config: EngineConfig, context: usize) -> AppState {
     let (engine, _thread) = spawn(config).unwrap();
     AppState {
         engine,
