@@ -287,7 +287,7 @@ fn prompt_bytes(config: &K3Config, plan: &BytePlan, prompt: usize) -> usize {
 
 /// The GGUF of `model` (trunk BF16, experts ggml MXFP4), converted once per directory by the
 /// torch-free writer (`gguf_k3`); a file there is complete (it is renamed into place).
-fn convert(work: &Path, model: &Path) -> Result<PathBuf> {
+pub(crate) fn convert(work: &Path, model: &Path) -> Result<PathBuf> {
     let name = model
         .file_name()
         .and_then(|n| n.to_str())

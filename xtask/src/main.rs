@@ -6,6 +6,7 @@
 mod bench_kernels;
 mod bench_memory;
 mod bench_peers;
+mod bench_serve;
 mod cgroup;
 mod gguf;
 mod gguf_k3;
@@ -53,6 +54,16 @@ const TASKS: &[Task] = &[
         about: "decode and prefill side by side with llama.cpp's Kimi-K3 on the same checkpoint \
                 (GGUF with a BF16 trunk and MXFP4 experts), alternating A B A B; ratios per pair",
         run: bench_peers::run,
+    },
+    Task {
+        name: "bench-serve",
+        usage: "--model DIR [--clients 1,2,4,8] [--peer] [--pairs K] [--requests R] [--max-tokens M] [--long-prompt TOKENS] [--threads T] [--ctx C] [--step-tokens N] [--interference [--streams S]] [--pair-prefill]",
+        about: "load on the real HTTP server: N concurrent streaming chat clients and a long \
+                prompt mid-run; output tokens/s, TTFT and ITL p50/p99; with --peer the same \
+                against llama-server (continuous batching, same checkpoint), alternating; \
+                --interference / --pair-prefill: a long prefill's effect on running streams, \
+                two prefills together vs alone",
+        run: bench_serve::run,
     },
     Task {
         name: "gguf",

@@ -536,3 +536,26 @@ impl HarnessReport {
 pub(crate) fn build_llama_bench(work: &Path, source: &Path) -> Result<PathBuf> {
     build_target(work, source, "llama-bench", "llama-bench")
 }
+
+/// `llama-server`, built once in the same build directory. The shared configuration leaves
+/// the server out, so the first build turns it on, with its web UI neither built (npm) nor
+/// downloaded at build time: the server embeds an empty asset table and serves the API alone.
+pub(crate) fn build_llama_server(work: &Path, source: &Path) -> Result<PathBuf> {
+    let build = work.join(BUILD_DIR);
+    if !build.join("bin").join("llama-server").exists() {
+        configure(source, &build)?;
+        run_checked(
+            Command::new("cmake")
+                .arg("-S")
+                .arg(source)
+                .arg("-B")
+                .arg(&build)
+                .args([
+                    "-DLLAMA_BUILD_SERVER=ON",
+                    "-DLLAMA_BUILD_UI=OFF",
+                    "-DLLAMA_USE_PREBUILT_UI=OFF",
+                ]),
+        )?;
+    }
+    build_target(work, source, "llama-server", "llama-server")
+}
