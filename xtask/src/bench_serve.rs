@@ -69,6 +69,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             "interference!",
             "pair-prefill!",
             "streams",
+            "ours-bin",
         ],
     )?;
     let model = from_root(o.get("model").context("--model DIR is required")?);
@@ -107,10 +108,18 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         None => Vec::new(),
     };
     let log_dir = from_root("target/bench-serve");
-    run_checked(Command::new("cargo").args(["build", "--release", "-p", "k3-serve"]))?;
+    // `--ours-bin PATH`: another build of k3-serve (an older commit's, for a before/after);
+    // it must take the flags this one passes (no `--step-tokens` before the scheduler).
+    let ours = match o.get("ours-bin") {
+        Some(path) => from_root(path),
+        None => {
+            run_checked(Command::new("cargo").args(["build", "--release", "-p", "k3-serve"]))?;
+            from_root("target/release/k3-serve")
+        }
+    };
     let mut launchers = vec![Launcher {
         engine: Engine::Ours,
-        binary: from_root("target/release/k3-serve"),
+        binary: ours,
         model: model.clone(),
         threads,
         ctx,

@@ -77,7 +77,6 @@ pub(crate) fn metadata(
     for key in [
         "rope_parameters",
         "rope_scaling",
-        "rope_theta",
         "head_dim",
         "layer_norm_eps",
     ] {
@@ -125,6 +124,15 @@ pub(crate) fn metadata(
         .map(|i| i32::from(full.contains(&(i + 1))))
         .collect();
     arch("attention.head_count_kv", Value::I32s(kv_heads));
+    // `rope_theta` (transformers derives it for K3's config; the public 0.40B config carries
+    // it) is written as the vendored converter writes it (`add_rope_freq_base`, its base
+    // `TextModel`); K3 rotates nothing (MLA is NoPE), so neither engine reads it.
+    if let Some(theta) = hp.get("rope_theta").filter(|v| !v.is_null()) {
+        let theta = theta
+            .as_f64()
+            .context("config rope_theta is not a number")?;
+        arch("rope.freq_base", Value::F32(theta as f32));
+    }
     arch(
         "attention.layer_norm_rms_epsilon",
         Value::F32(float(hp, "rms_norm_eps")?),
@@ -367,9 +375,15 @@ mod tests {
             .unwrap(),
         )
         .unwrap();
-        root["text_config"]["rope_theta"] = 50000.0.into();
-        let e = metadata(&merged_hparams(&root).unwrap(), "x", Outtype::Bf16, true).unwrap_err();
-        assert!(e.to_string().contains("rope_theta"), "{e}");
+        let mut scaled = root.clone();
+        scaled["text_config"]["rope_scaling"] = serde_json::json!({"type": "yarn"});
+        let e = metadata(&merged_hparams(&scaled).unwrap(), "x", Outtype::Bf16, true).unwrap_err();
+        assert!(e.to_string().contains("rope_scaling"), "{e}");
+        // `rope_theta` (the public 0.40B config's) becomes the converter's rope.freq_base.
+        root["text_config"]["rope_theta"] = 10000.0.into();
+        let kv = metadata(&merged_hparams(&root).unwrap(), "x", Outtype::Bf16, true).unwrap();
+        let base = kv.iter().find(|(k, _)| k == "kimi-k3.rope.freq_base");
+        assert_eq!(base.map(|(_, v)| v), Some(&Value::F32(10000.0)));
     }
 
     #[test]

@@ -99,6 +99,10 @@ fn stream_chat_inner(
         "temperature": 0,
         "stream": true,
         "stream_options": {"include_usage": true},
+        // A log-probability with every token: a random checkpoint's tokens are often text a
+        // server holds back (a tool call's markup, bytes of an unfinished character), and
+        // the chunk that carries a token's logprob marks its arrival either way.
+        "logprobs": true,
     })
     .to_string();
     let request = format!(
@@ -342,7 +346,8 @@ impl Dechunker {
 /// What one `data:` payload says.
 #[derive(Debug, Default, PartialEq)]
 struct Event {
-    /// It carries generated text: a non-empty `content` or `reasoning_content` delta.
+    /// It carries a generated token: a non-empty `content` or `reasoning_content` delta, or a
+    /// token's log-probability (`logprobs.content`).
     text: bool,
     /// It carries a `finish_reason`.
     finish: bool,
@@ -370,7 +375,11 @@ impl Event {
         let non_empty = |key: &str| delta[key].as_str().is_some_and(|s| !s.is_empty());
         let usage = &chunk["usage"];
         Ok(Self {
-            text: non_empty("content") || non_empty("reasoning_content"),
+            text: non_empty("content")
+                || non_empty("reasoning_content")
+                || choice["logprobs"]["content"]
+                    .as_array()
+                    .is_some_and(|tokens| !tokens.is_empty()),
             finish: choice["finish_reason"].is_string(),
             usage: usage["prompt_tokens"]
                 .as_u64()
@@ -465,6 +474,16 @@ mod tests {
         let mut decoder = SseDecoder::new(false);
         assert!(decoder.feed(b"data: [DO").unwrap().is_empty());
         assert_eq!(decoder.feed(b"NE]\n").unwrap(), ["[DONE]"]);
+    }
+
+    /// A token whose text is held back still arrives: its chunk carries its logprob.
+    #[test]
+    fn a_chunk_with_a_logprob_and_no_text_is_a_token() {
+        let held =
+            r#"{"choices":[{"delta":{},"logprobs":{"content":[{"token":"<","logprob":-1.5}]}}]}"#;
+        assert!(Event::parse(held).unwrap().text);
+        let empty = r#"{"choices":[{"delta":{"content":""},"logprobs":{"content":[]}}]}"#;
+        assert!(!Event::parse(empty).unwrap().text);
     }
 
     #[test]

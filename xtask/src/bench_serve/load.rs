@@ -176,11 +176,20 @@ pub(super) fn interference(
     let first = loaded
         .first_token()
         .context("the long prompt streamed no token")?;
+    // "Before" is the streams' steady decoding: from the moment every stream has its first
+    // token (until then a stream's gaps include the others' prefills) to the long prompt.
+    let all_decoding = traces
+        .iter()
+        .filter_map(|t| t.first_token())
+        .max()
+        .context("a stream streamed no token")?;
     let (mut before, mut during) = (Vec::new(), Vec::new());
     for trace in &traces {
         for (gap, end) in trace.gaps() {
             if end <= long_sent {
-                before.push(gap);
+                if end - gap >= all_decoding {
+                    before.push(gap);
+                }
             } else if end - gap < first {
                 during.push(gap);
             }
