@@ -114,7 +114,7 @@ pub fn k3_serve_flags() -> Vec<Flag> {
             "step-tokens",
             "N",
             Count,
-            "64",
+            "128",
             SERVER,
             "tokens one engine step feeds at most: each running stream's next token, then chunks of the prompts being prefilled, oldest first (larger: prompts prefill in fewer steps; smaller: streams wait less while a prompt prefills)",
         ),
