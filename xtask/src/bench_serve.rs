@@ -15,6 +15,11 @@
 //! prompt's prefill with its TTFT loaded and idle; two long prompts prefilled together versus
 //! each alone.
 //!
+//! `--token-ids` sends every prompt to `/v1/completions` as the token ids our tokenizer makes
+//! of its text (no chat template): llama.cpp's vocabulary converted from a synthetic tokenizer
+//! splits the same text into other (and more) tokens, so only ids give both servers the same
+//! prompts.
+//!
 //! Timings are the client's: the instant each SSE chunk with generated text was read (both
 //! servers stream a token a chunk). Output tokens come from each answer's `usage`. Prompt
 //! lengths are counted with the checkpoint's tokenizer (the chat template adds a few tokens;
@@ -70,6 +75,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             "pair-prefill!",
             "streams",
             "ours-bin",
+            "token-ids!",
         ],
     )?;
     let model = from_root(o.get("model").context("--model DIR is required")?);
@@ -103,6 +109,12 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         ctx,
     };
     bench.fits(bench.long_tokens, LONG_MAX_TOKENS, "--long-prompt")?;
+    if o.flag("token-ids") {
+        // Prompts as token ids on /v1/completions (see `client::TOKEN_IDS`).
+        let tokenizer = Tokenizer::from_dir(&model)
+            .with_context(|| format!("loading the tokenizer of {}", model.display()))?;
+        let _ = client::TOKEN_IDS.set(tokenizer);
+    }
     let extra = match o.get("step-tokens") {
         Some(n) => vec!["--step-tokens".to_string(), n.to_string()],
         None => Vec::new(),

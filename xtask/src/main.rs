@@ -57,7 +57,7 @@ const TASKS: &[Task] = &[
     },
     Task {
         name: "bench-serve",
-        usage: "--model DIR [--clients 1,2,4,8] [--peer] [--pairs K] [--requests R] [--max-tokens M] [--long-prompt TOKENS] [--threads T] [--ctx C] [--step-tokens N] [--interference [--streams S]] [--pair-prefill] [--ours-bin PATH]",
+        usage: "--model DIR [--clients 1,2,4,8] [--peer] [--pairs K] [--requests R] [--max-tokens M] [--long-prompt TOKENS] [--threads T] [--ctx C] [--step-tokens N] [--interference [--streams S]] [--pair-prefill] [--ours-bin PATH] [--token-ids]",
         about: "load on the real HTTP server: N concurrent streaming chat clients and a long \
                 prompt mid-run; output tokens/s, TTFT and ITL p50/p99; with --peer the same \
                 against llama-server (continuous batching, same checkpoint), alternating; \

@@ -154,6 +154,12 @@ const THREAD_ALLOW: &[Allowed] = &[
         reason: "the HTTP runtime's blocking pool: waits for the engine to finish loading",
     },
     Allowed {
+        path: "xtask/src/bench_serve/load.rs",
+        pattern: "thread::scope(",
+        reason: "bench-serve's HTTP clients, one thread per simulated user: they wait on sockets \
+                 in another process (the server under test) and touch no weights",
+    },
+    Allowed {
         path: "crates/k3-serve/src/server/handlers.rs",
         pattern: "spawn_blocking(",
         reason: "the HTTP runtime's blocking pool: renders and tokenizes prompts, touches no \

@@ -7,10 +7,12 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use k3_model::tokenizer::Tokenizer;
 
 /// A server that sends nothing for this long (not even a keep-alive) fails the run: a long
 /// prefill of the real model on few threads takes minutes, not this.
@@ -87,26 +89,42 @@ pub(super) fn stream_chat(
     result
 }
 
+/// `--token-ids`: every request goes to `/v1/completions` with its prompt as the token ids
+/// this tokenizer encodes its text to, so both servers prefill the same tokens whatever their
+/// own tokenizers make of the text (set once, before any request).
+pub(super) static TOKEN_IDS: OnceLock<Tokenizer> = OnceLock::new();
+
 fn stream_chat_inner(
     addr: SocketAddr,
     prompt: &str,
     max_tokens: usize,
     progress: &Progress,
 ) -> Result<Trace> {
-    let body = serde_json::json!({
-        "messages": [{"role": "user", "content": prompt}],
+    let mut body = serde_json::json!({
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": true,
         "stream_options": {"include_usage": true},
-        // A log-probability with every token: a random checkpoint's tokens are often text a
-        // server holds back (a tool call's markup, bytes of an unfinished character), and
-        // the chunk that carries a token's logprob marks its arrival either way.
-        "logprobs": true,
-    })
-    .to_string();
+    });
+    let path = match TOKEN_IDS.get() {
+        Some(tokenizer) => {
+            body["prompt"] = serde_json::json!(tokenizer.encode(prompt, false));
+            // The completions API's logprobs: the chosen token's, no alternatives.
+            body["logprobs"] = 0.into();
+            "/v1/completions"
+        }
+        None => {
+            body["messages"] = serde_json::json!([{"role": "user", "content": prompt}]);
+            // A log-probability with every token: a random checkpoint's tokens are often text
+            // a server holds back (a tool call's markup, bytes of an unfinished character),
+            // and the chunk that carries a token's logprob marks its arrival either way.
+            body["logprobs"] = true.into();
+            "/v1/chat/completions"
+        }
+    };
+    let body = body.to_string();
     let request = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
          Accept: text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
@@ -373,13 +391,16 @@ impl Event {
         let choice = &chunk["choices"][0];
         let delta = &choice["delta"];
         let non_empty = |key: &str| delta[key].as_str().is_some_and(|s| !s.is_empty());
+        let listed = |list: &serde_json::Value| list.as_array().is_some_and(|l| !l.is_empty());
         let usage = &chunk["usage"];
         Ok(Self {
+            // Chat: a delta's text or a token's logprob; completions: the chunk's text, or
+            // its logprobs in the completions shape (`tokens`) or the chat one.
             text: non_empty("content")
                 || non_empty("reasoning_content")
-                || choice["logprobs"]["content"]
-                    .as_array()
-                    .is_some_and(|tokens| !tokens.is_empty()),
+                || choice["text"].as_str().is_some_and(|s| !s.is_empty())
+                || listed(&choice["logprobs"]["content"])
+                || listed(&choice["logprobs"]["tokens"]),
             finish: choice["finish_reason"].is_string(),
             usage: usage["prompt_tokens"]
                 .as_u64()

@@ -1,5 +1,5 @@
-//! `POST /v1/completions`: a plain-text prompt, and log-probabilities asked for as OpenAI's
-//! completions API does (`logprobs: N`, the chosen token and N alternatives, N from 0 to 5).
+//! `POST /v1/completions`: a plain-text prompt or one of token ids, and log-probabilities asked
+//! for as OpenAI's completions API does (`logprobs: N`, the chosen token and N alternatives, N from 0 to 5).
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -102,11 +102,49 @@ impl CompletionRequest {
             ));
         }
         let prompt = match fields.prompt {
-            Value::String(s) => s,
-            _ => return Err(ApiError::invalid("prompt", "prompt must be a string")),
+            Value::String(s) => Prompt::Text(s),
+            Value::Array(items) => Prompt::Tokens(token_ids(&items, limits.vocab_size)?),
+            _ => {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    "prompt must be a string or an array of token ids",
+                ));
+            }
         };
-        Ok(checked.with(Prompt::Text(prompt)))
+        Ok(checked.with(prompt))
     }
+}
+
+/// A prompt given as token ids: a non-empty array of integers below the vocabulary's size. An
+/// array of strings or of arrays (OpenAI's several prompts in one request) is refused: one
+/// prompt per request.
+fn token_ids(items: &[Value], vocab: usize) -> Result<Vec<u32>, ApiError> {
+    if items.is_empty() {
+        return Err(ApiError::invalid(
+            "prompt",
+            "prompt is an empty array: give a string or at least one token id",
+        ));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| match item.as_u64() {
+            Some(id) if (id as usize) < vocab => Ok(id as u32),
+            Some(id) => Err(ApiError::invalid(
+                "prompt",
+                format!("prompt[{i}] is token id {id}, outside the vocabulary of {vocab}"),
+            )),
+            None if item.is_string() || item.is_array() => Err(ApiError::invalid(
+                "prompt",
+                "one prompt per request: prompt is a string or an array of token ids, not a \
+                 list of prompts",
+            )),
+            None => Err(ApiError::invalid(
+                "prompt",
+                format!("prompt[{i}] is {item}, not a token id (an integer from 0)"),
+            )),
+        })
+        .collect()
 }
 
 impl<'de> Deserialize<'de> for CompletionRequest {

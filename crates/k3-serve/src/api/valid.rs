@@ -29,8 +29,10 @@ pub struct ValidRequest {
 }
 
 /// The prompt: chat messages rendered with XTML (rendered while validating, so a conversation
-/// the template refuses is a 400), or plain text.
+/// the template refuses is a 400), plain text, or token ids. Non-exhaustive: structured
+/// prompts may come.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum Prompt {
     /// A chat: the rendered template's segments.
     Chat {
@@ -47,4 +49,7 @@ pub enum Prompt {
     },
     /// A completion request's plain text (no template, no BOS).
     Text(String),
+    /// A completion request's prompt given as token ids (OpenAI's array of integers), fed as
+    /// they are: no template, no BOS, nothing encoded.
+    Tokens(Vec<u32>),
 }

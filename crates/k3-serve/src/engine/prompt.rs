@@ -7,7 +7,8 @@ use k3_model::tokenizer::Tokenizer;
 use crate::api::valid::Prompt;
 
 /// A validated request's prompt as the pieces that are encoded each on its own (chat messages
-/// rendered; plain text is one piece in which special-token strings are ordinary text).
+/// rendered; plain text is one piece in which special-token strings are ordinary text; a
+/// prompt of token ids has none: it is not encoded).
 pub fn prompt_segments(prompt: &Prompt) -> Vec<Segment> {
     match prompt {
         Prompt::Chat { segments, .. } => segments.clone(),
@@ -15,6 +16,7 @@ pub fn prompt_segments(prompt: &Prompt) -> Vec<Segment> {
             text: text.clone(),
             special: false,
         }],
+        Prompt::Tokens(_) => Vec::new(),
     }
 }
 
@@ -62,11 +64,14 @@ pub fn system_segments(prompt: &Prompt) -> usize {
         Prompt::Chat {
             system_segments, ..
         } => *system_segments,
-        Prompt::Text(_) => 0,
+        Prompt::Text(_) | Prompt::Tokens(_) => 0,
     }
 }
 
-/// The tokens of a validated request's prompt.
+/// The tokens of a validated request's prompt: given ids as they are, text encoded.
 pub fn prompt_ids(tokenizer: &Tokenizer, prompt: &Prompt) -> Vec<u32> {
-    encode_segments(tokenizer, &prompt_segments(prompt))
+    match prompt {
+        Prompt::Tokens(ids) => ids.clone(),
+        _ => encode_segments(tokenizer, &prompt_segments(prompt)),
+    }
 }

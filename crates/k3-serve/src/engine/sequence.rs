@@ -118,7 +118,7 @@ impl Sequence {
                     parser.calls_as_text()
                 }
             }),
-            Prompt::Text(_) => None,
+            Prompt::Text(_) | Prompt::Tokens(_) => None,
         };
         Self {
             session: model.session(),

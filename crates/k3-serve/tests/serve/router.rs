@@ -385,7 +385,7 @@ fn rendered_prompt(
             k3_serve::api::Prompt::Chat { segments, .. } => {
                 Ok(segments.iter().map(|s| s.text.as_str()).collect())
             }
-            k3_serve::api::Prompt::Text(_) => panic!("a chat request gave a text prompt"),
+            other => panic!("a chat request gave a completion's prompt: {other:?}"),
         },
         Err(e) => Err((json!(e.param), e.message)),
     }
@@ -981,7 +981,7 @@ fn thinking_defaults_to_the_server_setting() {
         let request: k3_serve::api::ChatRequest = serde_json::from_value(chat_json(extra)).unwrap();
         match request.validate(&limits).unwrap().prompt {
             k3_serve::api::Prompt::Chat { thinking, .. } => thinking,
-            k3_serve::api::Prompt::Text(_) => panic!("a chat request gave a text prompt"),
+            other => panic!("a chat request gave a completion's prompt: {other:?}"),
         }
     };
     assert!(thinks(true, json!({})));

@@ -266,3 +266,43 @@ async fn completion_logprobs_have_the_completions_shape() {
     // Greedy: the stream's tokens are the whole answer's.
     assert_eq!(joined, whole["choices"][0]["logprobs"]);
 }
+
+/// A completions prompt of token ids (OpenAI's array of integers) is fed as given: it answers
+/// what the text those ids encode answers, token for token and logprob for logprob; an
+/// empty array, a list of prompts, a non-integer and an id outside the vocabulary are 400s
+/// naming `prompt`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_of_token_ids_answers_as_its_text() {
+    let s = state(8, 2, 512);
+    let text = "The quick brown fox jumps over the lazy dog";
+    let ids = s.engine.tokenizer.encode(text, false);
+    assert!(ids.len() > 3, "{ids:?}");
+    let ask = |prompt: Value| {
+        json!({"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 3})
+    };
+    let (status, by_text) = post(&s, "/v1/completions", ask(json!(text))).await;
+    assert_eq!(status, StatusCode::OK, "{by_text}");
+    let (status, by_ids) = post(&s, "/v1/completions", ask(json!(ids))).await;
+    assert_eq!(status, StatusCode::OK, "{by_ids}");
+    let (a, b): (Value, Value) = (
+        serde_json::from_str(&by_text).unwrap(),
+        serde_json::from_str(&by_ids).unwrap(),
+    );
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
+    assert_eq!(a["choices"][0]["logprobs"], b["choices"][0]["logprobs"]);
+    assert_eq!(b["usage"]["prompt_tokens"], ids.len());
+    for (prompt, says) in [
+        (json!([]), "empty array"),
+        (json!(["a", "b"]), "one prompt per request"),
+        (json!([[1, 2]]), "one prompt per request"),
+        (json!([1, 2.5]), "prompt[1]"),
+        (json!([1, -3]), "prompt[1]"),
+        (json!([1, 1024]), "outside the vocabulary of 1024"),
+        (json!({"ids": [1]}), "a string or an array of token ids"),
+    ] {
+        let (status, text) = post(&s, "/v1/completions", ask(prompt.clone())).await;
+        let (code, param, _) = error_of(status, &text);
+        assert_eq!((code, param), (400, json!("prompt")), "{prompt}: {text}");
+        assert!(text.contains(says), "{prompt}: {text}");
+    }
+}
