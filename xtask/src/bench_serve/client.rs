@@ -394,13 +394,13 @@ impl Event {
         let listed = |list: &serde_json::Value| list.as_array().is_some_and(|l| !l.is_empty());
         let usage = &chunk["usage"];
         Ok(Self {
-            // Chat: a delta's text or a token's logprob; completions: the chunk's text, or
-            // its logprobs in the completions shape (`tokens`) or the chat one.
+            // Chat: a delta's text or a token's logprob. Completions: every chunk before the
+            // last is a token (llama-server streams one a chunk, its text empty where the
+            // bytes are not a whole character yet; ours one a chunk with `logprobs`).
             text: non_empty("content")
                 || non_empty("reasoning_content")
-                || choice["text"].as_str().is_some_and(|s| !s.is_empty())
                 || listed(&choice["logprobs"]["content"])
-                || listed(&choice["logprobs"]["tokens"]),
+                || (choice["text"].is_string() && choice["finish_reason"].is_null()),
             finish: choice["finish_reason"].is_string(),
             usage: usage["prompt_tokens"]
                 .as_u64()
@@ -505,6 +505,11 @@ mod tests {
         assert!(Event::parse(held).unwrap().text);
         let empty = r#"{"choices":[{"delta":{"content":""},"logprobs":{"content":[]}}]}"#;
         assert!(!Event::parse(empty).unwrap().text);
+        // A completions chunk is a token until the one with the finish reason.
+        let token = r#"{"choices":[{"text":"","logprobs":null,"finish_reason":null}]}"#;
+        assert!(Event::parse(token).unwrap().text);
+        let last = r#"{"choices":[{"text":"","finish_reason":"length"}]}"#;
+        assert!(!Event::parse(last).unwrap().text);
     }
 
     #[test]
