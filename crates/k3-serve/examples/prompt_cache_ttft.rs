@@ -19,8 +19,8 @@ use k3_model::experts::ExpertOptions;
 use k3_model::model::snapshot::state_bytes;
 use k3_serve::api::{ChatRequest, Limits};
 use k3_serve::engine::{
-    EngineConfig, EngineHandle, Event, Job, PromptCacheOptions, encode_split, prompt_segments,
-    spawn, system_segments, wait_ready,
+    EngineConfig, EngineHandle, Event, Job, PromptCacheOptions, encode_prompt, prompt_segments,
+    spawn, wait_ready,
 };
 use serde_json::json;
 
@@ -229,11 +229,7 @@ fn chat(
             .validate(&limits)
             .map_err(|e| anyhow::anyhow!("{}", e.message))?;
         let segments = prompt_segments(&request.prompt);
-        let (ids, system_tokens) = encode_split(
-            &engine.tokenizer,
-            &segments,
-            system_segments(&request.prompt),
-        );
+        let (ids, system_tokens) = encode_prompt(&engine.tokenizer, &request.prompt, &segments);
         if ids.len() + ANSWER_TOKENS > context {
             bail!("turn {turn}'s prompt of {} tokens is too long", ids.len());
         }

@@ -39,6 +39,8 @@ pub use config::EngineConfig;
 pub use handle::{EngineHandle, spawn, wait_ready};
 pub use job::{Event, Job, TokenLogprob};
 pub use metrics::{BUCKETS, Histogram, Metrics};
-pub use prompt::{encode_segments, encode_split, prompt_ids, prompt_segments, system_segments};
+pub use prompt::{
+    encode_prompt, encode_segments, encode_split, prompt_ids, prompt_segments, system_segments,
+};
 pub use queue::SubmitError;
 pub use state::StateFiles;

@@ -68,10 +68,21 @@ pub fn system_segments(prompt: &Prompt) -> usize {
     }
 }
 
-/// The tokens of a validated request's prompt: given ids as they are, text encoded.
-pub fn prompt_ids(tokenizer: &Tokenizer, prompt: &Prompt) -> Vec<u32> {
+/// The tokens of a validated request's prompt whose segments are `segments`
+/// ([`prompt_segments`]), and how many of them are its system block: ids given as they are
+/// (no system block), text encoded ([`encode_split`]).
+pub fn encode_prompt(
+    tokenizer: &Tokenizer,
+    prompt: &Prompt,
+    segments: &[Segment],
+) -> (Vec<u32>, usize) {
     match prompt {
-        Prompt::Tokens(ids) => ids.clone(),
-        _ => encode_segments(tokenizer, &prompt_segments(prompt)),
+        Prompt::Tokens(ids) => (ids.clone(), 0),
+        _ => encode_split(tokenizer, segments, system_segments(prompt)),
     }
+}
+
+/// The tokens of a validated request's prompt.
+pub fn prompt_ids(tokenizer: &Tokenizer, prompt: &Prompt) -> Vec<u32> {
+    encode_prompt(tokenizer, prompt, &prompt_segments(prompt)).0
 }

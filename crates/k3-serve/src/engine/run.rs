@@ -230,11 +230,15 @@ pub(super) fn run(
                         Feed::Decode => "sampling",
                         Feed::Prompt(range) => {
                             sequence.fed_prompt = range.end;
-                            let tokens: Vec<usize> = sequence.prompt[..range.end]
-                                .iter()
-                                .map(|&t| t as usize)
-                                .collect();
-                            if range.end == sequence.system_tokens || logits.is_some() {
+                            // A snapshot at the system block's end and at the prompt's (the
+                            // prefix as ids only then: not on every chunk of a long prompt).
+                            if cache.is_on()
+                                && (range.end == sequence.system_tokens || logits.is_some())
+                            {
+                                let tokens: Vec<usize> = sequence.prompt[..range.end]
+                                    .iter()
+                                    .map(|&t| t as usize)
+                                    .collect();
                                 cache.save(sequence.cache_namespace, &tokens, &sequence.session);
                             }
                             "prefill"

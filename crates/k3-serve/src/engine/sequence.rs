@@ -207,7 +207,7 @@ impl Sequence {
     }
 
     /// Ends it if its client has gone away (checked at each step boundary, so a prefill
-    /// stops at the next one); true if it did.
+    /// stops at the next one, and before sampling); true if it has ended.
     pub(super) fn cancel_if_gone(&mut self) -> bool {
         if !self.finished && self.events.is_closed() {
             self.log_end("cancelled (the client went away)");
@@ -228,9 +228,7 @@ impl Sequence {
 
     /// Samples the next token from `logits` and sends what it adds.
     pub(super) fn advance(&mut self, logits: &[f32], tokenizer: &Tokenizer, metrics: &Metrics) {
-        if self.events.is_closed() {
-            self.log_end("cancelled (the client went away)");
-            self.finished = true;
+        if self.cancel_if_gone() {
             return;
         }
         let now = Instant::now();

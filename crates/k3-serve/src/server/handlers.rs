@@ -18,10 +18,10 @@ use super::state::{AppState, check_engine};
 use crate::api::chat::ChatRequest;
 use crate::api::completion::CompletionRequest;
 use crate::api::error::ApiError;
-use crate::api::valid::{Prompt, ValidRequest};
+use crate::api::valid::ValidRequest;
 use crate::auth::Tenant;
 use crate::engine::job::Job;
-use crate::engine::prompt::{encode_split, min_prompt_tokens, prompt_segments, system_segments};
+use crate::engine::prompt::{encode_prompt, min_prompt_tokens, prompt_segments};
 use crate::engine::queue::SubmitError;
 
 /// A JSON body or the error explaining why not (413 too large, 400 malformed, 422 wrong
@@ -57,10 +57,7 @@ async fn tokenize(
         if least + request.max_tokens > context {
             return Err(too_long(format!("at least {least}"), request.max_tokens));
         }
-        let (ids, system_tokens) = match &request.prompt {
-            Prompt::Tokens(ids) => (ids.clone(), 0),
-            prompt => encode_split(&tokenizer, &segments, system_segments(prompt)),
-        };
+        let (ids, system_tokens) = encode_prompt(&tokenizer, &request.prompt, &segments);
         if ids.is_empty() {
             return Err(ApiError::invalid(
                 "prompt",

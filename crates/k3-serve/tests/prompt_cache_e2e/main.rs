@@ -231,8 +231,7 @@ pub(crate) fn chat_ids(state: &AppState, messages: &Value) -> (Vec<u32>, usize) 
         serde_json::from_value(json!({"model": "tiny", "messages": messages})).unwrap();
     let valid = request.validate(&state.limits).unwrap();
     let segments = k3_serve::engine::prompt_segments(&valid.prompt);
-    let split = k3_serve::engine::system_segments(&valid.prompt);
-    k3_serve::engine::encode_split(&state.engine.tokenizer, &segments, split)
+    k3_serve::engine::encode_prompt(&state.engine.tokenizer, &valid.prompt, &segments)
 }
 
 pub(crate) async fn metric(state: &AppState, name: &str) -> u64 {
