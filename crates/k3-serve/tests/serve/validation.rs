@@ -277,9 +277,7 @@ async fn a_prompt_of_token_ids_answers_as_its_text() {
     let text = "The quick brown fox jumps over the lazy dog";
     let ids = s.engine.tokenizer.encode(text, false);
     assert!(ids.len() > 3, "{ids:?}");
-    let ask = |prompt: Value| {
-        json!({"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 3})
-    };
+    let ask = |prompt: Value| json!({"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 3});
     let (status, by_text) = post(&s, "/v1/completions", ask(json!(text))).await;
     assert_eq!(status, StatusCode::OK, "{by_text}");
     let (status, by_ids) = post(&s, "/v1/completions", ask(json!(ids))).await;
