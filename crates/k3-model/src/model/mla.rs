@@ -1,11 +1,12 @@
 //! Gated MLA in the absorbed form over a chunk of several sequences' tokens (docs/MODEL.md §7).
 
+use super::attend::{Dims, HeadBuffers, head_context};
 use super::error::Result;
 use super::forward::Model;
 use super::session::MlaCache;
 use super::weights::Mla;
 use super::wide::wide;
-use crate::ops::{dot, rms_norm};
+use crate::ops::rms_norm;
 
 /// The MLA low-rank norms use 1e-6 (HF's default), not `rms_norm_eps` (docs/MODEL.md §7.1).
 const MLA_NORM_EPS: f32 = 1e-6;
@@ -57,46 +58,11 @@ impl Model<'_> {
                 cache.k_pe.extend_from_slice(&ckv[rank..rank + rope]);
             }
             let cache = &*cache;
-            // One head's context for token t (the absorbed form, docs/MODEL.md §7.3).
-            let head_context = |t: usize, head: usize, out: &mut [f32]| {
-                let positions = first_position + (t - span.start) + 1;
-                let qh = &qs[t][head * (nope + rope)..(head + 1) * (nope + rope)];
-                let rows = &w.kv_b[head * (nope + vd) * rank..(head + 1) * (nope + vd) * rank];
-                // q_abs = W_UKᵀ q_nope: [rank].
-                let mut q_abs = vec![0.0f32; rank];
-                for (i, &qi) in qh[..nope].iter().enumerate() {
-                    for (a, &wv) in q_abs.iter_mut().zip(&rows[i * rank..(i + 1) * rank]) {
-                        *a += qi * wv;
-                    }
-                }
-                let scores: Vec<f32> = (0..positions)
-                    .map(|p| {
-                        let c = &cache.latent[p * rank..(p + 1) * rank];
-                        let pe = &cache.k_pe[p * rope..(p + 1) * rope];
-                        (dot(&q_abs, c) + dot(&qh[nope..], pe)) * scale
-                    })
-                    .collect();
-                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let exps: Vec<f32> = scores
-                    .iter()
-                    .map(|&s| mxfp4_kernels::vmath::exp(s - max))
-                    .collect();
-                let total = exps.iter().fold(0.0f32, |a, &e| a + e);
-                let mut ctx_latent = vec![0.0f32; rank];
-                for (p, &e) in exps.iter().enumerate() {
-                    let weight = e / total;
-                    for (a, &cv) in ctx_latent
-                        .iter_mut()
-                        .zip(&cache.latent[p * rank..(p + 1) * rank])
-                    {
-                        *a += weight * cv;
-                    }
-                }
-                // ctx_h = W_UV ctx_latent: [v_head_dim].
-                for (j, o) in out.iter_mut().enumerate() {
-                    let wrow = &rows[(nope + j) * rank..(nope + j + 1) * rank];
-                    *o = dot(wrow, &ctx_latent);
-                }
+            let dims = Dims {
+                nope,
+                rope,
+                rank,
+                scale,
             };
             // Head groups as tasks over the read-only cache (heads are independent).
             let heads = m.num_heads;
@@ -113,15 +79,21 @@ impl Model<'_> {
                     #[inline(always)]
                     || {
                         let heads_here = g * per..((g + 1) * per).min(heads);
-                        span.clone()
-                            .map(|t| {
-                                let mut ctx = vec![0.0; heads_here.len() * vd];
-                                for (local, head) in heads_here.clone().enumerate() {
-                                    head_context(t, head, &mut ctx[local * vd..(local + 1) * vd]);
-                                }
-                                ctx
-                            })
-                            .collect()
+                        let mut buf = HeadBuffers::default();
+                        let mut ctxs = Vec::with_capacity(span.len());
+                        for t in span.clone() {
+                            let mut ctx = vec![0.0; heads_here.len() * vd];
+                            for (local, head) in heads_here.clone().enumerate() {
+                                let out = &mut ctx[local * vd..(local + 1) * vd];
+                                let positions = first_position + (t - span.start) + 1;
+                                let q = &qs[t][head * (nope + rope)..(head + 1) * (nope + rope)];
+                                let rows = &w.kv_b
+                                    [head * (nope + vd) * rank..(head + 1) * (nope + vd) * rank];
+                                head_context(&dims, cache, positions, q, rows, out, &mut buf);
+                            }
+                            ctxs.push(ctx);
+                        }
+                        ctxs
                     },
                 )
             };

@@ -21,6 +21,7 @@
 //! [`Checkpoint::linear`]: expert_store::Checkpoint::linear
 //! [`ExpertSource`]: expert_store::source::ExpertSource
 
+mod attend;
 mod clock;
 mod dispatch;
 mod error;
