@@ -15,6 +15,8 @@ pub(super) struct Dims {
     pub(super) rope: usize,
     pub(super) rank: usize,
     pub(super) scale: f32,
+    /// The CPU has avx512f (`wide::has_avx512`): scores go 16 positions at a time.
+    pub(super) avx512: bool,
 }
 
 /// One attention task's buffers, reused for each (token, head) it computes.
@@ -83,7 +85,27 @@ pub(super) fn head_context(
     let scores = &mut buf.scores;
     scores.clear();
     scores.resize(positions, 0.0);
-    for (p, s) in scores.iter_mut().enumerate() {
+    let mut scored = 0;
+    #[cfg(target_arch = "x86_64")]
+    if d.avx512 && rank % 16 == 0 && rope % 16 == 0 {
+        scored = positions / 16 * 16;
+        for (b, block) in scores[..scored].chunks_exact_mut(16).enumerate() {
+            let p = 16 * b;
+            // SAFETY: `d.avx512` is set only where the kernels' tier proves avx512f; the
+            // widths are multiples of 16 and the slices hold 16 rows of each.
+            let s = unsafe {
+                x86::scores16(
+                    q_abs,
+                    q_pe,
+                    &cache.latent[p * rank..(p + 16) * rank],
+                    &cache.k_pe[p * rope..(p + 16) * rope],
+                    d.scale,
+                )
+            };
+            block.copy_from_slice(&s);
+        }
+    }
+    for (p, s) in scores.iter_mut().enumerate().skip(scored) {
         let c = &cache.latent[p * rank..(p + 1) * rank];
         let pe = &cache.k_pe[p * rope..(p + 1) * rope];
         *s = (dot(q_abs, c) + dot(q_pe, pe)) * d.scale;
@@ -107,9 +129,130 @@ pub(super) fn head_context(
     }
 }
 
+/// Sixteen positions' scores at once with `ops::dot`'s bits.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use core::arch::x86_64::*;
+
+    /// `(dot(q, latent[l]) + dot(q_pe, pe[l])) * scale` for the 16 rows `l` of `latent` and
+    /// `pe` (widths `q.len()` and `q_pe.len()`, multiples of 16), each dot in `ops::dot`'s
+    /// order: per row, lane `i` sums the products of values `i, i + 16, …` from 0.0 (a
+    /// multiply, then an add: no fused multiply-add), then the tree adds lanes 8 apart, 4, 2,
+    /// 1. The rows' 16 accumulators are independent chains (a row at a time waits on each
+    /// add), and the tree runs on all 16 at once as a transposition (`reduce16`).
+    ///
+    /// # Safety
+    /// The CPU must have avx512f.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn scores16(
+        q: &[f32],
+        q_pe: &[f32],
+        latent: &[f32],
+        pe: &[f32],
+        scale: f32,
+    ) -> [f32; 16] {
+        let d1 = reduce16(lanes16(q, latent));
+        let d2 = reduce16(lanes16(q_pe, pe));
+        let s = _mm512_mul_ps(_mm512_add_ps(d1, d2), _mm512_set1_ps(scale));
+        let mut out = [0.0f32; 16];
+        // SAFETY: `out` is 16 f32.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), s) };
+        out
+    }
+
+    /// Each of the 16 rows' 16 partial sums of `a · row` (rows of `a.len()` values).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn lanes16(a: &[f32], rows: &[f32]) -> [__m512; 16] {
+        let width = a.len();
+        assert!(width % 16 == 0 && rows.len() == 16 * width);
+        let mut acc = [_mm512_setzero_ps(); 16];
+        for k in (0..width).step_by(16) {
+            // SAFETY: k + 16 <= width = a.len().
+            let x = unsafe { _mm512_loadu_ps(a.as_ptr().add(k)) };
+            for (l, sums) in acc.iter_mut().enumerate() {
+                // SAFETY: l * width + k + 16 <= 16 * width = rows.len() (asserted).
+                let y = unsafe { _mm512_loadu_ps(rows.as_ptr().add(l * width + k)) };
+                *sums = _mm512_add_ps(*sums, _mm512_mul_ps(x, y));
+            }
+        }
+        acc
+    }
+
+    /// `[tree(v[0]), …, tree(v[15])]`, where `tree` is `ops::dot`'s: lanes 8 apart added, then
+    /// 4, 2, 1. Each level adds the same lane pairs as the tree, for two or four vectors in
+    /// one add, and a last permutation puts row `l`'s sum in lane `l`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn reduce16(v: [__m512; 16]) -> __m512 {
+        // Lanes i + 8 onto i: [a.q0 a.q1 b.q0 b.q1] + [a.q2 a.q3 b.q2 b.q3].
+        let x: [__m512; 8] = core::array::from_fn(|j| {
+            let (a, b) = (v[2 * j], v[2 * j + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0x44>(a, b),
+                _mm512_shuffle_f32x4::<0xEE>(a, b),
+            )
+        });
+        // Lanes i + 4 onto i: each vector holds two rows' 8 lanes.
+        let y: [__m512; 4] = core::array::from_fn(|m| {
+            let (a, b) = (x[2 * m], x[2 * m + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0x88>(a, b),
+                _mm512_shuffle_f32x4::<0xDD>(a, b),
+            )
+        });
+        // Quarter c of y[m] holds row 4m + c's 4 lanes. Lanes i + 2 onto i.
+        let z: [__m512; 2] = core::array::from_fn(|n| {
+            let (a, b) = (y[2 * n], y[2 * n + 1]);
+            _mm512_add_ps(
+                _mm512_shuffle_ps::<0x44>(a, b),
+                _mm512_shuffle_ps::<0xEE>(a, b),
+            )
+        });
+        // Quarter c of z[n]: rows 8n + c and 8n + 4 + c, 2 lanes each. Lane 1 onto lane 0.
+        let w = _mm512_add_ps(
+            _mm512_shuffle_ps::<0x88>(z[0], z[1]),
+            _mm512_shuffle_ps::<0xDD>(z[0], z[1]),
+        );
+        // Lane 4c + j of w is row 4j + c.
+        const ROWS: [i32; 16] = [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15];
+        // SAFETY: ROWS is 16 i32.
+        let idx = unsafe { _mm512_loadu_si512(ROWS.as_ptr().cast()) };
+        _mm512_permutexvar_ps(idx, w)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The 16-position scores have `ops::dot`'s bits, for K3's widths (rank 512, rope 64)
+    /// and k3-0.40b's (128, 32), values of mixed sign and magnitude.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn sixteen_scores_at_once_have_the_dot_bits() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            eprintln!("no avx512f on this CPU: nothing to compare");
+            return;
+        }
+        let mut rng = fastrand::Rng::with_seed(11);
+        for (rank, rope) in [(128usize, 32usize), (512, 64), (16, 16)] {
+            let mut value = || (rng.f32() - 0.5) * 2f32.powi(rng.i32(-8..8));
+            let q: Vec<f32> = (0..rank).map(|_| value()).collect();
+            let q_pe: Vec<f32> = (0..rope).map(|_| value()).collect();
+            let latent: Vec<f32> = (0..16 * rank).map(|_| value()).collect();
+            let pe: Vec<f32> = (0..16 * rope).map(|_| value()).collect();
+            let scale = 0.0723;
+            // SAFETY: avx512f was detected above.
+            let got = unsafe { x86::scores16(&q, &q_pe, &latent, &pe, scale) };
+            for l in 0..16 {
+                let want = (dot(&q, &latent[l * rank..(l + 1) * rank])
+                    + dot(&q_pe, &pe[l * rope..(l + 1) * rope]))
+                    * scale;
+                assert_eq!(got[l].to_bits(), want.to_bits(), "rank {rank}, row {l}");
+            }
+        }
+    }
 
     /// `weighted_rows` sums each value in position order from 0.0, as the loop over positions
     /// with the whole vector per position did: the same bits, for widths that are and are not

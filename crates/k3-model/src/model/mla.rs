@@ -63,6 +63,7 @@ impl Model<'_> {
                 rope,
                 rank,
                 scale,
+                avx512: super::wide::has_avx512(&self.kernels),
             };
             // Head groups as tasks over the read-only cache (heads are independent).
             let heads = m.num_heads;

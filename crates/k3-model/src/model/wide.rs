@@ -9,10 +9,7 @@ use mxfp4_kernels::Kernels;
 #[inline(always)]
 pub(super) fn wide<T>(kernels: &Kernels, f: impl FnOnce() -> T) -> T {
     #[cfg(target_arch = "x86_64")]
-    if !matches!(
-        kernels.tier(),
-        mxfp4_kernels::Tier::Scalar | mxfp4_kernels::Tier::Avx2
-    ) {
+    if has_avx512(kernels) {
         // SAFETY: an AVX-512 tier's `Kernels` exists only where avx512f/bw/vl were detected.
         return unsafe { avx512(f) };
     }
@@ -25,4 +22,15 @@ pub(super) fn wide<T>(kernels: &Kernels, f: impl FnOnce() -> T) -> T {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn avx512<T>(f: impl FnOnce() -> T) -> T {
     f()
+}
+
+/// Whether `kernels`' tier proves the CPU has avx512f, avx512bw and avx512vl (an AVX-512
+/// tier's `Kernels` exists only where they were detected).
+#[inline(always)]
+pub(super) fn has_avx512(kernels: &Kernels) -> bool {
+    cfg!(target_arch = "x86_64")
+        && !matches!(
+            kernels.tier(),
+            mxfp4_kernels::Tier::Scalar | mxfp4_kernels::Tier::Avx2
+        )
 }
