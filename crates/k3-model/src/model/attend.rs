@@ -87,7 +87,7 @@ pub(super) fn head_context(
     scores.resize(positions, 0.0);
     let mut scored = 0;
     #[cfg(target_arch = "x86_64")]
-    if d.avx512 && rank % 16 == 0 && rope % 16 == 0 {
+    if d.avx512 && rank.is_multiple_of(16) && rope.is_multiple_of(16) {
         scored = positions / 16 * 16;
         for (b, block) in scores[..scored].chunks_exact_mut(16).enumerate() {
             let p = 16 * b;
@@ -137,9 +137,10 @@ mod x86 {
     /// `(dot(q, latent[l]) + dot(q_pe, pe[l])) * scale` for the 16 rows `l` of `latent` and
     /// `pe` (widths `q.len()` and `q_pe.len()`, multiples of 16), each dot in `ops::dot`'s
     /// order: per row, lane `i` sums the products of values `i, i + 16, …` from 0.0 (a
-    /// multiply, then an add: no fused multiply-add), then the tree adds lanes 8 apart, 4, 2,
-    /// 1. The rows' 16 accumulators are independent chains (a row at a time waits on each
-    /// add), and the tree runs on all 16 at once as a transposition (`reduce16`).
+    /// multiply, then an add: no fused multiply-add), then the tree adds lanes 8 apart, then
+    /// 4, 2 and 1 apart. The rows' 16 accumulators are independent chains (a row at a time
+    /// waits on each add), and the tree runs on all 16 at once as a transposition
+    /// (`reduce16`).
     ///
     /// # Safety
     /// The CPU must have avx512f.
@@ -165,7 +166,7 @@ mod x86 {
     #[inline]
     fn lanes16(a: &[f32], rows: &[f32]) -> [__m512; 16] {
         let width = a.len();
-        assert!(width % 16 == 0 && rows.len() == 16 * width);
+        assert!(width.is_multiple_of(16) && rows.len() == 16 * width);
         let mut acc = [_mm512_setzero_ps(); 16];
         for k in (0..width).step_by(16) {
             // SAFETY: k + 16 <= width = a.len().
