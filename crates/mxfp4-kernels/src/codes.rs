@@ -78,6 +78,30 @@ pub fn quantize_group(values: &[f32; 32]) -> ([u8; 16], u8) {
     (packed, scale_byte)
 }
 
+/// Weights per Q8_0 block (ggml's `QK8_0`).
+pub const Q8_0_BLOCK: usize = 32;
+/// Bytes per Q8_0 block: the F16 step, then 32 int8 values (ggml's `block_q8_0`).
+pub const Q8_0_BLOCK_BYTES: usize = 34;
+
+/// Quantises 32 values to one ggml `block_q8_0` the way ggml's `quantize_row_q8_0_ref` does,
+/// so a matrix quantised here holds llama.cpp's Q8_0 bytes: the step `d = max|x| / 127` is
+/// stored as F16 (round to nearest even), and each value becomes `round(x · (1/d))` (ties away
+/// from zero; `1/d` from the f32 step, before its rounding to F16). An all-zero block gets
+/// step 0 and values 0. Returns the block: the step's two bytes (little-endian), then the
+/// values.
+pub fn quantize_q8_0(values: &[f32; Q8_0_BLOCK]) -> [u8; Q8_0_BLOCK_BYTES] {
+    let amax = values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let inverse = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut block = [0u8; Q8_0_BLOCK_BYTES];
+    block[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+    for (q, &v) in block[2..].iter_mut().zip(values) {
+        // `as` saturates; |v · (1/d)| rounds to at most 127 (one ulp above 127 at most).
+        *q = ((v * inverse).round() as i8) as u8;
+    }
+    block
+}
+
 /// The E2M1 code nearest to `x` (ties to the code with an even mantissa bit), saturating.
 fn nearest_e2m1(x: f32) -> u8 {
     let magnitude = x.abs();

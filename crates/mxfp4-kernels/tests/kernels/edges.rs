@@ -400,3 +400,30 @@ fn quantize_group_round_trips_representable_values_and_bounds_the_error() {
     }
     assert_eq!(quantize_group(&[0.0; 32]), ([0; 16], 0));
 }
+
+/// ggml's `quantize_row_q8_0_ref` by hand: step `max|x| / 127` as F16, values rounded half away
+/// from zero (so 2.5 gives 3, not the even 2), an all-zero block all zeros, and a step that F16
+/// rounds (1/127 is 0x2008) while the values use the unrounded f32 step's inverse.
+#[test]
+fn quantize_q8_0_is_ggmls_reference_rule() {
+    use mxfp4_kernels::codes::quantize_q8_0;
+    let mut x = [0.0f32; 32];
+    x[..6].copy_from_slice(&[127.0, -63.5, 0.5, 1.5, 2.5, -0.49]);
+    let block = quantize_q8_0(&x);
+    assert_eq!(u16::from_le_bytes([block[0], block[1]]), 0x3C00, "step 1.0");
+    let q: Vec<i8> = block[2..].iter().map(|&b| b as i8).collect();
+    assert_eq!(&q[..6], &[127, -64, 1, 2, 3, 0]);
+    assert!(q[6..].iter().all(|&v| v == 0));
+    assert_eq!(quantize_q8_0(&[0.0; 32]), [0u8; 34]);
+    let mut y = [0.0f32; 32];
+    y[0] = -1.0;
+    y[1] = 0.5;
+    y[2] = 0.25;
+    let block = quantize_q8_0(&y);
+    assert_eq!(u16::from_le_bytes([block[0], block[1]]), 0x2008);
+    // 0.5 · 127 = 63.5 rounds away to 64; 0.25 · 127 = 31.75 to 32.
+    assert_eq!(
+        [block[2] as i8, block[3] as i8, block[4] as i8],
+        [-127, 64, 32]
+    );
+}
