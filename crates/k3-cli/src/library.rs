@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use expert_store::Policy;
 use k3_model::builder::EngineOptions;
 use k3_model::builder::PackCachePlace;
+use k3_model::plan::TrunkFormat;
 
 use crate::error::UsageError;
 use crate::flag::{Flag, Group, Kind};
@@ -90,6 +91,14 @@ pub fn library_flags() -> Vec<Flag> {
             "no-pack-trunk",
             performance,
             "keep the BF16 matrices a memory plan holds resident or streams as stored, and under a memory limit that everything fits read them through the mapping (default: packed losslessly in 12.25 bits per weight, so 1.3x as many fit and 0.77x the bytes stream, at about 0.8x the BF16 GEMV rate on avx2 and faster per token than BF16 on avx512, where a limit that fits holds the whole trunk packed; the same logits)",
+        ),
+        Flag::value(
+            "trunk-format",
+            "FORMAT",
+            Choice(&TrunkFormat::NAMES),
+            "bf16: every matrix as stored, exact",
+            performance,
+            "requantise the trunk's large projections once at load and hold them resident: q8_0 (ggml's Q8_0, 8.5 bits per weight) or mxfp4 (4.25); the router, the lm_head and KDA's small gate matrices stay as stored unless -all (q8_0-all, mxfp4-all); lossy, its error is in the README",
         ),
         Flag::value(
             "pack-cache",
@@ -230,6 +239,9 @@ pub fn apply_library_flags(parsed: &Parsed, options: &mut EngineOptions) -> Resu
     options.resident_trunk |= parsed.switch("resident-trunk");
     if parsed.switch("no-pack-trunk") {
         options.pack_trunk = false;
+    }
+    if let Some(format) = parsed.get_str("trunk-format") {
+        options.trunk_format = format.parse().map_err(UsageError::Other)?;
     }
     match parsed.get_str("pack-cache") {
         Some("off") => options.pack_cache = PackCachePlace::Off,

@@ -30,14 +30,16 @@ use crate::knob::Knob;
 use crate::units::gb;
 
 pub(crate) mod budget;
+mod format;
 mod sizes;
 mod stream;
 
 pub use budget::{MemoryUse, OverBudget, RunShape};
+pub use format::{FloatMatrix, QuantFormat, TrunkFormat};
 
 pub use sizes::{
-    HeldPacked, MERGE_GAP, PACKED_EXCEPTIONS_PER_10K, PackedAt, Part, StoredTensor, WeightSizes,
-    merged_reads, packed_resident_bytes, read_bytes,
+    HeldPacked, MERGE_GAP, PACKED_EXCEPTIONS_PER_10K, PackAs, PackedAt, Part, StoredTensor,
+    WeightSizes, merged_reads, packed_resident_bytes, read_bytes,
 };
 pub use stream::{BLOCK_ROWS, Layout, MIN_CAP, StreamStep, TrunkPlan, forced_bytes};
 
@@ -136,6 +138,22 @@ pub enum PlanError {
         /// The options that advice names.
         knobs: &'static [Knob],
     },
+    /// A lossy `--trunk-format` holds its requantised matrices resident, and this plan would
+    /// read one of them through the mapping or stream it (the stream reads stored bytes).
+    #[error(
+        "a requantised trunk is held resident, but the plan for {budget} would {how} {tensor}; \
+         {advice}, or keep the trunk as stored (--trunk-format bf16)"
+    )]
+    Requantised {
+        /// What to change, in words.
+        advice: &'static str,
+        /// The budget, in words (`16.0 GB (cgroup limit)`, `no known budget`).
+        budget: String,
+        /// What the plan would do with it (`stream`, `map`).
+        how: &'static str,
+        /// The matrix.
+        tensor: String,
+    },
 }
 
 impl PlanError {
@@ -149,6 +167,7 @@ impl PlanError {
                 Knob::IoThreads,
             ],
             PlanError::Flags { knobs, .. } => knobs,
+            PlanError::Requantised { .. } => &[Knob::MemoryLimit],
         }
     }
 }
@@ -221,6 +240,64 @@ impl Plan {
         let holds_all =
             plan.trunk.as_ref().is_some_and(|t| !t.streams()) && plan.expert_fraction >= 1.0;
         holds_all.then_some(plan)
+    }
+
+    /// The plan for `sizes` where a lossy `--trunk-format` requantises some matrices
+    /// ([`WeightSizes::with_trunk_format`]): planned as [`Plan::new`] plans any budget that
+    /// does not hold everything as stored (the mapping holds stored bytes, so it is never
+    /// the plan), and refused where a requantised matrix would be streamed rather than held.
+    pub fn requantised(
+        sizes: &WeightSizes,
+        flags: MemoryUse,
+        experts: &ExpertOptions,
+        run: RunShape,
+        budget: Option<MemoryBudget>,
+        margin: u64,
+        hidden: Option<u64>,
+    ) -> Result<Self, PlanError> {
+        // With no budget at all (a library caller's), everything is held.
+        let budget = budget.unwrap_or_else(|| MemoryBudget {
+            bytes: u64::MAX >> 2,
+            source: "no budget given".into(),
+            limit: false,
+        });
+        let words = format!("{} ({})", gb(budget.bytes), budget.source);
+        let budget = Some(budget);
+        let first = sizes
+            .read_tensors()
+            .find(|(_, t)| t.quant.is_some())
+            .map_or(String::new(), |(_, t)| t.name.clone());
+        if run.resident_trunk {
+            return Err(PlanError::Requantised {
+                advice: "drop --resident-trunk",
+                budget: words,
+                how: "copy as stored (--resident-trunk)",
+                tensor: first,
+            });
+        }
+        let plan = Self::make(sizes, flags, experts, run, budget, margin, hidden, false)?;
+        let Some(trunk) = &plan.trunk else {
+            return Err(PlanError::Requantised {
+                advice: "raise the memory limit",
+                budget: words,
+                how: "map",
+                tensor: first,
+            });
+        };
+        let streamed = trunk
+            .steps
+            .iter()
+            .flat_map(|s| &s.tensors)
+            .find(|t| t.quant.is_some());
+        if let Some(t) = streamed {
+            return Err(PlanError::Requantised {
+                advice: "raise the memory limit",
+                budget: words,
+                how: "stream",
+                tensor: t.name.clone(),
+            });
+        }
+        Ok(plan)
     }
 
     /// [`Plan::new`], with `map_fitting`: whether a budget that everything fits as stored

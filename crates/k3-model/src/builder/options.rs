@@ -14,7 +14,7 @@ use crate::experts::{ExpertOptions, ExpertOptionsError};
 use crate::knob::Knob;
 use crate::model::{ExpertPlacement, ModelError};
 use crate::packcache::place::PackCachePlace;
-use crate::plan::PlanError;
+use crate::plan::{PlanError, TrunkFormat};
 
 /// Everything an engine is built from besides the config and the checkpoint.
 #[derive(Debug, Clone)]
@@ -35,6 +35,9 @@ pub struct EngineOptions {
     /// GEMVs run at about 0.8x the BF16 rate on two Zen 3 cores), and read the ones it streams
     /// packed from the pack cache ([`Self::pack_cache`]). `--no-pack-trunk` clears it.
     pub pack_trunk: bool,
+    /// The trunk as stored (`bf16`, exact: the default), or its large projections requantised
+    /// once at load to Q8_0 or MXFP4 and held resident (`--trunk-format`; lossy, opt-in).
+    pub trunk_format: TrunkFormat,
     /// Where the pack cache is kept (`--pack-cache DIR|off`): by default beside the checkpoint,
     /// else where `PackCachePlace::Auto` says (k3-serve: `$XDG_CACHE_HOME/k3`).
     pub pack_cache: PackCachePlace,
@@ -67,6 +70,7 @@ impl Default for EngineOptions {
             expert_placement: ExpertPlacement::default(),
             resident_trunk: false,
             pack_trunk: true,
+            trunk_format: TrunkFormat::Bf16,
             pack_cache: PackCachePlace::default(),
             scan: false,
             max_batch: 1,

@@ -71,6 +71,7 @@ pub(super) fn plan(
     if !options.pack_trunk {
         sizes = sizes.unpacked();
     }
+    sizes = sizes.with_trunk_format(options.trunk_format);
     // The decode rates an earlier run measured (kept with the usage counts): the streamed
     // bytes a token's compute hides. A file that cannot be read only loses them.
     let hidden = options
@@ -84,7 +85,12 @@ pub(super) fn plan(
         None => Kernels::detect(),
     };
     let pool = Arc::new(options.pool.build_for(Arc::clone(&options.ranks))?);
-    let mut plan = Plan::new(
+    // A requantised trunk is held resident (the mapping and the stream hold stored bytes).
+    let plan_for = match sizes.requantised() {
+        true => Plan::requantised,
+        false => Plan::new,
+    };
+    let mut plan = plan_for(
         &sizes,
         flags,
         &options.experts,

@@ -370,3 +370,134 @@ fn an_earlier_runs_rates_size_the_stream() {
     assert_eq!(fingerprints(&first), unplanned);
     assert_eq!(fingerprints(&second), unplanned);
 }
+
+/// A copy of `tiny`'s checkpoint in which every matrix `format` requantises holds, as stored,
+/// the values its blocks decode to (`dequant`: a stored row's f32 values to the decoded ones,
+/// as stored bytes), the rest unchanged.
+fn dequantised_twin(
+    tiny: &Tiny,
+    format: crate::plan::TrunkFormat,
+    dequant: impl Fn(&[f32]) -> Vec<u8>,
+) -> Tiny {
+    use std::io::{Seek, SeekFrom, Write};
+    let twin = Scratch::new("builder-requant-twin");
+    for entry in std::fs::read_dir(tiny.0.path()).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), twin.path().join(entry.file_name())).unwrap();
+    }
+    let ckpt = Checkpoint::open(tiny.0.path()).unwrap();
+    let sizes = WeightSizes::new(&ckpt, &tiny.1)
+        .unwrap()
+        .with_trunk_format(format);
+    let mut written = 0;
+    for (_, t) in sizes.read_tensors().filter(|(_, t)| t.quant.is_some()) {
+        let stored = ckpt.require(&t.name).unwrap();
+        assert_eq!(stored.dtype, expert_store::Dtype::BF16, "{}", t.name);
+        let values: Vec<f32> = stored
+            .bytes
+            .chunks_exact(2)
+            .map(|b| mxfp4_kernels::codes::bf16_to_f32(u16::from_le_bytes([b[0], b[1]])))
+            .collect();
+        let file = twin.path().join(stored.path.file_name().unwrap());
+        let mut file = std::fs::OpenOptions::new().write(true).open(file).unwrap();
+        file.seek(SeekFrom::Start(stored.offset as u64)).unwrap();
+        file.write_all(&dequant(&values)).unwrap();
+        written += 1;
+    }
+    assert!(written > 0);
+    Tiny(twin, tiny.1.clone())
+}
+
+/// An MXFP4 trunk gives the bits of the engine (in an exact tier) on a checkpoint that
+/// stores, in BF16, the values its blocks decode to (E2M1 x 2^k is a BF16 value): the requantisation is
+/// `codes::quantize_group` and nothing else, and the MXFP4 GEMV sums as the BF16 one does. It
+/// is held resident with or without a limit, its bits are the same whatever the threads, the
+/// (synthetic) domains and the chunking, and they differ from the stored checkpoint's.
+#[test]
+fn an_mxfp4_trunk_is_its_dequantised_checkpoint_and_deterministic() {
+    use crate::plan::TrunkFormat;
+    let tiny = Tiny::new("requant");
+    let exact = fingerprints(&tiny.build(&options(1)).0);
+    for format in [
+        TrunkFormat::MxFp4 { all: false },
+        TrunkFormat::MxFp4 { all: true },
+    ] {
+        let twin = dequantised_twin(&tiny, format, |values| {
+            let mut bytes = Vec::with_capacity(2 * values.len());
+            for group in values.chunks_exact(32) {
+                let (codes, scale) =
+                    mxfp4_kernels::codes::quantize_group(group.try_into().unwrap());
+                for i in 0..32 {
+                    let code = (codes[i / 2] >> (4 * (i % 2))) & 0xF;
+                    let v = mxfp4_kernels::codes::mxfp4_value(code, scale);
+                    let bf16 = mxfp4_kernels::codes::f32_to_bf16(v);
+                    assert_eq!(mxfp4_kernels::codes::bf16_to_f32(bf16), v, "exact in BF16");
+                    bytes.extend_from_slice(&bf16.to_le_bytes());
+                }
+            }
+            bytes
+        });
+        // The exact tiers (the approximate ones round activations per format).
+        for kernels in Kernels::available()
+            .into_iter()
+            .filter(|k| k.tier().is_exact())
+        {
+            let mut plain = options(1);
+            plain.kernel_tier = Some(kernels.tier());
+            let expected = fingerprints(&twin.build(&plain).0);
+            assert_ne!(expected, exact, "{format} changed no logit");
+            let mut runs = Vec::new();
+            for (threads, domains, chunk) in [(1, None, 1), (2, None, 3), (2, Some(2), 4)] {
+                let mut options = options(threads);
+                options.kernel_tier = Some(kernels.tier());
+                options.trunk_format = format;
+                options.pool.fake_domains = domains;
+                let (engine, lines) = tiny.build(&options);
+                let trunk = engine.plan.trunk.as_ref().expect("planned resident");
+                assert!(!trunk.streams(), "{lines:?}");
+                let summary = engine.resident.as_ref().expect("resident").packed_summary();
+                assert!(summary.requantised > 0, "{lines:?}");
+                assert!(
+                    lines
+                        .iter()
+                        .any(|l| l.contains(&format!("requantised to {format}"))),
+                    "{lines:?}"
+                );
+                let model = engine.model().unwrap();
+                let mut session = model.session();
+                let logits = model
+                    .score(&mut session, &[5, 17, 42, 7, 300, 2], chunk)
+                    .unwrap();
+                runs.push(logits.iter().map(|l| fingerprint(l)).collect::<Vec<_>>());
+            }
+            for run in &runs {
+                assert_eq!(run, &expected, "{format}, {}", kernels.tier());
+            }
+        }
+    }
+}
+
+/// A lossy trunk is refused where it cannot be held resident: under `--resident-trunk` (a
+/// copy as stored) and under a limit too small for it, with words naming the way out.
+#[test]
+fn a_requantised_trunk_that_cannot_be_resident_is_refused() {
+    use crate::plan::TrunkFormat;
+    let tiny = Tiny::new("requant-refused");
+    let mut options = options(1);
+    options.trunk_format = TrunkFormat::MxFp4 { all: false };
+    options.resident_trunk = true;
+    let err = Engine::build_within(
+        tiny.0.path(),
+        tiny.1.clone(),
+        &options,
+        None,
+        &mut |_: &str| {},
+    )
+    .err()
+    .expect("refused");
+    let words = err.to_string();
+    assert!(
+        words.contains("--resident-trunk") && words.contains("--trunk-format bf16"),
+        "{words}"
+    );
+}

@@ -72,6 +72,15 @@ pub(super) fn load_trunk(
             started.elapsed().as_secs_f64(),
             match packed.pieces {
                 0 => String::new(),
+                n if packed.requantised > 0 => format!(
+                    "; {} matrices requantised to {} (lossy, --trunk-format) and {} packed: \
+                     {:.2} GB as stored held in {:.2} GB",
+                    packed.requantised,
+                    options.trunk_format,
+                    n - packed.requantised,
+                    packed.bf16_bytes as f64 / 1e9,
+                    packed.packed_bytes as f64 / 1e9,
+                ),
                 n => format!(
                     "; {n} BF16 matrices (or leading rows) packed{}: {:.2} GB of BF16 in {:.2} \
                      GB ({} blocks kept as BF16)",

@@ -1,14 +1,20 @@
 //! Rows of the checkpoint in bulk: read in chunks a chunk ahead on an I/O thread, and packed
-//! (`mxfp4_kernels::pack_rows_into`) with the rows split over the pool's workers. The resident
+//! (`mxfp4_kernels::pack_rows_into`) or requantised (a lossy `--trunk-format`) with the rows
+//! split over the pool's workers. The resident
 //! trunk's load and the pack cache's write both go through here.
 
 use std::sync::mpsc::channel;
 use std::sync::{Arc, Mutex};
 
+use expert_store::Dtype;
 use expert_store::io::{AlignedBuf, ShardReader, read_pieces};
+use mxfp4_kernels::codes::{
+    Q8_0_BLOCK_BYTES, bf16_to_f32, f16_to_f32, quantize_group, quantize_q8_0,
+};
 use numa_sched::Pool;
 
 use super::error::{IoError, checkpoint_io};
+use crate::plan::QuantFormat;
 
 /// The index in the name of the I/O thread that reads checkpoint rows in bulk, apart from the
 /// expert store's `k3-io-0..`.
@@ -103,6 +109,65 @@ pub(crate) fn pack_on(
         row_exceptions.extend(starts.iter().map(|s| s + before));
         exceptions.extend_from_slice(&more);
     }
+    Ok(())
+}
+
+/// Requantises whole rows of `cols` values stored as `dtype` (`src`, little-endian BF16, F16
+/// or F32) to `format`, the rows split over `pool`'s workers: Q8_0 blocks into `blocks`
+/// (`scales` empty), or MXFP4 codes into `blocks` and E8M0 scales into `scales`. Each block
+/// depends on its 32 values alone, so the split cannot change a byte.
+pub(crate) fn quantise_on(
+    pool: &Pool,
+    src: &[u8],
+    dtype: Dtype,
+    cols: usize,
+    format: QuantFormat,
+    blocks: &mut [u8],
+    scales: &mut [u8],
+) -> Result<(), IoError> {
+    let elem = dtype.bitsize() / 8;
+    let rows = src.len() / (elem * cols);
+    let per = rows.div_ceil(pool.threads().max(1)).max(1);
+    let (block_row, scale_row) = match format {
+        QuantFormat::Q8_0 => (format.bytes(1, cols), 0),
+        QuantFormat::MxFp4 => (cols / 2, cols / 32),
+    };
+    let scale_parts: Vec<&mut [u8]> = match scale_row {
+        0 => (0..rows.div_ceil(per)).map(|_| &mut [][..]).collect(),
+        n => scales.chunks_mut(per * n).collect(),
+    };
+    let parts: Vec<Mutex<(&[u8], &mut [u8], &mut [u8])>> = src
+        .chunks(per * elem * cols)
+        .zip(blocks.chunks_mut(per * block_row))
+        .zip(scale_parts)
+        .map(|((s, b), sc)| Mutex::new((s, b, sc)))
+        .collect();
+    pool.map(parts.len(), |i| {
+        let mut part = parts[i].lock().unwrap_or_else(|e| e.into_inner());
+        let (src, blocks, scales) = &mut *part;
+        let mut values = [0.0f32; 32];
+        for (k, group) in src.chunks_exact(32 * elem).enumerate() {
+            for (v, bytes) in values.iter_mut().zip(group.chunks_exact(elem)) {
+                *v = match dtype {
+                    Dtype::BF16 => bf16_to_f32(u16::from_le_bytes([bytes[0], bytes[1]])),
+                    Dtype::F16 => f16_to_f32(u16::from_le_bytes([bytes[0], bytes[1]])),
+                    _ => f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
+                };
+            }
+            match format {
+                QuantFormat::Q8_0 => {
+                    blocks[k * Q8_0_BLOCK_BYTES..(k + 1) * Q8_0_BLOCK_BYTES]
+                        .copy_from_slice(&quantize_q8_0(&values));
+                }
+                QuantFormat::MxFp4 => {
+                    let (codes, scale) = quantize_group(&values);
+                    blocks[k * 16..(k + 1) * 16].copy_from_slice(&codes);
+                    scales[k] = scale;
+                }
+            }
+        }
+    })
+    .map_err(|e| IoError::Pool(e.to_string()))?;
     Ok(())
 }
 

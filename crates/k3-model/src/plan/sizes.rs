@@ -9,8 +9,11 @@ use expert_store::io::aligned_span;
 use expert_store::{Checkpoint, CheckpointError};
 
 use crate::config::K3Config;
+use expert_store::Dtype;
+
+use super::format::{FloatMatrix, QuantFormat, TrunkFormat, requantisable};
 use crate::inventory::{
-    DType, MlaNames, MlpNames, Role, TensorClass, TensorSpec, expert_layout, text_tensors,
+    DType, KdaNames, MlaNames, MlpNames, Role, TensorClass, TensorSpec, expert_layout, text_tensors,
 };
 
 /// Reads closer than this are merged into one (the gap is read and ignored): a layer's small
@@ -85,6 +88,12 @@ pub struct StoredTensor {
     /// blocks and row indexes of every cached matrix are counted once, in
     /// [`WeightSizes::packed_side`]). `None`: not cached.
     pub packed_at: Option<PackedAt>,
+    /// A float matrix the pass reads, which a lossy `--trunk-format` may requantise. `None`:
+    /// never requantised (vectors, MXFP4, copied at load, columns not whole 32-blocks).
+    pub float: Option<FloatMatrix>,
+    /// The lossy format it is held resident in ([`WeightSizes::with_trunk_format`]); its
+    /// resident bytes are that format's. `None`: as stored (or packed, [`Self::pack_cols`]).
+    pub quant: Option<QuantFormat>,
 }
 
 /// A packed body in the pack cache: the cache file, where the whole matrix's body starts in
@@ -97,6 +106,42 @@ pub struct PackedAt {
     pub body: usize,
     /// The matrix row this tensor (or row block) starts at.
     pub first_row: usize,
+}
+
+/// How a resident matrix is held when not as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PackAs {
+    /// BF16 packed losslessly (`mxfp4_kernels::packed`), `cols` columns.
+    Packed {
+        /// Columns (a multiple of 32).
+        cols: usize,
+    },
+    /// Requantised from its stored `dtype` to `format`.
+    Quant {
+        /// The format.
+        format: QuantFormat,
+        /// Columns (a multiple of 32).
+        cols: usize,
+        /// The stored dtype (BF16, F16 or F32).
+        dtype: Dtype,
+    },
+}
+
+impl PackAs {
+    /// Columns of the matrix.
+    pub fn cols(self) -> usize {
+        match self {
+            PackAs::Packed { cols } | PackAs::Quant { cols, .. } => cols,
+        }
+    }
+
+    /// Bytes per weight as stored.
+    pub fn stored_bytes_per_weight(self) -> usize {
+        match self {
+            PackAs::Packed { .. } => 2,
+            PackAs::Quant { dtype, .. } => dtype.bitsize() / 8,
+        }
+    }
 }
 
 /// A matrix a pack cache file holds (see [`WeightSizes::with_packed`]).
@@ -133,6 +178,27 @@ fn pack_cols(bf16: bool, shape: &[usize], spec: &TensorSpec, part: Part) -> Opti
     }
 }
 
+/// `spec`'s weight as a requantisable float matrix: a linear weight read as a matrix (not
+/// copied at load), stored as `dtype` (BF16, F16 or F32) in a `shape` of `[rows, cols]` with
+/// whole 32-blocks. The router, the lm_head and KDA's small gate matrices are `kept`.
+fn float_matrix(
+    dtype: Dtype,
+    shape: &[usize],
+    spec: &TensorSpec,
+    part: Part,
+) -> Option<FloatMatrix> {
+    let [_, cols] = *shape else { return None };
+    let kda = spec.layer.map(KdaNames::new);
+    let kept = part == Part::Head
+        || spec.class == TensorClass::Router
+        || kda.is_some_and(|n| [n.f_a, n.f_b, n.b].contains(&spec.name));
+    (requantisable(dtype)
+        && spec.role() == Role::Linear
+        && part != Part::Copied
+        && cols.is_multiple_of(mxfp4_kernels::codes::Q8_0_BLOCK))
+    .then_some(FloatMatrix { cols, dtype, kept })
+}
+
 /// Bytes that `rows` rows of a `cols`-column BF16 matrix take packed: the body, room for
 /// [`PACKED_EXCEPTIONS_PER_10K`] exception blocks, the row index, rounded up to 4 KiB.
 pub fn packed_resident_bytes(rows: usize, cols: usize) -> u64 {
@@ -148,6 +214,10 @@ impl StoredTensor {
     /// Bytes it takes in the resident copy (read alone with `O_DIRECT`: its range rounded
     /// out to 4 KiB).
     pub fn resident_bytes(&self) -> u64 {
+        if let (Some(format), Some(m)) = (self.quant, &self.float) {
+            return (format.bytes(self.rows, m.cols) as u64)
+                .next_multiple_of(expert_store::io::IO_ALIGN as u64);
+        }
         match (self.pack_cols, &self.packed_at) {
             // Its exception blocks and index are in `WeightSizes::packed_side`.
             (Some(cols), Some(_)) => (mxfp4_kernels::packed::packed_body_bytes(self.rows, cols)
@@ -306,6 +376,9 @@ impl WeightSizes {
                         part,
                     ),
                     packed_at: None,
+                    float: float_matrix(t.dtype, t.shape, &spec, part)
+                        .filter(|_| t.shape.first() == Some(&rows)),
+                    quant: None,
                 })
             };
             let tensors: Vec<StoredTensor> = match ckpt.linear_format(&spec.name) {
@@ -373,6 +446,17 @@ impl WeightSizes {
                         // Packed where resident, as `WeightSizes::new` marks a real checkpoint's.
                         pack_cols: pack_cols(spec.dtype == DType::Bf16, &spec.shape, &spec, part),
                         packed_at: None,
+                        float: float_matrix(
+                            match spec.dtype {
+                                DType::Bf16 => Dtype::BF16,
+                                DType::F32 => Dtype::F32,
+                                DType::U8 => Dtype::U8,
+                            },
+                            &spec.shape,
+                            &spec,
+                            part,
+                        ),
+                        quant: None,
                     };
                     offsets[file] += bytes;
                     match layer {
@@ -414,6 +498,27 @@ impl WeightSizes {
         }
         self.packed_side = 0;
         self
+    }
+
+    /// The same sizes with the matrices `format` requantises held in its format
+    /// ([`StoredTensor::quant`]; none for the exact `bf16`). A requantised matrix is held
+    /// resident, never streamed from the pack cache: its packed place is cleared.
+    pub fn with_trunk_format(mut self, format: TrunkFormat) -> Self {
+        for layer in self.layers.iter_mut().chain([&mut self.head]) {
+            for t in layer {
+                t.quant = t.float.as_ref().and_then(|m| format.for_matrix(m));
+                if t.quant.is_some() {
+                    t.pack_cols = None;
+                    t.packed_at = None;
+                }
+            }
+        }
+        self
+    }
+
+    /// Whether any matrix is held requantised (a lossy `--trunk-format`).
+    pub fn requantised(&self) -> bool {
+        self.read_tensors().any(|(_, t)| t.quant.is_some())
     }
 
     /// Every matrix kept packed where resident (`pack_cols`), whole, in file order: what a
@@ -480,13 +585,25 @@ impl WeightSizes {
         self
     }
 
-    /// Columns of each tensor kept packed where resident, by stored name.
-    pub fn packed_cols(&self) -> std::collections::HashMap<String, usize> {
+    /// How each tensor not kept as stored is held where resident, by stored name: packed
+    /// (lossless) or requantised.
+    pub fn packed_cols(&self) -> std::collections::HashMap<String, PackAs> {
         self.layers
             .iter()
             .chain([&self.head])
             .flatten()
-            .filter_map(|t| t.pack_cols.map(|c| (t.name.clone(), c)))
+            .filter_map(|t| {
+                let how = match (t.quant, &t.float, t.pack_cols) {
+                    (Some(format), Some(m), _) => PackAs::Quant {
+                        format,
+                        cols: m.cols,
+                        dtype: m.dtype,
+                    },
+                    (_, _, Some(cols)) => PackAs::Packed { cols },
+                    _ => return None,
+                };
+                Some((t.name.clone(), how))
+            })
             .collect()
     }
 

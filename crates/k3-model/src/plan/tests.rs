@@ -533,6 +533,8 @@ fn wide_like() -> WeightSizes {
             rows,
             pack_cols: None,
             packed_at: None,
+            float: None,
+            quant: None,
         };
         offset += bytes.next_multiple_of(4096) as usize;
         t

@@ -205,14 +205,21 @@ fn relocated_matrix<'l>(
     let relocate = |bytes| trunk.relocate(held, bytes);
     Ok(match w {
         WeightMatrix::Bf16(x) => match trunk.packed(held, x.bytes())? {
-            Some(packed) => packed.into(),
+            Some(packed) => packed,
             None => Bf16Matrix::new(relocate(x.bytes()), x.rows(), x.cols())?.into(),
         },
         // Packed matrices are built in memory, never mapped from the checkpoint whose byte
         // ranges `relocate` translates: they stay where they are.
         WeightMatrix::PackedBf16(x) => (*x).into(),
-        WeightMatrix::F16(x) => F16Matrix::new(relocate(x.bytes()), x.rows(), x.cols())?.into(),
-        WeightMatrix::F32(x) => F32Matrix::new(relocate(x.bytes()), x.rows(), x.cols())?.into(),
+        // Requantised where a lossy `--trunk-format` holds them so.
+        WeightMatrix::F16(x) => match trunk.packed(held, x.bytes())? {
+            Some(quantised) => quantised,
+            None => F16Matrix::new(relocate(x.bytes()), x.rows(), x.cols())?.into(),
+        },
+        WeightMatrix::F32(x) => match trunk.packed(held, x.bytes())? {
+            Some(quantised) => quantised,
+            None => F32Matrix::new(relocate(x.bytes()), x.rows(), x.cols())?.into(),
+        },
         WeightMatrix::MxFp4(x) => MxFp4Matrix::new(
             relocate(x.packed()),
             relocate(x.scales()),

@@ -6,14 +6,14 @@ use std::ops::Range;
 
 use expert_store::Checkpoint;
 use expert_store::io::{AlignedBuf, ShardReader, read_pieces};
-use mxfp4_kernels::PackedBf16Matrix;
+use mxfp4_kernels::{MxFp4Matrix, PackedBf16Matrix, WeightMatrix};
 use numa_sched::Pool;
 
-use crate::io::chunks::{pack_on, read_chunks, reader};
+use crate::io::chunks::{pack_on, quantise_on, read_chunks, reader};
 use crate::io::error::checkpoint_io;
 use crate::model::error::{ModelError, Result};
 use crate::packcache::types::PackCache;
-use crate::plan::StoredTensor;
+use crate::plan::{PackAs, QuantFormat, StoredTensor};
 
 /// The trunk tensors the plan keeps resident, read once with `O_DIRECT` (no copy of them
 /// stays in the page cache), shared by every model built over the engine: BF16 matrices the
@@ -31,15 +31,17 @@ pub struct ResidentTrunk {
     pub(super) packed: Vec<PackedPiece>,
 }
 
-/// A resident BF16 matrix (or row block) in packed form.
+/// A resident matrix (or row block) held packed (BF16, lossless) or requantised.
 #[derive(Debug)]
 pub(super) struct PackedPiece {
-    /// Address and length of its BF16 bytes in the mapping.
+    /// Address and length of its stored bytes in the mapping.
     pub(super) address: usize,
     pub(super) len: usize,
     /// Where its body starts in `ResidentTrunk::bodies`.
     pub(super) body_at: usize,
     pub(super) cols: usize,
+    /// How it is held.
+    pub(super) how: PackAs,
     pub(super) exceptions: Vec<u8>,
     pub(super) row_exceptions: Vec<u32>,
     /// Read packed from the pack cache (else packed at load).
@@ -51,11 +53,13 @@ pub(super) struct PackedPiece {
 pub struct PackedSummary {
     /// Matrices (or leading row blocks) held packed.
     pub pieces: usize,
+    /// Of them, those requantised (a lossy `--trunk-format`) rather than packed losslessly.
+    pub requantised: usize,
     /// Of them, those read packed from the pack cache.
     pub cached: usize,
     /// Their blocks kept as BF16 (exponents too far apart for the codes).
     pub exceptions: usize,
-    /// The BF16 bytes they stand for.
+    /// The stored bytes they stand for.
     pub bf16_bytes: usize,
     /// Bytes they take: bodies, exception blocks, row indexes.
     pub packed_bytes: usize,
@@ -79,7 +83,7 @@ impl ResidentTrunk {
         ckpt: &Checkpoint,
         names: &HashSet<String>,
         rows: &[StoredTensor],
-        packed: &HashMap<String, usize>,
+        packed: &HashMap<String, PackAs>,
         cache: Option<&PackCache>,
         pool: &Pool,
         io_cpus: &[usize],
@@ -146,31 +150,37 @@ impl ResidentTrunk {
             .map(|(&(_, _, address, len, ..), &at)| (address, len, at))
             .collect();
         tensors.sort_unstable();
-        // The packed ones: whole rows a staging buffer at a time, packed into their body.
-        let body_bytes = |len: usize, cols: usize| {
-            mxfp4_kernels::packed::packed_body_bytes(len / (2 * cols), cols)
+        // The packed ones: whole rows a staging buffer at a time, packed (or requantised)
+        // into their body.
+        let body_bytes = |rows: usize, how: PackAs| match how {
+            PackAs::Packed { cols } => mxfp4_kernels::packed::packed_body_bytes(rows, cols),
+            PackAs::Quant { format, cols, .. } => format.bytes(rows, cols),
         };
         let mut packed = Vec::with_capacity(to_pack.len());
         // Per piece: its shard, offset and row bytes; then every piece's chunks of whole rows.
         let mut sources = Vec::with_capacity(to_pack.len());
         let mut chunks = Vec::new();
         let mut at = 0;
-        for &(path, offset, address, len, cols, name, within) in &to_pack {
-            let cols = cols.expect("partitioned on it");
-            let row = 2 * cols;
+        for &(path, offset, address, len, how, name, within) in &to_pack {
+            let how = how.expect("partitioned on it");
+            let cols = how.cols();
+            let row = how.stored_bytes_per_weight() * cols;
             if !len.is_multiple_of(row) || !within.is_multiple_of(row) {
                 return Err(ModelError::Plan(format!(
-                    "packed resident bytes {offset}..{} of {} are not whole rows of {cols} BF16 values",
+                    "packed resident bytes {offset}..{} of {} are not whole rows of {cols} values",
                     offset + len,
                     path.display()
                 )));
             }
             let (rows, first_row) = (len / row, within / row);
-            let packed_row = body_bytes(row, cols);
-            let held = cache.and_then(|c| {
-                let t = c.at(c.position(name)?);
-                (t.cols == cols && first_row + rows <= t.rows).then_some((c, t))
-            });
+            let packed_row = body_bytes(1, how);
+            // Only losslessly packed matrices are in the pack cache.
+            let held = cache
+                .filter(|_| matches!(how, PackAs::Packed { .. }))
+                .and_then(|c| {
+                    let t = c.at(c.position(name)?);
+                    (t.cols == cols && first_row + rows <= t.rows).then_some((c, t))
+                });
             let (unit, exceptions, row_exceptions) = match held {
                 Some((c, t)) => {
                     sources.push((
@@ -202,16 +212,55 @@ impl ResidentTrunk {
                 len,
                 body_at: at,
                 cols,
+                how,
                 exceptions,
                 row_exceptions,
                 cached: held.is_some(),
             });
-            at += body_bytes(len, cols);
+            // Each body from a 64-byte boundary (the kernels load unaligned; this keeps rows of
+            // different matrices off shared cache lines).
+            at += body_bytes(rows, how).next_multiple_of(64);
         }
         let mut bodies = AlignedBuf::zeroed(at);
         read_chunks(sources, &chunks, io_cpus, |piece, first, last, bytes| {
             let p = &mut packed[piece];
-            let packed_row = body_bytes(2 * p.cols, p.cols);
+            if let PackAs::Quant {
+                format,
+                cols,
+                dtype,
+            } = p.how
+            {
+                let rows = p.len / (cols * p.how.stored_bytes_per_weight());
+                let body = &mut bodies[p.body_at..p.body_at + format.bytes(rows, cols)];
+                return match format {
+                    QuantFormat::Q8_0 => {
+                        let at = |r: usize| format.bytes(r, cols);
+                        quantise_on(
+                            pool,
+                            bytes,
+                            dtype,
+                            cols,
+                            format,
+                            &mut body[at(first)..at(last)],
+                            &mut [],
+                        )
+                    }
+                    // Codes of every row, then scales of every row.
+                    QuantFormat::MxFp4 => {
+                        let (codes, scales) = body.split_at_mut(rows * cols / 2);
+                        quantise_on(
+                            pool,
+                            bytes,
+                            dtype,
+                            cols,
+                            format,
+                            &mut codes[first * cols / 2..last * cols / 2],
+                            &mut scales[first * cols / 32..last * cols / 32],
+                        )
+                    }
+                };
+            }
+            let packed_row = body_bytes(1, p.how);
             let body = &mut bodies[p.body_at + first * packed_row..p.body_at + last * packed_row];
             if p.cached {
                 body.copy_from_slice(bytes);
@@ -226,7 +275,10 @@ impl ResidentTrunk {
                 &mut p.row_exceptions,
             )
         })?;
-        for p in packed.iter_mut().filter(|p| !p.cached) {
+        for p in packed
+            .iter_mut()
+            .filter(|p| !p.cached && matches!(p.how, PackAs::Packed { .. }))
+        {
             let count = p.exceptions.len() / mxfp4_kernels::packed::EXCEPTION_BYTES;
             p.row_exceptions
                 .push(u32::try_from(count).expect("under 2^32 exception blocks"));
@@ -250,6 +302,11 @@ impl ResidentTrunk {
     pub fn packed_summary(&self) -> PackedSummary {
         PackedSummary {
             pieces: self.packed.len(),
+            requantised: self
+                .packed
+                .iter()
+                .filter(|p| matches!(p.how, PackAs::Quant { .. }))
+                .count(),
             cached: self.packed.iter().filter(|p| p.cached).count(),
             exceptions: self
                 .packed
@@ -277,13 +334,13 @@ impl ResidentTrunk {
         })
     }
 
-    /// The packed form of `bytes` (a loaded BF16 view's whole rows), if they are resident
-    /// packed.
-    pub(super) fn find_packed(&self, bytes: &[u8]) -> Option<PackedBf16Matrix<'_>> {
+    /// The packed (or requantised) form of `bytes` (a loaded view's whole rows), if they are
+    /// resident so.
+    pub(super) fn find_packed(&self, bytes: &[u8]) -> Option<WeightMatrix<'_>> {
         let at = bytes.as_ptr() as usize;
         let i = self.packed.partition_point(|p| p.address <= at);
         let p = self.packed.get(i.checked_sub(1)?)?;
-        let (row, within) = (2 * p.cols, at - p.address);
+        let (row, within) = (p.how.stored_bytes_per_weight() * p.cols, at - p.address);
         if bytes.is_empty()
             || at + bytes.len() > p.address + p.len
             || !within.is_multiple_of(row)
@@ -293,15 +350,46 @@ impl ResidentTrunk {
         }
         // Only those rows: the view checks the index of the rows it covers.
         let rows = within / row..(within + bytes.len()) / row;
-        let packed_row = mxfp4_kernels::packed::packed_body_bytes(1, p.cols);
-        let at = p.body_at + rows.start * packed_row;
-        PackedBf16Matrix::new(
-            &self.bodies[at..at + rows.len() * packed_row],
-            &p.exceptions,
-            &p.row_exceptions[rows.start..=rows.end],
-            rows.len(),
-            p.cols,
-        )
-        .ok()
+        let cols = p.cols;
+        match p.how {
+            PackAs::Packed { .. } => {
+                let packed_row = mxfp4_kernels::packed::packed_body_bytes(1, cols);
+                let at = p.body_at + rows.start * packed_row;
+                PackedBf16Matrix::new(
+                    &self.bodies[at..at + rows.len() * packed_row],
+                    &p.exceptions,
+                    &p.row_exceptions[rows.start..=rows.end],
+                    rows.len(),
+                    cols,
+                )
+                .ok()
+                .map(WeightMatrix::from)
+            }
+            PackAs::Quant {
+                format: QuantFormat::Q8_0,
+                ..
+            } => {
+                let row = QuantFormat::Q8_0.bytes(1, cols);
+                let at = p.body_at + rows.start * row;
+                let _ = (at, row);
+                None // Q8_0-MERGE
+            }
+            PackAs::Quant {
+                format: QuantFormat::MxFp4,
+                ..
+            } => {
+                let all = p.len / row;
+                let codes = &self.bodies[p.body_at..p.body_at + all * cols / 2];
+                let scales = &self.bodies[p.body_at + all * cols / 2..][..all * cols / 32];
+                MxFp4Matrix::new(
+                    &codes[rows.start * cols / 2..rows.end * cols / 2],
+                    &scales[rows.start * cols / 32..rows.end * cols / 32],
+                    rows.len(),
+                    cols,
+                )
+                .ok()
+                .map(WeightMatrix::from)
+            }
+        }
     }
 }

@@ -8,7 +8,7 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use expert_store::io::{AlignedBuf, PieceError, ShardReader, read_pieces};
-use mxfp4_kernels::PackedBf16Matrix;
+use mxfp4_kernels::{PackedBf16Matrix, WeightMatrix};
 
 use super::resident::ResidentTrunk;
 use crate::model::error::{ModelError, Result};
@@ -120,13 +120,14 @@ impl TrunkStream {
     }
 
     /// The packed form of a BF16 view's `bytes` (whole rows), where `held` holds them read
-    /// packed from the pack cache or the resident copy holds them packed; an error where a
+    /// packed from the pack cache or the resident copy holds them packed (or requantised, a
+    /// view of any float format's); an error where a
     /// packed step holds them but not as whole rows of one matrix.
     pub(super) fn packed<'l>(
         &'l self,
         held: Option<&'l Held<'_>>,
         bytes: &[u8],
-    ) -> Result<Option<PackedBf16Matrix<'l>>> {
+    ) -> Result<Option<WeightMatrix<'l>>> {
         let at = bytes.as_ptr() as usize;
         if let (Some(held), Some(cache)) = (held, &self.pack) {
             let buffer: &[u8] = held.buffer.as_deref().expect("held until dropped");
@@ -158,7 +159,7 @@ impl TrunkStream {
                     rows,
                     t.cols,
                 )
-                .map(Some)
+                .map(|m| Some(m.into()))
                 .map_err(ModelError::from);
             }
         }

@@ -217,3 +217,93 @@ fn every_layout_streams_the_mapped_bits() {
     drop(ckpt);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A lossy `--trunk-format` holds each requantised matrix as the quantiser's blocks of its
+/// stored rows (Q8_0 blocks row after row; MXFP4 codes of every row, then scales), whole or
+/// for any range of rows a view asks for; the matrices it keeps stay packed losslessly.
+#[test]
+fn a_requantised_trunk_holds_the_quantisers_blocks() {
+    use mxfp4_kernels::WeightMatrix;
+    use mxfp4_kernels::codes::{bf16_to_f32, quantize_group};
+
+    use crate::plan::{QuantFormat, TrunkFormat};
+
+    let dir = std::env::temp_dir().join(format!("k3-trunk-requant-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = generate(&dir, &SynthOptions::new(Preset::Tiny))
+        .unwrap()
+        .config;
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    let formats = [
+        TrunkFormat::MxFp4 { all: false },
+        TrunkFormat::MxFp4 { all: true },
+        // Q8_0-MERGE TrunkFormat::Q8_0 { all: false },
+    ];
+    for format in formats {
+        let sizes = WeightSizes::new(&ckpt, &config)
+            .unwrap()
+            .with_trunk_format(format);
+        assert!(sizes.requantised(), "{format}");
+        let names = sizes.read_tensors().map(|(_, t)| t.name.clone()).collect();
+        let resident = ResidentTrunk::load(
+            &ckpt,
+            &names,
+            &[],
+            &sizes.packed_cols(),
+            None,
+            &Pool::new(2).unwrap(),
+            &[],
+        )
+        .unwrap();
+        let summary = resident.packed_summary();
+        let (mut requantised, mut kept) = (0, 0);
+        for (_, t) in sizes.read_tensors() {
+            let Some(m) = t.float else { continue };
+            let stored = ckpt.require(&t.name).unwrap();
+            let row_bytes = 2 * m.cols;
+            // Whole, and rows 1..3 alone.
+            for rows in [0..t.rows, 1..3.min(t.rows)] {
+                let bytes = &stored.bytes[rows.start * row_bytes..rows.end * row_bytes];
+                let view = resident
+                    .find_packed(bytes)
+                    .expect("held packed or requantised");
+                let values: Vec<f32> = bytes
+                    .chunks_exact(2)
+                    .map(|b| bf16_to_f32(u16::from_le_bytes([b[0], b[1]])))
+                    .collect();
+                let groups = values.chunks_exact(32).map(|g| g.try_into().unwrap());
+                match (t.quant, view) {
+                    (Some(QuantFormat::MxFp4), WeightMatrix::MxFp4(v)) => {
+                        let (codes, scales): (Vec<[u8; 16]>, Vec<u8>) =
+                            groups.map(|g: &[f32; 32]| quantize_group(g)).unzip();
+                        assert_eq!(v.packed(), codes.concat(), "{} {rows:?}", t.name);
+                        assert_eq!(v.scales(), scales, "{} {rows:?}", t.name);
+                        requantised += 1;
+                    }
+                    // Q8_0-MERGE arm
+                    (None, WeightMatrix::PackedBf16(v)) => {
+                        assert!(m.kept, "{} is kept by {format}", t.name);
+                        assert_eq!(v.rows(), rows.len());
+                        kept += 1;
+                    }
+                    (quant, view) => {
+                        panic!("{}: planned {quant:?}, held as {}", t.name, view.format())
+                    }
+                }
+            }
+        }
+        assert!(requantised > 0, "{format}");
+        let all = matches!(
+            format,
+            TrunkFormat::MxFp4 { all: true } | TrunkFormat::Q8_0 { all: true }
+        );
+        assert_eq!(kept > 0, !all, "{format}");
+        assert_eq!(
+            summary.requantised * 2,
+            requantised,
+            "{format}: {summary:?}"
+        );
+    }
+    drop(ckpt);
+    let _ = std::fs::remove_dir_all(&dir);
+}
