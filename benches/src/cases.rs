@@ -8,7 +8,7 @@ use mxfp4_kernels::{Activations, ExpertScratch, Kernels, PackedBf16, Tier, Weigh
 use crate::{
     EXPERT_INTER, EXPERT_LATENT, Expert, ExpertViews, HIDDEN, HIDDEN_040B, HugeBuf, KDA_ROWS,
     LM_HEAD_040B_ROWS, LM_HEAD_SLICE_ROWS, Pool, activations, bandwidth_buffer, bf16_bytes,
-    bf16_view, check_against_scalar, experts, read_all, split_rows,
+    bf16_view, check_against_scalar, experts, q8_0_bytes, q8_0_view, read_all, split_rows,
 };
 
 /// Experts in the out-of-cache ring: 40 x 17.5 MB = 702 MB, 22x the 32 MiB L3.
@@ -42,6 +42,12 @@ pub struct Workloads {
     /// The first 1024 rows of `kda` packed (5.3 MB, inside the L3): the packed GEMV's compute
     /// ceiling, as `kda_slice_1024x7168` is the BF16 GEMV's.
     pub kda_packed_slice: PackedBf16,
+    /// `kda`, `head` and `head_040b` quantised to Q8_0 (`quantize_q8_0`): 8.5 bits per weight.
+    pub kda_q8_0: HugeBuf,
+    /// `head` in Q8_0.
+    pub head_q8_0: HugeBuf,
+    /// `head_040b` in Q8_0.
+    pub head_040b_q8_0: HugeBuf,
     /// 1 GiB for the STREAM-like read probe.
     pub probe: HugeBuf,
     /// An expert input (latent width).
@@ -62,8 +68,12 @@ impl Workloads {
         let ring: &'static [Expert] = Vec::leak(experts(RING, 42));
         let kda = bf16_bytes(KDA_ROWS, HIDDEN, 7);
         let head = bf16_bytes(LM_HEAD_SLICE_ROWS, HIDDEN, 8);
+        let head_040b = bf16_bytes(LM_HEAD_040B_ROWS, HIDDEN_040B, 9);
         let pack = |b: &[u8], rows| PackedBf16::pack(b, rows, HIDDEN).expect("whole blocks");
         Self {
+            kda_q8_0: q8_0_bytes(&kda),
+            head_q8_0: q8_0_bytes(&head),
+            head_040b_q8_0: q8_0_bytes(&head_040b),
             kda_packed: pack(&kda, KDA_ROWS),
             head_packed: pack(&head, LM_HEAD_SLICE_ROWS),
             kda_packed_slice: pack(&kda[..1024 * HIDDEN * 2], 1024),
@@ -71,7 +81,7 @@ impl Workloads {
             views: ring.iter().map(Expert::views).collect(),
             kda,
             head,
-            head_040b: bf16_bytes(LM_HEAD_040B_ROWS, HIDDEN_040B, 9),
+            head_040b,
             probe: bandwidth_buffer(1 << 30),
             z: activations(EXPERT_LATENT, 3),
             h: activations(EXPERT_INTER, 4),
@@ -118,6 +128,9 @@ pub struct Case<'a> {
     pub variant: &'static str,
     /// Weight bytes read per call of `run`.
     pub bytes: usize,
+    /// Weights multiplied per call of `run` (0 for the read probe): formats of different bits
+    /// per weight compare by weights per second.
+    pub weights: usize,
     /// One timed call.
     pub run: Box<dyn FnMut() + 'a>,
 }
@@ -149,6 +162,7 @@ pub fn read_case<'a>(w: &'a Workloads, pool: &'a Pool) -> Case<'a> {
         threads: pool.threads(),
         variant: "sum",
         bytes: w.probe.len(),
+        weights: 0,
         run: Box::new(move || {
             sink = std::hint::black_box(sink.wrapping_add(read_all(pool, &w.probe)))
         }),
@@ -205,6 +219,7 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
             threads,
             variant,
             bytes,
+            weights: bytes * 32 / 17,
             run,
         };
         if fast {
@@ -248,6 +263,7 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
         threads,
         variant,
         bytes: per_call * expert_bytes,
+        weights: per_call * expert_bytes * 32 / 17,
         run,
     };
     if fast {
@@ -256,8 +272,10 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
     out.push(case(Cache::OutOfCache, ffn(1)));
 
     // BF16 GEMV: KDA projection and lm_head slice (each alone is 5-7x the L3); then the first
-    // two packed (bytes are the packed body's: what a pass reads).
+    // two packed (bytes are the packed body's: what a pass reads); then all three in Q8_0
+    // (bytes are the blocks', 34 per 32 weights).
     let bf16 = |bytes, rows, cols| WeightMatrix::from(bf16_view(bytes, rows, cols));
+    let q8 = |bytes, rows, cols| WeightMatrix::from(q8_0_view(bytes, rows, cols));
     for (op, shape, m, xa) in [
         (
             "bf16_gemv",
@@ -289,6 +307,24 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
             w.head_packed.view().into(),
             xa,
         ),
+        (
+            "q8_0_gemv",
+            "kda_12288x7168",
+            q8(&w.kda_q8_0, KDA_ROWS, HIDDEN),
+            xa,
+        ),
+        (
+            "q8_0_gemv",
+            "lm_head_16384x7168",
+            q8(&w.head_q8_0, LM_HEAD_SLICE_ROWS, HIDDEN),
+            xa,
+        ),
+        (
+            "q8_0_gemv",
+            "lm_head_163840x1024",
+            q8(&w.head_040b_q8_0, LM_HEAD_040B_ROWS, HIDDEN_040B),
+            xa_040b,
+        ),
     ] {
         let rows = m.rows();
         let outs: Vec<Mutex<Vec<f32>>> =
@@ -300,6 +336,7 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
             threads,
             variant,
             bytes: m.weight_bytes(),
+            weights: m.rows() * m.cols(),
             run: Box::new(move || {
                 pool.broadcast(|worker| {
                     let range = split_rows(rows, threads, worker);
@@ -311,14 +348,16 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
         });
     }
     if fast && threads == 1 {
-        // The first 1024 KDA rows (15 MB as BF16, 11 MB packed) fit in the L3: each GEMV's
-        // compute ceiling.
-        let small: [(&'static str, WeightMatrix<'a>); 2] = [
+        // The first 1024 KDA rows (15 MB as BF16, 11 MB packed, 7.8 MB Q8_0) fit in the L3:
+        // each GEMV's compute ceiling.
+        let q8_slice = 1024 * HIDDEN / 32 * 34;
+        let small: [(&'static str, WeightMatrix<'a>); 3] = [
             (
                 "bf16_gemv",
                 bf16_view(&w.kda[..1024 * HIDDEN * 2], 1024, HIDDEN).into(),
             ),
             ("bf16_packed_gemv", w.kda_packed_slice.view().into()),
+            ("q8_0_gemv", q8(&w.kda_q8_0[..q8_slice], 1024, HIDDEN)),
         ];
         for (op, m) in small {
             let y = Mutex::new(vec![0.0; 1024]);
@@ -329,6 +368,7 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
                 threads,
                 variant,
                 bytes: BATCH * m.weight_bytes(),
+                weights: BATCH * m.rows() * m.cols(),
                 run: Box::new(move || {
                     pool.broadcast(|_| {
                         let mut y = y.lock().expect("no poisoning in benches");
@@ -350,6 +390,7 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
             threads,
             variant,
             bytes: w.views[0].gate.weight_bytes(),
+            weights: EXPERT_INTER * EXPERT_LATENT,
             run: Box::new(move || {
                 let m = w.views[next % RING].gate;
                 pool.broadcast(|_| {
@@ -364,7 +405,7 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
     out
 }
 
-/// Checks the tier's MXFP4 and BF16 GEMV against the scalar oracle on 64 rows.
+/// Checks the tier's MXFP4, BF16 and Q8_0 GEMVs against the scalar oracle on 64 rows.
 fn sanity(k: Kernels, w: &Workloads, z: &Activations, x: &Activations) {
     let scalar = Kernels::scalar();
     let mut got = vec![0.0; 64];
@@ -393,6 +434,19 @@ fn sanity(k: Kernels, w: &Workloads, z: &Activations, x: &Activations) {
         )
         .expect("checked");
     check_against_scalar(k.tier().is_exact(), &got, &want);
+    // Q8_0 runs on f32 activations in every tier: held to the exact tiers' tolerance.
+    let q8 = q8_0_view(&w.kda_q8_0, KDA_ROWS, HIDDEN);
+    k.matmul_q8_0(&q8, x, 0..64, &mut got)
+        .expect("checked shapes");
+    scalar
+        .matmul_q8_0(
+            &q8,
+            &scalar.prepare(x.token(0), x.cols()).expect("valid"),
+            0..64,
+            &mut want,
+        )
+        .expect("checked");
+    check_against_scalar(true, &got, &want);
 }
 
 /// Deviation of a tier from scalar on `rows` rows of the expert gate GEMV and the KDA BF16

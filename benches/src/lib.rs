@@ -12,8 +12,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use k3_testkit::Rng;
-use mxfp4_kernels::codes::f32_to_bf16;
-use mxfp4_kernels::{Activations, Bf16Matrix, ExpertScratch, Kernels, MxFp4Matrix, Situ};
+use mxfp4_kernels::codes::{Q8_0_BLOCK_BYTES, bf16_to_f32, f32_to_bf16, quantize_q8_0};
+use mxfp4_kernels::{
+    Activations, Bf16Matrix, ExpertScratch, Kernels, MxFp4Matrix, Q8_0Matrix, Situ,
+};
 
 /// K3's routed expert: gate/up `[3072, 3584]`, down `[3584, 3072]` (docs/MODEL.md §3.3).
 pub const EXPERT_INTER: usize = 3072;
@@ -206,6 +208,25 @@ pub fn bf16_bytes(rows: usize, cols: usize, seed: u64) -> HugeBuf {
         pair.copy_from_slice(&f32_to_bf16(rng.unit() * 0.02).to_le_bytes());
     }
     bytes
+}
+
+/// BF16 bytes (a whole number of 32-value blocks) quantised to Q8_0 (`quantize_q8_0`).
+pub fn q8_0_bytes(bf16: &[u8]) -> HugeBuf {
+    let mut bytes = HugeBuf::zeroed(bf16.len() / 64 * Q8_0_BLOCK_BYTES, true);
+    for (src, dst) in bf16
+        .chunks_exact(64)
+        .zip(bytes.chunks_exact_mut(Q8_0_BLOCK_BYTES))
+    {
+        let values: [f32; 32] =
+            core::array::from_fn(|i| bf16_to_f32(u16::from_le_bytes([src[2 * i], src[2 * i + 1]])));
+        dst.copy_from_slice(&quantize_q8_0(&values));
+    }
+    bytes
+}
+
+/// The kernel view of Q8_0 bytes of the given shape.
+pub fn q8_0_view(bytes: &[u8], rows: usize, cols: usize) -> Q8_0Matrix<'_> {
+    Q8_0Matrix::new(bytes, rows, cols).expect("valid by construction")
 }
 
 /// `n` activations uniform in [-1, 1).

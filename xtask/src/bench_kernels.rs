@@ -43,7 +43,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             .collect::<Vec<_>>()
     );
     eprintln!(
-        "generating weights: 40 experts (702 MB), KDA projection (176 MB), lm_head slice (235 MB), 1 GiB probe ..."
+        "generating weights: 40 experts (702 MB), KDA projection (176 MB), lm_head slice (235 MB), their Q8_0 (400 MB), 1 GiB probe ..."
     );
     let w = Workloads::generate();
 
@@ -65,9 +65,9 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     }
 
     println!(
-        "\n| op | shape | cache | threads | tier | weight GB/s | read GB/s (same trials) | % of read (median of paired trials) |"
+        "\n| op | shape | cache | threads | tier | weight GB/s | Gweights/s | read GB/s (same trials) | % of read (median of paired trials) |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for &n_threads in &threads {
         let pool = Pool::new(n_threads)?;
         let mut probe = read_case(&w, &pool);
@@ -77,14 +77,17 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
                     continue;
                 }
                 let (kernel, read, ratio) = alternate(trials, &mut case, &mut probe);
+                // Weights per second: formats of different bits per weight compare on it.
+                let weights = kernel * case.weights as f64 / case.bytes as f64;
                 println!(
-                    "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {:.0}% |",
+                    "| {} | {} | {} | {} | {} | {:.1} | {:.2} | {:.1} | {:.0}% |",
                     case.op,
                     case.shape,
                     case.cache.label(),
                     case.threads,
                     case.variant,
                     kernel / 1e9,
+                    weights / 1e9,
                     read / 1e9,
                     100.0 * ratio
                 );

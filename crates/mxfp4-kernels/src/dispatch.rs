@@ -10,10 +10,12 @@ use crate::kernels::TierToken;
 use crate::kernels::{Kernels, per_tier};
 use crate::packed::PackedBf16Matrix;
 use crate::scalar;
-use crate::view::{Bf16Matrix, F16Matrix, F32Matrix, MxFp4Matrix};
+use crate::view::{Bf16Matrix, F16Matrix, F32Matrix, MxFp4Matrix, Q8_0Matrix};
 use crate::weight::WeightMatrix;
 #[cfg(target_arch = "x86_64")]
 use crate::x86;
+
+const Q8_FOLD: bool = false;
 
 impl Kernels {
     /// Dequantizes `rows` of `matrix` into `out` (`rows.len() * cols` f32, row-major).
@@ -31,6 +33,25 @@ impl Kernels {
             avx512: x86::exact::dequant_mxfp4,
             avx512_bf16: x86::exact::dequant_mxfp4,
             avx512_vnni: x86::exact::dequant_mxfp4,
+        });
+        Ok(())
+    }
+
+    /// Decodes `rows` of a Q8_0 matrix to f32: each weight `q · d`, exact in f32, so every
+    /// tier is bit-identical to scalar.
+    pub fn dequant_q8_0(
+        &self,
+        matrix: &Q8_0Matrix<'_>,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        check_dequant(matrix.rows(), matrix.cols(), &rows, out)?;
+        per_tier!(self, (matrix, rows, out) {
+            scalar: scalar::dequant_q8_0,
+            avx2: x86::avx2::q8_0::dequant_q8_0,
+            avx512: x86::q8_0::dequant_q8_0,
+            avx512_bf16: x86::q8_0::dequant_q8_0,
+            avx512_vnni: x86::q8_0::dequant_q8_0,
         });
         Ok(())
     }
@@ -104,6 +125,7 @@ impl Kernels {
             WeightMatrix::F16(m) => self.dequant_f16(m, rows, out),
             WeightMatrix::F32(m) => self.dequant_f32(m, rows, out),
             WeightMatrix::MxFp4(m) => self.dequant_mxfp4(m, rows, out),
+            WeightMatrix::Q8_0(m) => self.dequant_q8_0(m, rows, out),
         }
     }
 
@@ -130,6 +152,27 @@ impl Kernels {
             avx512: x86::entry::avx512::<_, x86::exact::Mxfp4>,
             avx512_bf16: x86::entry::avx512_bf16::<_, x86::bf16::Mxfp4>,
             avx512_vnni: x86::entry::avx512_vnni::<_, x86::vnni::Mxfp4>,
+        });
+        Ok(())
+    }
+
+    /// As [`Kernels::matmul_mxfp4`], for a Q8_0 matrix: weights decoded exactly, activations
+    /// f32 in every tier (no activation rounding). `avx2` and `avx512` give the same bits (the
+    /// sum order of `x86::q8_0::Q8_0`); the approximate tiers run the `avx512` kernel.
+    pub fn matmul_q8_0(
+        &self,
+        matrix: &Q8_0Matrix<'_>,
+        act: &Activations,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.check_matmul(matrix.rows(), matrix.cols(), act, &rows, out)?;
+        per_tier!(self, (matrix, act, rows, out) {
+            scalar: scalar::matmul_q8_0,
+            avx2: x86::entry::avx2::<_, x86::avx2::q8_0::Q8_0<Q8_FOLD>>,
+            avx512: x86::entry::avx512::<_, x86::q8_0::Q8_0<Q8_FOLD>>,
+            avx512_bf16: x86::entry::avx512_bf16::<_, x86::q8_0::Q8_0<Q8_FOLD>>,
+            avx512_vnni: x86::entry::avx512_vnni::<_, x86::q8_0::Q8_0<Q8_FOLD>>,
         });
         Ok(())
     }
@@ -288,6 +331,7 @@ impl Kernels {
             WeightMatrix::F16(m) => self.matmul_f16(m, act, rows, out),
             WeightMatrix::F32(m) => self.matmul_f32(m, act, rows, out),
             WeightMatrix::MxFp4(m) => self.matmul_mxfp4(m, act, rows, out),
+            WeightMatrix::Q8_0(m) => self.matmul_q8_0(m, act, rows, out),
         }
     }
 

@@ -125,6 +125,14 @@ pub enum Error {
         /// The tensor.
         what: &'static str,
     },
+    /// A Q8_0 matrix's columns are not whole blocks of 32.
+    #[error("{what}: cols {cols} is not a multiple of the Q8_0 block of 32")]
+    ColsNotQ8_0Multiple {
+        /// The tensor.
+        what: &'static str,
+        /// Its columns.
+        cols: usize,
+    },
     /// The gate, up and down matrices of an expert do not fit together.
     #[error("expert FFN shapes disagree: {0}")]
     ExpertShapes(String),

@@ -1,11 +1,11 @@
-//! Exact MXFP4, BF16, F16 and F32 weight kernels for CPU inference: dequant, GEMV,
+//! Exact MXFP4, Q8_0, BF16, F16 and F32 weight kernels for CPU inference: dequant, GEMV,
 //! batch-invariant small GEMM and the fused routed-expert FFN, with a scalar oracle tier and
 //! AVX-512 and AVX2 tiers chosen at runtime.
 //!
 //! This crate does no I/O and spawns no threads: a kernel computes the row range it is given,
 //! and the caller splits rows across its own workers.
 //!
-//! - Views: [`MxFp4Matrix`], [`Bf16Matrix`], [`F16Matrix`], [`F32Matrix`] and
+//! - Views: [`MxFp4Matrix`], [`Q8_0Matrix`], [`Bf16Matrix`], [`F16Matrix`], [`F32Matrix`] and
 //!   [`PackedBf16Matrix`], or any of them as a [`WeightMatrix`]: shapes checked once, so the
 //!   kernels cannot fail on them.
 //! - Kernels: [`Kernels`], a [`Tier`] this CPU runs, prepares [`Activations`] and runs dequant,
@@ -60,7 +60,7 @@ pub use kernels::Kernels;
 pub use packed::{PackedBf16, PackedBf16Matrix, pack_rows_into};
 pub use situ::Situ;
 pub use tier::Tier;
-pub use view::{Bf16Matrix, F16Matrix, F32Matrix, GROUP, GROUP_BYTES, MxFp4Matrix};
+pub use view::{Bf16Matrix, F16Matrix, F32Matrix, GROUP, GROUP_BYTES, MxFp4Matrix, Q8_0Matrix};
 pub use weight::{WeightFormat, WeightMatrix};
 
 // The README's example is compiled and run as a doctest, so it cannot drift from the API.

@@ -4,8 +4,8 @@
 use std::ops::Range;
 
 use crate::activations::Activations;
-use crate::codes::{E2M1_VALUES, E8M0_TO_F32, bf16_to_f32, f16_to_f32};
-use crate::view::{Bf16Matrix, F16Matrix, F32Matrix, GROUP, MxFp4Matrix};
+use crate::codes::{E2M1_VALUES, E8M0_TO_F32, Q8_0_BLOCK_BYTES, bf16_to_f32, f16_to_f32};
+use crate::view::{Bf16Matrix, F16Matrix, F32Matrix, GROUP, MxFp4Matrix, Q8_0Matrix};
 
 pub(crate) fn dequant_mxfp4(matrix: &MxFp4Matrix<'_>, rows: Range<usize>, out: &mut [f32]) {
     let cols = matrix.cols();
@@ -15,6 +15,20 @@ pub(crate) fn dequant_mxfp4(matrix: &MxFp4Matrix<'_>, rows: Range<usize>, out: &
         for (c, w) in out_row.iter_mut().enumerate() {
             let code = (packed[c / 2] >> (4 * (c & 1))) & 0xF;
             *w = E2M1_VALUES[code as usize] * E8M0_TO_F32[scales[c / GROUP] as usize];
+        }
+    }
+}
+
+/// Each weight `q · d`, exact in f32 (an 8-bit integer times an F16 value).
+pub(crate) fn dequant_q8_0(matrix: &Q8_0Matrix<'_>, rows: Range<usize>, out: &mut [f32]) {
+    let cols = matrix.cols();
+    for (row, out_row) in rows.zip(out.chunks_exact_mut(cols)) {
+        let blocks = matrix.row_bytes(row).chunks_exact(Q8_0_BLOCK_BYTES);
+        for (block, dst) in blocks.zip(out_row.chunks_exact_mut(32)) {
+            let d = f16_to_f32(u16::from_le_bytes([block[0], block[1]]));
+            for (w, &q) in dst.iter_mut().zip(&block[2..]) {
+                *w = f32::from(q as i8) * d;
+            }
         }
     }
 }
@@ -63,6 +77,17 @@ pub(crate) fn matmul_mxfp4(
 ) {
     matmul_rows(matrix.cols(), act, rows, out, |row, w| {
         dequant_mxfp4(matrix, row..row + 1, w)
+    });
+}
+
+pub(crate) fn matmul_q8_0(
+    matrix: &Q8_0Matrix<'_>,
+    act: &Activations,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    matmul_rows(matrix.cols(), act, rows, out, |row, w| {
+        dequant_q8_0(matrix, row..row + 1, w)
     });
 }
 

@@ -1,8 +1,11 @@
 //! Validated, borrowed views over weight bytes: `MxFp4Matrix` (compressed-tensors layout),
-//! `Bf16Matrix`, `F16Matrix` and `F32Matrix` (little-endian, row-major). Kernels take only
-//! these (and `PackedBf16Matrix`, `WeightMatrix`), so they never see a bad shape.
+//! `Q8_0Matrix` (ggml's Q8_0 blocks), `Bf16Matrix`, `F16Matrix` and `F32Matrix` (little-endian,
+//! row-major). Kernels take only these (and `PackedBf16Matrix`, `WeightMatrix`), so they never
+//! see a bad shape.
 
-use crate::codes::E8M0_NAN;
+use std::ops::Range;
+
+use crate::codes::{E8M0_NAN, Q8_0_BLOCK, Q8_0_BLOCK_BYTES};
 use crate::error::{Error, Result};
 
 /// MXFP4 elements per shared E8M0 scale.
@@ -99,6 +102,102 @@ impl<'a> MxFp4Matrix<'a> {
     /// Bytes of the whole matrix.
     pub fn weight_bytes(&self) -> usize {
         self.bytes_for_rows(self.rows)
+    }
+}
+
+/// A `[rows, cols]` matrix of ggml Q8_0 blocks (`block_q8_0`), row-major: each row is
+/// `cols / 32` blocks of [`Q8_0_BLOCK_BYTES`] bytes, a block being its little-endian F16 step
+/// `d` then 32 int8 values `q`, and weight `c` of a row is `q[c % 32] · d` of its block
+/// `c / 32`. Every such product is exact in f32 (an 8-bit integer times an 11-bit significand,
+/// F16 subnormal steps included), so the kernels decode Q8_0 exactly, as they do MXFP4.
+///
+/// Steps are not checked: an F16 step that is infinite or NaN is kept and decodes exactly to
+/// the non-finite weights it means (`q · ∞` is ±∞, `0 · ∞` and `q · NaN` NaN), as a BF16
+/// infinity would. A dot product over such a block is non-finite in every tier, though
+/// whether it is an infinity or a NaN may differ between tiers (their sum orders differ).
+#[derive(Debug, Clone, Copy)]
+pub struct Q8_0Matrix<'a> {
+    bytes: &'a [u8],
+    rows: usize,
+    cols: usize,
+}
+
+impl<'a> Q8_0Matrix<'a> {
+    /// Checks the shape (`cols` a multiple of 32) and the byte length (`rows * cols / 32 * 34`)
+    /// and wraps the bytes.
+    pub fn new(bytes: &'a [u8], rows: usize, cols: usize) -> Result<Self> {
+        Self::with_name("q8_0 matrix", bytes, rows, cols)
+    }
+
+    /// As [`Q8_0Matrix::new`], naming the tensor in errors.
+    pub fn with_name(
+        what: &'static str,
+        bytes: &'a [u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self> {
+        let expected = (cols / Q8_0_BLOCK)
+            .checked_mul(Q8_0_BLOCK_BYTES)
+            .and_then(|row| row.checked_mul(rows));
+        let Some(expected) = expected.filter(|_| rows != 0 && cols != 0) else {
+            return Err(Error::BadShape { what, rows, cols });
+        };
+        if !cols.is_multiple_of(Q8_0_BLOCK) {
+            return Err(Error::ColsNotQ8_0Multiple { what, cols });
+        }
+        check_length(what, "q8_0 blocks", (rows, cols), expected, bytes.len())?;
+        Ok(Self { bytes, rows, cols })
+    }
+
+    /// Rows of the matrix.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    /// Columns of the matrix (a multiple of 32).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    /// Blocks per row (`cols / 32`).
+    pub fn blocks(&self) -> usize {
+        self.cols / Q8_0_BLOCK
+    }
+    /// The whole buffer.
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+    /// Bytes per row (`cols / 32 * 34`).
+    pub fn row_stride(&self) -> usize {
+        self.blocks() * Q8_0_BLOCK_BYTES
+    }
+    /// The blocks of one row (`cols / 32 * 34` bytes).
+    pub fn row_bytes(&self, row: usize) -> &'a [u8] {
+        let n = self.row_stride();
+        &self.bytes[row * n..(row + 1) * n]
+    }
+    /// Bytes of weights (steps and values) that one pass over `rows` reads.
+    pub fn bytes_for_rows(&self, rows: usize) -> usize {
+        rows * self.row_stride()
+    }
+    /// Bytes of the whole matrix.
+    pub fn weight_bytes(&self) -> usize {
+        self.bytes.len()
+    }
+    /// The matrix of rows `rows` of this one (a non-empty range inside it), borrowing the
+    /// same bytes.
+    pub fn sub_rows(&self, rows: Range<usize>) -> Result<Self> {
+        if rows.start >= rows.end || rows.end > self.rows {
+            return Err(Error::RowRange {
+                start: rows.start,
+                end: rows.end,
+                rows: self.rows,
+            });
+        }
+        let n = self.row_stride();
+        Ok(Self {
+            bytes: &self.bytes[rows.start * n..rows.end * n],
+            rows: rows.len(),
+            cols: self.cols,
+        })
     }
 }
 

@@ -2,7 +2,7 @@
 //! `WeightFormat`, its format's name.
 
 use crate::packed::PackedBf16Matrix;
-use crate::view::{Bf16Matrix, F16Matrix, F32Matrix, MxFp4Matrix};
+use crate::view::{Bf16Matrix, F16Matrix, F32Matrix, MxFp4Matrix, Q8_0Matrix};
 
 /// How a matrix's weights are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -17,16 +17,20 @@ pub enum WeightFormat {
     F32,
     /// E2M1 codes with E8M0 scales per 32 weights ([`MxFp4Matrix`]).
     MxFp4,
+    /// ggml's Q8_0: int8 values with an F16 step per 32 weights ([`Q8_0Matrix`]), 8.5 bits
+    /// per weight.
+    Q8_0,
 }
 
 impl WeightFormat {
     /// Every format.
-    pub const ALL: [WeightFormat; 5] = [
+    pub const ALL: [WeightFormat; 6] = [
         WeightFormat::Bf16,
         WeightFormat::PackedBf16,
         WeightFormat::F16,
         WeightFormat::F32,
         WeightFormat::MxFp4,
+        WeightFormat::Q8_0,
     ];
 
     /// The format's name in logs and plans (`bf16-packed`).
@@ -37,6 +41,7 @@ impl WeightFormat {
             WeightFormat::F16 => "f16",
             WeightFormat::F32 => "f32",
             WeightFormat::MxFp4 => "mxfp4",
+            WeightFormat::Q8_0 => "q8_0",
         }
     }
 }
@@ -63,6 +68,8 @@ pub enum WeightMatrix<'a> {
     F32(F32Matrix<'a>),
     /// An MXFP4 matrix.
     MxFp4(MxFp4Matrix<'a>),
+    /// A Q8_0 matrix.
+    Q8_0(Q8_0Matrix<'a>),
 }
 
 /// `$body` with `$m` bound to the view inside `$matrix`, whatever its format.
@@ -74,6 +81,7 @@ macro_rules! each_format {
             WeightMatrix::F16($m) => $body,
             WeightMatrix::F32($m) => $body,
             WeightMatrix::MxFp4($m) => $body,
+            WeightMatrix::Q8_0($m) => $body,
         }
     };
 }
@@ -87,6 +95,7 @@ impl<'a> WeightMatrix<'a> {
             WeightMatrix::F16(_) => WeightFormat::F16,
             WeightMatrix::F32(_) => WeightFormat::F32,
             WeightMatrix::MxFp4(_) => WeightFormat::MxFp4,
+            WeightMatrix::Q8_0(_) => WeightFormat::Q8_0,
         }
     }
     /// Rows of the matrix.
@@ -119,6 +128,7 @@ impl<'a> WeightMatrix<'a> {
             WeightMatrix::F32(m) => vec![m.row_bytes(row)],
             WeightMatrix::MxFp4(m) => vec![m.packed_row(row), m.scale_row(row)],
             WeightMatrix::PackedBf16(m) => vec![m.row_body(row)],
+            WeightMatrix::Q8_0(m) => vec![m.row_bytes(row)],
         }
     }
 }
@@ -138,5 +148,6 @@ from_views!(
     PackedBf16(PackedBf16Matrix),
     F16(F16Matrix),
     F32(F32Matrix),
-    MxFp4(MxFp4Matrix)
+    MxFp4(MxFp4Matrix),
+    Q8_0(Q8_0Matrix)
 );

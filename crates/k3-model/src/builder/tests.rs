@@ -477,6 +477,60 @@ fn an_mxfp4_trunk_is_its_dequantised_checkpoint_and_deterministic() {
     }
 }
 
+/// A Q8_0 trunk: the same bits whatever the threads, the (synthetic) domains and the
+/// chunking, in every exact tier, and not the stored checkpoint's. (How near they are is not
+/// asked here: on the tiny model's random weights a 0.4% change of a weight can flip a
+/// routing choice and move a logit by a third of the largest; the accuracy is measured on the
+/// real-width slice, PERFORMANCE.md. That the blocks are the quantiser's is
+/// `a_requantised_trunk_holds_the_quantisers_blocks`; that the kernels are the oracle's,
+/// mxfp4-kernels' tests; the path between is the MXFP4 trunk's, tested whole above.)
+#[test]
+fn a_q8_0_trunk_is_deterministic_in_every_exact_tier() {
+    use crate::plan::TrunkFormat;
+    let tiny = Tiny::new("requant-q8");
+    let tokens = [5, 17, 42, 7, 300, 2];
+    let logits = |engine: &Engine, chunk: usize| {
+        let model = engine.model().unwrap();
+        let mut session = model.session();
+        model.score(&mut session, &tokens, chunk).unwrap()
+    };
+    let bits = |run: &[Vec<f32>]| run.iter().map(|l| fingerprint(l)).collect::<Vec<_>>();
+    let exact = bits(&logits(&tiny.build(&options(1)).0, 1));
+    for format in [
+        TrunkFormat::Q8_0 { all: false },
+        TrunkFormat::Q8_0 { all: true },
+    ] {
+        for kernels in Kernels::available()
+            .into_iter()
+            .filter(|k| k.tier().is_exact())
+        {
+            let mut runs = Vec::new();
+            for (threads, domains, chunk) in [(1, None, 1), (2, None, 3), (2, Some(2), 4)] {
+                let mut options = options(threads);
+                options.kernel_tier = Some(kernels.tier());
+                options.trunk_format = format;
+                options.pool.fake_domains = domains;
+                let (engine, lines) = tiny.build(&options);
+                let summary = engine.resident.as_ref().expect("resident").packed_summary();
+                assert!(summary.requantised > 0, "{lines:?}");
+                runs.push(logits(&engine, chunk));
+            }
+            let tier = kernels.tier();
+            assert_eq!(
+                bits(&runs[0]),
+                bits(&runs[1]),
+                "{format} {tier}: threads, chunks"
+            );
+            assert_eq!(
+                bits(&runs[0]),
+                bits(&runs[2]),
+                "{format} {tier}: two domains"
+            );
+            assert_ne!(bits(&runs[0]), exact, "{format} changed no logit");
+        }
+    }
+}
+
 /// A lossy trunk is refused where it cannot be held resident: under `--resident-trunk` (a
 /// copy as stored) and under a limit too small for it, with words naming the way out.
 #[test]

@@ -14,7 +14,7 @@ use std::ops::Range;
 
 use crate::activations::Activations;
 use crate::packed::PackedBf16Matrix;
-use crate::view::{Bf16Matrix, F16Matrix, F32Matrix, GROUP, MxFp4Matrix};
+use crate::view::{Bf16Matrix, F16Matrix, F32Matrix, GROUP, MxFp4Matrix, Q8_0Matrix};
 
 /// One call of a block kernel: rows `row0..row0 + R` of the matrix for tokens `tok0..tok0 + T`,
 /// whose sums land at `out[(tok0 + t) * n + local0 + r]`, where the caller's row range has `n`
@@ -96,7 +96,8 @@ rows_of_views!(
     Bf16Matrix,
     F16Matrix,
     F32Matrix,
-    PackedBf16Matrix
+    PackedBf16Matrix,
+    Q8_0Matrix
 );
 
 /// A tier's kernel over one block of rows of matrices `M`, and how its GEMVs and GEMMs block
@@ -268,6 +269,11 @@ gemv_plan!(
     /// The AVX-512 MXFP4 GEMVs: 8 rows; copies for K3's expert widths (3584 gate/up, 3072
     /// down).
     MxFp4Gemv, 8 rows, widths [3584, 3072]
+);
+
+gemv_plan!(
+    /// The `avx512` Q8_0 GEMV: 16 rows; copies for K3's and k3-0.40b's widths.
+    Q8_0Gemv, 16 rows, widths [7168, 12288, 6144, 3584, 1536, 1024, 512]
 );
 
 gemv_plan!(

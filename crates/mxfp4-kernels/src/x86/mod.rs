@@ -21,5 +21,6 @@ pub(crate) mod loads;
 mod model;
 pub(crate) mod packed;
 pub(crate) mod prefetch;
+pub(crate) mod q8_0;
 pub(crate) mod sums;
 pub(crate) mod vnni;

@@ -6,4 +6,5 @@ mod edges;
 mod floats;
 mod oracle;
 mod packed;
+mod q8_0;
 mod tiers;

@@ -190,6 +190,7 @@ fn sub_rows<'l>(w: &WeightMatrix<'l>, rows: Range<usize>) -> Result<WeightMatrix
         WeightMatrix::MxFp4(x) => {
             MxFp4Matrix::new(part(x.packed()), part(x.scales()), n, cols)?.into()
         }
+        WeightMatrix::Q8_0(x) => x.sub_rows(rows)?.into(),
     })
 }
 
@@ -211,6 +212,8 @@ fn relocated_matrix<'l>(
         // Packed matrices are built in memory, never mapped from the checkpoint whose byte
         // ranges `relocate` translates: they stay where they are.
         WeightMatrix::PackedBf16(x) => (*x).into(),
+        // Likewise Q8_0 matrices: quantised in memory, never mapped from the checkpoint.
+        WeightMatrix::Q8_0(x) => (*x).into(),
         // Requantised where a lossy `--trunk-format` holds them so.
         WeightMatrix::F16(x) => match trunk.packed(held, x.bytes())? {
             Some(quantised) => quantised,

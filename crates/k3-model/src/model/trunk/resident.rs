@@ -371,8 +371,13 @@ impl ResidentTrunk {
             } => {
                 let row = QuantFormat::Q8_0.bytes(1, cols);
                 let at = p.body_at + rows.start * row;
-                let _ = (at, row);
-                None // Q8_0-MERGE
+                mxfp4_kernels::Q8_0Matrix::new(
+                    &self.bodies[at..at + rows.len() * row],
+                    rows.len(),
+                    cols,
+                )
+                .ok()
+                .map(WeightMatrix::from)
             }
             PackAs::Quant {
                 format: QuantFormat::MxFp4,

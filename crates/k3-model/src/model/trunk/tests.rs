@@ -237,7 +237,8 @@ fn a_requantised_trunk_holds_the_quantisers_blocks() {
     let formats = [
         TrunkFormat::MxFp4 { all: false },
         TrunkFormat::MxFp4 { all: true },
-        // Q8_0-MERGE TrunkFormat::Q8_0 { all: false },
+        TrunkFormat::Q8_0 { all: false },
+        TrunkFormat::Q8_0 { all: true },
     ];
     for format in formats {
         let sizes = WeightSizes::new(&ckpt, &config)
@@ -280,7 +281,13 @@ fn a_requantised_trunk_holds_the_quantisers_blocks() {
                         assert_eq!(v.scales(), scales, "{} {rows:?}", t.name);
                         requantised += 1;
                     }
-                    // Q8_0-MERGE arm
+                    (Some(QuantFormat::Q8_0), WeightMatrix::Q8_0(v)) => {
+                        let blocks: Vec<[u8; 34]> = groups
+                            .map(|g: &[f32; 32]| mxfp4_kernels::codes::quantize_q8_0(g))
+                            .collect();
+                        assert_eq!(v.bytes(), blocks.concat(), "{} {rows:?}", t.name);
+                        requantised += 1;
+                    }
                     (None, WeightMatrix::PackedBf16(v)) => {
                         assert!(m.kept, "{} is kept by {format}", t.name);
                         assert_eq!(v.rows(), rows.len());

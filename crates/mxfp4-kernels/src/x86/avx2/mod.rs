@@ -11,9 +11,10 @@
 //! 32), but no (row, token) result depends on them, as in every tier.
 //!
 //! Files: `acc` (the two-half accumulator and its sums), one per weight format (`mxfp4`,
-//! `float` for BF16/F16/F32, `packed`), each with its entry points and row kernel.
+//! `float` for BF16/F16/F32, `packed`, `q8_0`), each with its entry points and row kernel.
 
 pub(crate) mod acc;
 pub(crate) mod float;
 pub(crate) mod mxfp4;
 pub(crate) mod packed;
+pub(crate) mod q8_0;
