@@ -20,14 +20,17 @@ pub(crate) const ALIGNMENT: u64 = 32;
 pub(crate) enum GgmlType {
     F32,
     Bf16,
+    /// `block_q8_0`: 32 elements in 34 bytes (an F16 step and 32 int8 codes).
+    Q8_0,
     /// `block_mxfp4`: 32 elements in 17 bytes (an E8M0 scale and 16 bytes of codes).
     Mxfp4,
 }
 
 impl GgmlType {
-    fn id(self) -> u32 {
+    pub(crate) fn id(self) -> u32 {
         match self {
             GgmlType::F32 => 0,
+            GgmlType::Q8_0 => 8,
             GgmlType::Bf16 => 30,
             GgmlType::Mxfp4 => 39,
         }
@@ -39,12 +42,13 @@ impl GgmlType {
         Ok(match self {
             GgmlType::F32 => count * 4,
             GgmlType::Bf16 => count * 2,
-            GgmlType::Mxfp4 => {
+            GgmlType::Q8_0 | GgmlType::Mxfp4 => {
                 ensure!(
                     ne.first().is_some_and(|n| n % 32 == 0),
-                    "an mxfp4 tensor's rows must hold a multiple of 32 values, not {ne:?}"
+                    "a {self:?} tensor's rows must hold a multiple of 32 values, not {ne:?}"
                 );
-                count / 32 * 17
+                let block_bytes = if self == GgmlType::Q8_0 { 34 } else { 17 };
+                count / 32 * block_bytes
             }
         })
     }
@@ -427,6 +431,14 @@ pub(crate) mod tests {
         assert_eq!(&bytes[d + 32..d + 40], &[2u8; 8]);
         assert_eq!(&bytes[d + 64..d + 98], &[3u8; 34]);
         assert_eq!(bytes.len(), d + 128);
+    }
+
+    #[test]
+    fn block_types_take_whole_blocks_per_row() {
+        assert_eq!(GgmlType::Q8_0.nbytes(&[64, 3]).unwrap(), 2 * 3 * 34);
+        assert_eq!(GgmlType::Mxfp4.nbytes(&[64, 3]).unwrap(), 2 * 3 * 17);
+        let e = GgmlType::Q8_0.nbytes(&[48, 2]).unwrap_err().to_string();
+        assert!(e.contains("Q8_0") && e.contains("48"), "{e}");
     }
 
     #[test]

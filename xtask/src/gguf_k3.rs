@@ -10,6 +10,12 @@
 //! losslessly to ggml `block_mxfp4` (dense experts stacked instead); which tensors stay F32
 //! (vectors, norms, the router, the convolutions, non-`.weight` tensors); the metadata keys of
 //! `set_gguf_parameters`; and the byte-level vocabulary of `llamacpp_convert.py`.
+//!
+//! `--outtype q8_0` is ours, not the converter's (whose q8_0 quantises every matrix, the
+//! embedding and lm_head included): only [`Q8_0_SET`], the trunk matrices our engine's Q8_0
+//! trunk quantises, become ggml `block_q8_0` (`mxfp4_kernels::codes::quantize_q8_0`, ggml's
+//! `quantize_row_q8_0_ref`, of the checkpoint's values widened to f32, row by row); everything
+//! else is written as `--outtype bf16` writes it, so llama.cpp and we read the same weights.
 
 use std::io::Write;
 use std::path::Path;
@@ -19,6 +25,8 @@ use expert_store::{Checkpoint, Dtype, TensorRef};
 use k3_model::config::{AttentionKind, FfnKind, K3Config};
 use k3_model::inventory::{TensorClass, text_tensors};
 use serde_json::Value as Json;
+
+use mxfp4_kernels::codes::{Q8_0_BLOCK, quantize_q8_0};
 
 use crate::gguf::{GgmlType, TensorInfo, Value, Writer, bf16_from_f32};
 use crate::gguf_k3_meta::{Outtype, merged_hparams, metadata};
@@ -124,8 +132,58 @@ const LAYER_NAMES: &[(&str, &str)] = &[
     ),
 ];
 
+/// The GGUF leaf names (under `blk.N.`) that a Q8_0 trunk quantises: the KDA and MLA
+/// projections (`g_proj` is `ssm_g` on KDA layers, `attn_gate` on MLA layers), the dense MLPs,
+/// the shared experts and the latent projections. An interface shared with the engine's own
+/// Q8_0 trunk: the embedding, lm_head, router, KDA `f_a`/`f_b`/`beta`, the split `kv_b`
+/// (`attn_k_b`, `attn_v_b`) and every vector stay as the BF16 outtype writes them.
+pub(crate) const Q8_0_SET: &[&str] = &[
+    "attn_q.weight",
+    "attn_k.weight",
+    "attn_v.weight",
+    "ssm_g.weight",
+    "attn_output.weight",
+    "attn_q_a.weight",
+    "attn_q_b.weight",
+    "attn_kv_a_mqa.weight",
+    "attn_gate.weight",
+    "ffn_gate.weight",
+    "ffn_up.weight",
+    "ffn_down.weight",
+    "ffn_gate_shexp.weight",
+    "ffn_up_shexp.weight",
+    "ffn_down_shexp.weight",
+    "ffn_routed_down.weight",
+    "ffn_routed_up.weight",
+];
+
+/// Whether the GGUF tensor `name` (`blk.N.leaf`) is in [`Q8_0_SET`].
+pub(crate) fn in_q8_0_set(name: &str) -> bool {
+    name.strip_prefix("blk.")
+        .and_then(|rest| rest.split_once('.'))
+        .is_some_and(|(_, leaf)| Q8_0_SET.contains(&leaf))
+}
+
+/// Whether the checkpoint tensor `name` (relative to the text model,
+/// `model.layers.N.self_attn.q_proj.weight`) becomes a tensor of [`Q8_0_SET`].
+pub(crate) fn q8_0_source(name: &str) -> bool {
+    let Some(leaf) = name
+        .strip_prefix("model.layers.")
+        .and_then(|rest| rest.split_once('.'))
+        .map(|(_, leaf)| leaf)
+    else {
+        return false;
+    };
+    // `g_proj` is `ssm_g` or `attn_gate`, both in the set.
+    leaf == "self_attn.g_proj.weight"
+        || LAYER_NAMES
+            .iter()
+            .any(|(hf, gguf)| *hf == leaf && Q8_0_SET.contains(gguf))
+}
+
 /// The converter's `prepare_tensors` type choice: F32 for vectors, `_norm.weight`, the router,
-/// the KDA convolutions and anything not named `.weight`; else the outtype.
+/// the KDA convolutions and anything not named `.weight`; else the outtype (for `Q8_0`: Q8_0
+/// in [`Q8_0_SET`], BF16 elsewhere).
 fn tensor_type(name: &str, dims: usize, outtype: Outtype) -> GgmlType {
     let forced = dims <= 1
         || name.ends_with("_norm.weight")
@@ -140,7 +198,8 @@ fn tensor_type(name: &str, dims: usize, outtype: Outtype) -> GgmlType {
         .any(|s| name.ends_with(s));
     match (forced, outtype) {
         (true, _) | (false, Outtype::F32) => GgmlType::F32,
-        (false, Outtype::Bf16) => GgmlType::Bf16,
+        (false, Outtype::Q8_0) if in_q8_0_set(name) => GgmlType::Q8_0,
+        (false, Outtype::Bf16 | Outtype::Q8_0) => GgmlType::Bf16,
     }
 }
 
@@ -329,7 +388,31 @@ fn plan(
     if !any_mxfp4 {
         out.append(&mut experts);
     }
+    for p in out.iter().filter(|p| p.info.ty == GgmlType::Q8_0) {
+        check_q8_0_source(ckpt, p)?;
+    }
     Ok((out, any_mxfp4))
+}
+
+/// A Q8_0 tensor must come from a plain BF16 or F32 checkpoint matrix with rows of whole
+/// 32-value blocks.
+fn check_q8_0_source(ckpt: &Checkpoint, p: &Planned) -> Result<()> {
+    let name = &p.info.name;
+    let Source::Plain(source) = &p.source else {
+        bail!("{name} is in the Q8_0 set but is not a plain checkpoint matrix");
+    };
+    let t = ckpt.require(source)?;
+    ensure!(
+        matches!(t.dtype, Dtype::BF16 | Dtype::F32),
+        "{name}: {source} is {:?}; only BF16 and F32 matrices quantise to Q8_0",
+        t.dtype
+    );
+    ensure!(
+        t.shape.len() == 2 && t.shape[1].is_multiple_of(32),
+        "{name}: {source} has shape {:?}; Q8_0 needs a matrix whose rows hold a multiple of 32 values",
+        t.shape
+    );
+    Ok(())
 }
 
 /// A tensor's values widened to f32 (BF16 and F32 checkpoints only).
@@ -359,19 +442,32 @@ fn put_values(out: &mut dyn Write, values: &[f32], ty: GgmlType) -> Result<()> {
         GgmlType::Bf16 => values
             .iter()
             .for_each(|v| buf.extend_from_slice(&bf16_from_f32(*v).to_le_bytes())),
+        GgmlType::Q8_0 => {
+            ensure!(
+                values.len().is_multiple_of(Q8_0_BLOCK),
+                "{} values are not whole q8_0 blocks",
+                values.len()
+            );
+            for block in values.chunks_exact(Q8_0_BLOCK) {
+                buf.extend_from_slice(&quantize_q8_0(block.try_into().expect("32 values")));
+            }
+        }
         GgmlType::Mxfp4 => bail!("values are not requantised to mxfp4"),
     }
     Ok(out.write_all(&buf)?)
 }
 
 /// Writes a checkpoint tensor as `ty`: its bytes as they are when the type is kept, else
-/// converted in bounded chunks.
+/// converted in bounded chunks of about a million values (whole rows for Q8_0, whose rows
+/// `check_q8_0_source` checked hold whole blocks, so no block straddles two rows).
 fn put_plain(out: &mut dyn Write, t: &TensorRef<'_>, ty: GgmlType) -> Result<()> {
     match (t.dtype, ty) {
         (Dtype::F32, GgmlType::F32) | (Dtype::BF16, GgmlType::Bf16) => Ok(out.write_all(t.bytes)?),
         (Dtype::F32 | Dtype::BF16, _) => {
             let elem = if t.dtype == Dtype::F32 { 4 } else { 2 };
-            for chunk in t.bytes.chunks(elem << 20) {
+            let row = t.shape.last().copied().unwrap_or(1).max(1);
+            let chunk_values = ((1 << 20) / row).max(1) * row;
+            for chunk in t.bytes.chunks(elem * chunk_values) {
                 let part = TensorRef { bytes: chunk, ..*t };
                 put_values(out, &widen(&part)?, ty)?;
             }
@@ -497,7 +593,7 @@ pub(crate) fn convert(model: &Path, out: &Path, outtype: Outtype) -> Result<Conv
     })
 }
 
-/// `cargo xtask gguf --model DIR --out FILE [--outtype bf16|f32]`.
+/// `cargo xtask gguf --model DIR --out FILE [--outtype bf16|f32|q8_0]`.
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let o = crate::Options::parse(args, &["model", "out", "outtype"])?;
     let model = crate::from_root(o.get("model").context("--model DIR is required")?);
@@ -505,7 +601,8 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     let outtype = match o.get("outtype").unwrap_or("bf16") {
         "bf16" => Outtype::Bf16,
         "f32" => Outtype::F32,
-        other => bail!("--outtype {other:?} is not bf16 or f32"),
+        "q8_0" => Outtype::Q8_0,
+        other => bail!("--outtype {other:?} is not bf16, f32 or q8_0"),
     };
     let started = std::time::Instant::now();
     let c = convert(&model, &out, outtype)?;
@@ -527,6 +624,8 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gguf::tests::{Parsed, parse};
+    use k3_model::synth::{FloatFormat, Preset, SynthFormats, SynthOptions, generate_with};
 
     #[test]
     fn kv_b_splits_per_head_with_k_transposed() {
@@ -538,6 +637,145 @@ mod tests {
         assert_eq!(k, [0., 10., 1., 11., 2., 12., 30., 40., 31., 41., 32., 42.]);
         let v = split_kv_b(&kv_b, 2, 2, 1, 3, false);
         assert_eq!(v, [20., 21., 22., 50., 51., 52.]);
+    }
+
+    /// A tiny synthetic checkpoint with its trunk in `trunk`, converted to each outtype.
+    fn tiny_ggufs(trunk: FloatFormat, outtypes: &[Outtype], tag: &str) -> Vec<Result<Vec<u8>>> {
+        let dir = std::env::temp_dir().join(format!("k3-gguf-q8-{tag}-{}", std::process::id()));
+        let model = dir.join("tiny");
+        let formats = SynthFormats {
+            trunk,
+            ..SynthFormats::default()
+        };
+        generate_with(&model, &SynthOptions::new(Preset::Tiny), &formats).unwrap();
+        let files = outtypes
+            .iter()
+            .map(|&outtype| {
+                let out = dir.join("t.gguf");
+                convert(&model, &out, outtype)?;
+                Ok(std::fs::read(&out)?)
+            })
+            .collect();
+        std::fs::remove_dir_all(&dir).unwrap();
+        files
+    }
+
+    #[test]
+    fn a_q8_0_trunk_quantises_the_set_and_keeps_the_rest() {
+        for trunk in [FloatFormat::Bf16, FloatFormat::F32] {
+            let outtypes = [Outtype::Q8_0, Outtype::Bf16, Outtype::F32];
+            let files: Vec<Vec<u8>> = tiny_ggufs(trunk, &outtypes, &format!("{trunk:?}"))
+                .into_iter()
+                .map(Result::unwrap)
+                .collect();
+            let [q8, bf16, f32] = [&files[0], &files[1], &files[2]].map(|b| (b, parse(b)));
+            let file_type = |p: &Parsed| {
+                p.kv.iter()
+                    .find(|(k, _, _)| k == "general.file_type")
+                    .map(|(_, _, v)| v.clone())
+            };
+            // MOSTLY_Q8_0, with MXFP4 routed experts too (see `gguf_k3_meta::metadata`).
+            assert_eq!(file_type(&q8.1), Some(7u32.to_le_bytes().to_vec()));
+            let bytes = |(file, p): &(&Vec<u8>, Parsed), i: usize, len: u64| {
+                let at = p.data_start + p.tensors[i].3 as usize;
+                file[at..at + len as usize].to_vec()
+            };
+            let mut seen = Vec::new();
+            assert_eq!(q8.1.tensors.len(), bf16.1.tensors.len());
+            for (i, (name, ne, ty, _)) in q8.1.tensors.iter().enumerate() {
+                let (bf16_name, bf16_ne, bf16_ty, _) = &bf16.1.tensors[i];
+                assert_eq!((name, ne), (bf16_name, bf16_ne));
+                if !in_q8_0_set(name) {
+                    // Kept: the same type and bytes as the BF16 outtype writes.
+                    assert_eq!(ty, bf16_ty, "{name}");
+                    let len = [GgmlType::F32, GgmlType::Bf16, GgmlType::Mxfp4]
+                        .into_iter()
+                        .find(|t| t.id() == *ty)
+                        .unwrap()
+                        .nbytes(ne)
+                        .unwrap();
+                    assert_eq!(bytes(&q8, i, len), bytes(&bf16, i, len), "{name}");
+                    continue;
+                }
+                assert_eq!(*ty, 8, "{name}");
+                assert_eq!(ne.len(), 2, "{name}");
+                seen.push(name.split_once('.').unwrap().1.split_once('.').unwrap().1);
+                // The blocks are `quantize_q8_0` of the checkpoint's values, row by row: the
+                // F32 outtype holds those values exactly.
+                let count = ne.iter().product::<u64>();
+                assert_eq!(f32.1.tensors[i].2, 0, "{name}");
+                let values: Vec<f32> = bytes(&f32, i, count * 4)
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                    .collect();
+                let expected: Vec<u8> = values
+                    .chunks_exact(32)
+                    .flat_map(|b| quantize_q8_0(b.try_into().unwrap()))
+                    .collect();
+                assert_eq!(expected.len() as u64, count / 32 * 34);
+                assert_eq!(bytes(&q8, i, count / 32 * 34), expected, "{name}");
+            }
+            seen.sort();
+            seen.dedup();
+            let mut all = Q8_0_SET.to_vec();
+            all.sort();
+            assert_eq!(seen, all, "the tiny model has every tensor of the set");
+        }
+    }
+
+    #[test]
+    fn a_q8_0_tensor_from_an_f16_matrix_is_refused_by_name() {
+        let e = tiny_ggufs(FloatFormat::F16, &[Outtype::Q8_0], "f16")
+            .remove(0)
+            .unwrap_err();
+        let e = format!("{e:#}");
+        assert!(
+            e.contains("blk.") && e.contains("F16") && e.contains("Q8_0"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_q8_0_set_is_named_on_both_sides() {
+        for (hf, yes) in [
+            ("model.layers.0.self_attn.q_proj.weight", true),
+            ("model.layers.3.self_attn.g_proj.weight", true),
+            ("model.layers.3.self_attn.kv_a_proj_with_mqa.weight", true),
+            (
+                "model.layers.1.block_sparse_moe.routed_expert_up_proj.weight",
+                true,
+            ),
+            (
+                "model.layers.1.block_sparse_moe.shared_experts.down_proj.weight",
+                true,
+            ),
+            ("model.layers.3.self_attn.kv_b_proj.weight", false),
+            ("model.layers.0.self_attn.f_a_proj.weight", false),
+            ("model.layers.0.self_attn.b_proj.weight", false),
+            ("model.layers.1.block_sparse_moe.gate.weight", false),
+            ("model.embed_tokens.weight", false),
+            ("lm_head.weight", false),
+        ] {
+            assert_eq!(q8_0_source(hf), yes, "{hf}");
+        }
+        let q = Outtype::Q8_0;
+        assert_eq!(tensor_type("blk.0.attn_q.weight", 2, q), GgmlType::Q8_0);
+        assert_eq!(tensor_type("blk.3.attn_gate.weight", 2, q), GgmlType::Q8_0);
+        for kept in [
+            "token_embd.weight",
+            "output.weight",
+            "blk.3.attn_k_b.weight",
+            "blk.3.attn_v_b.weight",
+            "blk.0.ssm_f_a.weight",
+            "blk.0.ssm_beta.weight",
+            "blk.1.ffn_gate_exps.weight",
+        ] {
+            assert_eq!(tensor_type(kept, 2, q), GgmlType::Bf16, "{kept}");
+        }
+        assert_eq!(
+            tensor_type("blk.1.ffn_gate_inp.weight", 2, q),
+            GgmlType::F32
+        );
     }
 
     #[test]

@@ -9,10 +9,12 @@ use serde_json::Value as Json;
 use crate::gguf::Value;
 
 /// The type of the trunk's matrices (`--outtype`); vectors and norms are F32 either way.
+/// `Q8_0` quantises only the set `gguf_k3::q8_0_quantised` names and writes the rest as `Bf16`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Outtype {
     F32,
     Bf16,
+    Q8_0,
 }
 
 const ARCH: &str = "kimi-k3";
@@ -20,8 +22,9 @@ const ARCH: &str = "kimi-k3";
 const QUANT_VERSION: u32 = 2;
 /// `ExpertGatingFuncType.SIGMOID`.
 const GATING_SIGMOID: u32 = 2;
-/// `LlamaFileType`: ALL_F32, MOSTLY_BF16, MOSTLY_MXFP4_MOE.
+/// `LlamaFileType`: ALL_F32, MOSTLY_Q8_0, MOSTLY_BF16, MOSTLY_MXFP4_MOE.
 const FTYPE_F32: u32 = 0;
+const FTYPE_Q8_0: u32 = 7;
 const FTYPE_BF16: u32 = 32;
 const FTYPE_MXFP4_MOE: u32 = 38;
 /// `TokenType.NORMAL` and `TokenType.UNUSED`.
@@ -164,7 +167,12 @@ pub(crate) fn metadata(
         bail!("moe_router_activation_func is {activation:?}; the K3 converter requires sigmoid");
     }
     arch("expert_gating_func", u(GATING_SIGMOID));
+    // The converter's `KimiK3Model.prepare_tensors` labels a file with MXFP4 experts
+    // MOSTLY_MXFP4_MOE whatever its `--outtype`, even q8_0. Our q8_0 is not the converter's
+    // (see `gguf_k3`): it says MOSTLY_Q8_0, as llama-quantize's Q8_0 of the BF16 file does, so
+    // llama-bench's model column tells the two files apart.
     let ftype = match (mxfp4, outtype) {
+        (_, Outtype::Q8_0) => FTYPE_Q8_0,
         (true, _) => FTYPE_MXFP4_MOE,
         (false, Outtype::F32) => FTYPE_F32,
         (false, Outtype::Bf16) => FTYPE_BF16,
@@ -364,6 +372,11 @@ mod tests {
         // Without MXFP4 experts the file type follows the outtype.
         let f32_kv = metadata(&hp, "x", Outtype::F32, false).unwrap();
         assert!(f32_kv.contains(&("general.file_type".into(), Value::U32(0))));
+        let q8_kv = metadata(&hp, "x", Outtype::Q8_0, false).unwrap();
+        assert!(q8_kv.contains(&("general.file_type".into(), Value::U32(7))));
+        // With them too (the converter would say MOSTLY_MXFP4_MOE, llama-quantize MOSTLY_Q8_0).
+        let q8_kv = metadata(&hp, "x", Outtype::Q8_0, true).unwrap();
+        assert!(q8_kv.contains(&("general.file_type".into(), Value::U32(7))));
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod bench_peers;
 mod bench_serve;
 mod cgroup;
 mod gguf;
+mod gguf_compare;
 mod gguf_k3;
 mod gguf_k3_meta;
 mod k3_check;
@@ -67,10 +68,18 @@ const TASKS: &[Task] = &[
     },
     Task {
         name: "gguf",
-        usage: "--model DIR --out FILE [--outtype bf16|f32]",
+        usage: "--model DIR --out FILE [--outtype bf16|f32|q8_0]",
         about: "convert a K3 checkpoint to llama.cpp's kimi-k3 GGUF without Python (the file \
-                the vendored convert_hf_to_gguf.py writes; MXFP4 experts repacked losslessly)",
+                the vendored convert_hf_to_gguf.py writes; MXFP4 experts repacked losslessly; \
+                q8_0: our Q8_0 trunk's matrices in ggml block_q8_0, the rest as bf16)",
         run: gguf_k3::run,
+    },
+    Task {
+        name: "gguf-compare",
+        usage: "--ours FILE --peer FILE",
+        about: "check that every Q8_0 tensor of our GGUF has the same bytes in another GGUF \
+                (llama-quantize's of the same checkpoint); names the first differing block",
+        run: gguf_compare::run,
     },
     Task {
         name: "gen-k3-synth",
