@@ -23,7 +23,7 @@ use crate::cgroup::{Hierarchy, Mark, MemoryGroup, Outcome, group_name};
 pub(crate) struct Engines {
     /// `teacher_forced_decode_bench`.
     pub(crate) ours: PathBuf,
-    /// Extra arguments for ours (the kernel tier only: never memory flags).
+    /// Extra arguments for ours (the kernel tier and trunk format: never memory flags).
     pub(crate) ours_args: Vec<String>,
     /// `llama-bench` and the GGUF; `None`: our engine alone (`--no-peer`).
     pub(crate) peer: Option<(PathBuf, PathBuf)>,

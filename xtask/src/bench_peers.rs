@@ -1,9 +1,17 @@
 //! `cargo xtask bench-peers --model DIR [--threads 1,2] [--pairs N] [--tokens N] [--prompt N]
-//! [--kernel-tier T]`: decode and prefill side by side with llama.cpp's Kimi-K3 on the same
-//! checkpoint. The checkpoint is converted to GGUF with the trunk in BF16 and the experts
-//! repacked to ggml MXFP4 (the same bytes we read), by `gguf_k3` (no Python); then `llama-bench` and our
-//! `teacher_forced_decode_bench` alternate, A B A B, at each thread count, and the ratios of
-//! each pair are printed with their min / median / max.
+//! [--kernel-tier T] [--trunk-format bf16|q8_0|mxfp4] [--no-peer]`: decode and prefill side by
+//! side with llama.cpp's Kimi-K3 on the same checkpoint. The checkpoint is converted to GGUF
+//! with the trunk in BF16 and the experts repacked to ggml MXFP4 (the same bytes we read), by
+//! `gguf_k3` (no Python); then `llama-bench` and our `teacher_forced_decode_bench` alternate,
+//! A B A B, at each thread count, and the ratios of each pair are printed with their
+//! min / median / max.
+//!
+//! `--trunk-format q8_0` compares the two engines' Q8_0 trunks: the GGUF is written with
+//! `--outtype q8_0` (the set `gguf_k3::Q8_0_SET` in ggml Q8_0, the rest as in the BF16 file;
+//! cached as `peer-{name}-q8_0.gguf`) and ours runs with `--trunk-format q8_0`, which
+//! requantises the same set at load. `--trunk-format mxfp4` runs ours alone (as `--no-peer`):
+//! llama.cpp's converter writes no MXFP4 trunk. The rooflines count the quantised set at its
+//! format's size (`trunk_saving`).
 //!
 //! Every figure gets its roofline: weight bytes per token x tokens/s / the read bandwidth
 //! measured next to it (our bench probes between its own steps; for llama.cpp this probes
@@ -29,7 +37,7 @@ use crate::oracle_llamacpp::{WORK_DIR, build_llama_bench, fetch_sdist};
 use crate::runs::{between, drop_page_cache};
 use crate::{Options, from_root};
 use k3_model::K3Config;
-use k3_model::inventory::BytePlan;
+use k3_model::inventory::{BytePlan, text_tensors};
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
     if args.iter().any(|a| a == "--kernels") {
@@ -48,12 +56,23 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             "memory-gb",
             "memory-fraction",
             "no-peer!",
+            "trunk-format",
         ],
     )?;
     let mut extra: Vec<String> = match o.get("kernel-tier") {
         Some(t) => vec!["--kernel-tier".into(), t.into()],
         None => Vec::new(),
     };
+    let trunk = TrunkFormat::parse(o.get("trunk-format").unwrap_or("bf16"))?;
+    if trunk != TrunkFormat::Bf16 {
+        extra.extend(["--trunk-format".to_string(), trunk.name().into()]);
+    }
+    let no_peer = o.flag("no-peer") || trunk == TrunkFormat::MxFp4;
+    if trunk == TrunkFormat::MxFp4 {
+        println!(
+            "--trunk-format mxfp4: our engine alone, as --no-peer (llama.cpp's converter writes no MXFP4 trunk)"
+        );
+    }
     let model = from_root(o.get("model").context("--model DIR is required")?);
     let threads: Vec<usize> = o
         .get("threads")
@@ -75,16 +94,34 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     let work = from_root(WORK_DIR);
     std::fs::create_dir_all(&work)?;
     if o.get("memory-gb").is_some() || o.get("memory-fraction").is_some() {
-        return memory_mode(&o, &model, &work, extra, threads, pairs, tokens);
+        let run = MemoryRun {
+            ours_args: extra,
+            no_peer,
+            outtype: trunk.outtype(),
+            threads,
+            pairs,
+            tokens,
+        };
+        return memory_mode(&o, &model, &work, run);
     }
-    let source = fetch_sdist(&work)?;
-    let llama_bench = build_llama_bench(&work, &source)?;
-    let gguf = convert(&work, &model)?;
+    // llama-bench and the GGUF, unless ours runs alone.
+    let peer = match no_peer {
+        true => {
+            println!("--no-peer: our engine alone");
+            None
+        }
+        false => {
+            let source = fetch_sdist(&work)?;
+            let llama_bench = build_llama_bench(&work, &source)?;
+            Some((llama_bench, convert(&work, &model, trunk.outtype())?))
+        }
+    };
     let ours = build_ours()?;
     let config = K3Config::from_json(
         &std::fs::read_to_string(model.join("config.json")).context("reading config.json")?,
     )?;
     let plan = BytePlan::new(&config);
+    let saving = trunk_saving(&config, trunk);
     // A checkpoint that fits in RAM is served from RAM the way a user would run it: trunk and
     // every expert copied once into huge-page memory (`--resident-trunk`, a full expert cache,
     // preloaded), not read through 4 KiB file mappings. llama.cpp does the same with its
@@ -101,8 +138,8 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         ]);
     }
     let tier = &extra[..];
-    let per_token = plan.bytes_per_token as f64;
-    let per_prompt = prompt_bytes(&config, &plan, prompt) as f64 / prompt as f64;
+    let per_token = (plan.bytes_per_token - saving) as f64;
+    let per_prompt = (prompt_bytes(&config, &plan, prompt) - saving) as f64 / prompt as f64;
     println!(
         "ours: {}",
         if resident {
@@ -112,9 +149,11 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         }
     );
     println!(
-        "model {} ({}), {pairs} pairs, {tokens} generated tokens, {prompt}-token prompts; weights read: {:.3} GB per decoded token, at least {:.3} GB per prompt token",
+        "model {} ({}), trunk {}, {pairs} pairs, {tokens} generated tokens, {prompt}-token prompts; weights read: {:.3} GB per decoded token, at least {:.3} GB per prompt token",
         model.display(),
-        gguf.display(),
+        peer.as_ref()
+            .map_or("no peer".into(), |(_, gguf)| gguf.display().to_string()),
+        trunk.name(),
         per_token / 1e9,
         per_prompt / 1e9,
     );
@@ -132,7 +171,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         // the other's file and reclaim pages while the next one runs. So before each run the
         // other engine's file leaves the page cache, and the machine settles for a second.
         let ours_files = shard_files(&model)?;
-        let ggufs = [gguf.clone()];
+        let ggufs: Vec<PathBuf> = peer.iter().map(|(_, gguf)| gguf.clone()).collect();
         let fresh = |files: &[PathBuf]| -> Result<()> {
             for f in files {
                 drop_page_cache(f)?;
@@ -144,20 +183,36 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         let roof = |rate: f64, bytes: f64, read: f64| 100.0 * rate * bytes / read;
         // Per pair: the decode and prefill ratios, each engine's decode roofline, and the ratio
         // of the rooflines (tokens/s each normalised by the read probed next to it: robust to
-        // the host changing phase between the two runs of a pair).
-        let mut rows: Vec<[f64; 5]> = Vec::new();
+        // the host changing phase between the two runs of a pair). Alone: our decode and
+        // prefill tokens/s and decode roofline.
+        let mut rows: Vec<Vec<f64>> = Vec::new();
         for pair in 0..pairs {
+            let Some((llama_bench, gguf)) = &peer else {
+                let (our_tg, our_tg_read) = our_decode(&ours, &model, t, tokens, tier)?;
+                let before = probe();
+                let our_pp = our_prefill(&ours, &model, t, prompt, tier)?;
+                let our_pp_read = (before + probe()) / 2.0;
+                println!(
+                    "threads {t} run {pair}: decode ours {our_tg:.2} tok/s ({:.0}% of {:.1} GB/s read); prefill ours {our_pp:.1} tok/s ({:.1}% of {:.1})",
+                    roof(our_tg, per_token, our_tg_read),
+                    our_tg_read / 1e9,
+                    roof(our_pp, per_prompt, our_pp_read),
+                    our_pp_read / 1e9,
+                );
+                rows.push(vec![our_tg, our_pp, roof(our_tg, per_token, our_tg_read)]);
+                continue;
+            };
             // The host's read bandwidth drifts between phases within seconds: llama.cpp's runs
             // are judged by the mean of a probe just before and just after.
             fresh(&ours_files)?;
             let before = probe();
-            let peer_tg = llama(&llama_bench, &gguf, t, 0, tokens)?;
+            let peer_tg = llama(llama_bench, gguf, t, 0, tokens)?;
             let peer_tg_read = (before + probe()) / 2.0;
             fresh(&ggufs)?;
             let (our_tg, our_tg_read) = our_decode(&ours, &model, t, tokens, tier)?;
             fresh(&ours_files)?;
             let before = probe();
-            let peer_pp = llama(&llama_bench, &gguf, t, prompt, 0)?;
+            let peer_pp = llama(llama_bench, gguf, t, prompt, 0)?;
             let peer_pp_read = (before + probe()) / 2.0;
             fresh(&ggufs)?;
             let our_pp = our_prefill(&ours, &model, t, prompt, tier)?;
@@ -175,7 +230,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
                 peer_pp_read / 1e9,
                 our_pp / peer_pp
             );
-            rows.push([
+            rows.push(vec![
                 our_tg / peer_tg,
                 our_pp / peer_pp,
                 roof(our_tg, per_token, our_tg_read),
@@ -183,16 +238,21 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
                 roof(our_tg, per_token, our_tg_read) / roof(peer_tg, per_token, peer_tg_read),
             ]);
         }
-        for (i, what) in [
-            "decode: ours / llama.cpp",
-            "prefill: ours / llama.cpp",
-            "decode: ours, % of read",
-            "decode: llama.cpp, % of read",
-            "decode: ours / llama.cpp, each per GB/s of read",
-        ]
-        .into_iter()
-        .enumerate()
-        {
+        let columns: &[&str] = match peer {
+            Some(_) => &[
+                "decode: ours / llama.cpp",
+                "prefill: ours / llama.cpp",
+                "decode: ours, % of read",
+                "decode: llama.cpp, % of read",
+                "decode: ours / llama.cpp, each per GB/s of read",
+            ],
+            None => &[
+                "decode: ours, tok/s",
+                "prefill: ours, tok/s",
+                "decode: ours, % of read",
+            ],
+        };
+        for (i, what) in columns.iter().enumerate() {
             let mut v: Vec<f64> = rows.iter().map(|r| r[i]).collect();
             v.sort_by(f64::total_cmp);
             println!(
@@ -206,16 +266,20 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// `--memory-gb` / `--memory-fraction`: both engines in memory cgroups (`bench_memory`).
-fn memory_mode(
-    o: &Options,
-    model: &Path,
-    work: &Path,
+/// What `--memory-gb` / `--memory-fraction` runs besides the budgets.
+struct MemoryRun {
+    /// Ours' extra arguments (kernel tier, trunk format).
     ours_args: Vec<String>,
+    no_peer: bool,
+    /// The peer GGUF's trunk.
+    outtype: Outtype,
     threads: Vec<usize>,
     pairs: usize,
     tokens: usize,
-) -> Result<()> {
+}
+
+/// `--memory-gb` / `--memory-fraction`: both engines in memory cgroups (`bench_memory`).
+fn memory_mode(o: &Options, model: &Path, work: &Path, run: MemoryRun) -> Result<()> {
     let (bytes, embedding) = crate::bench_memory::model_size(model)?;
     let size = bytes - embedding;
     println!(
@@ -226,26 +290,26 @@ fn memory_mode(
     );
     let budgets = crate::bench_memory::budgets(o.get("memory-gb"), o.get("memory-fraction"), size)?;
     let mut files = shard_files(model)?;
-    let peer = if o.flag("no-peer") {
+    let peer = if run.no_peer {
         println!("--no-peer: our engine alone");
         None
     } else {
         let source = fetch_sdist(work)?;
         let bench = build_llama_bench(work, &source)?;
-        let gguf = convert(work, model)?;
+        let gguf = convert(work, model, run.outtype)?;
         files.push(gguf.clone());
         Some((bench, gguf))
     };
     let engines = crate::bench_memory::Engines {
         ours: build_ours()?,
-        ours_args,
+        ours_args: run.ours_args,
         peer,
     };
     let sweep = crate::bench_memory::Sweep {
         budgets,
-        threads,
-        pairs,
-        tokens,
+        threads: run.threads,
+        pairs: run.pairs,
+        tokens: run.tokens,
     };
     crate::bench_memory::run(model, &engines, &sweep, &files)
 }
@@ -285,17 +349,87 @@ fn prompt_bytes(config: &K3Config, plan: &BytePlan, prompt: usize) -> usize {
         + plan.moe_layers * touched * plan.expert_bytes
 }
 
-/// The GGUF of `model` (trunk BF16, experts ggml MXFP4), converted once per directory by the
-/// torch-free writer (`gguf_k3`); a file there is complete (it is renamed into place).
-pub(crate) fn convert(work: &Path, model: &Path) -> Result<PathBuf> {
+/// `--trunk-format`: the trunk both engines read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TrunkFormat {
+    /// As stored (BF16 in the release): today's comparison.
+    Bf16,
+    /// `gguf_k3::Q8_0_SET` in ggml Q8_0, in both engines.
+    Q8_0,
+    /// The same set in MXFP4, ours only.
+    MxFp4,
+}
+
+impl TrunkFormat {
+    fn parse(name: &str) -> Result<Self> {
+        Ok(match name {
+            "bf16" => TrunkFormat::Bf16,
+            "q8_0" => TrunkFormat::Q8_0,
+            "mxfp4" => TrunkFormat::MxFp4,
+            other => bail!("--trunk-format {other:?} is not bf16, q8_0 or mxfp4"),
+        })
+    }
+
+    /// Our decode bench's `--trunk-format` value.
+    fn name(self) -> &'static str {
+        match self {
+            TrunkFormat::Bf16 => "bf16",
+            TrunkFormat::Q8_0 => "q8_0",
+            TrunkFormat::MxFp4 => "mxfp4",
+        }
+    }
+
+    /// The peer GGUF's outtype.
+    fn outtype(self) -> Outtype {
+        match self {
+            TrunkFormat::Q8_0 => Outtype::Q8_0,
+            TrunkFormat::Bf16 | TrunkFormat::MxFp4 => Outtype::Bf16,
+        }
+    }
+
+    /// Bytes of 32 weights of the quantised set (`None`: as stored).
+    fn block_bytes(self) -> Option<usize> {
+        match self {
+            TrunkFormat::Bf16 => None,
+            TrunkFormat::Q8_0 => Some(34),
+            TrunkFormat::MxFp4 => Some(17),
+        }
+    }
+}
+
+/// Weight bytes per token that `trunk` saves against `BytePlan::bytes_per_token`: every
+/// matrix of the quantised set (`gguf_k3::q8_0_source`, read once per token) at 34 (Q8_0) or
+/// 17 (MXFP4) bytes per 32 weights instead of its stored dtype's. `BytePlan` counts the
+/// release's dtypes only, so the formats are counted here.
+fn trunk_saving(config: &K3Config, trunk: TrunkFormat) -> usize {
+    let Some(block_bytes) = trunk.block_bytes() else {
+        return 0;
+    };
+    text_tensors(config)
+        .iter()
+        .filter(|t| crate::gguf_k3::q8_0_source(&t.name))
+        .map(|t| t.bytes() - t.shape.iter().product::<usize>() / 32 * block_bytes)
+        .sum()
+}
+
+/// The GGUF of `model` (experts ggml MXFP4; trunk BF16, or the Q8_0 set in Q8_0 for
+/// `Outtype::Q8_0`), converted once per directory and outtype by the torch-free writer
+/// (`gguf_k3`), as `peer-{name}-{bf16|q8_0}.gguf`; a file there is complete (it is renamed into
+/// place).
+pub(crate) fn convert(work: &Path, model: &Path, outtype: Outtype) -> Result<PathBuf> {
     let name = model
         .file_name()
         .and_then(|n| n.to_str())
         .context("the model directory has no name")?;
-    let gguf = work.join(format!("peer-{name}-bf16.gguf"));
+    let suffix = match outtype {
+        Outtype::Bf16 => "bf16",
+        Outtype::Q8_0 => "q8_0",
+        Outtype::F32 => "f32",
+    };
+    let gguf = work.join(format!("peer-{name}-{suffix}.gguf"));
     if !gguf.exists() {
         let started = std::time::Instant::now();
-        let c = crate::gguf_k3::convert(model, &gguf, Outtype::Bf16)
+        let c = crate::gguf_k3::convert(model, &gguf, outtype)
             .with_context(|| format!("converting {} to gguf", model.display()))?;
         println!(
             "converted {} to {} ({} tensors, {:.3} GB) in {:.1} s",
@@ -418,6 +552,37 @@ fn our_decode(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_q8_0_saving_is_what_the_q8_0_gguf_saves() {
+        use k3_model::synth::{Preset, SynthOptions, generate};
+        let dir = std::env::temp_dir().join(format!("k3-peer-q8-{}", std::process::id()));
+        let model = dir.join("tiny");
+        let report = generate(&model, &SynthOptions::new(Preset::Tiny)).unwrap();
+        let work = dir.join("work");
+        std::fs::create_dir_all(&work).unwrap();
+        let gguf = convert(&work, &model, Outtype::Q8_0).unwrap();
+        assert!(gguf.ends_with("peer-tiny-q8_0.gguf"));
+        let parsed = crate::gguf::tests::parse(&std::fs::read(&gguf).unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
+        // The tiny trunk is BF16: each Q8_0 tensor saves 2 - 34/32 bytes per weight.
+        let saved: u64 = parsed
+            .tensors
+            .iter()
+            .filter(|(_, _, ty, _)| *ty == 8)
+            .map(|(_, ne, _, _)| {
+                ne.iter().product::<u64>() * 2 - ne.iter().product::<u64>() / 32 * 34
+            })
+            .sum();
+        assert!(saved > 0);
+        let config = &report.config;
+        assert_eq!(trunk_saving(config, TrunkFormat::Q8_0) as u64, saved);
+        assert_eq!(trunk_saving(config, TrunkFormat::Bf16), 0);
+        // MXFP4: 17 bytes per 32 weights instead of 34.
+        let weights = saved * 32 / (64 - 34);
+        let mxfp4 = trunk_saving(config, TrunkFormat::MxFp4) as u64;
+        assert_eq!(mxfp4, weights * (64 - 17) / 32);
+    }
 
     #[test]
     fn a_built_llama_bench_is_reused_without_cmake() {

@@ -37,6 +37,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use k3_model::tokenizer::Tokenizer;
 
+use crate::gguf_k3_meta::Outtype;
 use crate::oracle::run_checked;
 use crate::oracle_llamacpp::{WORK_DIR, build_llama_server, fetch_sdist};
 use crate::{Options, from_root};
@@ -145,7 +146,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         launchers.push(Launcher {
             engine: Engine::Peer,
             binary: build_llama_server(&work, &source)?,
-            model: crate::bench_peers::convert(&work, &model)?,
+            model: crate::bench_peers::convert(&work, &model, Outtype::Bf16)?,
             threads,
             ctx,
             // The GGUF carries no chat template, and llama-server's default (ChatML) is far

@@ -51,9 +51,10 @@ const TASKS: &[Task] = &[
     },
     Task {
         name: "bench-peers",
-        usage: "--model DIR [--threads 1,2] [--pairs N] [--tokens N] [--prompt N] [--memory-gb G,.. | --memory-fraction F,.. [--no-peer]]",
+        usage: "--model DIR [--threads 1,2] [--pairs N] [--tokens N] [--prompt N] [--trunk-format bf16|q8_0|mxfp4] [--no-peer] [--memory-gb G,.. | --memory-fraction F,..]",
         about: "decode and prefill side by side with llama.cpp's Kimi-K3 on the same checkpoint \
-                (GGUF with a BF16 trunk and MXFP4 experts), alternating A B A B; ratios per pair",
+                (GGUF with a BF16 or, --trunk-format q8_0, Q8_0 trunk and MXFP4 experts), \
+                alternating A B A B; ratios per pair; mxfp4 and --no-peer: ours alone",
         run: bench_peers::run,
     },
     Task {
