@@ -125,8 +125,20 @@ pub(super) fn plan(
             .any(|t| t.pack_cols.is_some())
     });
     let dirs = options.pack_cache.dirs(checkpoint.dir());
-    if streams_packable && !dirs.is_empty() {
-        let identity = checkpoint_identity(&checkpoint, config);
+    // A requantised trunk is read from the cache at every start after the first (its blocks
+    // are made once); a cache of one format is never another's (the format is in its
+    // identity, so in its name and header).
+    let requantised = sizes.requantised();
+    if (streams_packable || requantised) && !dirs.is_empty() {
+        let identity = match options.trunk_format.quant() {
+            None => checkpoint_identity(&checkpoint, config),
+            Some(_) => {
+                let mut sum = crate::io::checksum::Checksum::new();
+                sum.update(&checkpoint_identity(&checkpoint, config).to_le_bytes());
+                sum.update(options.trunk_format.name().as_bytes());
+                sum.finish()
+            }
+        };
         let opened = PackCache::open_or_write(
             &dirs,
             identity,
@@ -145,7 +157,7 @@ pub(super) fn plan(
         });
         let replanned = packed.and_then(|(cache, outcome)| {
             let sizes = cache.sizes_with(sizes.clone());
-            match Plan::new(&sizes, flags, &options.experts, run, budget, margin, hidden) {
+            match plan_for(&sizes, flags, &options.experts, run, budget, margin, hidden) {
                 Ok(plan) => Ok((cache, outcome, sizes, plan)),
                 Err(e) => Err(format!("the plan with it: {e}")),
             }
@@ -155,7 +167,7 @@ pub(super) fn plan(
                 let (body, bf16) = cache.body_bytes();
                 let line = format!(
                     "pack cache: {} ({} of BF16 matrices packed in {}, {} held in memory){}; \
-                     the streamed matrices are read packed",
+                     {}",
                     cache.path().display(),
                     crate::units::gb(bf16),
                     crate::units::gb(body),
@@ -165,6 +177,10 @@ pub(super) fn plan(
                         Outcome::Written { why, seconds } => {
                             format!(", written in {seconds:.1} s ({why})")
                         }
+                    },
+                    match requantised {
+                        true => format!("the {} trunk is read from it", options.trunk_format),
+                        false => "the streamed matrices are read packed".into(),
                     }
                 );
                 sink.line_about(&line, Knob::PackCache);

@@ -555,3 +555,106 @@ fn a_requantised_trunk_that_cannot_be_resident_is_refused() {
         "{words}"
     );
 }
+
+/// A requantised trunk is written to the pack cache at the first start and read from it then
+/// and at the next (nothing requantised again, the same bits); a cache of one format is never used
+/// for another: each has its own file, and one renamed to another's name is refused and
+/// written anew.
+#[test]
+fn a_requantised_trunk_is_read_from_its_pack_cache_and_only_its_own() {
+    use crate::packcache::place::PackCachePlace;
+    use crate::plan::TrunkFormat;
+    let tiny = Tiny::new("requant-cache");
+    let caches = Scratch::new("builder-requant-cache");
+    let build = |format: TrunkFormat| {
+        let mut options = options(2);
+        options.trunk_format = format;
+        options.pack_cache = PackCachePlace::Dir(caches.path().to_owned());
+        tiny.build(&options)
+    };
+    let files = || {
+        let mut names: Vec<String> = std::fs::read_dir(caches.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let q8 = TrunkFormat::Q8_0 { all: false };
+    let mx = TrunkFormat::MxFp4 { all: true };
+    let mut first = Vec::new();
+    for format in [q8, mx] {
+        let (engine, lines) = build(format);
+        let cache = lines
+            .iter()
+            .find(|l| l.starts_with("pack cache: "))
+            .expect("a cache");
+        assert!(
+            cache.contains("written in") && cache.contains("none was there"),
+            "{cache}"
+        );
+        // Written in the plan's phase, then read like any other start's.
+        let summary = engine.resident.as_ref().unwrap().packed_summary();
+        assert!(
+            summary.requantised > 0 && summary.cached == summary.pieces,
+            "{summary:?}"
+        );
+        first.push(fingerprints(&engine));
+    }
+    assert_eq!(files().len(), 2, "one file per format: {:?}", files());
+    // Without a cache the blocks are made at load: the same bits.
+    for (format, expected) in [q8, mx].into_iter().zip(&first) {
+        let mut options = options(1);
+        options.trunk_format = format;
+        options.pack_cache = PackCachePlace::Off;
+        let (engine, lines) = tiny.build(&options);
+        assert!(
+            !lines.iter().any(|l| l.starts_with("pack cache: ")),
+            "{lines:?}"
+        );
+        assert_eq!(engine.resident.as_ref().unwrap().packed_summary().cached, 0);
+        assert_eq!(&fingerprints(&engine), expected, "{format} made at load");
+    }
+    for (format, expected) in [q8, mx].into_iter().zip(&first) {
+        let (engine, lines) = build(format);
+        let cache = lines
+            .iter()
+            .find(|l| l.starts_with("pack cache: "))
+            .expect("a cache");
+        assert!(!cache.contains("written in"), "{cache}");
+        let summary = engine.resident.as_ref().unwrap().packed_summary();
+        assert!(
+            summary.requantised > 0 && summary.cached == summary.pieces,
+            "{summary:?}"
+        );
+        assert_eq!(&fingerprints(&engine), expected, "{format} from the cache");
+    }
+    // The Q8_0 file put where the MXFP4 one is looked for: refused, and written anew.
+    let path_of = |format| {
+        let (_, lines) = build(format);
+        let line = lines
+            .iter()
+            .find(|l| l.starts_with("pack cache: "))
+            .unwrap()
+            .clone();
+        let path = line["pack cache: ".len()..]
+            .split(" (")
+            .next()
+            .unwrap()
+            .to_owned();
+        std::path::PathBuf::from(path)
+    };
+    let (q8_path, mx_path) = (path_of(q8), path_of(mx));
+    assert_ne!(q8_path, mx_path);
+    std::fs::copy(&q8_path, &mx_path).unwrap();
+    let (engine, lines) = build(mx);
+    let cache = lines
+        .iter()
+        .find(|l| l.starts_with("pack cache: "))
+        .unwrap();
+    assert!(
+        cache.contains("written in") && cache.contains("of another checkpoint or trunk format"),
+        "{cache}"
+    );
+    assert_eq!(fingerprints(&engine), first[1]);
+}

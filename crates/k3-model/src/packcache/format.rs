@@ -5,7 +5,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use expert_store::io::IO_ALIGN;
-use mxfp4_kernels::packed::{EXCEPTION_BYTES, packed_body_bytes};
+use mxfp4_kernels::packed::EXCEPTION_BYTES;
 
 use crate::io::checksum::Checksum;
 use crate::plan::StoredTensor;
@@ -14,8 +14,9 @@ use super::types::{PackCacheError, PackedTensor, io};
 
 /// The file's first bytes.
 pub(super) const MAGIC: &[u8; 8] = b"K3PACKED";
-/// Bumped whenever the layout of the file or of a packed block changes.
-pub(super) const PACK_CACHE_VERSION: u32 = 1;
+/// Bumped whenever the layout of the file or of a packed block changes (2: a format per
+/// matrix, requantised trunks).
+pub(super) const PACK_CACHE_VERSION: u32 = 2;
 
 /// A source file as the manifest records it: its name in the checkpoint directory, size and
 /// modification time.
@@ -69,8 +70,8 @@ pub(super) fn layout(want: &[&StoredTensor]) -> (Vec<usize>, usize) {
     let mut bodies = Vec::with_capacity(want.len());
     for t in want {
         bodies.push(at);
-        let cols = t.pack_cols.expect("only packable matrices are cached");
-        at += packed_body_bytes(t.rows, cols).next_multiple_of(IO_ALIGN);
+        let how = t.pack_as().expect("only packable matrices are cached");
+        at += how.body_bytes(t.rows).next_multiple_of(IO_ALIGN);
     }
     (bodies, at)
 }
@@ -143,6 +144,7 @@ pub(super) fn parse(manifest: &[u8]) -> Option<(Vec<Source>, Vec<(PackedTensor, 
         let offset = r.usize()?;
         let rows = r.usize()?;
         let cols = r.usize()?;
+        let format = r.u32()?;
         let body = r.usize()?;
         let blocks = r.usize()?;
         let exceptions = r.take(blocks.checked_mul(EXCEPTION_BYTES)?)?.to_vec();
@@ -155,6 +157,8 @@ pub(super) fn parse(manifest: &[u8]) -> Option<(Vec<Source>, Vec<(PackedTensor, 
         if row_exceptions.windows(2).any(|w| w[0] > w[1])
             || row_exceptions.last().map(|&l| l as usize) != Some(blocks)
             || source >= sources.len()
+            || format > 2
+            || (format != 0 && blocks != 0)
         {
             return None;
         }
@@ -163,6 +167,7 @@ pub(super) fn parse(manifest: &[u8]) -> Option<(Vec<Source>, Vec<(PackedTensor, 
                 name,
                 rows,
                 cols,
+                format,
                 body,
                 exceptions,
                 row_exceptions,

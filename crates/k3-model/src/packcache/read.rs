@@ -6,7 +6,6 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use expert_store::io::{drop_page_cache, read_full};
-use mxfp4_kernels::packed::packed_body_bytes;
 use numa_sched::Pool;
 
 use crate::plan::{HeldPacked, StoredTensor, WeightSizes};
@@ -53,13 +52,11 @@ impl PackCache {
         self.tensors.iter().map(PackedTensor::side_bytes).sum()
     }
 
-    /// Bytes of the packed bodies on disk, and the BF16 bytes they stand for.
+    /// Bytes of the packed (or requantised) bodies on disk, and the BF16 bytes they stand
+    /// for.
     pub fn body_bytes(&self) -> (u64, u64) {
         self.tensors.iter().fold((0, 0), |(p, b), t| {
-            (
-                p + packed_body_bytes(t.rows, t.cols) as u64,
-                b + (2 * t.rows * t.cols) as u64,
-            )
+            (p + t.body_bytes() as u64, b + (2 * t.rows * t.cols) as u64)
         })
     }
 
@@ -124,7 +121,7 @@ impl PackCache {
             )));
         }
         if r.u64() != Some(identity) {
-            return Ok(Err("it is of another checkpoint".into()));
+            return Ok(Err("it is of another checkpoint or trunk format".into()));
         }
         let (Some(at), Some(len), Some(sum)) = (r.u64(), r.u64(), r.u64()) else {
             return Ok(Err("its header is cut short".into()));
@@ -153,7 +150,7 @@ impl PackCache {
             let now = &now[own];
             if Some(now) != sources.get(source)
                 || offset != w.offset
-                || Some(t.cols) != w.pack_cols
+                || w.pack_as().map(|h| (h.cols(), h.code())) != Some((t.cols, t.format))
                 || t.rows != w.rows
                 || t.body != body
             {

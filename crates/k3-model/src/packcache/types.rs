@@ -14,7 +14,10 @@ pub struct PackedTensor {
     pub rows: usize,
     /// Columns of the matrix (a multiple of 32).
     pub cols: usize,
-    /// Where its body starts in the file (rows of `packed_body_bytes(1, cols)` bytes).
+    /// How its body holds it ([`crate::plan::PackAs::code`]): 0 packed BF16 (rows of
+    /// `packed_body_bytes(1, cols)` bytes), 1 Q8_0 blocks, 2 MXFP4 codes then scales.
+    pub format: u32,
+    /// Where its body starts in the file.
     pub body: usize,
     /// Its exception blocks (BF16, [`EXCEPTION_BYTES`] each), and per row the index of its
     /// first one (`rows + 1` entries).
@@ -27,6 +30,15 @@ pub struct PackedTensor {
 }
 
 impl PackedTensor {
+    /// Bytes of its body.
+    pub fn body_bytes(&self) -> usize {
+        match self.format {
+            1 => crate::plan::QuantFormat::Q8_0.bytes(self.rows, self.cols),
+            2 => crate::plan::QuantFormat::MxFp4.bytes(self.rows, self.cols),
+            _ => mxfp4_kernels::packed::packed_body_bytes(self.rows, self.cols),
+        }
+    }
+
     /// Bytes held in memory for it: exception blocks and row index.
     pub(super) fn side_bytes(&self) -> u64 {
         (self.exceptions.len() + 4 * self.row_exceptions.len()) as u64

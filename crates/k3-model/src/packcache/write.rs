@@ -5,11 +5,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use expert_store::io::{AlignedBuf, IO_ALIGN, ShardReader};
-use mxfp4_kernels::packed::{EXCEPTION_BYTES, packed_body_bytes};
+use mxfp4_kernels::packed::EXCEPTION_BYTES;
 use numa_sched::Pool;
 
 use crate::io::atomic::AtomicFile;
-use crate::plan::StoredTensor;
+use crate::plan::{PackAs, QuantFormat, StoredTensor};
 
 use super::format::{
     MAGIC, PACK_CACHE_VERSION, Source, checksum, layout, put_str, put_u32, put_u64,
@@ -102,20 +102,23 @@ fn write_file(
     let mut pieces = Vec::with_capacity(want.len());
     let mut chunks = Vec::new();
     for (i, t) in want.iter().enumerate() {
-        let cols = t.pack_cols.expect("only packable matrices are cached");
+        let how = t.pack_as().expect("only packable matrices are cached");
         let reader = crate::io::chunks::reader(&mut readers, &t.path)?;
-        let row = 2 * cols;
+        let row = how.stored_bytes_per_weight() * how.cols();
         let step = (STAGING / row).max(1);
         for first in (0..t.rows).step_by(step) {
             chunks.push((i, first, (first + step).min(t.rows)));
         }
         pieces.push((reader, t.offset, row));
     }
+    // A chunk's body, and an MXFP4 matrix's scales (written after its last chunk's codes).
     let largest = want
         .iter()
         .map(|t| {
-            let cols = t.pack_cols.unwrap_or(0);
-            packed_body_bytes((STAGING / (2 * cols).max(1)).max(1).min(t.rows), cols)
+            let how = t.pack_as().expect("only packable matrices are cached");
+            let row = how.stored_bytes_per_weight() * how.cols();
+            let chunk = how.body_bytes((STAGING / row.max(1)).max(1).min(t.rows));
+            chunk + t.rows * how.cols() / 32
         })
         .max()
         .unwrap_or(0);
@@ -124,23 +127,63 @@ fn write_file(
     let mut pos = 0;
     let mut exceptions: Vec<Vec<u8>> = vec![Vec::new(); want.len()];
     let mut row_exceptions: Vec<Vec<u32>> = vec![Vec::new(); want.len()];
+    let mut scales = Vec::new();
     let mut write_error = None;
-    crate::io::chunks::read_chunks(pieces, &chunks, io_cpus, |i, first, last, bf16| {
+    crate::io::chunks::read_chunks(pieces, &chunks, io_cpus, |i, first, last, stored| {
         let t = want[i];
-        let cols = t.pack_cols.expect("only packable matrices are cached");
+        let how = t.pack_as().expect("only packable matrices are cached");
         if first == 0 {
             pos = bodies[i];
             carry = 0;
         }
-        let n = packed_body_bytes(last - first, cols);
-        crate::io::chunks::pack_on(
-            pool,
-            bf16,
-            cols,
-            &mut out[carry..carry + n],
-            &mut exceptions[i],
-            &mut row_exceptions[i],
-        )?;
+        let mut n = how.body_bytes(last - first);
+        match how {
+            PackAs::Packed { cols } => crate::io::chunks::pack_on(
+                pool,
+                stored,
+                cols,
+                &mut out[carry..carry + n],
+                &mut exceptions[i],
+                &mut row_exceptions[i],
+            )?,
+            PackAs::Quant {
+                format: QuantFormat::Q8_0,
+                cols,
+                dtype,
+            } => crate::io::chunks::quantise_on(
+                pool,
+                stored,
+                dtype,
+                cols,
+                QuantFormat::Q8_0,
+                &mut out[carry..carry + n],
+                &mut [],
+            )?,
+            // The codes stream as they come; the scales follow the last chunk's codes.
+            PackAs::Quant {
+                format: QuantFormat::MxFp4,
+                cols,
+                dtype,
+            } => {
+                if first == 0 {
+                    scales = vec![0u8; t.rows * cols / 32];
+                }
+                n = (last - first) * cols / 2;
+                crate::io::chunks::quantise_on(
+                    pool,
+                    stored,
+                    dtype,
+                    cols,
+                    QuantFormat::MxFp4,
+                    &mut out[carry..carry + n],
+                    &mut scales[first * cols / 32..last * cols / 32],
+                )?;
+                if last == t.rows {
+                    out[carry + n..carry + n + scales.len()].copy_from_slice(&scales);
+                    n += scales.len();
+                }
+            }
+        }
         let total = carry + n;
         let whole = if last == t.rows {
             out[total..total.next_multiple_of(IO_ALIGN)].fill(0);
@@ -175,13 +218,19 @@ fn write_file(
     }
     put_u32(&mut m, want.len() as u32);
     for (i, t) in want.iter().enumerate() {
+        let how = t.pack_as().expect("only packable matrices are cached");
         let blocks = exceptions[i].len() / EXCEPTION_BYTES;
+        // A requantised matrix has no exception blocks: its index is all zeros.
+        if !matches!(how, PackAs::Packed { .. }) {
+            row_exceptions[i] = vec![0; t.rows];
+        }
         row_exceptions[i].push(u32::try_from(blocks).expect("under 2^32 exception blocks"));
         put_str(&mut m, &t.name);
         put_u32(&mut m, source_of[i] as u32);
         put_u64(&mut m, t.offset as u64);
         put_u64(&mut m, t.rows as u64);
-        put_u64(&mut m, t.pack_cols.unwrap_or(0) as u64);
+        put_u64(&mut m, how.cols() as u64);
+        put_u32(&mut m, how.code());
         put_u64(&mut m, bodies[i] as u64);
         put_u64(&mut m, blocks as u64);
         m.extend_from_slice(&exceptions[i]);

@@ -128,6 +128,30 @@ pub enum PackAs {
 }
 
 impl PackAs {
+    /// Bytes of the body of `rows` rows: packed (`mxfp4_kernels::packed`), Q8_0 blocks, or
+    /// MXFP4 codes of every row then scales of every row.
+    pub fn body_bytes(self, rows: usize) -> usize {
+        match self {
+            PackAs::Packed { cols } => mxfp4_kernels::packed::packed_body_bytes(rows, cols),
+            PackAs::Quant { format, cols, .. } => format.bytes(rows, cols),
+        }
+    }
+
+    /// The format's code in a pack cache's manifest (0: packed BF16).
+    pub fn code(self) -> u32 {
+        match self {
+            PackAs::Packed { .. } => 0,
+            PackAs::Quant {
+                format: QuantFormat::Q8_0,
+                ..
+            } => 1,
+            PackAs::Quant {
+                format: QuantFormat::MxFp4,
+                ..
+            } => 2,
+        }
+    }
+
     /// Columns of the matrix.
     pub fn cols(self) -> usize {
         match self {
@@ -225,6 +249,19 @@ impl StoredTensor {
                 .next_multiple_of(expert_store::io::IO_ALIGN as u64),
             (Some(cols), None) => packed_resident_bytes(self.rows, cols),
             (None, _) => self.stored_bytes(),
+        }
+    }
+
+    /// How it is held where resident when not as stored: requantised, or packed.
+    pub fn pack_as(&self) -> Option<PackAs> {
+        match (self.quant, &self.float, self.pack_cols) {
+            (Some(format), Some(m), _) => Some(PackAs::Quant {
+                format,
+                cols: m.cols,
+                dtype: m.dtype,
+            }),
+            (_, _, Some(cols)) => Some(PackAs::Packed { cols }),
+            _ => None,
         }
     }
 
@@ -521,13 +558,13 @@ impl WeightSizes {
         self.read_tensors().any(|(_, t)| t.quant.is_some())
     }
 
-    /// Every matrix kept packed where resident (`pack_cols`), whole, in file order: what a
-    /// pack cache holds.
+    /// Every matrix kept packed or requantised where resident ([`StoredTensor::pack_as`]),
+    /// whole, in file order: what a pack cache holds.
     pub fn packable(&self) -> Vec<&StoredTensor> {
         let mut all: Vec<&StoredTensor> = self
             .read_tensors()
             .map(|(_, t)| t)
-            .filter(|t| t.pack_cols.is_some())
+            .filter(|t| t.pack_as().is_some())
             .collect();
         all.sort_by(|a, b| (&a.path, a.offset).cmp(&(&b.path, b.offset)));
         all
@@ -592,18 +629,7 @@ impl WeightSizes {
             .iter()
             .chain([&self.head])
             .flatten()
-            .filter_map(|t| {
-                let how = match (t.quant, &t.float, t.pack_cols) {
-                    (Some(format), Some(m), _) => PackAs::Quant {
-                        format,
-                        cols: m.cols,
-                        dtype: m.dtype,
-                    },
-                    (_, _, Some(cols)) => PackAs::Packed { cols },
-                    _ => return None,
-                };
-                Some((t.name.clone(), how))
-            })
+            .filter_map(|t| Some((t.name.clone(), t.pack_as()?)))
             .collect()
     }
 

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
 use expert_store::Checkpoint;
-use expert_store::io::{AlignedBuf, ShardReader, read_pieces};
+use expert_store::io::{AlignedBuf, ShardReader, drop_page_cache, read_full, read_pieces};
 use mxfp4_kernels::{MxFp4Matrix, PackedBf16Matrix, WeightMatrix};
 use numa_sched::Pool;
 
@@ -63,6 +63,11 @@ pub struct PackedSummary {
     pub bf16_bytes: usize,
     /// Bytes they take: bodies, exception blocks, row indexes.
     pub packed_bytes: usize,
+}
+
+/// Bytes of one stored row of a packed piece.
+fn row_of(p: &PackedPiece) -> usize {
+    p.how.stored_bytes_per_weight() * p.cols
 }
 
 /// BF16 rows read at a time for packing: the staging buffer's size.
@@ -160,6 +165,8 @@ impl ResidentTrunk {
         // Per piece: its shard, offset and row bytes; then every piece's chunks of whole rows.
         let mut sources = Vec::with_capacity(to_pack.len());
         let mut chunks = Vec::new();
+        // Requantised bodies the pack cache holds: (piece, the cache file, where it starts).
+        let mut whole = Vec::new();
         let mut at = 0;
         for &(path, offset, address, len, how, name, within) in &to_pack {
             let how = how.expect("partitioned on it");
@@ -174,14 +181,23 @@ impl ResidentTrunk {
             }
             let (rows, first_row) = (len / row, within / row);
             let packed_row = body_bytes(1, how);
-            // Only losslessly packed matrices are in the pack cache.
-            let held = cache
-                .filter(|_| matches!(how, PackAs::Packed { .. }))
-                .and_then(|c| {
-                    let t = c.at(c.position(name)?);
-                    (t.cols == cols && first_row + rows <= t.rows).then_some((c, t))
-                });
+            let held = cache.and_then(|c| {
+                let t = c.at(c.position(name)?);
+                let same = t.cols == cols && t.format == how.code();
+                match how {
+                    PackAs::Packed { .. } => same && first_row + rows <= t.rows,
+                    // A requantised matrix is cached whole and held whole.
+                    PackAs::Quant { .. } => same && first_row == 0 && rows == t.rows,
+                }
+                .then_some((c, t))
+            });
             let (unit, exceptions, row_exceptions) = match held {
+                // Read whole below, not in chunks: its body is not rows of one size.
+                Some((c, t)) if matches!(how, PackAs::Quant { .. }) => {
+                    sources.push((reader(&mut readers, c.path())?, t.body, row));
+                    whole.push((packed.len(), c.path().to_owned(), t.body));
+                    (0, Vec::new(), Vec::new())
+                }
                 Some((c, t)) => {
                     sources.push((
                         reader(&mut readers, c.path())?,
@@ -203,9 +219,11 @@ impl ResidentTrunk {
                     (row, Vec::new(), Vec::with_capacity(rows + 1))
                 }
             };
-            let step = (PACK_STAGING / unit).max(1);
-            for first in (0..rows).step_by(step) {
-                chunks.push((packed.len(), first, (first + step).min(rows)));
+            if unit > 0 {
+                let step = (PACK_STAGING / unit).max(1);
+                for first in (0..rows).step_by(step) {
+                    chunks.push((packed.len(), first, (first + step).min(rows)));
+                }
             }
             packed.push(PackedPiece {
                 address,
@@ -275,6 +293,19 @@ impl ResidentTrunk {
                 &mut p.row_exceptions,
             )
         })?;
+        for (piece, path, at) in whole {
+            let p = &packed[piece];
+            let body = &mut bodies[p.body_at..p.body_at + body_bytes(p.len / row_of(p), p.how)];
+            let file = std::fs::File::open(&path).map_err(|e| checkpoint_io(path.clone(), e))?;
+            let got = read_full(&file, body, at).map_err(|e| checkpoint_io(path.clone(), e))?;
+            let _ = drop_page_cache(&file, 0, 0);
+            if got != body.len() {
+                return Err(ModelError::Plan(format!(
+                    "the pack cache {} ends inside a requantised body",
+                    path.display()
+                )));
+            }
+        }
         for p in packed
             .iter_mut()
             .filter(|p| !p.cached && matches!(p.how, PackAs::Packed { .. }))
