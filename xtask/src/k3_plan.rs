@@ -1,11 +1,14 @@
 //! `cargo xtask k3-plan --config FILE`: the byte plan of a K3 checkpoint for any config —
 //! bytes per tensor class and per layer kind, the total, and the weight bytes one decoded token
-//! reads. For the release config the total plus the vision tower equals the index's
-//! `total_size` (1,560,860,324,864 bytes), which pins the tensor inventory.
+//! reads, and the same for each `--trunk-format` (the requantised matrices at their format's
+//! bytes). For the release config the total plus the vision tower equals the index's
+//! `total_size` (1,560,860,324,864 bytes), which pins the tensor inventory. With
+//! `--machine-gb` the memory plan is projected too, for `--trunk-format F` (default bf16).
 
 use anyhow::{Context, Result};
 use k3_model::config::K3Config;
 use k3_model::inventory::BytePlan;
+use k3_model::plan::{TrunkFormat, WeightSizes};
 
 use crate::{Options, from_root};
 
@@ -23,6 +26,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             "memory-gbps",
             "ctx",
             "max-batch",
+            "trunk-format",
         ],
     )?;
     let path = from_root(options.get("config").context("--config FILE is required")?);
@@ -67,19 +71,27 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         group(plan.bytes_per_token),
         plan.bytes_per_token as f64 / 1e9
     );
-    if let Some(machines) = options.get("machine-gb") {
-        let number = |name: &str, default: f64| -> Result<f64> {
-            match options.get(name) {
-                None => Ok(default),
-                Some(v) => {
-                    let x: f64 = v
-                        .parse()
-                        .with_context(|| format!("--{name} {v:?} is not a number"))?;
-                    anyhow::ensure!(x > 0.0 && x.is_finite(), "--{name} {v:?} must be above 0");
-                    Ok(x)
-                }
+    let number = |name: &str, default: f64| -> Result<f64> {
+        match options.get(name) {
+            None => Ok(default),
+            Some(v) => {
+                let x: f64 = v
+                    .parse()
+                    .with_context(|| format!("--{name} {v:?} is not a number"))?;
+                anyhow::ensure!(x > 0.0 && x.is_finite(), "--{name} {v:?} must be above 0");
+                Ok(x)
             }
-        };
+        }
+    };
+    // One socket of 12 DDR5-4800 channels, at the ~75% of peak a streaming read gets.
+    let memory_gbps = number("memory-gbps", 345.0)?;
+    print_formats(&config, &plan, memory_gbps);
+    let trunk_format: TrunkFormat = options
+        .get("trunk-format")
+        .unwrap_or("bf16")
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("--trunk-format: {e}"))?;
+    if let Some(machines) = options.get("machine-gb") {
         let drives = options
             .get("drives")
             .unwrap_or("1,4")
@@ -97,8 +109,8 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             drives,
             // One PCIe 4.0 x4 NVMe drive's sequential read.
             drive_rate: number("drive-gbps", 7.0)? * 1e9,
-            // One socket of 12 DDR5-4800 channels, at the ~75% of peak a streaming read gets.
-            memory_rate: number("memory-gbps", 345.0)? * 1e9,
+            memory_rate: memory_gbps * 1e9,
+            trunk_format,
             run: k3_model::plan::RunShape {
                 resident_trunk: false,
                 max_batch: number("max-batch", 1.0)? as usize,
@@ -108,6 +120,36 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         crate::k3_project::run(&config, &projection)?;
     }
     Ok(())
+}
+
+/// The weights each `--trunk-format` holds and reads per token: the requantised matrices at
+/// their format's bytes, everything else as stored; the time per token a memory read at
+/// `memory_gbps` bounds it to.
+fn print_formats(config: &K3Config, plan: &BytePlan, memory_gbps: f64) {
+    println!(
+        "\n| --trunk-format | requantised weights | all weights (RAM to hold them) | weight bytes \
+         per token | s/token at {memory_gbps:.0} GB/s |"
+    );
+    println!("|---|---:|---:|---:|---:|");
+    let sizes = WeightSizes::of_config(config);
+    for name in TrunkFormat::NAMES {
+        let format: TrunkFormat = name.parse().expect("its own names parse");
+        let (stored, held) = sizes.clone().with_trunk_format(format).requantised_bytes();
+        let weights = match format.quant() {
+            Some(q) => format!(
+                "{} ({} bits each)",
+                group((stored / 2) as usize),
+                q.bits_per_weight()
+            ),
+            None => "none".into(),
+        };
+        let all = (plan.text_bytes as u64 - stored + held) as f64 / 1e9;
+        let per_token = (plan.bytes_per_token as u64 - stored + held) as f64 / 1e9;
+        println!(
+            "| {name} | {weights} | {all:.1} GB | {per_token:.1} GB | {:.3} |",
+            per_token / memory_gbps
+        );
+    }
 }
 
 /// `1560860324864` as `1,560,860,324,864`.

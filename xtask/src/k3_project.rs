@@ -12,7 +12,7 @@ use k3_model::config::K3Config;
 use k3_model::experts::ExpertOptions;
 use k3_model::inventory::BytePlan;
 use k3_model::plan::{MemoryUse, RunShape};
-use k3_model::plan::{Plan, WeightSizes, safety_margin};
+use k3_model::plan::{Plan, TrunkFormat, WeightSizes, safety_margin};
 
 /// What the projection is asked for.
 #[derive(Debug, Clone)]
@@ -25,27 +25,34 @@ pub(crate) struct Machines {
     /// The memory's read rate in bytes/s.
     pub(crate) memory_rate: f64,
     pub(crate) run: RunShape,
+    /// The trunk's format: a lossy one holds its requantised matrices resident.
+    pub(crate) trunk_format: TrunkFormat,
 }
 
 /// Prints the plan and the projected time per token for each machine and drive count.
 pub(crate) fn run(config: &K3Config, machines: &Machines) -> Result<()> {
     // The streamed matrices read packed too, from the pack cache a first run writes.
-    let sizes = WeightSizes::of_config(config).with_projected_pack_cache();
-    let bytes_per_token = BytePlan::new(config).bytes_per_token as f64;
+    let sizes = WeightSizes::of_config(config)
+        .with_trunk_format(machines.trunk_format)
+        .with_projected_pack_cache();
+    let (stored, held) = sizes.requantised_bytes();
+    let bytes_per_token = (BytePlan::new(config).bytes_per_token as u64 - stored + held) as f64;
     ensure!(
         sizes.expert_total > 0,
         "the config has no routed experts to plan"
     );
     println!(
         "\nprojection: ctx {}, max batch {}; drives of {:.1} GB/s each; memory read at {:.0} GB/s; \
-         {:.1} GB of weights read per token; uniform routing (no skew); the trunk's BF16 \
-         matrices packed (12.25 bits per weight), resident and streamed (from the pack cache), \
-         as the engine keeps them\n",
+         {:.1} GB of weights read per token; uniform routing (no skew); trunk format {}: the \
+         trunk's BF16 matrices packed (12.25 bits per weight), resident and streamed (from the \
+         pack cache), as the engine keeps them, and the ones a lossy format requantises held \
+         resident in it\n",
         machines.run.ctx,
         machines.run.max_batch,
         machines.drive_rate / 1e9,
         machines.memory_rate / 1e9,
-        bytes_per_token / 1e9
+        bytes_per_token / 1e9,
+        machines.trunk_format,
     );
     let mut header = String::from(
         "| machine | trunk resident | trunk streamed per token | expert cache | from disk per token |",
@@ -67,7 +74,11 @@ pub(crate) fn run(config: &K3Config, machines: &Machines) -> Result<()> {
         };
         let margin = safety_margin(memory);
         let flags = MemoryUse::state(config, machines.run);
-        let plan = Plan::new(
+        let plan_for = match sizes.requantised() {
+            true => Plan::requantised,
+            false => Plan::new,
+        };
+        let plan = plan_for(
             &sizes,
             flags,
             &ExpertOptions::default(),

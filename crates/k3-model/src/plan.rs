@@ -35,11 +35,11 @@ mod sizes;
 mod stream;
 
 pub use budget::{MemoryUse, OverBudget, RunShape};
-pub use format::{FloatMatrix, QuantFormat, TrunkFormat};
+pub use format::{FloatMatrix, PackAs, QuantFormat, TrunkFormat};
 
 pub use sizes::{
-    HeldPacked, MERGE_GAP, PACKED_EXCEPTIONS_PER_10K, PackAs, PackedAt, Part, StoredTensor,
-    WeightSizes, merged_reads, packed_resident_bytes, read_bytes,
+    HeldPacked, MERGE_GAP, PACKED_EXCEPTIONS_PER_10K, PackedAt, Part, StoredTensor, WeightSizes,
+    merged_reads, packed_resident_bytes, read_bytes,
 };
 pub use stream::{BLOCK_ROWS, Layout, MIN_CAP, StreamStep, TrunkPlan, forced_bytes};
 

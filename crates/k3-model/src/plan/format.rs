@@ -140,6 +140,66 @@ impl QuantFormat {
     }
 }
 
+/// How a resident matrix is held when not as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PackAs {
+    /// BF16 packed losslessly (`mxfp4_kernels::packed`), `cols` columns.
+    Packed {
+        /// Columns (a multiple of 32).
+        cols: usize,
+    },
+    /// Requantised from its stored `dtype` to `format`.
+    Quant {
+        /// The format.
+        format: QuantFormat,
+        /// Columns (a multiple of 32).
+        cols: usize,
+        /// The stored dtype (BF16, F16 or F32).
+        dtype: Dtype,
+    },
+}
+
+impl PackAs {
+    /// Bytes of the body of `rows` rows: packed (`mxfp4_kernels::packed`), Q8_0 blocks, or
+    /// MXFP4 codes of every row then scales of every row.
+    pub fn body_bytes(self, rows: usize) -> usize {
+        match self {
+            PackAs::Packed { cols } => mxfp4_kernels::packed::packed_body_bytes(rows, cols),
+            PackAs::Quant { format, cols, .. } => format.bytes(rows, cols),
+        }
+    }
+
+    /// The format's code in a pack cache's manifest (0: packed BF16).
+    pub fn code(self) -> u32 {
+        match self {
+            PackAs::Packed { .. } => 0,
+            PackAs::Quant {
+                format: QuantFormat::Q8_0,
+                ..
+            } => 1,
+            PackAs::Quant {
+                format: QuantFormat::MxFp4,
+                ..
+            } => 2,
+        }
+    }
+
+    /// Columns of the matrix.
+    pub fn cols(self) -> usize {
+        match self {
+            PackAs::Packed { cols } | PackAs::Quant { cols, .. } => cols,
+        }
+    }
+
+    /// Bytes per weight as stored.
+    pub fn stored_bytes_per_weight(self) -> usize {
+        match self {
+            PackAs::Packed { .. } => 2,
+            PackAs::Quant { dtype, .. } => dtype.bitsize() / 8,
+        }
+    }
+}
+
 /// Whether `dtype` is a float a matrix can be requantised from.
 pub(crate) fn requantisable(dtype: Dtype) -> bool {
     matches!(dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32)

@@ -11,7 +11,7 @@ use expert_store::{Checkpoint, CheckpointError};
 use crate::config::K3Config;
 use expert_store::Dtype;
 
-use super::format::{FloatMatrix, QuantFormat, TrunkFormat, requantisable};
+use super::format::{FloatMatrix, PackAs, QuantFormat, TrunkFormat, requantisable};
 use crate::inventory::{
     DType, KdaNames, MlaNames, MlpNames, Role, TensorClass, TensorSpec, expert_layout, text_tensors,
 };
@@ -106,66 +106,6 @@ pub struct PackedAt {
     pub body: usize,
     /// The matrix row this tensor (or row block) starts at.
     pub first_row: usize,
-}
-
-/// How a resident matrix is held when not as stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PackAs {
-    /// BF16 packed losslessly (`mxfp4_kernels::packed`), `cols` columns.
-    Packed {
-        /// Columns (a multiple of 32).
-        cols: usize,
-    },
-    /// Requantised from its stored `dtype` to `format`.
-    Quant {
-        /// The format.
-        format: QuantFormat,
-        /// Columns (a multiple of 32).
-        cols: usize,
-        /// The stored dtype (BF16, F16 or F32).
-        dtype: Dtype,
-    },
-}
-
-impl PackAs {
-    /// Bytes of the body of `rows` rows: packed (`mxfp4_kernels::packed`), Q8_0 blocks, or
-    /// MXFP4 codes of every row then scales of every row.
-    pub fn body_bytes(self, rows: usize) -> usize {
-        match self {
-            PackAs::Packed { cols } => mxfp4_kernels::packed::packed_body_bytes(rows, cols),
-            PackAs::Quant { format, cols, .. } => format.bytes(rows, cols),
-        }
-    }
-
-    /// The format's code in a pack cache's manifest (0: packed BF16).
-    pub fn code(self) -> u32 {
-        match self {
-            PackAs::Packed { .. } => 0,
-            PackAs::Quant {
-                format: QuantFormat::Q8_0,
-                ..
-            } => 1,
-            PackAs::Quant {
-                format: QuantFormat::MxFp4,
-                ..
-            } => 2,
-        }
-    }
-
-    /// Columns of the matrix.
-    pub fn cols(self) -> usize {
-        match self {
-            PackAs::Packed { cols } | PackAs::Quant { cols, .. } => cols,
-        }
-    }
-
-    /// Bytes per weight as stored.
-    pub fn stored_bytes_per_weight(self) -> usize {
-        match self {
-            PackAs::Packed { .. } => 2,
-            PackAs::Quant { dtype, .. } => dtype.bitsize() / 8,
-        }
-    }
 }
 
 /// A matrix a pack cache file holds (see [`WeightSizes::with_packed`]).
@@ -555,7 +495,18 @@ impl WeightSizes {
 
     /// Whether any matrix is held requantised (a lossy `--trunk-format`).
     pub fn requantised(&self) -> bool {
-        self.read_tensors().any(|(_, t)| t.quant.is_some())
+        self.requantised_bytes().0 > 0
+    }
+
+    /// The bytes of the matrices held requantised as stored, and in their format.
+    pub fn requantised_bytes(&self) -> (u64, u64) {
+        let held = |t: &StoredTensor| match (t.quant, &t.float) {
+            (Some(format), Some(m)) => (t.bytes, format.bytes(t.rows, m.cols) as u64),
+            _ => (0, 0),
+        };
+        self.read_tensors()
+            .map(|(_, t)| held(t))
+            .fold((0, 0), |(s, h), (a, b)| (s + a, h + b))
     }
 
     /// Every matrix kept packed or requantised where resident ([`StoredTensor::pack_as`]),

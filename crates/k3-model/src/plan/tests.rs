@@ -805,3 +805,36 @@ fn the_free_list_is_counted_only_where_the_cache_holds_an_expert() {
         free_list(&roomy) + threads * largest
     );
 }
+
+/// The release's requantised bytes per trunk format, by hand from its config.json: a KDA
+/// layer's q, k, v and g (`96·128 x 7168`) and o (`7168 x 12288`); an MLA layer's q_a
+/// (`1536 x 7168`), q_b (`96·192 x 1536`), kv_a (`576 x 7168`), o and gate (`12288` by `7168`
+/// each way); the dense layer's three `33792`-wide projections; each MoE layer's two shared
+/// experts (`6144`-wide gate, up, down) and latent down and up (`3584 x 7168`). 69 KDA, 24 MLA,
+/// 1 dense and 92 MoE layers. Q8_0 holds 34 bytes and MXFP4 17 per 32 weights; `-all` adds the
+/// router (`896 x 7168` a MoE layer), the lm_head (`163840 x 7168`) and KDA's f_a (`128 x
+/// 7168`), f_b (`12288 x 128`) and b (`96 x 7168`).
+#[test]
+fn the_releases_requantised_bytes_are_the_hand_count() {
+    let config = K3Config::from_json(crate::synth::RELEASE_CONFIG).unwrap();
+    let (hidden, kda_width) = (7168usize, 96 * 128);
+    let kda = 5 * kda_width * hidden;
+    let mla = 1536 * hidden + 96 * 192 * 1536 + 576 * hidden + 2 * 96 * 128 * hidden;
+    let dense = 3 * 33792 * hidden;
+    let moe = 3 * 2 * 3072 * hidden + 2 * 3584 * hidden;
+    let weights = 69 * kda + 24 * mla + dense + 92 * moe;
+    assert_eq!(weights, 53_267_136_512);
+    let kept =
+        92 * 896 * hidden + 163_840 * hidden + 69 * (128 * hidden + 12288 * 128 + 96 * hidden);
+    let sizes = WeightSizes::of_config(&config);
+    assert_eq!(sizes.requantised_bytes(), (0, 0));
+    for (format, n, bytes) in [
+        (TrunkFormat::Q8_0 { all: false }, weights, 34),
+        (TrunkFormat::MxFp4 { all: false }, weights, 17),
+        (TrunkFormat::Q8_0 { all: true }, weights + kept, 34),
+        (TrunkFormat::MxFp4 { all: true }, weights + kept, 17),
+    ] {
+        let got = sizes.clone().with_trunk_format(format).requantised_bytes();
+        assert_eq!(got, (2 * n as u64, (n / 32 * bytes) as u64), "{format}");
+    }
+}
