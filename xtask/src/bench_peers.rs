@@ -107,7 +107,9 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     // llama-bench and the GGUF, unless ours runs alone.
     let peer = match no_peer {
         true => {
-            println!("--no-peer: our engine alone");
+            if trunk != TrunkFormat::MxFp4 {
+                println!("--no-peer: our engine alone");
+            }
             None
         }
         false => {
@@ -125,13 +127,17 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     // A checkpoint that fits in RAM is served from RAM the way a user would run it: trunk and
     // every expert copied once into huge-page memory (`--resident-trunk`, a full expert cache,
     // preloaded), not read through 4 KiB file mappings. llama.cpp does the same with its
-    // experts by default (it repacks MXFP4 weights into its own buffers at load).
+    // experts by default (it repacks MXFP4 weights into its own buffers at load). A lossy
+    // trunk format holds its requantised matrices resident anyway, and our bench refuses
+    // `--resident-trunk` beside it (it would copy them as stored).
     let available = expert_store::io::memory_available().unwrap_or(0) as usize;
     let resident = plan.text_bytes < available / 10 * 6;
     if resident {
+        if trunk == TrunkFormat::Bf16 {
+            extra.push("--resident-trunk".into());
+        }
         extra.extend([
-            "--resident-trunk".to_string(),
-            "--expert-cache".into(),
+            "--expert-cache".to_string(),
             config.moe.num_experts.to_string(),
             "--preload-experts".into(),
             "--no-usage-cache".into(),
@@ -142,10 +148,11 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     let per_prompt = (prompt_bytes(&config, &plan, prompt) - saving) as f64 / prompt as f64;
     println!(
         "ours: {}",
-        if resident {
-            "trunk and experts resident in huge pages"
-        } else {
-            "trunk mapped, experts streamed (the checkpoint does not fit in 60% of free memory)"
+        match (resident, trunk) {
+            (true, TrunkFormat::Bf16) => "trunk and experts resident in huge pages",
+            (true, _) => "trunk requantised at load, experts resident in huge pages",
+            (false, _) =>
+                "trunk mapped, experts streamed (the checkpoint does not fit in 60% of free memory)",
         }
     );
     println!(
