@@ -11,7 +11,7 @@
 //! cached as `peer-{name}-q8_0.gguf`) and ours runs with `--trunk-format q8_0`, which
 //! requantises the same set at load. `--trunk-format mxfp4` runs ours alone (as `--no-peer`):
 //! llama.cpp's converter writes no MXFP4 trunk. The rooflines count the quantised set at its
-//! format's size (`trunk_saving`).
+//! format's size (`trunk_saving`). `--no-peer` runs ours alone in either mode.
 //!
 //! Every figure gets its roofline: weight bytes per token x tokens/s / the read bandwidth
 //! measured next to it (our bench probes between its own steps; for llama.cpp this probes
@@ -21,8 +21,7 @@
 //! how far a compute-bound prefill sits from the bandwidth floor.
 //!
 //! `--memory-gb G[,..]` or `--memory-fraction F[,..]` (of the model size) instead runs both
-//! engines' decode inside memory cgroups of each budget (see `bench_memory`); `--no-peer`
-//! there measures our engine alone.
+//! engines' decode inside memory cgroups of each budget (see `bench_memory`).
 //!
 //! `--kernels` instead compares the GEMV kernels with ggml's (see `peer_kernels`).
 
