@@ -591,6 +591,38 @@ mod tests {
     }
 
     #[test]
+    fn the_q8_0_set_is_the_one_our_engine_requantises() {
+        use k3_model::plan::{QuantFormat, TrunkFormat as Engine, WeightSizes};
+        use k3_model::synth::{Preset, SynthOptions, generate};
+        let dir = std::env::temp_dir().join(format!("k3-peer-set-{}", std::process::id()));
+        let report = generate(&dir, &SynthOptions::new(Preset::Tiny)).unwrap();
+        let ckpt = expert_store::Checkpoint::open(&dir).unwrap();
+        let sizes = WeightSizes::new(&ckpt, &report.config)
+            .unwrap()
+            .with_trunk_format(Engine::Q8_0 { all: false });
+        let mut engine: Vec<String> = sizes
+            .read_tensors()
+            .filter(|(_, t)| t.quant == Some(QuantFormat::Q8_0))
+            .map(|(_, t)| t.name.trim_start_matches("language_model.").to_owned())
+            .collect();
+        let mut ours: Vec<String> = text_tensors(&report.config)
+            .into_iter()
+            .map(|t| t.name)
+            .filter(|name| crate::gguf_k3::q8_0_source(name))
+            .collect();
+        engine.sort();
+        engine.dedup(); // row blocks of one matrix
+        ours.sort();
+        assert!(!ours.is_empty());
+        assert_eq!(engine, ours);
+        // And the bytes a token saves are the engine's count of them.
+        let (stored, held) = sizes.requantised_bytes();
+        let saving = trunk_saving(&report.config, TrunkFormat::Q8_0) as u64;
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(stored - held, saving);
+    }
+
+    #[test]
     fn a_built_llama_bench_is_reused_without_cmake() {
         let work = std::env::temp_dir().join(format!("k3-peer-bench-{}", std::process::id()));
         let bin = work.join(crate::oracle_llamacpp::BUILD_DIR).join("bin");
