@@ -52,6 +52,17 @@ fn run(mut command: Command) -> Output {
 
 /// The bench's logits file for `ranks` processes (1: no mpirun) of `threads` threads each.
 fn logits(model: &Path, ranks: usize, threads: usize, extra: &[&str]) -> (Vec<u8>, String) {
+    logits_with(model, ranks, threads, extra, &[])
+}
+
+/// [`logits`] with `bench_extra` passed to the bench.
+fn logits_with(
+    model: &Path,
+    ranks: usize,
+    threads: usize,
+    extra: &[&str],
+    bench_extra: &[&str],
+) -> (Vec<u8>, String) {
     let scratch = Scratch::new("mpi-logits");
     let out = scratch.path().join("logits.f32");
     let mut args: Vec<String> = [
@@ -67,6 +78,7 @@ fn logits(model: &Path, ranks: usize, threads: usize, extra: &[&str]) -> (Vec<u8
         &out.display().to_string(),
     ]
     .iter()
+    .chain(bench_extra)
     .map(|s| s.to_string())
     .collect();
     let command = if ranks == 1 {
@@ -106,6 +118,27 @@ fn two_and_three_ranks_give_the_logits_of_one_process() {
             "{ranks} ranks x {threads} threads: logits differ from one process"
         );
         assert!(text.contains("collectives per token"), "{text}");
+    }
+}
+
+/// A requantised trunk (`--trunk-format q8_0` and `mxfp4`) under two ranks gives one
+/// process's logits (each rank multiplies its rows of the same requantised blocks), and they
+/// are not the exact trunk's.
+#[test]
+fn a_requantised_trunk_under_two_ranks_gives_one_processs_logits() {
+    let model = checkpoint(Preset::Tiny, 1);
+    let (exact, _) = logits(model.path(), 1, 2, &[]);
+    for format in ["q8_0", "mxfp4"] {
+        let flags = ["--trunk-format", format, "--pack-cache", "off"];
+        let (reference, text) = logits_with(model.path(), 1, 2, &[], &flags);
+        assert!(text.contains(&format!("requantised to {format}")), "{text}");
+        assert!(reference != exact, "{format} changed no logit");
+        let (got, text) = logits_with(model.path(), 2, 1, &[], &flags);
+        assert!(text.contains("rank 1 of 2"), "{text}");
+        assert!(
+            got == reference,
+            "{format}, 2 ranks: logits differ from one process"
+        );
     }
 }
 

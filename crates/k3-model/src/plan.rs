@@ -31,6 +31,7 @@ use crate::units::gb;
 
 pub(crate) mod budget;
 mod format;
+mod requant;
 mod sizes;
 mod stream;
 
@@ -240,64 +241,6 @@ impl Plan {
         let holds_all =
             plan.trunk.as_ref().is_some_and(|t| !t.streams()) && plan.expert_fraction >= 1.0;
         holds_all.then_some(plan)
-    }
-
-    /// The plan for `sizes` where a lossy `--trunk-format` requantises some matrices
-    /// ([`WeightSizes::with_trunk_format`]): planned as [`Plan::new`] plans any budget that
-    /// does not hold everything as stored (the mapping holds stored bytes, so it is never
-    /// the plan), and refused where a requantised matrix would be streamed rather than held.
-    pub fn requantised(
-        sizes: &WeightSizes,
-        flags: MemoryUse,
-        experts: &ExpertOptions,
-        run: RunShape,
-        budget: Option<MemoryBudget>,
-        margin: u64,
-        hidden: Option<u64>,
-    ) -> Result<Self, PlanError> {
-        // With no budget at all (a library caller's), everything is held.
-        let budget = budget.unwrap_or_else(|| MemoryBudget {
-            bytes: u64::MAX >> 2,
-            source: "no budget given".into(),
-            limit: false,
-        });
-        let words = format!("{} ({})", gb(budget.bytes), budget.source);
-        let budget = Some(budget);
-        let first = sizes
-            .read_tensors()
-            .find(|(_, t)| t.quant.is_some())
-            .map_or(String::new(), |(_, t)| t.name.clone());
-        if run.resident_trunk {
-            return Err(PlanError::Requantised {
-                advice: "drop --resident-trunk",
-                budget: words,
-                how: "copy as stored (--resident-trunk)",
-                tensor: first,
-            });
-        }
-        let plan = Self::make(sizes, flags, experts, run, budget, margin, hidden, false)?;
-        let Some(trunk) = &plan.trunk else {
-            return Err(PlanError::Requantised {
-                advice: "raise the memory limit",
-                budget: words,
-                how: "map",
-                tensor: first,
-            });
-        };
-        let streamed = trunk
-            .steps
-            .iter()
-            .flat_map(|s| &s.tensors)
-            .find(|t| t.quant.is_some());
-        if let Some(t) = streamed {
-            return Err(PlanError::Requantised {
-                advice: "raise the memory limit",
-                budget: words,
-                how: "stream",
-                tensor: t.name.clone(),
-            });
-        }
-        Ok(plan)
     }
 
     /// [`Plan::new`], with `map_fitting`: whether a budget that everything fits as stored
@@ -545,6 +488,10 @@ impl Plan {
         match (&self.trunk, self.expert_cache) {
             (None, None) => format!(
                 "{head}: everything fits, weights read through the file mapping; {}",
+                self.memory.describe()
+            ),
+            (Some(_), None) => format!(
+                "{head}: {}; the trunk resident, the experts read through the file mapping",
                 self.memory.describe()
             ),
             (trunk, _) => format!(

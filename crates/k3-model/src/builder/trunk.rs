@@ -73,11 +73,15 @@ pub(super) fn load_trunk(
             match packed.pieces {
                 0 => String::new(),
                 n if packed.requantised > 0 => format!(
-                    "; {} matrices requantised to {} (lossy, --trunk-format) and {} packed: \
+                    "; {} matrices requantised to {} (lossy, --trunk-format) and {} packed{}: \
                      {:.2} GB as stored held in {:.2} GB",
                     packed.requantised,
                     options.trunk_format,
                     n - packed.requantised,
+                    match packed.cached {
+                        0 => String::new(),
+                        c => format!(" ({c} read from the pack cache)"),
+                    },
                     packed.bf16_bytes as f64 / 1e9,
                     packed.packed_bytes as f64 / 1e9,
                 ),
