@@ -28,7 +28,10 @@ pub(crate) fn decode(
     ranks: &Ranks,
 ) -> Result<CollectiveStats> {
     let (pool, store) = (engine.pool(), engine.store());
-    let plan = BytePlan::new(engine.config());
+    let mut plan = BytePlan::new(engine.config());
+    // A lossy `--trunk-format` reads its requantised matrices at their format's bytes.
+    let (stored, held) = engine.requantised_bytes();
+    plan.bytes_per_token = plan.bytes_per_token - stored as usize + held as usize;
     let mut out = match &args.logits_out {
         Some(path) => Some(std::io::BufWriter::new(
             std::fs::File::create(path).with_context(|| path.display().to_string())?,

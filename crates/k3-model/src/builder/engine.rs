@@ -53,6 +53,8 @@ pub struct Engine {
     /// The compute time of the one-token passes of every model built here, saved with the
     /// usage counts for the next start's plan.
     pub(super) clock: Arc<DecodeClock>,
+    /// The bytes of the matrices a lossy `--trunk-format` requantised, as stored and as held.
+    pub(super) requantised: (u64, u64),
 }
 
 impl Engine {
@@ -147,6 +149,7 @@ impl Engine {
         let (resident, overrun) = load_trunk(&mut planned, &config, options, &nodes, sink)?;
         let (store, experts) = open_store(&planned, &config, options, overrun, nodes, sink)?;
         warm_mapping(&planned, &config, options, store.as_deref(), sink);
+        let requantised = planned.sizes.requantised_bytes();
         let Planned {
             checkpoint,
             plan,
@@ -156,6 +159,7 @@ impl Engine {
             ..
         } = planned;
         Ok(Self {
+            requantised,
             usage_path: store.as_ref().and(experts.usage_path(dir)),
             resident,
             pack,
@@ -198,6 +202,12 @@ impl Engine {
     /// The memory plan: the budget split over the run's memory.
     pub fn plan(&self) -> &Plan {
         &self.plan
+    }
+
+    /// The bytes of the matrices a lossy `--trunk-format` requantised, as stored and as held
+    /// (`(0, 0)` for the exact trunk): a token reads the second instead of the first.
+    pub fn requantised_bytes(&self) -> (u64, u64) {
+        self.requantised
     }
 
     /// This process's share of the checkpoint among the ranks it runs with (all of it alone).
