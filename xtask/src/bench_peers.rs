@@ -25,6 +25,8 @@
 //!
 //! `--kernels` instead compares the GEMV kernels with ggml's (see `peer_kernels`).
 
+mod weight_bytes;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -36,7 +38,8 @@ use crate::oracle_llamacpp::{WORK_DIR, build_llama_bench, fetch_sdist};
 use crate::runs::{between, drop_page_cache};
 use crate::{Options, from_root};
 use k3_model::K3Config;
-use k3_model::inventory::{BytePlan, text_tensors};
+use k3_model::inventory::BytePlan;
+use weight_bytes::{TrunkFormat, prompt_bytes, trunk_saving};
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
     if args.iter().any(|a| a == "--kernels") {
@@ -345,79 +348,6 @@ fn shard_files(model: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// The least weight bytes a prefill of `prompt` tokens reads: every trunk tensor once (one
-/// embedding row per token, the lm_head once, for the last token) and every expert the prompt
-/// can touch, `min(experts, prompt x top_k)` per MoE layer.
-fn prompt_bytes(config: &K3Config, plan: &BytePlan, prompt: usize) -> usize {
-    let touched = config.moe.num_experts.min(prompt * config.moe.router.top_k);
-    plan.bytes_per_token - plan.routed_bytes_per_token
-        + (prompt - 1) * config.hidden_size * 2
-        + plan.moe_layers * touched * plan.expert_bytes
-}
-
-/// `--trunk-format`: the trunk both engines read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum TrunkFormat {
-    /// As stored (BF16 in the release): today's comparison.
-    Bf16,
-    /// `gguf_k3::Q8_0_SET` in ggml Q8_0, in both engines.
-    Q8_0,
-    /// The same set in MXFP4, ours only.
-    MxFp4,
-}
-
-impl TrunkFormat {
-    fn parse(name: &str) -> Result<Self> {
-        Ok(match name {
-            "bf16" => TrunkFormat::Bf16,
-            "q8_0" => TrunkFormat::Q8_0,
-            "mxfp4" => TrunkFormat::MxFp4,
-            other => bail!("--trunk-format {other:?} is not bf16, q8_0 or mxfp4"),
-        })
-    }
-
-    /// Our decode bench's `--trunk-format` value.
-    fn name(self) -> &'static str {
-        match self {
-            TrunkFormat::Bf16 => "bf16",
-            TrunkFormat::Q8_0 => "q8_0",
-            TrunkFormat::MxFp4 => "mxfp4",
-        }
-    }
-
-    /// The peer GGUF's outtype.
-    fn outtype(self) -> Outtype {
-        match self {
-            TrunkFormat::Q8_0 => Outtype::Q8_0,
-            TrunkFormat::Bf16 | TrunkFormat::MxFp4 => Outtype::Bf16,
-        }
-    }
-
-    /// Bytes of 32 weights of the quantised set (`None`: as stored).
-    fn block_bytes(self) -> Option<usize> {
-        match self {
-            TrunkFormat::Bf16 => None,
-            TrunkFormat::Q8_0 => Some(34),
-            TrunkFormat::MxFp4 => Some(17),
-        }
-    }
-}
-
-/// Weight bytes per token that `trunk` saves against `BytePlan::bytes_per_token`: every
-/// matrix of the quantised set (`gguf_k3::q8_0_source`, read once per token) at 34 (Q8_0) or
-/// 17 (MXFP4) bytes per 32 weights instead of its stored dtype's. `BytePlan` counts the
-/// release's dtypes only, so the formats are counted here.
-fn trunk_saving(config: &K3Config, trunk: TrunkFormat) -> usize {
-    let Some(block_bytes) = trunk.block_bytes() else {
-        return 0;
-    };
-    text_tensors(config)
-        .iter()
-        .filter(|t| crate::gguf_k3::q8_0_source(&t.name))
-        .map(|t| t.bytes() - t.shape.iter().product::<usize>() / 32 * block_bytes)
-        .sum()
-}
-
 /// The GGUF of `model` (experts ggml MXFP4; trunk BF16, or the Q8_0 set in Q8_0 for
 /// `Outtype::Q8_0`), converted once per directory and outtype by the torch-free writer
 /// (`gguf_k3`), as `peer-{name}-{bf16|q8_0}.gguf`; a file there is complete (it is renamed into
@@ -558,6 +488,7 @@ fn our_decode(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k3_model::inventory::text_tensors;
 
     #[test]
     fn the_q8_0_saving_is_what_the_q8_0_gguf_saves() {

@@ -17,46 +17,19 @@
 //! `quantize_row_q8_0_ref`, of the checkpoint's values widened to f32, row by row); everything
 //! else is written as `--outtype bf16` writes it, so llama.cpp and we read the same weights.
 
-use std::io::Write;
+mod write;
+
 use std::path::Path;
 
 use anyhow::{Context, Result, bail, ensure};
-use expert_store::{Checkpoint, Dtype, TensorRef};
+use expert_store::{Checkpoint, Dtype};
 use k3_model::config::{AttentionKind, FfnKind, K3Config};
 use k3_model::inventory::{TensorClass, text_tensors};
 use serde_json::Value as Json;
 
-use mxfp4_kernels::codes::{Q8_0_BLOCK, quantize_q8_0};
-
-use crate::gguf::{GgmlType, TensorInfo, Value, Writer, bf16_from_f32};
+use crate::gguf::{GgmlType, TensorInfo, Value, Writer};
 use crate::gguf_k3_meta::{Outtype, merged_hparams, metadata};
-
-/// Where a GGUF tensor's values come from.
-#[derive(Debug, Clone)]
-enum Source {
-    /// A checkpoint tensor, element by element (only the type may change).
-    Plain(String),
-    /// `-exp(A_log[..n])`.
-    NegExp { name: String, n: usize },
-    /// The elementwise product of an AttnRes norm and its `[1, d]` projection.
-    Product(String, String),
-    /// `kv_b_proj` split per head: the first `nope` rows of each head, transposed (`k`), or
-    /// the `v` rows after them.
-    KvB {
-        name: String,
-        heads: usize,
-        nope: usize,
-        v: usize,
-        k: bool,
-    },
-    /// A MoE layer's routed experts, one projection (`w1`, `w2`, `w3`) stacked over experts.
-    Experts {
-        layer: usize,
-        w: &'static str,
-        experts: usize,
-        mxfp4: bool,
-    },
-}
+use write::{Source, write_source};
 
 /// One planned tensor.
 #[derive(Debug, Clone)]
@@ -415,156 +388,6 @@ fn check_q8_0_source(ckpt: &Checkpoint, p: &Planned) -> Result<()> {
     Ok(())
 }
 
-/// A tensor's values widened to f32 (BF16 and F32 checkpoints only).
-fn widen(t: &TensorRef<'_>) -> Result<Vec<f32>> {
-    Ok(match t.dtype {
-        Dtype::F32 => t
-            .bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        Dtype::BF16 => t
-            .bytes
-            .chunks_exact(2)
-            .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
-            .collect(),
-        other => bail!("{} is {other:?}; only BF16 and F32 tensors convert", t.name),
-    })
-}
-
-/// Writes `values` as `ty` (F32 or BF16).
-fn put_values(out: &mut dyn Write, values: &[f32], ty: GgmlType) -> Result<()> {
-    let mut buf = Vec::with_capacity(values.len() * 4);
-    match ty {
-        GgmlType::F32 => values
-            .iter()
-            .for_each(|v| buf.extend_from_slice(&v.to_le_bytes())),
-        GgmlType::Bf16 => values
-            .iter()
-            .for_each(|v| buf.extend_from_slice(&bf16_from_f32(*v).to_le_bytes())),
-        GgmlType::Q8_0 => {
-            ensure!(
-                values.len().is_multiple_of(Q8_0_BLOCK),
-                "{} values are not whole q8_0 blocks",
-                values.len()
-            );
-            for block in values.chunks_exact(Q8_0_BLOCK) {
-                buf.extend_from_slice(&quantize_q8_0(block.try_into().expect("32 values")));
-            }
-        }
-        GgmlType::Mxfp4 => bail!("values are not requantised to mxfp4"),
-    }
-    Ok(out.write_all(&buf)?)
-}
-
-/// Writes a checkpoint tensor as `ty`: its bytes as they are when the type is kept, else
-/// converted in bounded chunks of about a million values (whole rows for Q8_0, whose rows
-/// `check_q8_0_source` checked hold whole blocks, so no block straddles two rows).
-fn put_plain(out: &mut dyn Write, t: &TensorRef<'_>, ty: GgmlType) -> Result<()> {
-    match (t.dtype, ty) {
-        (Dtype::F32, GgmlType::F32) | (Dtype::BF16, GgmlType::Bf16) => Ok(out.write_all(t.bytes)?),
-        (Dtype::F32 | Dtype::BF16, _) => {
-            let elem = if t.dtype == Dtype::F32 { 4 } else { 2 };
-            let row = t.shape.last().copied().unwrap_or(1).max(1);
-            let chunk_values = ((1 << 20) / row).max(1) * row;
-            for chunk in t.bytes.chunks(elem * chunk_values) {
-                let part = TensorRef { bytes: chunk, ..*t };
-                put_values(out, &widen(&part)?, ty)?;
-            }
-            Ok(())
-        }
-        (other, _) => bail!("{} is {other:?}; only BF16 and F32 tensors convert", t.name),
-    }
-}
-
-fn write_source(out: &mut dyn Write, ckpt: &Checkpoint, p: &Planned) -> Result<()> {
-    let ty = p.info.ty;
-    match &p.source {
-        Source::Plain(name) => put_plain(out, &ckpt.require(name)?, ty),
-        Source::NegExp { name, n } => {
-            let v = widen(&ckpt.require(name)?)?;
-            put_values(
-                out,
-                &v[..*n].iter().map(|x| -x.exp()).collect::<Vec<_>>(),
-                ty,
-            )
-        }
-        Source::Product(norm, proj) => {
-            let (a, b) = (widen(&ckpt.require(norm)?)?, widen(&ckpt.require(proj)?)?);
-            ensure!(
-                a.len() == b.len(),
-                "{norm} has {} values, {proj} {}",
-                a.len(),
-                b.len()
-            );
-            put_values(
-                out,
-                &a.iter().zip(&b).map(|(x, y)| x * y).collect::<Vec<_>>(),
-                ty,
-            )
-        }
-        Source::KvB {
-            name,
-            heads,
-            nope,
-            v,
-            k,
-        } => {
-            let t = ckpt.require(name)?;
-            let values = widen(&t)?;
-            put_values(
-                out,
-                &split_kv_b(&values, *heads, *nope, *v, t.shape[1], *k),
-                ty,
-            )
-        }
-        Source::Experts {
-            layer,
-            w,
-            experts,
-            mxfp4,
-        } => {
-            for e in 0..*experts {
-                let base = format!("model.layers.{layer}.block_sparse_moe.experts.{e}.{w}");
-                if *mxfp4 {
-                    let packed = ckpt.require(&format!("{base}.weight_packed"))?;
-                    let (rows, cols) = (packed.shape[0], packed.shape[1] * 2);
-                    let matrix = ckpt.mxfp4_matrix(&base, rows, cols)?;
-                    let blocks = mxfp4_kernels::ggml::to_ggml(&matrix);
-                    let mut buf =
-                        Vec::with_capacity(blocks.len() * mxfp4_kernels::ggml::BLOCK_BYTES);
-                    for b in &blocks {
-                        buf.push(b.e);
-                        buf.extend_from_slice(&b.qs);
-                    }
-                    out.write_all(&buf)?;
-                } else {
-                    put_plain(out, &ckpt.require(&format!("{base}.weight"))?, ty)?;
-                }
-            }
-            Ok(())
-        }
-    }
-}
-
-/// The converter's MLA absorption split of `kv_b` (`[heads * (nope + v), lora]`, row-major):
-/// `k` gives `[heads, lora, nope]` (each head's first `nope` rows, transposed), else
-/// `[heads, v, lora]` (the `v` rows after them).
-fn split_kv_b(kv_b: &[f32], heads: usize, nope: usize, v: usize, lora: usize, k: bool) -> Vec<f32> {
-    let row = |h: usize, r: usize| &kv_b[(h * (nope + v) + r) * lora..][..lora];
-    let mut out = Vec::with_capacity(heads * lora * if k { nope } else { v });
-    for h in 0..heads {
-        if k {
-            for c in 0..lora {
-                out.extend((0..nope).map(|r| row(h, r)[c]));
-            }
-        } else {
-            (nope..nope + v).for_each(|r| out.extend_from_slice(row(h, r)));
-        }
-    }
-    out
-}
-
 /// Converts the checkpoint in `model` to `out` (written beside as `.partial`, then renamed).
 pub(crate) fn convert(model: &Path, out: &Path, outtype: Outtype) -> Result<Converted> {
     let text = std::fs::read_to_string(model.join("config.json")).context("reading config.json")?;
@@ -581,7 +404,7 @@ pub(crate) fn convert(model: &Path, out: &Path, outtype: Outtype) -> Result<Conv
     let infos: Vec<TensorInfo> = plan.iter().map(|p| p.info.clone()).collect();
     let mut writer = Writer::create(&partial, &kv, infos)?;
     for p in &plan {
-        writer.tensor(|o| write_source(o, &ckpt, p))?;
+        writer.tensor(|o| write_source(o, &ckpt, &p.source, p.info.ty))?;
     }
     writer.finish()?;
     std::fs::rename(&partial, out)
@@ -622,180 +445,4 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::gguf::tests::{Parsed, parse};
-    use k3_model::synth::{FloatFormat, Preset, SynthFormats, SynthOptions, generate_with};
-
-    #[test]
-    fn kv_b_splits_per_head_with_k_transposed() {
-        // 2 heads, nope 2, v 1, lora 3: rows h0:[k0,k1,v0] h1:[k0,k1,v0], values row*10 + col.
-        let kv_b: Vec<f32> = (0..6)
-            .flat_map(|r| (0..3).map(move |c| (r * 10 + c) as f32))
-            .collect();
-        let k = split_kv_b(&kv_b, 2, 2, 1, 3, true);
-        assert_eq!(k, [0., 10., 1., 11., 2., 12., 30., 40., 31., 41., 32., 42.]);
-        let v = split_kv_b(&kv_b, 2, 2, 1, 3, false);
-        assert_eq!(v, [20., 21., 22., 50., 51., 52.]);
-    }
-
-    /// A tiny synthetic checkpoint with its trunk in `trunk`, converted to each outtype.
-    fn tiny_ggufs(trunk: FloatFormat, outtypes: &[Outtype], tag: &str) -> Vec<Result<Vec<u8>>> {
-        let dir = std::env::temp_dir().join(format!("k3-gguf-q8-{tag}-{}", std::process::id()));
-        let model = dir.join("tiny");
-        let formats = SynthFormats {
-            trunk,
-            ..SynthFormats::default()
-        };
-        generate_with(&model, &SynthOptions::new(Preset::Tiny), &formats).unwrap();
-        let files = outtypes
-            .iter()
-            .map(|&outtype| {
-                let out = dir.join("t.gguf");
-                convert(&model, &out, outtype)?;
-                Ok(std::fs::read(&out)?)
-            })
-            .collect();
-        std::fs::remove_dir_all(&dir).unwrap();
-        files
-    }
-
-    #[test]
-    fn a_q8_0_trunk_quantises_the_set_and_keeps_the_rest() {
-        for trunk in [FloatFormat::Bf16, FloatFormat::F32] {
-            let outtypes = [Outtype::Q8_0, Outtype::Bf16, Outtype::F32];
-            let files: Vec<Vec<u8>> = tiny_ggufs(trunk, &outtypes, &format!("{trunk:?}"))
-                .into_iter()
-                .map(Result::unwrap)
-                .collect();
-            let [q8, bf16, f32] = [&files[0], &files[1], &files[2]].map(|b| (b, parse(b)));
-            let file_type = |p: &Parsed| {
-                p.kv.iter()
-                    .find(|(k, _, _)| k == "general.file_type")
-                    .map(|(_, _, v)| v.clone())
-            };
-            // MOSTLY_Q8_0, with MXFP4 routed experts too (see `gguf_k3_meta::metadata`).
-            assert_eq!(file_type(&q8.1), Some(7u32.to_le_bytes().to_vec()));
-            let bytes = |(file, p): &(&Vec<u8>, Parsed), i: usize, len: u64| {
-                let at = p.data_start + p.tensors[i].3 as usize;
-                file[at..at + len as usize].to_vec()
-            };
-            let mut seen = Vec::new();
-            assert_eq!(q8.1.tensors.len(), bf16.1.tensors.len());
-            for (i, (name, ne, ty, _)) in q8.1.tensors.iter().enumerate() {
-                let (bf16_name, bf16_ne, bf16_ty, _) = &bf16.1.tensors[i];
-                assert_eq!((name, ne), (bf16_name, bf16_ne));
-                if !in_q8_0_set(name) {
-                    // Kept: the same type and bytes as the BF16 outtype writes.
-                    assert_eq!(ty, bf16_ty, "{name}");
-                    let len = [GgmlType::F32, GgmlType::Bf16, GgmlType::Mxfp4]
-                        .into_iter()
-                        .find(|t| t.id() == *ty)
-                        .unwrap()
-                        .nbytes(ne)
-                        .unwrap();
-                    assert_eq!(bytes(&q8, i, len), bytes(&bf16, i, len), "{name}");
-                    continue;
-                }
-                assert_eq!(*ty, 8, "{name}");
-                assert_eq!(ne.len(), 2, "{name}");
-                seen.push(name.split_once('.').unwrap().1.split_once('.').unwrap().1);
-                // The blocks are `quantize_q8_0` of the checkpoint's values, row by row: the
-                // F32 outtype holds those values exactly.
-                let count = ne.iter().product::<u64>();
-                assert_eq!(f32.1.tensors[i].2, 0, "{name}");
-                let values: Vec<f32> = bytes(&f32, i, count * 4)
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-                    .collect();
-                let expected: Vec<u8> = values
-                    .chunks_exact(32)
-                    .flat_map(|b| quantize_q8_0(b.try_into().unwrap()))
-                    .collect();
-                assert_eq!(expected.len() as u64, count / 32 * 34);
-                assert_eq!(bytes(&q8, i, count / 32 * 34), expected, "{name}");
-            }
-            seen.sort();
-            seen.dedup();
-            let mut all = Q8_0_SET.to_vec();
-            all.sort();
-            assert_eq!(seen, all, "the tiny model has every tensor of the set");
-        }
-    }
-
-    #[test]
-    fn a_q8_0_tensor_from_an_f16_matrix_is_refused_by_name() {
-        let e = tiny_ggufs(FloatFormat::F16, &[Outtype::Q8_0], "f16")
-            .remove(0)
-            .unwrap_err();
-        let e = format!("{e:#}");
-        assert!(
-            e.contains("blk.") && e.contains("F16") && e.contains("Q8_0"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn the_q8_0_set_is_named_on_both_sides() {
-        for (hf, yes) in [
-            ("model.layers.0.self_attn.q_proj.weight", true),
-            ("model.layers.3.self_attn.g_proj.weight", true),
-            ("model.layers.3.self_attn.kv_a_proj_with_mqa.weight", true),
-            (
-                "model.layers.1.block_sparse_moe.routed_expert_up_proj.weight",
-                true,
-            ),
-            (
-                "model.layers.1.block_sparse_moe.shared_experts.down_proj.weight",
-                true,
-            ),
-            ("model.layers.3.self_attn.kv_b_proj.weight", false),
-            ("model.layers.0.self_attn.f_a_proj.weight", false),
-            ("model.layers.0.self_attn.b_proj.weight", false),
-            ("model.layers.1.block_sparse_moe.gate.weight", false),
-            ("model.embed_tokens.weight", false),
-            ("lm_head.weight", false),
-        ] {
-            assert_eq!(q8_0_source(hf), yes, "{hf}");
-        }
-        let q = Outtype::Q8_0;
-        assert_eq!(tensor_type("blk.0.attn_q.weight", 2, q), GgmlType::Q8_0);
-        assert_eq!(tensor_type("blk.3.attn_gate.weight", 2, q), GgmlType::Q8_0);
-        for kept in [
-            "token_embd.weight",
-            "output.weight",
-            "blk.3.attn_k_b.weight",
-            "blk.3.attn_v_b.weight",
-            "blk.0.ssm_f_a.weight",
-            "blk.0.ssm_beta.weight",
-            "blk.1.ffn_gate_exps.weight",
-        ] {
-            assert_eq!(tensor_type(kept, 2, q), GgmlType::Bf16, "{kept}");
-        }
-        assert_eq!(
-            tensor_type("blk.1.ffn_gate_inp.weight", 2, q),
-            GgmlType::F32
-        );
-    }
-
-    #[test]
-    fn vectors_norms_router_and_convolutions_stay_f32() {
-        let b = Outtype::Bf16;
-        assert_eq!(tensor_type("blk.0.attn_q.weight", 2, b), GgmlType::Bf16);
-        assert_eq!(tensor_type("blk.0.attn_k_b.weight", 3, b), GgmlType::Bf16);
-        assert_eq!(
-            tensor_type("blk.0.attn_q.weight", 2, Outtype::F32),
-            GgmlType::F32
-        );
-        for f32_name in [
-            "blk.1.ffn_gate_inp.weight",
-            "blk.0.ssm_conv1d_k.weight",
-            "blk.2.attn_kv_a_norm.weight",
-            "blk.0.ssm_a",
-            "blk.1.exp_probs_b.bias",
-        ] {
-            assert_eq!(tensor_type(f32_name, 4, b), GgmlType::F32, "{f32_name}");
-        }
-        assert_eq!(tensor_type("output_res_score.weight", 1, b), GgmlType::F32);
-    }
-}
+mod tests;
