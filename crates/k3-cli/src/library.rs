@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use expert_store::Policy;
 use k3_model::builder::EngineOptions;
-use k3_model::builder::PackCachePlace;
+use k3_model::builder::{PackCachePlace, PackRule};
 use k3_model::plan::TrunkFormat;
 
 use crate::error::UsageError;
@@ -90,7 +90,7 @@ pub fn library_flags() -> Vec<Flag> {
         Flag::switch(
             "no-pack-trunk",
             performance,
-            "keep the BF16 matrices a memory plan holds resident or streams as stored, and under a memory limit that everything fits read them through the mapping (default: packed losslessly in 12.25 bits per weight, so 1.3x as many fit and 0.77x the bytes stream, at about 0.8x the BF16 GEMV rate on avx2 and faster per token than BF16 on avx512, where a limit that fits holds the whole trunk packed; the same logits)",
+            "keep the BF16 matrices a memory plan holds resident or streams as stored, and where everything fits read them through the mapping (default: packed losslessly in 12.25 bits per weight, so 1.3x as many fit and 0.77x the bytes stream; where everything fits, a measurement at startup of both GEMVs per core and of the read rate with every worker busy decides whether the whole trunk is held packed, and says why; the same logits)",
         ),
         Flag::value(
             "trunk-format",
@@ -237,6 +237,9 @@ pub fn apply_library_flags(parsed: &Parsed, options: &mut EngineOptions) -> Resu
     }
     pool.hyperthreads |= parsed.switch("hyperthreads");
     options.resident_trunk |= parsed.switch("resident-trunk");
+    // The binaries decide the packed trunk by measuring this machine (the library's default
+    // is the tier's name).
+    options.pack_rule = PackRule::Measured;
     if parsed.switch("no-pack-trunk") {
         options.pack_trunk = false;
     }

@@ -13,6 +13,7 @@
 //!
 //! [`Model`]: crate::model::Model
 
+mod calibrate;
 mod engine;
 mod experts;
 mod options;
@@ -23,7 +24,7 @@ mod trunk;
 mod warm;
 
 pub use engine::{Engine, RATE_STEPS};
-pub use options::{BuildError, BuildSink, EngineOptions};
+pub use options::{BuildError, BuildSink, EngineOptions, PackRule};
 
 // What the options and the engine hand out, whose homes are internal.
 pub use crate::packcache::place::PackCachePlace;

@@ -35,6 +35,9 @@ pub struct EngineOptions {
     /// GEMVs run at about 0.8x the BF16 rate on two Zen 3 cores), and read the ones it streams
     /// packed from the pack cache ([`Self::pack_cache`]). `--no-pack-trunk` clears it.
     pub pack_trunk: bool,
+    /// When the whole trunk is held packed rather than read through the mapping, where
+    /// everything fits (`pack_trunk` set): by a measurement at startup, or by the tier.
+    pub pack_rule: PackRule,
     /// The trunk as stored (`bf16`, exact: the default), or its large projections requantised
     /// once at load to Q8_0 or MXFP4 and held resident (`--trunk-format`; lossy, opt-in).
     pub trunk_format: TrunkFormat,
@@ -70,6 +73,7 @@ impl Default for EngineOptions {
             expert_placement: ExpertPlacement::default(),
             resident_trunk: false,
             pack_trunk: true,
+            pack_rule: PackRule::Tier,
             trunk_format: TrunkFormat::Bf16,
             pack_cache: PackCachePlace::default(),
             scan: false,
@@ -80,6 +84,19 @@ impl Default for EngineOptions {
             prompt_cache_bytes: 0,
         }
     }
+}
+
+/// When a plan that everything fits holds the whole trunk packed instead of reading it
+/// through the mapping (same logits either way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PackRule {
+    /// Under a memory limit, on a tier whose packed GEMV runs at the memory's rate
+    /// (`Kernels::packed_at_memory_rate`): the library's default, which no measurement
+    /// changes.
+    Tier,
+    /// Where a measurement at startup finds the packed GEMV faster per core than the stored
+    /// one with every worker busy, with or without a limit: the binaries' rule.
+    Measured,
 }
 
 /// Where the build reports what it did: one line per step, and the preload's progress.

@@ -11,7 +11,8 @@ use expert_store::usage::UsageHistory;
 use mxfp4_kernels::Kernels;
 use numa_sched::Pool;
 
-use super::options::{BuildError, BuildSink, EngineOptions};
+use super::calibrate::PackedRate;
+use super::options::{BuildError, BuildSink, EngineOptions, PackRule};
 use crate::checks::validate::validate;
 use crate::config::K3Config;
 use crate::knob::Knob;
@@ -87,7 +88,7 @@ pub(super) fn plan(
     let pool = Arc::new(options.pool.build_for(Arc::clone(&options.ranks))?);
     // A requantised trunk is held resident (the mapping and the stream hold stored bytes).
     let plan_for = match sizes.requantised() {
-        true => Plan::requantised,
+        true => Plan::resident_trunk,
         false => Plan::new,
     };
     let mut plan = plan_for(
@@ -99,21 +100,54 @@ pub(super) fn plan(
         margin,
         hidden,
     )?;
-    // Under a limit that everything fits as stored, on a tier whose packed GEMV runs at
-    // the memory's rate: the whole trunk resident and packed, every expert cached, rather
-    // than the mapping (whose pages count against the limit and are the kernel's to
-    // evict). One domain and one rank: the mapping's per-domain placement and the ranks'
-    // shares are not planned here.
-    if limit
+    // The packed trunk where it is faster on this machine: measured now, with every worker
+    // busy (`PackRule::Measured`, the binaries' rule), or named by the tier under a limit
+    // (`PackRule::Tier`). Under a limit with one domain and one rank, every expert is cached
+    // too (the mapping's pages count against the limit and are the kernel's to evict);
+    // else the experts are read through the mapping beside the resident trunk.
+    let packed_here = options.pack_trunk
         && plan.trunk.is_none()
-        && options.pack_trunk
-        && kernels.packed_at_memory_rate()
-        && pool.domains() == 1
-        && options.ranks.size() == 1
-        && let Some(resident) =
-            Plan::resident_everything(&sizes, flags, &options.experts, run, budget.clone(), margin)
-    {
-        plan = resident;
+        && !sizes.requantised()
+        && match options.pack_rule {
+            PackRule::Tier => limit && kernels.packed_at_memory_rate(),
+            PackRule::Measured => match PackedRate::measure(&kernels, &pool) {
+                Ok(rate) => {
+                    sink.line_about(&rate.describe(), Knob::PackTrunk);
+                    rate.packed_faster()
+                }
+                Err(why) => {
+                    sink.line(&format!(
+                        "packed trunk: not measured ({why}); read as stored"
+                    ));
+                    false
+                }
+            },
+        };
+    if packed_here {
+        let held = match limit && pool.domains() == 1 && options.ranks.size() == 1 {
+            true => Plan::resident_everything(
+                &sizes,
+                flags,
+                &options.experts,
+                run,
+                budget.clone(),
+                margin,
+            ),
+            false => Plan::resident_trunk(
+                &sizes,
+                flags,
+                &options.experts,
+                run,
+                budget.clone(),
+                margin,
+                hidden,
+            )
+            .ok()
+            .filter(|p| p.trunk.as_ref().is_some_and(|t| !t.streams())),
+        };
+        if let Some(held) = held {
+            plan = held;
+        }
     }
     // Where the plan streams BF16 matrices, they are read packed from the pack cache
     // (written on the first such run), and the plan is made again with their packed sizes.

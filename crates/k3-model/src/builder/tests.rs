@@ -658,3 +658,33 @@ fn a_requantised_trunk_is_read_from_its_pack_cache_and_only_its_own() {
     );
     assert_eq!(fingerprints(&engine), first[1]);
 }
+
+/// `PackRule::Measured` (the binaries' rule) measures at startup and says what it chose; the
+/// trunk held packed or read through the mapping, the logits are the mapped run's bits.
+#[test]
+fn the_measured_pack_rule_says_why_and_keeps_the_bits() {
+    use super::options::PackRule;
+    let tiny = Tiny::new("measured");
+    let expected = fingerprints(&tiny.build(&options(1)).0);
+    let mut measured = options(2);
+    measured.pack_rule = PackRule::Measured;
+    let (engine, lines) = tiny.build(&measured);
+    let line = lines
+        .iter()
+        .find(|l| l.starts_with("packed trunk: per core"))
+        .unwrap_or_else(|| panic!("{lines:?}"));
+    let packed = line.contains("held packed");
+    assert_eq!(engine.resident.is_some(), packed, "{line}");
+    if packed {
+        assert!(!engine.plan.trunk.as_ref().unwrap().streams());
+        assert!(engine.store.is_none(), "the experts stay mapped");
+    }
+    assert_eq!(fingerprints(&engine), expected, "{line}");
+    // `--no-pack-trunk` measures nothing.
+    measured.pack_trunk = false;
+    let (_, lines) = tiny.build(&measured);
+    assert!(
+        !lines.iter().any(|l| l.starts_with("packed trunk:")),
+        "{lines:?}"
+    );
+}

@@ -1,5 +1,6 @@
-//! The plan of a trunk a lossy `--trunk-format` requantises: held resident, never streamed or
-//! read through the mapping (which hold the stored bytes).
+//! The plan of a trunk held resident: the one a lossy `--trunk-format` requantises (never
+//! streamed or read through the mapping, which hold the stored bytes), or a packed one where
+//! packing is faster on the machine at hand.
 
 use expert_store::io::MemoryBudget;
 
@@ -7,11 +8,12 @@ use super::{ExpertOptions, MemoryUse, Plan, PlanError, RunShape, WeightSizes};
 use crate::units::gb;
 
 impl Plan {
-    /// The plan for `sizes` where a lossy `--trunk-format` requantises some matrices
-    /// ([`WeightSizes::with_trunk_format`]): planned as [`Plan::new`] plans any budget that
-    /// does not hold everything as stored (the mapping holds stored bytes, so it is never
-    /// the plan), and refused where a requantised matrix would be streamed rather than held.
-    pub fn requantised(
+    /// The plan that holds the trunk of `sizes` resident (requantised where a lossy
+    /// `--trunk-format` says, [`WeightSizes::with_trunk_format`], else packed where `sizes`
+    /// packs): planned as [`Plan::new`] plans any budget that does not hold everything as
+    /// stored (never the mapping), refused where a requantised matrix would be streamed, and
+    /// reading the experts through the mapping where they all fit beside it.
+    pub fn resident_trunk(
         sizes: &WeightSizes,
         flags: MemoryUse,
         experts: &ExpertOptions,

@@ -470,13 +470,23 @@ fn one_shot_marks_reasoning_and_honours_ctx() {
 
 /// `--resident-trunk` copies the trunk into memory at startup (the log says how much), and
 /// the greedy answer is the same text as from the file mapping; so is one with two synthetic
-/// NUMA domains, each binding its rows.
+/// NUMA domains, each binding its rows, and one where the startup measurement chose (the
+/// packed trunk or the mapping).
 #[test]
 fn resident_trunk_answers_the_same() {
     let args = ["--prompt", "Hello", "--max-tokens", "8", "--no-think"];
-    let (code, mapped, stderr) = run(&on_tiny(&args), &[]);
+    // `--no-pack-trunk`: the mapping, whatever the startup measurement would choose.
+    let mut plain = args.to_vec();
+    plain.push("--no-pack-trunk");
+    let (code, mapped, stderr) = run(&on_tiny(&plain), &[]);
     assert_eq!(code, Some(0), "{stderr}");
     assert!(!stderr.contains("resident trunk: "), "{stderr}");
+    assert!(!stderr.contains("packed trunk: per core"), "{stderr}");
+    // The measured choice (packed or not) answers the same.
+    let (code, measured, stderr) = run(&on_tiny(&args), &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("packed trunk: per core"), "{stderr}");
+    assert_eq!(measured, mapped);
     for extra in [
         &["--resident-trunk"][..],
         &["--resident-trunk", "--numa-fake", "2"],
