@@ -124,10 +124,11 @@ fn nearest_e2m1(x: f32) -> u8 {
 /// Widens an IEEE binary16 (F16) bit pattern to f32 (exact: every F16 value, subnormals
 /// included, is an f32; NaN payloads are kept in the high mantissa bits).
 #[inline]
-pub fn f16_to_f32(h: u16) -> f32 {
-    let sign = u32::from(h >> 15) << 31;
-    let exponent = u32::from((h >> 10) & 0x1F);
-    let mantissa = u32::from(h & 0x3FF);
+pub const fn f16_to_f32(h: u16) -> f32 {
+    // `as` rather than `u32::from`, which is not const.
+    let sign = ((h >> 15) as u32) << 31;
+    let exponent = ((h >> 10) & 0x1F) as u32;
+    let mantissa = (h & 0x3FF) as u32;
     let bits = match (exponent, mantissa) {
         (0, 0) => sign,
         // Subnormal: mantissa x 2^-24, exact in f32.
@@ -140,6 +141,20 @@ pub fn f16_to_f32(h: u16) -> f32 {
     };
     f32::from_bits(bits)
 }
+
+/// `f16_to_f32` of every F16 bit pattern (256 KiB), built at compile time. The SIMD Q8_0
+/// kernels look a block's step up here and broadcast it straight from memory into their FMA
+/// (`vfmadd231ps m32{1to16}`): no conversion instruction per row and block. A matrix's steps
+/// span a few binades, so the entries it touches stay in L1/L2.
+pub(crate) static F16_TO_F32: [f32; 1 << 16] = {
+    let mut table = [0.0f32; 1 << 16];
+    let mut h = 0;
+    while h < table.len() {
+        table[h] = f16_to_f32(h as u16);
+        h += 1;
+    }
+    table
+};
 
 /// Rounds an f32 to IEEE binary16 (round to nearest, ties to even; overflow to infinity,
 /// NaN stays a quiet NaN).

@@ -15,8 +15,6 @@ use crate::weight::WeightMatrix;
 #[cfg(target_arch = "x86_64")]
 use crate::x86;
 
-const Q8_FOLD: bool = false;
-
 impl Kernels {
     /// Dequantizes `rows` of `matrix` into `out` (`rows.len() * cols` f32, row-major).
     /// Every tier is bit-identical to scalar.
@@ -156,9 +154,11 @@ impl Kernels {
         Ok(())
     }
 
-    /// As [`Kernels::matmul_mxfp4`], for a Q8_0 matrix: weights decoded exactly, activations
-    /// f32 in every tier (no activation rounding). `avx2` and `avx512` give the same bits (the
-    /// sum order of `x86::q8_0::Q8_0`); the approximate tiers run the `avx512` kernel.
+    /// As [`Kernels::matmul_mxfp4`], for a Q8_0 matrix: activations stay f32 in every tier (no
+    /// activation rounding). Scalar decodes each weight exactly (`q · d`) and sums in order;
+    /// `avx2` and `avx512` sum each block's `q · x` products, then apply its step `d` with one
+    /// FMA (a fixed order both share, so they give the same bits, within `dot_bound` of
+    /// scalar); the approximate tiers run the `avx512` kernel.
     pub fn matmul_q8_0(
         &self,
         matrix: &Q8_0Matrix<'_>,
@@ -169,10 +169,10 @@ impl Kernels {
         self.check_matmul(matrix.rows(), matrix.cols(), act, &rows, out)?;
         per_tier!(self, (matrix, act, rows, out) {
             scalar: scalar::matmul_q8_0,
-            avx2: x86::entry::avx2::<_, x86::avx2::q8_0::Q8_0<Q8_FOLD>>,
-            avx512: x86::entry::avx512::<_, x86::q8_0::Q8_0<Q8_FOLD>>,
-            avx512_bf16: x86::entry::avx512_bf16::<_, x86::q8_0::Q8_0<Q8_FOLD>>,
-            avx512_vnni: x86::entry::avx512_vnni::<_, x86::q8_0::Q8_0<Q8_FOLD>>,
+            avx2: x86::entry::avx2::<_, x86::avx2::q8_0::Q8_0>,
+            avx512: x86::entry::avx512::<_, x86::q8_0::Q8_0>,
+            avx512_bf16: x86::entry::avx512_bf16::<_, x86::q8_0::Q8_0>,
+            avx512_vnni: x86::entry::avx512_vnni::<_, x86::q8_0::Q8_0>,
         });
         Ok(())
     }
