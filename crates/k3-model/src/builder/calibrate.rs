@@ -23,10 +23,10 @@ use numa_sched::Pool;
 /// Bytes per weight of the packed form (49 per block of 32).
 const PACKED_BYTES: f64 =
     mxfp4_kernels::packed::PACKED_BLOCK_BYTES as f64 / mxfp4_kernels::packed::PACKED_BLOCK as f64;
-/// The test matrix: 64 rows of 4096 (512 KiB of BF16): in a core's L2, so the GEMV runs at its
-/// compute ceiling.
-const ROWS: usize = 64;
-const COLS: usize = 4096;
+/// The test matrix's BF16 bytes: in a core's L2, so the GEMV runs at its compute ceiling. Its
+/// columns are the model's hidden size (most trunk matrices' width: the kernels keep copies
+/// compiled for K3's widths, and a 4096-wide BF16 GEMV ran at half the 7168-wide one's rate).
+const MATRIX_BYTES: usize = 448 << 10;
 /// How long each worker runs each kernel.
 const RUN: Duration = Duration::from_millis(25);
 /// The read buffer over all workers: larger than the last-level caches of most sockets.
@@ -49,13 +49,18 @@ pub(super) struct PackedRate {
 }
 
 impl PackedRate {
-    /// Runs the three measurements on every worker of `pool` (about 0.2 s).
-    pub(super) fn measure(kernels: &Kernels, pool: &Pool) -> Result<Self, String> {
+    /// Runs the three measurements on every worker of `pool` (about 0.2 s), the GEMVs over
+    /// `hidden` columns (rounded up to whole blocks).
+    pub(super) fn measure(kernels: &Kernels, pool: &Pool, hidden: usize) -> Result<Self, String> {
         let workers = pool.threads().max(1);
+        let cols = hidden
+            .max(1)
+            .next_multiple_of(mxfp4_kernels::packed::PACKED_BLOCK);
+        let rows = (MATRIX_BYTES / (2 * cols)).clamp(8, 256);
         // Weights like a trained matrix's: magnitudes over a few binades, both signs.
         let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let mut bf16 = Vec::with_capacity(2 * ROWS * COLS);
-        for _ in 0..ROWS * COLS {
+        let mut bf16 = Vec::with_capacity(2 * rows * cols);
+        for _ in 0..rows * cols {
             state = state
                 .wrapping_mul(6_364_136_223_846_793_005)
                 .wrapping_add(1_442_695_040_888_963_407);
@@ -63,21 +68,21 @@ impl PackedRate {
             let value = (unit - 0.5) * 0.05;
             bf16.extend_from_slice(&f32_to_bf16(value).to_le_bytes());
         }
-        let packed = PackedBf16::pack(&bf16, ROWS, COLS).map_err(|e| e.to_string())?;
-        let plain = Bf16Matrix::new(&bf16, ROWS, COLS).map_err(|e| e.to_string())?;
-        let x: Vec<f32> = (0..COLS).map(|c| (c % 7) as f32 * 0.25 - 0.75).collect();
-        let act = kernels.prepare(&x, COLS).map_err(|e| e.to_string())?;
+        let packed = PackedBf16::pack(&bf16, rows, cols).map_err(|e| e.to_string())?;
+        let plain = Bf16Matrix::new(&bf16, rows, cols).map_err(|e| e.to_string())?;
+        let x: Vec<f32> = (0..cols).map(|c| (c % 7) as f32 * 0.25 - 0.75).collect();
+        let act = kernels.prepare(&x, cols).map_err(|e| e.to_string())?;
         let rate = |matrix: WeightMatrix<'_>| -> Result<f64, String> {
             let per_worker = pool
                 .map(workers, |_| {
-                    let mut out = vec![0.0f32; ROWS];
+                    let mut out = vec![0.0f32; rows];
                     let (started, mut weights) = (Instant::now(), 0usize);
                     while started.elapsed() < RUN {
                         kernels
-                            .matmul(&matrix, &act, 0..ROWS, &mut out)
+                            .matmul(&matrix, &act, 0..rows, &mut out)
                             .expect("the shapes were checked");
                         black_box(&out);
-                        weights += ROWS * COLS;
+                        weights += rows * cols;
                     }
                     weights as f64 / started.elapsed().as_secs_f64()
                 })
@@ -175,7 +180,7 @@ mod tests {
     #[test]
     fn a_measurement_gives_rates() {
         let pool = Pool::new(2).unwrap();
-        let rate = PackedRate::measure(&Kernels::detect(), &pool).unwrap();
+        let rate = PackedRate::measure(&Kernels::detect(), &pool, 1000).unwrap();
         assert!(
             rate.bf16 > 0.0 && rate.packed > 0.0 && rate.read > 0.0,
             "{rate:?}"

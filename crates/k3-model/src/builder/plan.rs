@@ -110,7 +110,7 @@ pub(super) fn plan(
         && !sizes.requantised()
         && match options.pack_rule {
             PackRule::Tier => limit && kernels.packed_at_memory_rate(),
-            PackRule::Measured => match PackedRate::measure(&kernels, &pool) {
+            PackRule::Measured => match PackedRate::measure(&kernels, &pool, config.hidden_size) {
                 Ok(rate) => {
                     sink.line_about(&rate.describe(), Knob::PackTrunk);
                     rate.packed_faster()
