@@ -75,7 +75,7 @@ pub(crate) fn run(config: &K3Config, machines: &Machines) -> Result<()> {
         let margin = safety_margin(memory);
         let flags = MemoryUse::state(config, machines.run);
         let plan_for = match sizes.requantised() {
-            true => Plan::requantised,
+            true => Plan::resident_trunk,
             false => Plan::new,
         };
         let plan = plan_for(
