@@ -27,6 +27,7 @@ mod oracle_llamacpp;
 mod oracle_tiktoken;
 mod peer_kernels;
 mod runs;
+mod trunk_accuracy;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -66,6 +67,14 @@ const TASKS: &[Task] = &[
                 --interference / --pair-prefill: a long prefill's effect on running streams, \
                 two prefills together vs alone",
         run: bench_serve::run,
+    },
+    Task {
+        name: "trunk-accuracy",
+        usage: "--model DIR [--tokens 64] [--threads 2] [--formats q8_0,mxfp4] [--peer [--bf16-gguf FILE] [--q8_0-gguf FILE]] [--out DIR]",
+        about: "logits of the lossy trunk formats against the exact f32 forward of the BF16 \
+                checkpoint (our bf16 path) over teacher-forced tokens: max |Δ|/max |logit|, \
+                mean KL, top-1 agreement; --peer: llama.cpp's BF16 and Q8_0 GGUFs beside them",
+        run: trunk_accuracy::run,
     },
     Task {
         name: "gguf",
