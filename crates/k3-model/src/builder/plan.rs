@@ -110,6 +110,14 @@ pub(super) fn plan(
         && !sizes.requantised()
         && match options.pack_rule {
             PackRule::Tier => limit && kernels.packed_at_memory_rate(),
+            // Each rank would measure and decide alone, and the ranks' plans must agree.
+            PackRule::Measured if options.ranks.size() > 1 => {
+                sink.line(
+                    "packed trunk: not measured with several ranks (each would decide alone); \
+                     read as stored",
+                );
+                false
+            }
             PackRule::Measured => match PackedRate::measure(&kernels, &pool, config.hidden_size) {
                 Ok(rate) => {
                     sink.line_about(&rate.describe(), Knob::PackTrunk);
