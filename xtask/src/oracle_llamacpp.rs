@@ -485,7 +485,7 @@ pub(crate) fn build_target(
 
 /// Builds `libllama` (once) and the harness against it;
 /// returns the harness path.
-fn build_llamacpp(work: &Path, source: &Path) -> Result<PathBuf> {
+pub(crate) fn build_llamacpp(work: &Path, source: &Path) -> Result<PathBuf> {
     build_target(work, source, "llama", "libllama.so")?;
     let lib = work.join(BUILD_DIR).join("bin");
     let harness = lib.join("llamacpp_logits");

@@ -32,13 +32,12 @@ use k3_model::K3Config;
 use crate::bench_peers::convert;
 use crate::gguf_k3_meta::Outtype;
 use crate::oracle::run_checked;
-use crate::oracle_llamacpp::{BUILD_DIR, WORK_DIR, build_target, fetch_sdist};
+use crate::oracle_llamacpp::{WORK_DIR, build_llamacpp, fetch_sdist};
 use crate::{Options, command_line, from_root};
 
 /// What the reference is, in the table's header and the docs.
 const REFERENCE: &str = "the exact f32 forward of the BF16 checkpoint (this engine's exact \
     path, checked against llama.cpp's F32 twin)";
-const HARNESS_SOURCE: &str = "xtask/oracle/llamacpp_logits.cpp";
 /// The harness compares its batch and one-token runs and fails past a limit; here that spread
 /// is reported, not enforced (ggml's quantised activations round the two differently).
 const NO_STEP_LIMIT: &str = "1e30";
@@ -140,7 +139,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     if peer {
         let work = from_root(WORK_DIR);
         fs::create_dir_all(&work)?;
-        let harness = build_harness(&work, &fetch_sdist(&work)?)?;
+        let harness = build_llamacpp(&work, &fetch_sdist(&work)?)?;
         let mut peers = Vec::new();
         for (outtype, suffix, flag) in [
             (Outtype::Bf16, "bf16", "bf16-gguf"),
@@ -399,25 +398,6 @@ fn our_logits(
         ids.split(',').count()
     );
     Ok(())
-}
-
-/// The logits harness, compiled against the pinned sdist's `libllama` (built once).
-fn build_harness(work: &Path, source: &Path) -> Result<PathBuf> {
-    build_target(work, source, "llama", "libllama.so")?;
-    let lib = work.join(BUILD_DIR).join("bin");
-    let harness = lib.join("llamacpp_logits");
-    run_checked(
-        Command::new("c++")
-            .args(["-std=c++17", "-O2", "-Wall", "-Wextra"])
-            .arg(format!("-I{}", source.join("include").display()))
-            .arg(format!("-I{}", source.join("ggml/include").display()))
-            .arg(from_root(HARNESS_SOURCE))
-            .arg("-o")
-            .arg(&harness)
-            .arg(format!("-L{}", lib.display()))
-            .args(["-lllama", "-lggml", "-lggml-base", "-Wl,-rpath,$ORIGIN"]),
-    )?;
-    Ok(harness)
 }
 
 /// llama.cpp's logits of `gguf` for `ids`, written by the harness (the batch run: one row per
