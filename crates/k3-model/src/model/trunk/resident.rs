@@ -157,10 +157,6 @@ impl ResidentTrunk {
         tensors.sort_unstable();
         // The packed ones: whole rows a staging buffer at a time, packed (or requantised)
         // into their body.
-        let body_bytes = |rows: usize, how: PackAs| match how {
-            PackAs::Packed { cols } => mxfp4_kernels::packed::packed_body_bytes(rows, cols),
-            PackAs::Quant { format, cols, .. } => format.bytes(rows, cols),
-        };
         let mut packed = Vec::with_capacity(to_pack.len());
         // Per piece: its shard, offset and row bytes; then every piece's chunks of whole rows.
         let mut sources = Vec::with_capacity(to_pack.len());
@@ -180,7 +176,7 @@ impl ResidentTrunk {
                 )));
             }
             let (rows, first_row) = (len / row, within / row);
-            let packed_row = body_bytes(1, how);
+            let packed_row = how.body_bytes(1);
             let held = cache.and_then(|c| {
                 let t = c.at(c.position(name)?);
                 let same = t.cols == cols && t.format == how.code();
@@ -237,7 +233,7 @@ impl ResidentTrunk {
             });
             // Each body from a 64-byte boundary (the kernels load unaligned; this keeps rows of
             // different matrices off shared cache lines).
-            at += body_bytes(rows, how).next_multiple_of(64);
+            at += how.body_bytes(rows).next_multiple_of(64);
         }
         let mut bodies = AlignedBuf::zeroed(at);
         read_chunks(sources, &chunks, io_cpus, |piece, first, last, bytes| {
@@ -278,7 +274,7 @@ impl ResidentTrunk {
                     }
                 };
             }
-            let packed_row = body_bytes(1, p.how);
+            let packed_row = p.how.body_bytes(1);
             let body = &mut bodies[p.body_at + first * packed_row..p.body_at + last * packed_row];
             if p.cached {
                 body.copy_from_slice(bytes);
@@ -295,7 +291,7 @@ impl ResidentTrunk {
         })?;
         for (piece, path, at) in whole {
             let p = &packed[piece];
-            let body = &mut bodies[p.body_at..p.body_at + body_bytes(p.len / row_of(p), p.how)];
+            let body = &mut bodies[p.body_at..p.body_at + p.how.body_bytes(p.len / row_of(p))];
             let file = std::fs::File::open(&path).map_err(|e| checkpoint_io(path.clone(), e))?;
             let got = read_full(&file, body, at).map_err(|e| checkpoint_io(path.clone(), e))?;
             let _ = drop_page_cache(&file, 0, 0);
