@@ -3,7 +3,8 @@
 //! the same token), log-probabilities with the top alternatives; and stop strings matched
 //! incrementally over streamed text.
 //!
-//! Order: penalties, then the logit bias, on the logits; log-probabilities of that
+//! Order: a mask of allowed tokens (a grammar's; the rest become -inf), penalties, then the
+//! logit bias, on the logits; log-probabilities of that
 //! distribution (temperature 1, as OpenAI reports them); then temperature, top-k, top-p,
 //! min-p, and a draw. Arithmetic is f64 over the logits in id order, ties go to the lower id,
 //! so nothing depends on threads.
@@ -180,9 +181,40 @@ impl Sampler {
     /// If `logits` is empty (there is nothing to choose from: a caller bug, e.g. sampling
     /// after a prefill of no tokens).
     pub fn sample(&mut self, logits: &[f32]) -> Sampled {
+        self.sample_masked(logits, None)
+    }
+
+    /// [`Self::sample`] among the tokens `allowed` permits (a bitset: bit `i % 32` of word
+    /// `i / 32` set for an allowed id `i`; ids past its end are not allowed), e.g. a grammar's
+    /// mask. The rest get -inf before the penalties, so neither greedy nor a draw can choose
+    /// them, and the log-probabilities (and top alternatives) are over the allowed tokens.
+    /// `None`, or a mask allowing every id, gives the same token, random stream and
+    /// log-probabilities as [`Self::sample`] bit for bit.
+    ///
+    /// # Panics
+    /// If `logits` is empty, or `allowed` allows none of its ids (a caller bug: a grammar's
+    /// mask is never empty).
+    pub fn sample_masked(&mut self, logits: &[f32], allowed: Option<&[u32]>) -> Sampled {
         assert!(!logits.is_empty(), "sampling from an empty set of logits");
         let p = self.params.clone();
         let mut z: Vec<f64> = logits.iter().map(|&l| f64::from(l)).collect();
+        // The ids that may be chosen, in id order (all of them without a mask).
+        let ids: Vec<usize> = match allowed {
+            None => (0..z.len()).collect(),
+            Some(words) => {
+                let allows = |i: usize| words.get(i / 32).is_some_and(|w| w >> (i % 32) & 1 == 1);
+                let mut ids = Vec::with_capacity(z.len());
+                for (i, l) in z.iter_mut().enumerate() {
+                    if allows(i) {
+                        ids.push(i);
+                    } else {
+                        *l = f64::NEG_INFINITY;
+                    }
+                }
+                assert!(!ids.is_empty(), "the mask allows none of the logits' ids");
+                ids
+            }
+        };
         if p.repetition_penalty != 1.0 {
             let r = f64::from(p.repetition_penalty);
             for &t in &self.seen {
@@ -204,13 +236,13 @@ impl Sampler {
         // One pass for the log-sum-exp (a vocabulary of exps, so only one).
         let log_sum = log_sum_exp(&z);
         let token = if p.temperature == 0.0 {
-            argmax(&z)
+            ids[argmax(&z, &ids)] as u32
         } else {
-            self.draw(&z, &p)
+            self.draw(&z, ids.clone(), &p)
         };
         let mut top: Vec<(u32, f32)> = Vec::new();
         if p.top_logprobs > 0 {
-            let mut order: Vec<usize> = (0..z.len()).collect();
+            let mut order = ids;
             let n = p.top_logprobs.min(order.len());
             order.select_nth_unstable_by(n.saturating_sub(1), |&a, &b| by_value(&z, a, b));
             order.truncate(n);
@@ -233,9 +265,9 @@ impl Sampler {
         self.seen.insert(token);
     }
 
-    fn draw(&mut self, z: &[f64], p: &SamplingParams) -> u32 {
+    /// A draw among `order` (ids in id order).
+    fn draw(&mut self, z: &[f64], mut order: Vec<usize>, p: &SamplingParams) -> u32 {
         let t = f64::from(p.temperature);
-        let mut order: Vec<usize> = (0..z.len()).collect();
         if p.top_k > 0 && p.top_k < order.len() {
             // The k largest, then sorted: no full sort of the vocabulary.
             order.select_nth_unstable_by(p.top_k - 1, |&a, &b| by_value(z, a, b));
@@ -245,7 +277,7 @@ impl Sampler {
             order.sort_by(|&a, &b| by_value(z, a, b));
         } else {
             // No filter: draw over ids in order; only the maximum needs finding.
-            let top = argmax(z) as usize;
+            let top = argmax(z, &order);
             order.swap(0, top);
         }
         let max = z[order[0]] / t;
@@ -300,8 +332,11 @@ fn by_value(z: &[f64], a: usize, b: usize) -> std::cmp::Ordering {
     z[b].total_cmp(&z[a]).then(a.cmp(&b))
 }
 
-fn argmax(z: &[f64]) -> u32 {
-    (0..z.len()).min_by(|&a, &b| by_value(z, a, b)).unwrap_or(0) as u32
+/// The position in `ids` of the largest value (the lower id on ties).
+fn argmax(z: &[f64], ids: &[usize]) -> usize {
+    (0..ids.len())
+        .min_by(|&a, &b| by_value(z, ids[a], ids[b]))
+        .unwrap_or(0)
 }
 
 fn log_sum_exp(z: &[f64]) -> f64 {
