@@ -234,7 +234,7 @@ fn greedy_and_draws_choose_only_allowed_tokens() {
     assert_eq!(s.sample_masked(&[9.0, 8.0, 1.0, 0.5], Some(&one)).token, 2);
     // Ids past the mask's end are not allowed.
     let short = mask(32, |i| i == 31);
-    assert_eq!(s.sample_masked(&vec![0.0; 40], Some(&short)).token, 31);
+    assert_eq!(s.sample_masked(&[0.0; 40], Some(&short)).token, 31);
 }
 
 #[test]

@@ -1,0 +1,187 @@
+//! What a request constrains ([`Spec`]), how ([`Options`], [`Limits`]), and the llguidance
+//! grammar that says it in XTML: the answer inside the `response` element the generation
+//! prompt opened (after free reasoning when thinking is on), or a `tools` element with one
+//! call whose `json` block follows the tool's parameter schema.
+
+use std::time::Duration;
+
+use k3_model::chat::escape;
+use llguidance::api::{GrammarWithLexer, TopLevelGrammar};
+use serde_json::Value;
+
+use crate::error::Error;
+
+/// A constraint on the model's output.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Spec {
+    /// Any JSON object (OpenAI's `response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// JSON following this schema (OpenAI's `json_schema.schema`).
+    JsonSchema(Value),
+    /// Text following this grammar in llguidance's Lark syntax (its `start` rule).
+    Lark(String),
+    /// A call to this tool (`tool_choice` naming a function): the XTML `tools` element with
+    /// one call whose arguments are a `json` block following `parameters` (an object schema;
+    /// `{}` or `null` for any object).
+    ToolCall {
+        /// The tool's name.
+        name: String,
+        /// Its parameters' JSON Schema.
+        parameters: Value,
+    },
+    /// A call to one of these tools (`tool_choice: "required"`), as [`Spec::ToolCall`].
+    AnyToolCall(Vec<(String, Value)>),
+    /// Every token the tokenizer has, the end token anywhere: no constraint at all, through
+    /// the constrained path (to show that a mask allowing everything changes nothing).
+    Any,
+}
+
+/// How a constraint applies to one request.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Options {
+    /// The generation prompt left a `think` element open: the output begins with free
+    /// reasoning up to the think closer, and the constraint applies to what follows. Off:
+    /// the prompt left `response` open and the output starts with the answer.
+    pub thinking: bool,
+    /// Bounds on the work.
+    pub limits: Limits,
+}
+
+/// Per-request bounds on the work a constraint may cost.
+///
+/// llguidance bounds each step by work counts ("fuel"), which stop a pathological schema or
+/// grammar; the durations are checked when a step returns, so a request whose constraint is
+/// too slow on this machine fails with [`crate::Error::CompileTime`] or
+/// [`crate::Error::MaskTime`] instead of slowing every sequence in the batch.
+///
+/// Defaults: compiling the nested test schema takes ~1-3 ms and a mask ~10-100 µs per token
+/// on K3's 163,840-token vocabulary (measured on a 2-core Xeon, see the crate README), so a
+/// compile limit of 1 s and a mask limit of 50 ms leave two orders of magnitude for real
+/// schemas while still catching one that would stall decoding.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    /// Most wall-clock time one compile may take.
+    pub compile: Duration,
+    /// Most wall-clock time one token mask may take.
+    pub mask: Duration,
+    /// Most symbols in the compiled grammar (llguidance's `max_grammar_size`).
+    pub grammar_size: usize,
+    /// Lexer work allowed while compiling (llguidance's `initial_lexer_fuel`, ~50k per ms).
+    pub compile_fuel: u64,
+    /// Lexer work allowed for one mask (llguidance's `step_lexer_fuel`, ~14k per ms).
+    pub mask_fuel: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        let llguidance = llguidance::api::ParserLimits::default();
+        Self {
+            compile: Duration::from_secs(1),
+            mask: Duration::from_millis(50),
+            grammar_size: llguidance.max_grammar_size,
+            compile_fuel: llguidance.initial_lexer_fuel,
+            mask_fuel: llguidance.step_lexer_fuel,
+        }
+    }
+}
+
+impl Limits {
+    pub(crate) fn parser_limits(&self) -> llguidance::api::ParserLimits {
+        llguidance::api::ParserLimits {
+            max_grammar_size: self.grammar_size,
+            initial_lexer_fuel: self.compile_fuel,
+            step_lexer_fuel: self.mask_fuel,
+            // Errors carry the message, not the parser's state and the whole grammar.
+            verbose_errors: false,
+            ..Default::default()
+        }
+    }
+}
+
+/// The name a user's Lark grammar goes by inside the XTML wrapper.
+const ANSWER_GRAMMAR: &str = "answer";
+
+/// The llguidance grammar for `spec` as the model writes it in XTML.
+pub(crate) fn top_level(spec: &Spec, options: &Options) -> Result<TopLevelGrammar, Error> {
+    let mut lark = String::from("%llguidance {}\n");
+    // After the prompt's opener: reasoning and the think closer, then the response opener.
+    let opened = if options.thinking {
+        "REASONING <|close|> \"think\" <|sep|> <|open|> \"response\" <|sep|> "
+    } else {
+        ""
+    };
+    let end = "<|close|> \"message\" <|sep|>";
+    let mut answer_grammar = None;
+    match spec {
+        Spec::Any => return Ok(TopLevelGrammar::from_lark("start: <[*]>*\n".to_owned())),
+        Spec::JsonObject | Spec::JsonSchema(_) | Spec::Lark(_) => {
+            lark += &format!("start: {opened}answer <|close|> \"response\" <|sep|> {end}\n");
+            match spec {
+                Spec::JsonObject => lark += "answer: %json {\"type\": \"object\"}\n",
+                Spec::JsonSchema(schema) => lark += &format!("answer: %json {schema}\n"),
+                Spec::Lark(text) => {
+                    lark += &format!("answer: @{ANSWER_GRAMMAR}\n");
+                    answer_grammar = Some(text.clone());
+                }
+                _ => unreachable!("matched above"),
+            }
+        }
+        Spec::ToolCall { name, parameters } => {
+            lark += &tools(opened, end, &[(name.clone(), parameters.clone())]);
+        }
+        Spec::AnyToolCall(given) if given.is_empty() => {
+            return Err(Error::Invalid("a call to one of no tools".into()));
+        }
+        Spec::AnyToolCall(given) => lark += &tools(opened, end, given),
+    }
+    if options.thinking {
+        lark += "REASONING: /(?s:.*)/\n";
+    }
+    let mut top = TopLevelGrammar::from_lark(lark);
+    if let Some(text) = answer_grammar {
+        let mut answer = GrammarWithLexer::from_lark(text);
+        answer.name = Some(ANSWER_GRAMMAR.to_owned());
+        top.grammars.push(answer);
+    }
+    Ok(top)
+}
+
+/// An empty response, then a `tools` element holding one call to one of `tools`, its
+/// arguments a `json` block (as `write_assistant` renders string arguments).
+fn tools(opened: &str, end: &str, tools: &[(String, Value)]) -> String {
+    let mut lark = format!(
+        "start: {opened}<|close|> \"response\" <|sep|> <|open|> \"tools\" <|sep|> call \
+         <|close|> \"tools\" <|sep|> {end}\n"
+    );
+    let calls: Vec<String> = (0..tools.len()).map(|i| format!("call_{i}")).collect();
+    lark += &format!("call: {}\n", calls.join(" | "));
+    for (i, (name, parameters)) in tools.iter().enumerate() {
+        let tag = format!("call tool=\"{}\" index=\"1\"", escape(name));
+        lark += &format!(
+            "call_{i}: <|open|> {} <|sep|> <|open|> \"json type=\\\"object\\\"\" <|sep|> args_{i} \
+             <|close|> \"json\" <|sep|> <|close|> \"call\" <|sep|>\n",
+            lark_string(&tag)
+        );
+        lark += &format!("args_{i}: %json {}\n", object_schema(parameters));
+    }
+    lark
+}
+
+/// A parameter schema made an object schema: `null` or one without `type` gets
+/// `"type": "object"` (a `json` block holds an object).
+fn object_schema(parameters: &Value) -> Value {
+    match parameters {
+        Value::Null => serde_json::json!({"type": "object"}),
+        Value::Object(map) if !map.contains_key("type") => {
+            let mut map = map.clone();
+            map.insert("type".into(), "object".into());
+            Value::Object(map)
+        }
+        other => other.clone(),
+    }
+}
+
+/// A Lark string literal (llguidance reads them as JSON strings).
+fn lark_string(text: &str) -> String {
+    Value::String(text.to_owned()).to_string()
+}
