@@ -28,6 +28,8 @@ pub(crate) struct Compiled {
     /// The mask at the start, computed while compiling.
     pub(crate) first_mask: Mask,
     pub(crate) mask_limit: Duration,
+    /// [`Spec::Any`]: every id is allowed, those without bytes too, and llguidance is not asked.
+    pub(crate) permissive: bool,
     compile_time: Duration,
 }
 
@@ -59,7 +61,8 @@ impl Grammar {
         let vob = start
             .compute_mask_or_eos()
             .map_err(|e| Error::from_compile(e.to_string()))?;
-        let first_mask = Mask::from_vob(&vob, vocab);
+        let permissive = *spec == Spec::Any;
+        let first_mask = Mask::from_vob(&vob, vocab, permissive);
         let took = started.elapsed();
         if took > limits.compile {
             return Err(Error::CompileTime {
@@ -76,6 +79,7 @@ impl Grammar {
                 start,
                 first_mask,
                 mask_limit: limits.mask,
+                permissive,
                 compile_time: took,
             }),
         })

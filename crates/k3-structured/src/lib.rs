@@ -26,6 +26,7 @@
 //!
 //! No thread is started here: a mask is computed on the caller's thread.
 
+mod closer;
 mod error;
 mod grammar;
 mod mask;
@@ -33,6 +34,7 @@ mod matcher;
 mod spec;
 mod vocab;
 
+pub use closer::JsonCloser;
 pub use error::Error;
 pub use grammar::Grammar;
 pub use mask::Mask;

@@ -13,14 +13,28 @@ pub struct Mask {
 }
 
 impl Mask {
-    /// llguidance's mask restricted to the ids that have bytes (and to the vocabulary).
-    pub(crate) fn from_vob(vob: &SimpleVob, vocab: &Vocabulary) -> Self {
+    /// llguidance's mask restricted to the vocabulary and, unless `every_id` (the permissive
+    /// constraint, [`crate::Spec::Any`]: no constraint at all), to the ids that have bytes.
+    pub(crate) fn from_vob(vob: &SimpleVob, vocab: &Vocabulary, every_id: bool) -> Self {
         let has_bytes = vocab.has_bytes();
+        let n_vocab = vocab.n_vocab();
         let from = vob.as_slice();
         let words = has_bytes
             .iter()
             .enumerate()
-            .map(|(i, &valid)| valid & from.get(i).copied().unwrap_or(0))
+            .map(|(i, &valid)| {
+                if every_id {
+                    // Every id below n_vocab (the last word's bits past it stay clear).
+                    let ids = (n_vocab - 32 * i).min(32);
+                    if ids == 32 {
+                        u32::MAX
+                    } else {
+                        (1u32 << ids) - 1
+                    }
+                } else {
+                    valid & from.get(i).copied().unwrap_or(0)
+                }
+            })
             .collect();
         Self {
             words,

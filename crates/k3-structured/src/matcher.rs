@@ -52,6 +52,9 @@ impl Matcher {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
+        if self.mask.is_none() && self.grammar.inner.permissive {
+            self.mask = Some(self.grammar.inner.first_mask.clone());
+        }
         if self.mask.is_none() {
             let started = Instant::now();
             let vob = self.inner.compute_mask_or_eos();
@@ -62,7 +65,7 @@ impl Matcher {
                 Err(e) => Err(Error::Failed(e.to_string())),
                 Ok(_) if took > limit => Err(Error::MaskTime { limit, took }),
                 Ok(vob) => {
-                    let mask = Mask::from_vob(&vob, &self.grammar.inner.vocab);
+                    let mask = Mask::from_vob(&vob, &self.grammar.inner.vocab, false);
                     if mask.count() == 0 {
                         Err(Error::Failed("no token is allowed next".into()))
                     } else {

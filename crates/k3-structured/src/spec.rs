@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k3_model::chat::escape;
 use llguidance::api::{GrammarWithLexer, TopLevelGrammar};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::error::Error;
 
@@ -31,8 +31,14 @@ pub enum Spec {
     },
     /// A call to one of these tools (`tool_choice: "required"`), as [`Spec::ToolCall`].
     AnyToolCall(Vec<(String, Value)>),
-    /// Every token the tokenizer has, the end token anywhere: no constraint at all, through
-    /// the constrained path (to show that a mask allowing everything changes nothing).
+    /// Free text, then optionally a call to one of these tools, as [`Spec::ToolCall`] (tools
+    /// marked `strict: true` under `tool_choice: "auto"`: their arguments follow their
+    /// parameters whenever the model calls them; give `{}` as the parameters of a tool that is
+    /// not strict).
+    TextOrToolCall(Vec<(String, Value)>),
+    /// Every id of the vocabulary (those the tokenizer has no bytes for too), the end token
+    /// anywhere: no constraint at all, through the constrained path (to show that a mask
+    /// allowing everything changes nothing).
     Any,
 }
 
@@ -119,8 +125,10 @@ pub(crate) fn top_level(spec: &Spec, options: &Options) -> Result<TopLevelGramma
         Spec::JsonObject | Spec::JsonSchema(_) | Spec::Lark(_) => {
             lark += &format!("start: {opened}answer <|close|> \"response\" <|sep|> {end}\n");
             match spec {
-                Spec::JsonObject => lark += "answer: %json {\"type\": \"object\"}\n",
-                Spec::JsonSchema(schema) => lark += &format!("answer: %json {schema}\n"),
+                Spec::JsonObject => {
+                    lark += &format!("answer: {}\n", json_rule(&json!({"type": "object"})));
+                }
+                Spec::JsonSchema(schema) => lark += &format!("answer: {}\n", json_rule(schema)),
                 Spec::Lark(text) => {
                     lark += &format!("answer: @{ANSWER_GRAMMAR}\n");
                     answer_grammar = Some(text.clone());
@@ -129,12 +137,19 @@ pub(crate) fn top_level(spec: &Spec, options: &Options) -> Result<TopLevelGramma
             }
         }
         Spec::ToolCall { name, parameters } => {
-            lark += &tools(opened, end, &[(name.clone(), parameters.clone())]);
+            lark += &tools(opened, "", end, &[(name.clone(), parameters.clone())]);
         }
         Spec::AnyToolCall(given) if given.is_empty() => {
             return Err(Error::Invalid("a call to one of no tools".into()));
         }
-        Spec::AnyToolCall(given) => lark += &tools(opened, end, given),
+        Spec::AnyToolCall(given) => lark += &tools(opened, "", end, given),
+        Spec::TextOrToolCall(given) if given.is_empty() => {
+            return Err(Error::Invalid("a call to one of no tools".into()));
+        }
+        Spec::TextOrToolCall(given) => {
+            lark += &tools(opened, "TEXT ", end, given);
+            lark += "TEXT: /(?s:.*)/\n";
+        }
     }
     if options.thinking {
         lark += "REASONING: /(?s:.*)/\n";
@@ -148,13 +163,17 @@ pub(crate) fn top_level(spec: &Spec, options: &Options) -> Result<TopLevelGramma
     Ok(top)
 }
 
-/// An empty response, then a `tools` element holding one call to one of `tools`, its
-/// arguments a `json` block (as `write_assistant` renders string arguments).
-fn tools(opened: &str, end: &str, tools: &[(String, Value)]) -> String {
-    let mut lark = format!(
-        "start: {opened}<|close|> \"response\" <|sep|> <|open|> \"tools\" <|sep|> call \
-         <|close|> \"tools\" <|sep|> {end}\n"
-    );
+/// The response (`text`: empty, or `TEXT ` for free text), then a `tools` element holding one
+/// call to one of `tools`, its arguments a `json` block (as `write_assistant` renders string
+/// arguments); after free text the `tools` element is optional.
+fn tools(opened: &str, text: &str, end: &str, tools: &[(String, Value)]) -> String {
+    let element = "<|open|> \"tools\" <|sep|> call <|close|> \"tools\" <|sep|>";
+    let element = if text.is_empty() {
+        element.to_owned()
+    } else {
+        format!("({element})?")
+    };
+    let mut lark = format!("start: {opened}{text}<|close|> \"response\" <|sep|> {element} {end}\n");
     let calls: Vec<String> = (0..tools.len()).map(|i| format!("call_{i}")).collect();
     lark += &format!("call: {}\n", calls.join(" | "));
     for (i, (name, parameters)) in tools.iter().enumerate() {
@@ -164,9 +183,29 @@ fn tools(opened: &str, end: &str, tools: &[(String, Value)]) -> String {
              <|close|> \"json\" <|sep|> <|close|> \"call\" <|sep|>\n",
             lark_string(&tag)
         );
-        lark += &format!("args_{i}: %json {}\n", object_schema(parameters));
+        lark += &format!("args_{i}: {}\n", json_rule(&object_schema(parameters)));
     }
     lark
+}
+
+/// How the JSON is laid out where the schema does not say (its `x-guidance`): Python's
+/// `json.dumps` separators (`", "`, `": "`), the form K3's chat template writes JSON in, and no
+/// other whitespace. Flexible whitespace lets a model (a random one always, a trained one
+/// sometimes) write newlines and spaces without end until `max_tokens` cuts the JSON.
+fn json_rule(schema: &Value) -> String {
+    let mut schema = match schema {
+        Value::Bool(true) => json!({}),
+        other => other.clone(),
+    };
+    if let Value::Object(map) = &mut schema
+        && !map.contains_key("x-guidance")
+    {
+        map.insert(
+            "x-guidance".into(),
+            json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}),
+        );
+    }
+    format!("%json {schema}")
 }
 
 /// A parameter schema made an object schema: `null` or one without `type` gets
