@@ -74,6 +74,7 @@ fn main() -> Result<()> {
         queue: 64,
         panic_on_prompt: None,
         scripted_answers: Vec::new(),
+        max_mask: Duration::from_millis(200),
         step_tokens: 8,
         prompt_cache: Default::default(),
     })?;
@@ -130,6 +131,7 @@ fn run(engine: &EngineHandle, streams: usize, tokens: usize) -> Result<(f64, f64
             include_usage: false,
             logprobs: false,
             cache_salt: None,
+            constraint: None,
         };
         let ids = prompt_ids(&engine.tokenizer, &request.prompt);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -143,6 +145,7 @@ fn run(engine: &EngineHandle, streams: usize, tokens: usize) -> Result<(f64, f64
                 log_id: None,
                 submitted: Instant::now(),
                 state: Default::default(),
+                grammar: None,
             })
             .map_err(|e| anyhow::anyhow!("{e:?}"))?;
         receivers.push(rx);

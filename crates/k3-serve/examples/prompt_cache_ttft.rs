@@ -121,6 +121,7 @@ fn main() -> Result<()> {
             },
             panic_on_prompt: None,
             scripted_answers: Vec::new(),
+            max_mask: Duration::from_millis(200),
         })?;
         if !wait_ready(&engine, Duration::from_secs(600)) {
             bail!("the model did not load");
@@ -208,6 +209,8 @@ fn chat(
         thinking_effort: k3_model::chat::ThinkingEffort::Max,
         thinking: false,
         vocab_size: engine.config.vocab_size,
+        max_compile: Duration::from_secs(2),
+        max_mask: Duration::from_millis(200),
         created: 0,
     };
     let mut messages = vec![json!({"role": "system", "content": filler(0, system_words)})];
@@ -245,6 +248,7 @@ fn chat(
                 log_id: None,
                 submitted: start,
                 state: Default::default(),
+                grammar: None,
             })
             .map_err(|e| anyhow::anyhow!("{e:?}"))?;
         let mut answer = String::new();

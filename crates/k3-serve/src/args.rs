@@ -13,6 +13,7 @@ use k3_serve::cli::{self, Flag, Outcome, Parsed, UsageError};
 use k3_serve::conn::ConnLimits;
 use k3_serve::engine::StateFiles;
 use k3_serve::model_dir::check_model_dir;
+use k3_structured::Spec;
 
 use crate::startup::user_cache_dir;
 
@@ -51,6 +52,13 @@ pub(crate) struct Args {
     /// `--prompt-cache-gb` (`None`: the default share of the memory budget).
     pub(crate) prompt_cache_gb: Option<f64>,
     pub(crate) prompt_cache_dir: Option<PathBuf>,
+    /// `--json-schema FILE` or `--grammar FILE` (one-shot): the answer's constraint, read,
+    /// and the flag that gave it.
+    pub(crate) constraint: Option<(Spec, &'static str)>,
+    /// `--max-constraint-compile-ms`.
+    pub(crate) max_compile: Duration,
+    /// `--max-mask-ms`.
+    pub(crate) max_mask: Duration,
 }
 
 /// The command line (without the program name) as [`Args`]; `None` when `--help` or
@@ -85,6 +93,11 @@ pub(crate) fn parse(
     let seconds = |name: &str| -> Result<Duration, UsageError> {
         Ok(Duration::from_secs_f64(p.get_or_default(table, name)?))
     };
+    let millis = |name: &str| -> Result<Duration, UsageError> {
+        Ok(Duration::from_secs_f64(
+            p.get_or_default::<f64>(table, name)? / 1e3,
+        ))
+    };
     let a = Args {
         model: p.get_str("model").map(PathBuf::from),
         serve: p.switch("serve"),
@@ -118,6 +131,9 @@ pub(crate) fn parse(
             .collect(),
         prompt_cache_gb: p.get_f64("prompt-cache-gb")?,
         prompt_cache_dir: p.get_str("prompt-cache-dir").map(PathBuf::from),
+        constraint: one_shot_constraint(&p)?,
+        max_compile: millis("max-constraint-compile-ms")?,
+        max_mask: millis("max-mask-ms")?,
     };
     check_mode(&p, &a)?;
     if let Some(dir) = &a.model {
@@ -153,6 +169,28 @@ fn api_keys(p: &Parsed) -> Result<Vec<String>, UsageError> {
     Ok(keys)
 }
 
+/// `--json-schema FILE` (a JSON Schema) or `--grammar FILE` (llguidance's Lark), read: the
+/// one-shot answer's constraint. A file that cannot be read, or a schema that is not JSON, is
+/// a usage error; what the library makes of it is checked when it compiles.
+fn one_shot_constraint(p: &Parsed) -> Result<Option<(Spec, &'static str)>, UsageError> {
+    let read = |flag: &str, path: &str| {
+        std::fs::read_to_string(path)
+            .map_err(|e| UsageError::Other(format!("--{flag} {path}: {e}")))
+    };
+    match (p.get_str("json-schema"), p.get_str("grammar")) {
+        (Some(_), Some(_)) => Err(UsageError::Other(
+            "--json-schema and --grammar each constrain the answer: give one of them".into(),
+        )),
+        (Some(path), None) => {
+            let schema = serde_json::from_str(&read("json-schema", path)?)
+                .map_err(|e| UsageError::Other(format!("--json-schema {path}: not JSON: {e}")))?;
+            Ok(Some((Spec::JsonSchema(schema), "--json-schema")))
+        }
+        (None, Some(path)) => Ok(Some((Spec::Lark(read("grammar", path)?), "--grammar"))),
+        (None, None) => Ok(None),
+    }
+}
+
 /// The flags that belong to one mode, given in the other.
 fn check_mode(p: &Parsed, a: &Args) -> Result<(), UsageError> {
     match (a.serve, &a.prompt) {
@@ -163,7 +201,15 @@ fn check_mode(p: &Parsed, a: &Args) -> Result<(), UsageError> {
             "--prompt is for a one-shot run and --serve starts the server: give one of them".into(),
         )),
         (true, None) => {
-            for name in ["temperature", "seed", "raw", "load-state", "save-state"] {
+            for name in [
+                "temperature",
+                "seed",
+                "raw",
+                "load-state",
+                "save-state",
+                "json-schema",
+                "grammar",
+            ] {
                 if p.has(name) {
                     return Err(UsageError::Other(format!(
                         "--{name} is for a one-shot run; the server takes each request's {name}"

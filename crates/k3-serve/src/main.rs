@@ -90,6 +90,7 @@ fn main() -> Result<()> {
         prompt_cache,
         panic_on_prompt: None,
         scripted_answers: Vec::new(),
+        max_mask: args.max_mask,
     })?;
     if let Some(max) = engine.max_positions
         && ctx > max
@@ -126,6 +127,8 @@ fn main() -> Result<()> {
         thinking_effort: args.thinking_effort,
         thinking: args.thinking,
         vocab_size: engine.config.vocab_size,
+        max_compile: args.max_compile,
+        max_mask: args.max_mask,
         created,
     };
     if !args.serve {

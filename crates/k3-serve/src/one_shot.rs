@@ -2,11 +2,12 @@
 //! server's, the answer on stdout and the rest on stderr.
 
 use std::io::{IsTerminal, Write};
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use k3_serve::api::{ChatRequest, CompletionRequest, Limits};
-use k3_serve::engine::{EngineHandle, Event, Job, prompt_ids};
+use k3_serve::api::{ChatRequest, CompletionRequest, Limits, OutputConstraint, Prompt};
+use k3_serve::engine::{EngineHandle, Event, Job, compile_constraint, prompt_ids};
 use serde_json::json;
 
 use crate::args::{Args, usage_exit};
@@ -50,6 +51,18 @@ pub(crate) fn one_shot(engine: &EngineHandle, limits: &Limits, args: &Args) -> R
         };
         usage_exit(format!("{flag}: {}", e.message))
     });
+    // --json-schema / --grammar: the answer after any reasoning is constrained.
+    let request = match &args.constraint {
+        Some((spec, flag)) => {
+            let thinking = matches!(request.prompt, Prompt::Chat { thinking: true, .. });
+            request.constrained(Some(OutputConstraint {
+                spec: spec.clone(),
+                thinking,
+                field: flag,
+            }))
+        }
+        None => request,
+    };
     if let Err(why) = engine.wait_loaded(None) {
         bail!("the model did not load: {why}");
     }
@@ -62,6 +75,16 @@ pub(crate) fn one_shot(engine: &EngineHandle, limits: &Limits, args: &Args) -> R
             limits.context
         ));
     }
+    let grammar = match &request.constraint {
+        Some(constraint) => {
+            let vocabulary = engine.vocabulary().map_err(anyhow::Error::msg)?;
+            let grammar =
+                compile_constraint(&vocabulary, constraint, limits.max_compile, limits.max_mask)
+                    .unwrap_or_else(|e| usage_exit(e.message));
+            Some(grammar)
+        }
+        None => None,
+    };
     let max_tokens = request.max_tokens;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let start = Instant::now();
@@ -75,6 +98,7 @@ pub(crate) fn one_shot(engine: &EngineHandle, limits: &Limits, args: &Args) -> R
             log_id: None,
             submitted: start,
             state: args.state.clone(),
+            grammar,
         })
         .map_err(|e| anyhow::anyhow!("could not queue the prompt: {e:?}"))?;
     let mut out = std::io::stdout();
@@ -134,6 +158,17 @@ pub(crate) fn one_shot(engine: &EngineHandle, limits: &Limits, args: &Args) -> R
                     )?;
                 }
                 let total = start.elapsed().as_secs_f64();
+                // Output constraints: each token's mask time (on its own thread, beside the
+                // step's forward pass).
+                let masks = engine.metrics.masks.load(Ordering::Relaxed);
+                if masks > 0 {
+                    let mask_ns = engine.metrics.mask_ns.load(Ordering::Relaxed);
+                    writeln!(
+                        err,
+                        "constrained: {masks} masks, {:.3} ms per token",
+                        mask_ns as f64 / 1e6 / masks as f64
+                    )?;
+                }
                 let prefill = prefill.as_secs_f64();
                 // Tokens restored from --load-state instead of prefilled.
                 let prompt_tokens = if cached_tokens > 0 {

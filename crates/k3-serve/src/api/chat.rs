@@ -12,6 +12,7 @@ use super::common::{CommonFields, Logprobs};
 use super::error::ApiError;
 use super::fields::{field_names, kind_of, object, typed, unknown};
 use super::limits::Limits;
+use super::structured::output_constraint;
 use super::valid::{Prompt, ValidRequest};
 
 /// The most alternatives per token a chat request may ask for (`top_logprobs`, OpenAI's
@@ -28,9 +29,11 @@ struct ChatFields {
     chat_template_kwargs: Option<Value>,
     /// `low`, `high` or `max` (default: the server's `--thinking-effort`).
     thinking_effort: Option<Value>,
-    /// `auto`, `none`, `required`; rendered as the chat template does.
+    /// `auto`, `none`, `required` or a named function; rendered as the chat template does, and
+    /// `required` or a named function forced by constrained decoding.
     tool_choice: Option<Value>,
-    /// `text`; the JSON types are refused until decoding can be constrained to them.
+    /// `text`, `json_object` or `json_schema`; the JSON types are enforced by constrained
+    /// decoding.
     response_format: Option<Value>,
     /// Log-probabilities of the chosen tokens.
     logprobs: Option<bool>,
@@ -162,40 +165,23 @@ impl ChatRequest {
             .tools
             .as_ref()
             .is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()));
-        match &tool_choice {
-            // Neither the chat template nor our decoder can make the model call one given
-            // function (llama.cpp does it with a grammar): refused rather than ignored.
-            ToolChoice::Function(name) => {
-                return Err(ApiError::invalid(
-                    "tool_choice",
-                    format!(
-                        "tool_choice naming a function ({name:?}) is not supported; use \"required\" or \"auto\""
-                    ),
-                ));
-            }
-            ToolChoice::Required if !has_tools => {
-                return Err(ApiError::invalid(
-                    "tool_choice",
-                    "tool_choice \"required\" needs a non-empty tools list",
-                ));
-            }
-            _ => {}
+        if tool_choice == ToolChoice::Required && !has_tools {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "tool_choice \"required\" needs a non-empty tools list",
+            ));
         }
         let response_format = match &fields.response_format {
             None | Some(Value::Null) => ResponseFormat::Text,
             Some(v) => ResponseFormat::from_json(v)
                 .map_err(|e| ApiError::invalid("response_format", e.to_string()))?,
         };
-        if let ResponseFormat::JsonObject | ResponseFormat::JsonSchema(_) = response_format {
-            // The template only asks the model for JSON; without constrained decoding the
-            // answer may not be JSON, and a 200 would claim it is.
-            return Err(ApiError::invalid(
-                "response_format",
-                "response_format json_object and json_schema are not supported yet: this server \
-                 cannot constrain decoding to JSON, so it would not be guaranteed; use \
-                 {\"type\": \"text\"} and ask for JSON in the prompt",
-            ));
-        }
+        let constraint = output_constraint(
+            &tool_choice,
+            fields.tools.as_ref(),
+            &response_format,
+            thinking,
+        )?;
         // A call the model makes anyway under "none" comes back as text, not as a call.
         let tool_calls = tool_choice != ToolChoice::None;
         let options = ChatOptions {
@@ -206,12 +192,14 @@ impl ChatRequest {
         };
         let (segments, system_segments) = render_split(&messages, fields.tools.as_ref(), &options)
             .map_err(|e| ApiError::invalid("messages", e.to_string()))?;
-        Ok(checked.with(Prompt::Chat {
-            segments,
-            system_segments,
-            thinking,
-            tool_calls,
-        }))
+        Ok(checked
+            .with(Prompt::Chat {
+                segments,
+                system_segments,
+                thinking,
+                tool_calls,
+            })
+            .constrained(constraint))
     }
 }
 

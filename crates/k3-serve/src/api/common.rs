@@ -79,6 +79,7 @@ impl Checked {
             include_usage: self.include_usage,
             logprobs: self.logprobs,
             cache_salt: self.cache_salt,
+            constraint: None,
         }
     }
 }

@@ -23,6 +23,10 @@ pub struct Limits {
     pub thinking: bool,
     /// Token ids are below this (`logit_bias` keys).
     pub vocab_size: usize,
+    /// How long a request's output constraint may take to compile (`--max-constraint-compile-ms`).
+    pub max_compile: std::time::Duration,
+    /// How long one token's output-constraint mask may take (`--max-mask-ms`).
+    pub max_mask: std::time::Duration,
     /// When the model started being served, in seconds since the Unix epoch: `/v1/models`'
     /// `created`.
     pub created: u64,

@@ -4,6 +4,8 @@
 use k3_model::chat::Segment;
 use k3_model::sampling::SamplingParams;
 
+use super::structured::OutputConstraint;
+
 /// What a request asks the engine for, checked.
 #[derive(Debug, Clone)]
 pub struct ValidRequest {
@@ -26,6 +28,16 @@ pub struct ValidRequest {
     pub logprobs: bool,
     /// `cache_salt`: with the tenant (the API key), the prompt cache's namespace.
     pub cache_salt: Option<String>,
+    /// What the output is constrained to (structured outputs), if anything.
+    pub constraint: Option<OutputConstraint>,
+}
+
+impl ValidRequest {
+    /// The request with its output constrained to `constraint`.
+    pub fn constrained(mut self, constraint: Option<OutputConstraint>) -> Self {
+        self.constraint = constraint;
+        self
+    }
 }
 
 /// The prompt: chat messages rendered with XTML (rendered while validating, so a conversation

@@ -25,6 +25,9 @@ pub struct EngineConfig {
     pub step_tokens: usize,
     /// The prompt cache (off when its budget is 0).
     pub prompt_cache: PromptCacheOptions,
+    /// How long one token's output-constraint mask may take (`--max-mask-ms`): a request whose
+    /// mask is not ready within it fails, and the batch goes on.
+    pub max_mask: std::time::Duration,
     /// Fault injection for tests: a text prompt equal to `.0` panics in its sampling step
     /// once `.1` tokens have been generated (0: right after its prefill). `None` in use.
     #[doc(hidden)]

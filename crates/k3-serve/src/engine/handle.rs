@@ -4,12 +4,13 @@
 //! ends for any reason.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use k3_model::config::K3Config;
 use k3_model::tokenizer::Tokenizer;
+use k3_structured::Vocabulary;
 
 use super::config::EngineConfig;
 use super::job::Job;
@@ -37,6 +38,9 @@ pub struct EngineHandle {
     pub config: Arc<K3Config>,
     /// `max_position_embeddings` of `config.json`, where it gives one.
     pub max_positions: Option<usize>,
+    /// The tokenizer's vocabulary as output constraints need it (a token trie), built by
+    /// the first constrained request (or the failure to build it, kept).
+    vocabulary: Arc<OnceLock<Result<Arc<Vocabulary>, String>>>,
 }
 
 /// The load's outcome, set once, and waited on.
@@ -78,6 +82,17 @@ impl Drop for AliveGuard {
 }
 
 impl EngineHandle {
+    /// The vocabulary output constraints are compiled against: built once, on first use
+    /// (call it off the async runtime: it walks every token of the tokenizer).
+    pub fn vocabulary(&self) -> Result<Arc<Vocabulary>, String> {
+        self.vocabulary
+            .get_or_init(|| {
+                Vocabulary::new(&self.tokenizer, self.config.vocab_size)
+                    .map_err(|e| format!("building the token trie for output constraints: {e}"))
+            })
+            .clone()
+    }
+
     /// Queues a job; refuses at once when the queue is full (of jobs whose clients are
     /// still there). Dropping the receiver of the job's events takes it out of the queue.
     pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
@@ -148,6 +163,7 @@ pub fn spawn(config: EngineConfig) -> Result<(EngineHandle, std::thread::JoinHan
         tokenizer: Arc::clone(&tokenizer),
         config: Arc::clone(&model_config),
         max_positions,
+        vocabulary: Arc::default(),
     };
     let guard = AliveGuard {
         alive: Arc::clone(&handle.alive),

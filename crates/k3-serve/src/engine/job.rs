@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use k3_model::chat::ToolCall;
+use k3_structured::Grammar;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::state::StateFiles;
@@ -77,4 +78,6 @@ pub struct Job {
     pub submitted: Instant,
     /// The one-shot run's `--load-state` / `--save-state` (the server's requests: none).
     pub state: StateFiles,
+    /// The compiled output constraint of `request.constraint` (structured outputs), if any.
+    pub grammar: Option<Grammar>,
 }

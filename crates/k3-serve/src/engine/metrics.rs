@@ -32,6 +32,11 @@ pub struct Metrics {
     pub step_decode_tokens: AtomicU64,
     /// Prompt tokens fed by the steps (prefilled, not restored from the prompt cache).
     pub step_prefill_tokens: AtomicU64,
+    /// Output-constraint masks taken (one per constrained token).
+    pub masks: AtomicU64,
+    /// Nanoseconds spent computing those masks (on their threads, mostly overlapping the
+    /// steps' forward passes).
+    pub mask_ns: AtomicU64,
     /// Time from a request's arrival to its first token.
     pub ttft: Histogram,
     /// Time between a stream's successive tokens.

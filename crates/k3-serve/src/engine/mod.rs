@@ -19,11 +19,12 @@
 //! This file only names the parts, bottom-up: `prompt` a request's prompt as tokens, `state`
 //! the one-shot run's state files, `cache` the prompt cache's use, `job` a request for the
 //! engine and its events, `metrics` the counters, `config` the setup, `queue` the admission
-//! queue, `sequence` one job in flight, `schedule` what a step feeds, `run` the thread's loop (the engine is assembled by
+//! queue, `constrain` a sequence's output constraint, `sequence` one job in flight, `schedule` what a step feeds, `run` the thread's loop (the engine is assembled by
 //! `k3_model::builder`), `handle` the server's side and the thread's start.
 
 pub(crate) mod cache;
 pub(crate) mod config;
+pub(crate) mod constrain;
 pub(crate) mod handle;
 pub(crate) mod job;
 pub(crate) mod metrics;
@@ -36,6 +37,7 @@ pub(crate) mod state;
 
 pub use cache::PromptCacheOptions;
 pub use config::EngineConfig;
+pub use constrain::compile_constraint;
 pub use handle::{EngineHandle, spawn, wait_ready};
 pub use job::{Event, Job, TokenLogprob};
 pub use metrics::{BUCKETS, Histogram, Metrics};

@@ -123,7 +123,7 @@ pub(super) fn run(
             // Admission restores what the prompt cache (or a state file) holds; the prompt's
             // rest is prefilled by the steps. A panic here fails this job alone.
             let admitted = catch_unwind(AssertUnwindSafe(|| {
-                let mut sequence = Sequence::new(job, &model, tokenizer, &ends);
+                let mut sequence = Sequence::new(job, &model, tokenizer, &ends, config.max_mask);
                 metrics.queue_wait.observe(sequence.queue_wait());
                 sequence.panic_at = panic_at;
                 if let Some((_, answer)) = config

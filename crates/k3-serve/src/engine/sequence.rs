@@ -9,8 +9,10 @@ use k3_model::chat::{Delta, OutputParser};
 use k3_model::model::{Model, Session};
 use k3_model::sampling::{Sampler, StopStrings};
 use k3_model::tokenizer::Tokenizer;
+use k3_structured::{JsonCloser, Spec};
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::constrain::Constrained;
 use super::job::{Event, Job, TokenLogprob};
 use super::metrics::Metrics;
 use super::state::StateFiles;
@@ -92,10 +94,21 @@ pub(super) struct Sequence {
     pub(super) script: std::collections::VecDeque<u32>,
     /// `--load-state` / `--save-state` of the one-shot run.
     pub(super) state: StateFiles,
+    /// Its output constraint (structured outputs), if any.
+    constraint: Option<Constrained>,
+    /// A JSON answer's text so far, for closing it when `max_tokens` is about to cut it.
+    closer: Option<JsonCloser>,
 }
 
 impl Sequence {
-    pub(super) fn new(job: Job, model: &Model<'_>, tokenizer: &Tokenizer, ends: &[u32]) -> Self {
+    /// A job in flight; `mask_limit` bounds each token's mask when its output is constrained.
+    pub(super) fn new(
+        job: Job,
+        model: &Model<'_>,
+        tokenizer: &Tokenizer,
+        ends: &[u32],
+        mask_limit: std::time::Duration,
+    ) -> Self {
         let Job {
             request,
             prompt_ids,
@@ -105,6 +118,7 @@ impl Sequence {
             log_id,
             submitted,
             state,
+            grammar,
         } = job;
         let parser = match &request.prompt {
             Prompt::Chat {
@@ -155,6 +169,12 @@ impl Sequence {
             panic_at: None,
             script: Default::default(),
             state,
+            constraint: grammar.map(|g| Constrained::new(&g, mask_limit)),
+            closer: request
+                .constraint
+                .as_ref()
+                .filter(|c| matches!(c.spec, Spec::JsonObject | Spec::JsonSchema(_)))
+                .map(|_| JsonCloser::default()),
         }
     }
 
@@ -178,8 +198,16 @@ impl Sequence {
             ),
             _ => "no decode steps".to_owned(),
         };
+        let constrained = match &self.constraint {
+            Some(c) => format!(
+                ", constrained: {:.3} ms of mask per token ({:.3} ms waited in steps)",
+                c.mask_time().unwrap_or_default().as_secs_f64() * 1e3 / c.masks.max(1) as f64,
+                c.waited.as_secs_f64() * 1e3 / c.masks.max(1) as f64,
+            ),
+            None => String::new(),
+        };
         log::info!(
-            "{id}: {how}; {} prompt tokens ({} cached), {} output tokens, time to first token {ttft}, {rate}",
+            "{id}: {how}; {} prompt tokens ({} cached), {} output tokens, time to first token {ttft}, {rate}{constrained}",
             self.prompt.len(),
             self.cached_tokens,
             self.generated,
@@ -241,10 +269,32 @@ impl Sequence {
         if self.panic_at == Some(self.generated) {
             panic!("injected fault after {} tokens", self.generated);
         }
-        let sampled = match self.script.pop_front() {
-            Some(token) => forced(logits, token),
-            None => self.sampler.sample(logits),
+        let mask = match self.constraint.as_mut().map(Constrained::mask).transpose() {
+            Ok(mask) => mask,
+            Err(e) => return self.fail(&e),
         };
+        if let Some(mask) = &mask {
+            metrics.masks.fetch_add(1, Ordering::Relaxed);
+            let ns = u64::try_from(mask.took.as_nanos()).unwrap_or(u64::MAX);
+            metrics.mask_ns.fetch_add(ns, Ordering::Relaxed);
+        }
+        let closing = mask.as_ref().and_then(|m| {
+            let left = self.max_tokens.saturating_sub(self.generated);
+            closing_token(self.closer.as_ref()?, left, m.words, tokenizer)
+        });
+        let sampled = match self.script.pop_front().or(closing) {
+            Some(token) => forced(logits, token),
+            None => self
+                .sampler
+                .sample_masked(logits, mask.as_ref().map(|m| m.words)),
+        };
+        if let Some(constraint) = &mut self.constraint {
+            // No next mask after the last token this request may take.
+            let more = !self.ends.contains(&sampled.token) && self.generated + 1 < self.max_tokens;
+            if let Err(e) = constraint.commit(sampled.token, more) {
+                return self.fail(&e);
+            }
+        }
         self.generated += 1;
         self.last = sampled.token;
         self.output.push(sampled.token);
@@ -289,6 +339,9 @@ impl Sequence {
                     self.reasoning.push(&t, &mut reasoning)
                 }
                 Delta::Content(t) => {
+                    if let Some(closer) = &mut self.closer {
+                        closer.push(&t);
+                    }
                     self.reasoning.flush(&mut reasoning);
                     self.content.push(&t, &mut content)
                 }
@@ -334,6 +387,26 @@ impl Sequence {
             });
         }
     }
+}
+
+/// With `left` tokens of `max_tokens` left, inside a JSON answer: the first token of the
+/// shortest text that completes the JSON ([`JsonCloser`]) when the constraint allows it, so
+/// the answer closes instead of being cut. `CLOSING_TRAILER` tokens are kept for the markup
+/// the constraint writes after the answer and the end token.
+fn closing_token(
+    closer: &JsonCloser,
+    left: usize,
+    allowed: &[u32],
+    tokenizer: &Tokenizer,
+) -> Option<u32> {
+    const CLOSING_TRAILER: usize = 8;
+    let suffix = closer.suffix()?;
+    if suffix.is_empty() || left > suffix.len() + CLOSING_TRAILER {
+        return None;
+    }
+    let token = *tokenizer.encode(&suffix, false).first()?;
+    let word = allowed.get(token as usize / 32)?;
+    (word >> (token % 32) & 1 == 1).then_some(token)
 }
 
 /// `token` as if sampled from `logits`: its log-probability under them (log-softmax), no

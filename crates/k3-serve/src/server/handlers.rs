@@ -11,6 +11,7 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use k3_structured::Grammar;
 use serde_json::{Value, json};
 
 use super::answer::{Chunks, collect};
@@ -20,6 +21,7 @@ use crate::api::completion::CompletionRequest;
 use crate::api::error::ApiError;
 use crate::api::valid::ValidRequest;
 use crate::auth::Tenant;
+use crate::engine::constrain::compile_constraint;
 use crate::engine::job::Job;
 use crate::engine::prompt::{encode_prompt, min_prompt_tokens, prompt_segments};
 use crate::engine::queue::SubmitError;
@@ -40,8 +42,10 @@ fn body<T>(parsed: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
 async fn tokenize(
     state: &AppState,
     request: ValidRequest,
-) -> Result<(ValidRequest, Vec<u32>, usize), ApiError> {
+) -> Result<(ValidRequest, Vec<u32>, usize, Option<Grammar>), ApiError> {
     let tokenizer = Arc::clone(&state.engine.tokenizer);
+    let engine = state.engine.clone();
+    let limits = Arc::clone(&state.limits);
     let context = state.limits.context;
     let too_long = move |tokens: String, max_tokens: usize| {
         ApiError::invalid(
@@ -67,7 +71,23 @@ async fn tokenize(
         if ids.len() + request.max_tokens > context {
             return Err(too_long(ids.len().to_string(), request.max_tokens));
         }
-        Ok((request, ids, system_tokens))
+        // The output constraint compiles here too, off the engine's steps: a schema the
+        // library refuses, or one past the compile-time limit, is this request's 400.
+        let grammar = match &request.constraint {
+            Some(constraint) => {
+                let vocabulary = engine
+                    .vocabulary()
+                    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+                Some(compile_constraint(
+                    &vocabulary,
+                    constraint,
+                    limits.max_compile,
+                    limits.max_mask,
+                )?)
+            }
+            None => None,
+        };
+        Ok((request, ids, system_tokens, grammar))
     })
     .await
     .map_err(|e| {
@@ -177,7 +197,7 @@ async fn run(
     chat: bool,
 ) -> Result<Response, ApiError> {
     check_engine(&state.engine)?;
-    let (request, ids, system_tokens) = tokenize(&state, request).await?;
+    let (request, ids, system_tokens, grammar) = tokenize(&state, request).await?;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let stream = request.stream;
     let include_usage = request.include_usage;
@@ -194,6 +214,7 @@ async fn run(
             log_id: Some(id.clone()),
             submitted: std::time::Instant::now(),
             state: Default::default(),
+            grammar,
         })
         .map_err(|e| match e {
             SubmitError::Full => ApiError::new(

@@ -92,6 +92,20 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Response {
         "{kind=\"prefill\"}",
         m.step_prefill_tokens.load(Ordering::Relaxed).to_string(),
     );
+    text.metric(
+        "k3_constraint_masks_total",
+        "counter",
+        "Output-constraint masks computed (one per token of a structured-output request).",
+        m.masks.load(Ordering::Relaxed).to_string(),
+    );
+    text.metric(
+        "k3_constraint_mask_seconds_total",
+        "counter",
+        "Time spent computing output-constraint masks (mostly on threads of their own, \
+         overlapping the steps' forward passes); divided by k3_constraint_masks_total, the mask \
+         time per token.",
+        format!("{:.6}", m.mask_ns.load(Ordering::Relaxed) as f64 / 1e9),
+    );
     text.histogram(
         "k3_ttft_seconds",
         "Time from a request's arrival to its first token.",

@@ -103,6 +103,7 @@ pub(crate) fn server_with(
         prompt_cache: cache,
         panic_on_prompt: None,
         scripted_answers,
+        max_mask: Duration::from_millis(200),
     };
     let (engine, _thread) = spawn(config).unwrap();
     assert!(wait_ready(&engine, Duration::from_secs(120)));
@@ -122,6 +123,8 @@ pub(crate) fn limits() -> Limits {
         thinking_effort: k3_model::chat::ThinkingEffort::Max,
         thinking: true,
         vocab_size: 1024,
+        max_compile: std::time::Duration::from_secs(2),
+        max_mask: std::time::Duration::from_millis(200),
         created: 1_700_000_000,
     }
 }

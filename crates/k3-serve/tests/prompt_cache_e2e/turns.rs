@@ -110,6 +110,7 @@ async fn job(state: &AppState, ids: Vec<u32>, max_tokens: usize) -> Answer {
             log_id: None,
             submitted: Instant::now(),
             state: Default::default(),
+            grammar: None,
         })
         .unwrap();
     let (mut text, mut logprobs) = (String::new(), Vec::new());

@@ -329,30 +329,83 @@ fn eight_concurrent_streams_match_their_solo_runs_and_a_disconnect_frees_its_slo
     );
 }
 
-/// PyPI's `openai` client (a venv made by `tests/openai/setup_venv.sh`, pinned) completes a
-/// streamed chat against the running server. Where the venv cannot be made (no python3, no
-/// package index), the test says why and returns.
-#[test]
-fn the_openai_python_client_streams_a_chat() {
+/// The venv's python with PyPI's `openai` client (made by `tests/openai/setup_venv.sh`,
+/// pinned), or `None` (said why) where it cannot be made: no python3, no package index.
+fn openai_python() -> Option<String> {
     let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let venv = manifest.join("../../target/openai-venv");
     let setup = Command::new("bash")
         .arg(manifest.join("tests/openai/setup_venv.sh"))
         .arg(&venv)
         .output();
-    let python = match setup {
-        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+    match setup {
+        Ok(out) if out.status.success() => {
+            Some(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        }
         Ok(out) => {
             eprintln!(
                 "skipping: could not set up the openai venv: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
-            return;
+            None
         }
         Err(e) => {
             eprintln!("skipping: bash not runnable: {e}");
-            return;
+            None
         }
+    }
+}
+
+/// The `openai` client's structured outputs against the running server
+/// (`tests/openai/structured.py`): `client.beta.chat.completions.parse` with a Pydantic model,
+/// and a forced tool call through `tools`/`tool_choice`, each answer parsed and checked.
+#[test]
+fn the_openai_python_client_parses_structured_outputs() {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let Some(python) = openai_python() else {
+        return;
+    };
+    let server = start();
+    let model = crate::tiny()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let out = Command::new(python)
+        .arg(manifest.join("tests/openai/structured.py"))
+        .arg(format!("http://127.0.0.1:{}/v1", server.port))
+        .arg(&model)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "structured.py failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(
+        report["parsed"].as_array().map(Vec::len),
+        Some(3),
+        "{report}"
+    );
+    for call in report["calls"].as_array().unwrap() {
+        assert_eq!(call["name"], "move", "{report}");
+        assert!(
+            matches!(call["arguments"]["direction"].as_str(), Some("up" | "down")),
+            "{report}"
+        );
+    }
+}
+
+/// PyPI's `openai` client (a venv made by `tests/openai/setup_venv.sh`, pinned) completes a
+/// streamed chat against the running server. Where the venv cannot be made (no python3, no
+/// package index), the test says why and returns.
+#[test]
+fn the_openai_python_client_streams_a_chat() {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let Some(python) = openai_python() else {
+        return;
     };
     let server = start();
     let model = crate::tiny()

@@ -13,6 +13,7 @@ mod queue;
 mod router;
 mod status_counts;
 mod steps;
+mod structured;
 mod validation;
 
 use std::path::PathBuf;

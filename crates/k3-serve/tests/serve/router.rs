@@ -65,6 +65,7 @@ pub(crate) fn config(
         prompt_cache: Default::default(),
         panic_on_prompt: None,
         scripted_answers: Vec::new(),
+        max_mask: std::time::Duration::from_millis(200),
     }
 }
 
@@ -81,6 +82,8 @@ pub(crate) fn state_unready(config: EngineConfig, context: usize) -> AppState {
             thinking_effort: k3_model::chat::ThinkingEffort::Max,
             thinking: true,
             vocab_size: 1024,
+            max_compile: std::time::Duration::from_secs(2),
+            max_mask: std::time::Duration::from_millis(200),
             created: 1_700_000_000,
         }),
     }
@@ -377,6 +380,8 @@ fn rendered_prompt(
         thinking_effort: effort,
         thinking: true,
         vocab_size: 1024,
+        max_compile: std::time::Duration::from_secs(2),
+        max_mask: std::time::Duration::from_millis(200),
         created: 1_700_000_000,
     };
     let request: k3_serve::api::ChatRequest = serde_json::from_value(body).unwrap();
@@ -472,23 +477,39 @@ fn tool_choice_and_response_format_are_rendered_or_refused() {
     for bad in [
         json!({"tool_choice": "required"}),
         json!({"tools": tools, "tool_choice": "sometimes"}),
-        json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "f"}}}),
+        json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "g"}}}),
     ] {
         assert_eq!(
             rendered_prompt(chat_json(bad), Max).unwrap_err().0,
             "tool_choice"
         );
     }
-    // The JSON formats render (k3-model's frozen chat vector checks how) but are refused
-    // here: without constrained decoding the answer would not be guaranteed JSON.
+    // A named function renders nothing (as in the reference); constrained decoding forces
+    // the call (tests/serve/structured.rs).
+    let named = rendered_prompt(
+        chat_json(
+            json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "f"}}}),
+        ),
+        Max,
+    )
+    .unwrap();
+    assert!(!named.contains("tool-choice"), "{named}");
+    // The JSON formats render the template's system message (k3-model's frozen chat vector
+    // checks how) and are enforced by constrained decoding; a json_schema without a schema
+    // is refused.
     let schema =
         json!({"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}});
     for format in [json!({"type": "json_object"}), schema] {
-        let (param, message) =
-            rendered_prompt(chat_json(json!({"response_format": format})), Max).unwrap_err();
-        assert_eq!(param, "response_format");
-        assert!(message.contains("not supported yet"), "{message}");
+        let prompt = rendered_prompt(chat_json(json!({"response_format": format})), Max).unwrap();
+        assert!(prompt.contains("response-format"), "{prompt}");
     }
+    let (param, message) = rendered_prompt(
+        chat_json(json!({"response_format": {"type": "json_schema"}})),
+        Max,
+    )
+    .unwrap_err();
+    assert_eq!(param, "response_format");
+    assert!(message.contains("schema"), "{message}");
     let text =
         rendered_prompt(chat_json(json!({"response_format": {"type": "text"}})), Max).unwrap();
     assert!(!text.contains("response-format"));
@@ -552,7 +573,9 @@ async fn chat_format_fields_are_answered_through_the_router() {
     let (st, none) = call(&s, "POST", "/v1/chat/completions", Some(body)).await;
     assert_eq!(st, StatusCode::OK, "{none}");
     assert!(prompt_tokens(&none) > prompt_tokens(&plain) + 10);
-    let body = chat_body(json!({"response_format": {"type": "json_object"}}));
+    let body = chat_body(
+        json!({"response_format": {"type": "json_schema", "json_schema": {"schema": 5}}}),
+    );
     let (st, text) = call(&s, "POST", "/v1/chat/completions", Some(body)).await;
     assert_eq!(error_of(st, &text).1, "response_format", "{text}");
     let body = chat_body(json!({"thinking_effort": "medium"}));
@@ -976,6 +999,8 @@ fn thinking_defaults_to_the_server_setting() {
             thinking_effort: k3_model::chat::ThinkingEffort::Max,
             thinking: server_default,
             vocab_size: 1024,
+            max_compile: std::time::Duration::from_secs(2),
+            max_mask: std::time::Duration::from_millis(200),
             created: 1_700_000_000,
         };
         let request: k3_serve::api::ChatRequest = serde_json::from_value(chat_json(extra)).unwrap();

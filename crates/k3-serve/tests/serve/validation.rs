@@ -108,12 +108,17 @@ async fn wrong_types_and_ranges_are_400s_naming_the_field() {
         (json!({"cache_salt": ""}), "cache_salt"),
         (json!({"cache_salt": 7}), "cache_salt"),
         (
-            json!({"response_format": {"type": "json_object"}}),
+            json!({"response_format": {"type": "json_schema"}}),
             "response_format",
         ),
         (
-            json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}),
+            json!({"response_format": {"type": "json_schema", "json_schema": {"schema": []}}}),
             "response_format",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+                   "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+            "tool_choice",
         ),
         (
             json!({"messages": [{"role": "system", "content": "s", "tools": [{"type": "x"}]},

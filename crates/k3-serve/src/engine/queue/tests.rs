@@ -16,6 +16,8 @@ fn job() -> (Job, tokio::sync::mpsc::UnboundedReceiver<Event>) {
                 thinking_effort: Default::default(),
                 thinking: true,
                 vocab_size: 16,
+                max_compile: std::time::Duration::from_secs(2),
+                max_mask: std::time::Duration::from_millis(200),
                 created: 0,
             })
             .unwrap();
@@ -28,6 +30,7 @@ fn job() -> (Job, tokio::sync::mpsc::UnboundedReceiver<Event>) {
         log_id: None,
         submitted: std::time::Instant::now(),
         state: StateFiles::default(),
+        grammar: None,
     };
     (job, rx)
 }
