@@ -63,6 +63,17 @@ pub(crate) fn one_shot(engine: &EngineHandle, limits: &Limits, args: &Args) -> R
         }
         None => request,
     };
+    // Compiled before waiting for the model: a schema the library refuses is told at once.
+    let grammar = match &request.constraint {
+        Some(constraint) => {
+            let vocabulary = engine.vocabulary().map_err(anyhow::Error::msg)?;
+            let grammar =
+                compile_constraint(&vocabulary, constraint, limits.max_compile, limits.max_mask)
+                    .unwrap_or_else(|e| usage_exit(e.message));
+            Some(grammar)
+        }
+        None => None,
+    };
     if let Err(why) = engine.wait_loaded(None) {
         bail!("the model did not load: {why}");
     }
@@ -75,16 +86,6 @@ pub(crate) fn one_shot(engine: &EngineHandle, limits: &Limits, args: &Args) -> R
             limits.context
         ));
     }
-    let grammar = match &request.constraint {
-        Some(constraint) => {
-            let vocabulary = engine.vocabulary().map_err(anyhow::Error::msg)?;
-            let grammar =
-                compile_constraint(&vocabulary, constraint, limits.max_compile, limits.max_mask)
-                    .unwrap_or_else(|e| usage_exit(e.message));
-            Some(grammar)
-        }
-        None => None,
-    };
     let max_tokens = request.max_tokens;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let start = Instant::now();

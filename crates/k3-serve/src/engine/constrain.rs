@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
-use k3_structured::{Grammar, Limits, Matcher, Options, Vocabulary};
+use k3_structured::{Error, Grammar, Limits, Matcher, Options, Vocabulary};
 
 use crate::api::error::ApiError;
 use crate::api::structured::OutputConstraint;
@@ -38,7 +38,7 @@ pub fn compile_constraint(
 }
 
 /// A matcher, with the outcome of its last mask computation.
-type Computed = (Box<Matcher>, Result<(), String>);
+type Computed = (Box<Matcher>, Result<(), Error>);
 
 /// Where the matcher is.
 enum Slot {
@@ -97,7 +97,7 @@ impl Constrained {
         let spawned = std::thread::Builder::new()
             .name("k3-mask".into())
             .spawn(move || {
-                let outcome = matcher.mask().map(|_| ()).map_err(|e| e.to_string());
+                let outcome = matcher.mask().map(|_| ());
                 // The sequence may have ended meanwhile: then nobody waits.
                 let _ = tx.send((matcher, outcome));
             });
@@ -117,7 +117,7 @@ impl Constrained {
             self.waited += waited_from.elapsed();
             self.slot = match computed {
                 Ok((matcher, Ok(()))) => Slot::Here(matcher),
-                Ok((_, Err(e))) => Slot::Gone(format!("the output constraint failed: {e}")),
+                Ok((_, Err(e))) => Slot::Gone(failure(&e)),
                 Err(RecvTimeoutError::Timeout) => Slot::Gone(format!(
                     "the output constraint's mask took longer than the limit of {} ms per token \
                      (--max-mask-ms); the request was stopped",
@@ -134,12 +134,12 @@ impl Constrained {
             Slot::Away(..) => unreachable!("taken back above"),
         };
         // Computed on the thread (then this returns it from the matcher's cache), or here.
-        matcher.mask().map_err(|e| e.to_string())?;
+        matcher.mask().map_err(|e| failure(&e))?;
         let total = matcher.mask_time();
         let took = total.saturating_sub(self.computed);
         self.computed = total;
         self.masks += 1;
-        let mask = matcher.mask().map_err(|e| e.to_string())?;
+        let mask = matcher.mask().map_err(|e| failure(&e))?;
         Ok(TokenMask {
             words: mask.words(),
             took,
@@ -169,5 +169,13 @@ impl Constrained {
             Slot::Here(matcher) => Some(matcher.mask_time()),
             _ => None,
         }
+    }
+}
+
+/// Why a request's constraint failed, naming the flag where it is the mask-time bound.
+fn failure(e: &Error) -> String {
+    match e {
+        Error::MaskTime { .. } => format!("the output constraint failed: {e} (--max-mask-ms)"),
+        other => format!("the output constraint failed: {other}"),
     }
 }

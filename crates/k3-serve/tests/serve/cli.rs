@@ -612,3 +612,106 @@ fn a_saved_state_resumes_a_longer_prompt_as_a_cold_run() {
     assert!(stderr.contains(state_arg), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--json-schema FILE` holds the one-shot answer to the schema (stdout is the JSON alone, and
+/// stderr says the mask time per token); `--grammar FILE` to a Lark grammar. A schema the
+/// library refuses, a file that is not JSON, both flags, or either with `--serve` exit 2
+/// naming the flag.
+#[test]
+fn one_shot_json_schema_and_grammar() {
+    let dir = std::env::temp_dir().join(format!("k3-one-shot-schema-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"answer": {"enum": ["yes", "no"]}, "n": {"type": "integer", "minimum": 0, "maximum": 50}},
+        "required": ["answer", "n"], "additionalProperties": false
+    });
+    let schema_file = dir.join("schema.json");
+    std::fs::write(&schema_file, schema.to_string()).unwrap();
+    let path = schema_file.to_str().unwrap();
+    let (code, stdout, stderr) = run(
+        &on_tiny(&[
+            "--prompt",
+            "Yes or no?",
+            "--max-tokens",
+            "40",
+            "--no-think",
+            "--json-schema",
+            path,
+        ]),
+        &[],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let answer: Value =
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert!(
+        jsonschema::validator_for(&schema)
+            .unwrap()
+            .is_valid(&answer),
+        "{answer}"
+    );
+    assert!(
+        stderr.contains("constrained: ") && stderr.contains("ms per token"),
+        "{stderr}"
+    );
+
+    let grammar_file = dir.join("answer.lark");
+    std::fs::write(&grammar_file, "start: (\"ab\" | \"cd\") \"!\"\n").unwrap();
+    let (code, stdout, stderr) = run(
+        &on_tiny(&[
+            "--prompt",
+            "Hi",
+            "--max-tokens",
+            "20",
+            "--no-think",
+            "--grammar",
+            grammar_file.to_str().unwrap(),
+        ]),
+        &[],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(matches!(stdout.trim(), "ab!" | "cd!"), "{stdout}");
+
+    let unique = dir.join("unique.json");
+    std::fs::write(&unique, r#"{"type": "array", "uniqueItems": true}"#).unwrap();
+    let not_json = dir.join("not.json");
+    std::fs::write(&not_json, "{oops").unwrap();
+    for (args, says) in [
+        (
+            on_tiny(&["--prompt", "Hi", "--json-schema", unique.to_str().unwrap()]),
+            "uniqueItems",
+        ),
+        (
+            on_tiny(&[
+                "--prompt",
+                "Hi",
+                "--json-schema",
+                not_json.to_str().unwrap(),
+            ]),
+            "not JSON",
+        ),
+        (
+            on_tiny(&[
+                "--prompt",
+                "Hi",
+                "--json-schema",
+                path,
+                "--grammar",
+                grammar_file.to_str().unwrap(),
+            ]),
+            "give one of them",
+        ),
+        (
+            on_tiny(&["--serve", "--json-schema", path]),
+            "--json-schema is for a one-shot run",
+        ),
+    ] {
+        let (code, _, stderr) = run(&args, &[]);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(says) && stderr.lines().count() == 1,
+            "{args:?}: {stderr}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

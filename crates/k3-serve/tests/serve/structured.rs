@@ -91,6 +91,12 @@ fn cases() -> Vec<Case> {
             tool: false,
         },
         Case {
+            name: "required tool call",
+            extra: json!({"tools": [tools()[0].clone()], "tool_choice": "required"}),
+            schema: Some(tools()[0]["function"]["parameters"].clone()),
+            tool: true,
+        },
+        Case {
             name: "forced tool call",
             extra: json!({"tools": tools(),
                 "tool_choice": {"type": "function", "function": {"name": "move"}}}),
@@ -374,4 +380,148 @@ async fn constrained_neighbours_leave_an_unconstrained_request_unchanged() {
         .step_decode_tokens
         .load(std::sync::atomic::Ordering::Relaxed);
     assert!(decoded > steps, "{decoded} decode tokens in {steps} steps");
+}
+
+/// What the library refuses is a 400 naming the field and the keyword; a forced call needs
+/// its function among the tools.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_constraints_are_400s_naming_what() {
+    let state = tiny_state();
+    let unique =
+        json!({"type": "object", "properties": {"xs": {"type": "array", "uniqueItems": true}}});
+    let cases = [
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "u", "schema": unique}}}),
+            "response_format",
+            "uniqueItems",
+        ),
+        (
+            json!({"tools": tools(), "tool_choice": {"type": "function", "function": {"name": "jump"}}}),
+            "tool_choice",
+            "jump",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "n",
+                "schema": {"type": "integer", "minimum": 5, "maximum": 1}}}}),
+            "response_format",
+            "",
+        ),
+    ];
+    for (extra, param, named) in cases {
+        let mut body = json!({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 8});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let (status, text) = call(
+            &state,
+            "POST",
+            "/v1/chat/completions",
+            Some(body.to_string()),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+        let error: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(error["error"]["param"], param, "{text}");
+        assert!(
+            error["error"]["message"].as_str().unwrap().contains(named),
+            "{text}"
+        );
+    }
+}
+
+/// A constraint whose masks take longer than the limit fails its own request; an
+/// unconstrained request running beside it finishes, and the server goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mask_past_its_limit_fails_its_request_alone() {
+    let mut state = tiny_state();
+    let mut limits = (*state.limits).clone();
+    limits.max_mask = Duration::from_nanos(1);
+    state.limits = std::sync::Arc::new(limits);
+    let body = |extra: Value| {
+        let mut body = json!({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 12, "temperature": 0, "chat_template_kwargs": {"thinking": false}});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body.to_string()
+    };
+    let constrained = {
+        let state = state.clone();
+        let body = body(json!({"response_format": {"type": "json_object"}}));
+        tokio::spawn(async move { call(&state, "POST", "/v1/chat/completions", Some(body)).await })
+    };
+    let (status, free) = call(
+        &state,
+        "POST",
+        "/v1/chat/completions",
+        Some(body(json!({}))),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{free}");
+    let (status, text) = constrained.await.unwrap();
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{text}");
+    assert!(text.contains("--max-mask-ms"), "{text}");
+    let (status, again) = call(
+        &state,
+        "POST",
+        "/v1/chat/completions",
+        Some(body(json!({}))),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again.len(), free.len());
+}
+
+/// With thinking on the reasoning stays free (here scripted: text the schema would refuse,
+/// then the think closer and the response opener), and the answer after it is constrained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_thinking_the_reasoning_is_free_and_the_answer_constrained() {
+    let tokenizer = k3_model::tokenizer::Tokenizer::from_dir(&crate::tiny()).unwrap();
+    let body = json!({"model": "tiny", "messages": [{"role": "user", "content": "Think, then JSON."}],
+        "max_tokens": 120, "temperature": 1, "seed": 4,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": nested_schema()}}});
+    let limits = k3_serve::api::Limits {
+        model_names: vec!["tiny".into()],
+        max_tokens_default: 16,
+        context: 2048,
+        thinking_effort: k3_model::chat::ThinkingEffort::Max,
+        thinking: true,
+        vocab_size: 1024,
+        max_compile: Duration::from_secs(2),
+        max_mask: Duration::from_millis(200),
+        created: 0,
+    };
+    let request: k3_serve::api::ChatRequest = serde_json::from_value(body.clone()).unwrap();
+    let request = request.validate(&limits).unwrap();
+    let ids = k3_serve::engine::prompt_ids(&tokenizer, &request.prompt);
+    let reasoning = "Not JSON {{ at all.";
+    let mut script = tokenizer.encode(reasoning, false);
+    script.extend(tokenizer.encode("<|close|>think<|sep|><|open|>response<|sep|>", true));
+    let experts = ExpertOptions {
+        usage_cache: false,
+        ..ExpertOptions::default()
+    };
+    let mut engine = config(crate::tiny(), experts, 8, 4, 2048);
+    engine.scripted_answers = vec![(ids, script)];
+    let state = state_unready(engine, 2048);
+    assert!(k3_serve::engine::wait_ready(
+        &state.engine,
+        Duration::from_secs(60)
+    ));
+    let (status, text) = call(
+        &state,
+        "POST",
+        "/v1/chat/completions",
+        Some(body.to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let message = &v["choices"][0]["message"];
+    assert_eq!(message["reasoning_content"], reasoning, "{text}");
+    let answer: Value = serde_json::from_str(message["content"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("{e}: {text}"));
+    let validator = jsonschema::validator_for(&nested_schema()).unwrap();
+    assert!(validator.is_valid(&answer), "{answer}");
 }
