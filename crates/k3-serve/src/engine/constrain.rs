@@ -4,10 +4,9 @@
 //! (the thread finishes on its own and its result is dropped): one request's grammar never
 //! stalls the batch.
 
+use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
-
-use std::sync::Arc;
 
 use k3_structured::{Error, Grammar, Limits, Matcher, Options, Vocabulary};
 
