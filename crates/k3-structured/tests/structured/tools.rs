@@ -139,3 +139,80 @@ fn a_tool_without_a_schema_takes_any_object() {
         assert!(text.starts_with('{') && text.ends_with('}'), "{text:?}");
     }
 }
+
+/// Feeds `text` (special tokens allowed) to `matcher` token by token: the first refused
+/// token's index, or `None` when all were taken.
+fn feed(matcher: &mut k3_structured::Matcher, text: &str) -> Option<usize> {
+    let tokens = crate::tokenizer().encode(text, true);
+    tokens
+        .iter()
+        .position(|&token| matcher.commit(token).is_err())
+}
+
+/// A strict tool under `tool_choice: "auto"` (`Spec::TextOrToolCall`): free text may end the
+/// answer, or a call may follow it; a strict tool's arguments must follow its parameters, a
+/// tool that is not strict takes any object.
+#[test]
+fn strict_tools_constrain_the_arguments_only_when_called() {
+    let spec = Spec::TextOrToolCall(vec![
+        ("weather".into(), weather()),
+        ("note".into(), json!({})),
+    ]);
+    let grammar = Grammar::compile(&vocab(), &spec, &Options::default()).unwrap();
+    let end = crate::special("<|end_of_msg|>");
+    let opened = |tool: &str| {
+        format!(
+            "Let me check.<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"{tool}\" \
+             index=\"1\"<|sep|><|open|>json type=\"object\"<|sep|>"
+        )
+    };
+    let closed =
+        "<|close|>json<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>";
+
+    // Free text, no call.
+    let mut m = k3_structured::Matcher::new(&grammar);
+    assert_eq!(
+        feed(
+            &mut m,
+            "Any text { at all.<|close|>response<|sep|><|close|>message<|sep|>"
+        ),
+        None
+    );
+    assert!(m.mask().unwrap().allows(end));
+    m.commit(end).unwrap();
+    assert!(m.has_ended());
+
+    // A strict call with valid arguments, then the end.
+    let mut m = k3_structured::Matcher::new(&grammar);
+    let text = format!(
+        "{}{}{closed}",
+        opened("weather"),
+        r#"{"city": "Oslo", "unit": "celsius"}"#
+    );
+    assert_eq!(feed(&mut m, &text), None, "{text}");
+    assert!(m.mask().unwrap().allows(end));
+
+    // A strict call whose arguments break the schema: refused before the bad key ends.
+    let mut m = k3_structured::Matcher::new(&grammar);
+    assert_eq!(feed(&mut m, &opened("weather")), None);
+    assert!(feed(&mut m, r#"{"town": "Oslo"}"#).is_some());
+    let mut m = k3_structured::Matcher::new(&grammar);
+    assert_eq!(feed(&mut m, &opened("weather")), None);
+    assert!(
+        feed(&mut m, r#"{"city": "Oslo"}"#).is_some(),
+        "unit is required"
+    );
+
+    // The tool that is not strict takes any object.
+    let mut m = k3_structured::Matcher::new(&grammar);
+    let text = format!(
+        "{}{}{closed}",
+        opened("note"),
+        r#"{"town": [1, 2], "x": null}"#
+    );
+    assert_eq!(feed(&mut m, &text), None, "{text}");
+
+    // A tool that is not listed is refused.
+    let mut m = k3_structured::Matcher::new(&grammar);
+    assert!(feed(&mut m, &opened("delete")).is_some());
+}
