@@ -356,15 +356,12 @@ fn openai_python() -> Option<String> {
     }
 }
 
-/// The `openai` client's structured outputs against the running server
-/// (`tests/openai/structured.py`): `client.beta.chat.completions.parse` with a Pydantic model,
-/// and a forced tool call through `tools`/`tool_choice`, each answer parsed and checked.
-#[test]
-fn the_openai_python_client_parses_structured_outputs() {
+/// Runs `tests/openai/SCRIPT BASE_URL MODEL` with the venv's python against a fresh server on
+/// the tiny model: the JSON line it printed, and the model's name. `None` (said why) where
+/// the venv cannot be made. The script exits non-zero when what it checks fails.
+fn run_openai_script(script: &str) -> Option<(Value, String)> {
     let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let Some(python) = openai_python() else {
-        return;
-    };
+    let python = openai_python()?;
     let server = start();
     let model = crate::tiny()
         .file_name()
@@ -372,7 +369,7 @@ fn the_openai_python_client_parses_structured_outputs() {
         .to_string_lossy()
         .into_owned();
     let out = Command::new(python)
-        .arg(manifest.join("tests/openai/structured.py"))
+        .arg(manifest.join("tests/openai").join(script))
         .arg(format!("http://127.0.0.1:{}/v1", server.port))
         .arg(&model)
         .output()
@@ -380,10 +377,20 @@ fn the_openai_python_client_parses_structured_outputs() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "structured.py failed: {stdout}\n{}",
+        "{script} failed: {stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+    Some((serde_json::from_str(stdout.trim()).unwrap(), model))
+}
+
+/// The `openai` client's structured outputs against the running server
+/// (`tests/openai/structured.py`): `client.beta.chat.completions.parse` with a Pydantic model,
+/// and a forced tool call through `tools`/`tool_choice`, each answer parsed and checked.
+#[test]
+fn the_openai_python_client_parses_structured_outputs() {
+    let Some((report, _)) = run_openai_script("structured.py") else {
+        return;
+    };
     assert_eq!(
         report["parsed"].as_array().map(Vec::len),
         Some(3),
@@ -403,29 +410,9 @@ fn the_openai_python_client_parses_structured_outputs() {
 /// package index), the test says why and returns.
 #[test]
 fn the_openai_python_client_streams_a_chat() {
-    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let Some(python) = openai_python() else {
+    let Some((report, model)) = run_openai_script("client.py") else {
         return;
     };
-    let server = start();
-    let model = crate::tiny()
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .into_owned();
-    let out = Command::new(python)
-        .arg(manifest.join("tests/openai/client.py"))
-        .arg(format!("http://127.0.0.1:{}/v1", server.port))
-        .arg(&model)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "openai client failed: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_str(stdout.trim()).unwrap();
     assert!(report["chunks"].as_u64().unwrap() >= 2, "{report}");
     assert_eq!(report["models"][0], model.as_str());
     // client.py exits non-zero unless these hold; checked here too so a report shows them.

@@ -65,6 +65,14 @@ fn tools() -> Value {
     ])
 }
 
+/// `body` with `extra`'s fields set (replacing any of the same name).
+fn with_fields(mut body: Value, extra: &Value) -> Value {
+    for (k, v) in extra.as_object().expect("an object of fields") {
+        body[k] = v.clone();
+    }
+    body
+}
+
 /// One case of the suite: the request's extra fields and the schema its answer must follow
 /// (`None`: any JSON object).
 struct Case {
@@ -152,17 +160,14 @@ async fn run_suite(
         for temperature in [0.0, 1.0] {
             for start in (0..requests).step_by(batch) {
                 let calls: Vec<_> = (start..(start + batch).min(requests)).map(|i| {
-                    let mut body = json!({
+                    let body = with_fields(json!({
                         "model": model,
                         "messages": [{"role": "user", "content": format!("Request {i}: answer in JSON.")}],
                         "max_tokens": 160,
                         "temperature": temperature,
                         "seed": i,
                         "chat_template_kwargs": {"thinking": false},
-                    });
-                    for (k, v) in case.extra.as_object().unwrap() {
-                        body[k] = v.clone();
-                    }
+                    }), &case.extra);
                     let state = state.clone();
                     tokio::spawn(async move {
                         call(&state, "POST", "/v1/chat/completions", Some(body.to_string())).await
@@ -184,20 +189,30 @@ async fn run_suite(
     failures
 }
 
-fn tiny_state() -> k3_serve::server::AppState {
+/// A ready engine on `dir` holding `context` tokens per sequence, whole prompts in one step
+/// (so the steps' counts show the decode batching), set up further by `setup`.
+fn engine_state(
+    dir: std::path::PathBuf,
+    context: usize,
+    setup: impl FnOnce(&mut k3_serve::engine::EngineConfig),
+) -> k3_serve::server::AppState {
     let experts = ExpertOptions {
         usage_cache: false,
         ..ExpertOptions::default()
     };
-    let mut engine = config(crate::tiny(), experts, 64, 8, 1024);
-    // Whole prompts in one step, so the steps' counts show the decode batching.
+    let mut engine = config(dir, experts, 64, 8, context);
     engine.step_tokens = 512;
-    let state = state_unready(engine, 1024);
+    setup(&mut engine);
+    let state = state_unready(engine, context);
     assert!(k3_serve::engine::wait_ready(
         &state.engine,
-        Duration::from_secs(60)
+        Duration::from_secs(600)
     ));
     state
+}
+
+fn tiny_state() -> k3_serve::server::AppState {
+    engine_state(crate::tiny(), 1024, |_| {})
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -223,17 +238,7 @@ async fn acceptance_on_a_checkpoint() {
         ),
         Err(_) => (crate::tiny(), 100),
     };
-    let experts = ExpertOptions {
-        usage_cache: false,
-        ..ExpertOptions::default()
-    };
-    let mut engine = config(dir, experts, 64, 8, 2048);
-    engine.options.pool.threads = Some(2);
-    let state = state_unready(engine, 2048);
-    assert!(k3_serve::engine::wait_ready(
-        &state.engine,
-        Duration::from_secs(600)
-    ));
+    let state = engine_state(dir, 2048, |engine| engine.options.pool.threads = Some(2));
     let started = std::time::Instant::now();
     let failures = run_suite(&state, "tiny", requests, 8).await;
     println!(
@@ -408,11 +413,10 @@ async fn refused_constraints_are_400s_naming_what() {
         ),
     ];
     for (extra, param, named) in cases {
-        let mut body = json!({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}],
-            "max_tokens": 8});
-        for (k, v) in extra.as_object().unwrap() {
-            body[k] = v.clone();
-        }
+        let body = with_fields(
+            json!({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}),
+            &extra,
+        );
         let (status, text) = call(
             &state,
             "POST",
@@ -439,12 +443,9 @@ async fn a_mask_past_its_limit_fails_its_request_alone() {
     limits.max_mask = Duration::from_nanos(1);
     state.limits = std::sync::Arc::new(limits);
     let body = |extra: Value| {
-        let mut body = json!({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}],
+        let body = json!({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}],
             "max_tokens": 12, "temperature": 0, "chat_template_kwargs": {"thinking": false}});
-        for (k, v) in extra.as_object().unwrap() {
-            body[k] = v.clone();
-        }
-        body.to_string()
+        with_fields(body, &extra).to_string()
     };
     let constrained = {
         let state = state.clone();
@@ -498,17 +499,9 @@ async fn with_thinking_the_reasoning_is_free_and_the_answer_constrained() {
     let reasoning = "Not JSON {{ at all.";
     let mut script = tokenizer.encode(reasoning, false);
     script.extend(tokenizer.encode("<|close|>think<|sep|><|open|>response<|sep|>", true));
-    let experts = ExpertOptions {
-        usage_cache: false,
-        ..ExpertOptions::default()
-    };
-    let mut engine = config(crate::tiny(), experts, 8, 4, 2048);
-    engine.scripted_answers = vec![(ids, script)];
-    let state = state_unready(engine, 2048);
-    assert!(k3_serve::engine::wait_ready(
-        &state.engine,
-        Duration::from_secs(60)
-    ));
+    let state = engine_state(crate::tiny(), 2048, |engine| {
+        engine.scripted_answers = vec![(ids, script)];
+    });
     let (status, text) = call(
         &state,
         "POST",
