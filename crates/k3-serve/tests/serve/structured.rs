@@ -65,6 +65,16 @@ fn tools() -> Value {
     ])
 }
 
+/// Posts `body` to the chat endpoint.
+async fn chat(state: &k3_serve::server::AppState, body: &Value) -> (StatusCode, String) {
+    chat_text(state, body.to_string()).await
+}
+
+/// Posts a chat body, already text.
+async fn chat_text(state: &k3_serve::server::AppState, body: String) -> (StatusCode, String) {
+    call(state, "POST", "/v1/chat/completions", Some(body)).await
+}
+
 /// `body` with `extra`'s fields set (replacing any of the same name).
 fn with_fields(mut body: Value, extra: &Value) -> Value {
     for (k, v) in extra.as_object().expect("an object of fields") {
@@ -170,7 +180,7 @@ async fn run_suite(
                     }), &case.extra);
                     let state = state.clone();
                     tokio::spawn(async move {
-                        call(&state, "POST", "/v1/chat/completions", Some(body.to_string())).await
+                        chat(&state, &body).await
                     })
                 }).collect();
                 for (i, answer) in calls.into_iter().enumerate() {
@@ -333,13 +343,7 @@ async fn constrained_neighbours_leave_an_unconstrained_request_unchanged() {
         "model": "tiny", "messages": [{"role": "user", "content": "Say something."}],
         "max_tokens": 24, "temperature": 1, "seed": 9, "logprobs": true, "top_logprobs": 3,
         "chat_template_kwargs": {"thinking": false}});
-    let (status, alone) = call(
-        &state,
-        "POST",
-        "/v1/chat/completions",
-        Some(free.to_string()),
-    )
-    .await;
+    let (status, alone) = chat(&state, &free).await;
     assert_eq!(status, StatusCode::OK, "{alone}");
     let answer = |text: &str| {
         let v: Value = serde_json::from_str(text).unwrap();
@@ -356,20 +360,12 @@ async fn constrained_neighbours_leave_an_unconstrained_request_unchanged() {
             "max_tokens": 40, "temperature": 1, "seed": i,
             "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": nested_schema()}},
             "chat_template_kwargs": {"thinking": false}});
-        tasks.push(tokio::spawn(async move {
-            call(
-                &state,
-                "POST",
-                "/v1/chat/completions",
-                Some(body.to_string()),
-            )
-            .await
-        }));
+        tasks.push(tokio::spawn(async move { chat(&state, &body).await }));
     }
     let batched = {
         let state = state.clone();
         let body = free.to_string();
-        tokio::spawn(async move { call(&state, "POST", "/v1/chat/completions", Some(body)).await })
+        tokio::spawn(async move { chat_text(&state, body).await })
     };
     for task in tasks {
         let (status, text) = task.await.unwrap();
@@ -417,13 +413,7 @@ async fn refused_constraints_are_400s_naming_what() {
             json!({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}),
             &extra,
         );
-        let (status, text) = call(
-            &state,
-            "POST",
-            "/v1/chat/completions",
-            Some(body.to_string()),
-        )
-        .await;
+        let (status, text) = chat(&state, &body).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
         let error: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(error["error"]["param"], param, "{text}");
@@ -450,26 +440,14 @@ async fn a_mask_past_its_limit_fails_its_request_alone() {
     let constrained = {
         let state = state.clone();
         let body = body(json!({"response_format": {"type": "json_object"}}));
-        tokio::spawn(async move { call(&state, "POST", "/v1/chat/completions", Some(body)).await })
+        tokio::spawn(async move { chat_text(&state, body).await })
     };
-    let (status, free) = call(
-        &state,
-        "POST",
-        "/v1/chat/completions",
-        Some(body(json!({}))),
-    )
-    .await;
+    let (status, free) = chat_text(&state, body(json!({}))).await;
     assert_eq!(status, StatusCode::OK, "{free}");
     let (status, text) = constrained.await.unwrap();
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{text}");
     assert!(text.contains("--max-mask-ms"), "{text}");
-    let (status, again) = call(
-        &state,
-        "POST",
-        "/v1/chat/completions",
-        Some(body(json!({}))),
-    )
-    .await;
+    let (status, again) = chat_text(&state, body(json!({}))).await;
     assert_eq!(status, StatusCode::OK, "{again}");
     assert_eq!(again.len(), free.len());
 }
@@ -502,13 +480,7 @@ async fn with_thinking_the_reasoning_is_free_and_the_answer_constrained() {
     let state = engine_state(crate::tiny(), 2048, |engine| {
         engine.scripted_answers = vec![(ids, script)];
     });
-    let (status, text) = call(
-        &state,
-        "POST",
-        "/v1/chat/completions",
-        Some(body.to_string()),
-    )
-    .await;
+    let (status, text) = chat(&state, &body).await;
     assert_eq!(status, StatusCode::OK, "{text}");
     let v: Value = serde_json::from_str(&text).unwrap();
     let message = &v["choices"][0]["message"];
