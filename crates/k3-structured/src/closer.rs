@@ -1,5 +1,5 @@
 //! The shortest text that completes a JSON value begun by the text seen so far
-//! ([`JsonCloser`]), by JSON's grammar alone: a string closed, a dangling key given `:null`, a
+//! ([`JsonCloser`]), by JSON's grammar alone: a string closed, a dangling key given `: null`, a
 //! number or literal finished, the open arrays and objects closed. The engine uses it when a
 //! JSON answer would otherwise be cut by `max_tokens`: in the last tokens of the budget it
 //! offers the closer's next token, which the request's constraint may refuse (a schema can
@@ -43,7 +43,8 @@ enum Scalar {
     Literal(&'static str),
 }
 
-/// The JSON text seen so far and the shortest way to complete it.
+/// The JSON text seen so far and the shortest way to complete it, written with the separators
+/// the constraints use (`": "`, as Python's `json.dumps`).
 #[derive(Debug, Clone)]
 pub struct JsonCloser {
     /// The open containers: `true` for an object.
@@ -96,7 +97,7 @@ impl JsonCloser {
                 }
                 out.push('"');
                 if *key {
-                    out.push_str(":null");
+                    out.push_str(": null");
                 }
                 expect = Expect::CommaOrEnd;
             }
@@ -116,11 +117,11 @@ impl JsonCloser {
             Expect::Value | Expect::Key => {
                 // After `,` (or `:`): a value is owed; an object's key needs one too.
                 if expect == Expect::Key {
-                    out.push_str("\"\":");
+                    out.push_str("\"\": ");
                 }
                 out.push_str("null");
             }
-            Expect::Colon => out.push_str(":null"),
+            Expect::Colon => out.push_str(": null"),
             Expect::ValueOrEnd | Expect::KeyOrEnd | Expect::CommaOrEnd | Expect::Done => {}
         }
         for &object in self.stack.iter().rev() {

@@ -389,19 +389,31 @@ impl Sequence {
     }
 }
 
+/// The markup the constraint writes after a JSON answer (`k3_structured`'s grammar).
+const ANSWER_TRAILER: &str = "<|close|>response<|sep|><|close|>message<|sep|>";
+
+/// More tokens than [`ANSWER_TRAILER`] and the end token take with any tokenizer whose
+/// markers are special tokens (the words may be split into letters).
+const CLOSING_TRAILER_MAX: usize = 24;
+
 /// With `left` tokens of `max_tokens` left, inside a JSON answer: the first token of the
 /// shortest text that completes the JSON ([`JsonCloser`]) when the constraint allows it, so
-/// the answer closes instead of being cut. `CLOSING_TRAILER` tokens are kept for the markup
-/// the constraint writes after the answer and the end token.
+/// the answer closes instead of being cut, with room kept for the markup after the answer
+/// and the end token.
 fn closing_token(
     closer: &JsonCloser,
     left: usize,
     allowed: &[u32],
     tokenizer: &Tokenizer,
 ) -> Option<u32> {
-    const CLOSING_TRAILER: usize = 8;
     let suffix = closer.suffix()?;
-    if suffix.is_empty() || left > suffix.len() + CLOSING_TRAILER {
+    // Each byte of the suffix is a token at most; the markup after the answer is what it
+    // encodes to, and the end token one more.
+    if suffix.is_empty() || left > suffix.len() + CLOSING_TRAILER_MAX {
+        return None;
+    }
+    let trailer = tokenizer.encode(ANSWER_TRAILER, true).len() + 1;
+    if left > suffix.len() + trailer {
         return None;
     }
     let token = *tokenizer.encode(&suffix, false).first()?;
