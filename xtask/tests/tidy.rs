@@ -162,8 +162,15 @@ const THREAD_ALLOW: &[Allowed] = &[
     Allowed {
         path: "crates/k3-serve/src/server/handlers.rs",
         pattern: "spawn_blocking(",
-        reason: "the HTTP runtime's blocking pool: renders and tokenizes prompts, touches no \
-                 weights",
+        reason: "the HTTP runtime's blocking pool: renders and tokenizes prompts and compiles \
+                 their output constraints, touches no weights",
+    },
+    Allowed {
+        path: "crates/k3-serve/src/engine/constrain.rs",
+        pattern: "thread::Builder::new(",
+        reason: "a constrained sequence's next token mask (llguidance over the token trie), \
+                 computed beside the step's forward pass for tens of microseconds; it touches no \
+                 weights, and a pinned worker would have to leave the step to run it",
     },
 ];
 
