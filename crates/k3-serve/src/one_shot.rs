@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use k3_serve::api::{ChatRequest, CompletionRequest, Limits, OutputConstraint, Prompt};
-use k3_serve::engine::{EngineHandle, Event, Job, compile_constraint, prompt_ids};
+use k3_serve::engine::{EngineHandle, Event, Job, prompt_ids};
 use serde_json::json;
 
 use crate::args::{Args, usage_exit};
@@ -65,13 +65,11 @@ pub(crate) fn one_shot(engine: &EngineHandle, limits: &Limits, args: &Args) -> R
     };
     // Compiled before waiting for the model: a schema the library refuses is told at once.
     let grammar = match &request.constraint {
-        Some(constraint) => {
-            let vocabulary = engine.vocabulary().map_err(anyhow::Error::msg)?;
-            let grammar =
-                compile_constraint(&vocabulary, constraint, limits.max_compile, limits.max_mask)
-                    .unwrap_or_else(|e| usage_exit(e.message));
-            Some(grammar)
-        }
+        Some(constraint) => match engine.compile_constraint(constraint, limits) {
+            Ok(grammar) => Some(grammar),
+            Err(e) if e.status.is_client_error() => usage_exit(e.message),
+            Err(e) => bail!("{}", e.message),
+        },
         None => None,
     };
     if let Err(why) = engine.wait_loaded(None) {

@@ -39,7 +39,7 @@ pub use error::Error;
 pub use grammar::Grammar;
 pub use mask::Mask;
 pub use matcher::Matcher;
-pub use spec::{Limits, Options, Spec};
+pub use spec::{ANSWER_TRAILER, Limits, Options, Spec};
 pub use vocab::Vocabulary;
 
 /// Whatever is shared across threads is `Send + Sync`; a matcher moves between threads.

@@ -109,6 +109,11 @@ impl Limits {
 /// The name a user's Lark grammar goes by inside the XTML wrapper.
 const ANSWER_GRAMMAR: &str = "answer";
 
+/// The markup the grammar writes after a JSON, Lark or free-text answer: the `response` and
+/// `message` closers (`<|end_of_msg|>` follows). A caller that completes an answer itself (the
+/// engine closing a JSON answer before `max_tokens`) keeps room for it.
+pub const ANSWER_TRAILER: &str = "<|close|>response<|sep|><|close|>message<|sep|>";
+
 /// The llguidance grammar for `spec` as the model writes it in XTML.
 pub(crate) fn top_level(spec: &Spec, options: &Options) -> Result<TopLevelGrammar, Error> {
     let mut lark = String::from("%llguidance {}\n");

@@ -13,20 +13,20 @@ use k3_structured::{Error, Grammar, Limits, Matcher, Options, Vocabulary};
 use crate::api::error::ApiError;
 use crate::api::structured::OutputConstraint;
 
-/// Compiles a request's output constraint against the model's vocabulary, within
-/// `max_compile` (and each first mask within `max_mask`): the 400 naming the request's field
-/// when the library refuses it (a schema keyword it does not support is named).
-pub fn compile_constraint(
+/// Compiles a request's output constraint against the model's vocabulary within `limits`
+/// (`--max-constraint-compile-ms`, and `--max-mask-ms` for each mask): the 400 naming the
+/// request's field when the library refuses it (a schema keyword it does not support is
+/// named).
+pub(crate) fn compile_constraint(
     vocabulary: &Arc<Vocabulary>,
     constraint: &OutputConstraint,
-    max_compile: Duration,
-    max_mask: Duration,
+    limits: &crate::api::limits::Limits,
 ) -> Result<Grammar, ApiError> {
     let options = Options {
         thinking: constraint.thinking,
         limits: Limits {
-            compile: max_compile,
-            mask: max_mask,
+            compile: limits.max_compile,
+            mask: limits.max_mask,
             ..Limits::default()
         },
     };
@@ -71,18 +71,15 @@ pub(super) struct TokenMask<'a> {
 }
 
 impl Constrained {
-    /// A fresh matcher of `grammar`, whose first mask starts computing now (the prompt's
-    /// prefill runs meanwhile).
+    /// A fresh matcher of `grammar`; its first mask was computed with the grammar.
     pub(super) fn new(grammar: &Grammar, limit: Duration) -> Self {
-        let mut constrained = Self {
+        Self {
             slot: Slot::Here(Box::new(Matcher::new(grammar))),
             limit,
             waited: Duration::ZERO,
             masks: 0,
             computed: Duration::ZERO,
-        };
-        constrained.prefetch();
-        constrained
+        }
     }
 
     /// Starts computing the next mask on a thread of its own.

@@ -10,13 +10,17 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use k3_model::config::K3Config;
 use k3_model::tokenizer::Tokenizer;
-use k3_structured::Vocabulary;
+use k3_structured::{Grammar, Vocabulary};
 
 use super::config::EngineConfig;
+use super::constrain::compile_constraint;
 use super::job::Job;
 use super::metrics::Metrics;
 use super::queue::{JobQueue, Sender, SubmitError};
 use super::run::run;
+use crate::api::error::ApiError;
+use crate::api::limits::Limits;
+use crate::api::structured::OutputConstraint;
 
 /// The server's side of the engine.
 #[derive(Debug, Clone)]
@@ -91,6 +95,21 @@ impl EngineHandle {
                     .map_err(|e| format!("building the token trie for output constraints: {e}"))
             })
             .clone()
+    }
+
+    /// Compiles a request's output constraint against [`Self::vocabulary`] within `limits`
+    /// (on the caller's thread: the handlers' blocking pool, or the one-shot run before the
+    /// model has loaded): a 400 naming the field the library refuses, a 500 if the
+    /// vocabulary cannot be built.
+    pub fn compile_constraint(
+        &self,
+        constraint: &OutputConstraint,
+        limits: &Limits,
+    ) -> Result<Grammar, ApiError> {
+        let vocabulary = self
+            .vocabulary()
+            .map_err(|e| ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, e))?;
+        compile_constraint(&vocabulary, constraint, limits)
     }
 
     /// Queues a job; refuses at once when the queue is full (of jobs whose clients are

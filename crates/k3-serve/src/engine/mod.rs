@@ -37,7 +37,6 @@ pub(crate) mod state;
 
 pub use cache::PromptCacheOptions;
 pub use config::EngineConfig;
-pub use constrain::compile_constraint;
 pub use handle::{EngineHandle, spawn, wait_ready};
 pub use job::{Event, Job, TokenLogprob};
 pub use metrics::{BUCKETS, Histogram, Metrics};

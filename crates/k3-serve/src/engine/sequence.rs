@@ -9,7 +9,7 @@ use k3_model::chat::{Delta, OutputParser};
 use k3_model::model::{Model, Session};
 use k3_model::sampling::{Sampler, StopStrings};
 use k3_model::tokenizer::Tokenizer;
-use k3_structured::{JsonCloser, Spec};
+use k3_structured::{ANSWER_TRAILER, JsonCloser, Spec};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::constrain::Constrained;
@@ -388,9 +388,6 @@ impl Sequence {
         }
     }
 }
-
-/// The markup the constraint writes after a JSON answer (`k3_structured`'s grammar).
-const ANSWER_TRAILER: &str = "<|close|>response<|sep|><|close|>message<|sep|>";
 
 /// More tokens than [`ANSWER_TRAILER`] and the end token take with any tokenizer whose
 /// markers are special tokens (the words may be split into letters).

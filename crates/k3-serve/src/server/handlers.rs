@@ -21,7 +21,6 @@ use crate::api::completion::CompletionRequest;
 use crate::api::error::ApiError;
 use crate::api::valid::ValidRequest;
 use crate::auth::Tenant;
-use crate::engine::constrain::compile_constraint;
 use crate::engine::job::Job;
 use crate::engine::prompt::{encode_prompt, min_prompt_tokens, prompt_segments};
 use crate::engine::queue::SubmitError;
@@ -73,20 +72,11 @@ async fn tokenize(
         }
         // The output constraint compiles here too, off the engine's steps: a schema the
         // library refuses, or one past the compile-time limit, is this request's 400.
-        let grammar = match &request.constraint {
-            Some(constraint) => {
-                let vocabulary = engine
-                    .vocabulary()
-                    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
-                Some(compile_constraint(
-                    &vocabulary,
-                    constraint,
-                    limits.max_compile,
-                    limits.max_mask,
-                )?)
-            }
-            None => None,
-        };
+        let grammar = request
+            .constraint
+            .as_ref()
+            .map(|constraint| engine.compile_constraint(constraint, &limits))
+            .transpose()?;
         Ok((request, ids, system_tokens, grammar))
     })
     .await

@@ -179,3 +179,20 @@ fn malformed_schemas_and_grammars_are_invalid() {
         assert!(matches!(err, Error::Invalid(_)), "{spec:?}: {err:?}");
     }
 }
+
+/// What the grammar writes after a JSON answer is `ANSWER_TRAILER`, then the end token (the
+/// engine keeps room for exactly that when it closes an answer itself).
+#[test]
+fn the_answer_trailer_is_what_follows_a_json_answer() {
+    let grammar = Grammar::compile(&vocab(), &Spec::JsonObject, &Options::default()).unwrap();
+    let mut matcher = k3_structured::Matcher::new(&grammar);
+    let text = format!("{{\"a\": [1, null]}}{}", k3_structured::ANSWER_TRAILER);
+    assert_eq!(crate::feed(&mut matcher, &text), None, "{text}");
+    assert!(matcher.is_finished());
+    assert!(
+        matcher
+            .mask()
+            .unwrap()
+            .allows(crate::special("<|end_of_msg|>"))
+    );
+}

@@ -48,6 +48,15 @@ pub(crate) fn vocab() -> Arc<Vocabulary> {
         .clone()
 }
 
+/// Feeds `text` (special tokens allowed) to `matcher` token by token: the first refused
+/// token's index, or `None` when all were taken.
+pub(crate) fn feed(matcher: &mut k3_structured::Matcher, text: &str) -> Option<usize> {
+    let tokens = tokenizer().encode(text, true);
+    tokens
+        .iter()
+        .position(|&token| matcher.commit(token).is_err())
+}
+
 pub(crate) fn special(name: &str) -> u32 {
     tokenizer().special(name).unwrap()
 }

@@ -1,12 +1,12 @@
 //! Forced tool calls: the XTML `tools` element with one call whose `json` block follows the
 //! tool's parameters, read back by k3-model's output parser.
 
-use k3_structured::{Grammar, Options, Spec};
+use k3_structured::{ANSWER_TRAILER, Grammar, Options, Spec};
 use serde_json::{Value, json};
 
 use crate::generate::{generate, seeds};
 use crate::json::nested_schema;
-use crate::vocab;
+use crate::{feed, vocab};
 
 fn weather() -> Value {
     json!({
@@ -140,15 +140,6 @@ fn a_tool_without_a_schema_takes_any_object() {
     }
 }
 
-/// Feeds `text` (special tokens allowed) to `matcher` token by token: the first refused
-/// token's index, or `None` when all were taken.
-fn feed(matcher: &mut k3_structured::Matcher, text: &str) -> Option<usize> {
-    let tokens = crate::tokenizer().encode(text, true);
-    tokens
-        .iter()
-        .position(|&token| matcher.commit(token).is_err())
-}
-
 /// A strict tool under `tool_choice: "auto"` (`Spec::TextOrToolCall`): free text may end the
 /// answer, or a call may follow it; a strict tool's arguments must follow its parameters, a
 /// tool that is not strict takes any object.
@@ -171,13 +162,8 @@ fn strict_tools_constrain_the_arguments_only_when_called() {
 
     // Free text, no call.
     let mut m = k3_structured::Matcher::new(&grammar);
-    assert_eq!(
-        feed(
-            &mut m,
-            "Any text { at all.<|close|>response<|sep|><|close|>message<|sep|>"
-        ),
-        None
-    );
+    let text = format!("Any text {{ at all.{ANSWER_TRAILER}");
+    assert_eq!(feed(&mut m, &text), None, "{text}");
     assert!(m.mask().unwrap().allows(end));
     m.commit(end).unwrap();
     assert!(m.has_ended());
