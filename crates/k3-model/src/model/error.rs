@@ -31,6 +31,10 @@ pub enum ModelError {
     /// be reset); the model and other sessions carry on.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A session taken back to a position its checkpoint does not cover
+    /// ([`Model::rollback`](crate::model::Model::rollback)); holds why.
+    #[error("rollback: {0}")]
+    Rollback(String),
     /// An expert store opened with another layout than the config implies
     /// ([`Model::with_expert_store`](crate::model::Model::with_expert_store)).
     #[error("the expert store's experts are {store}, the config's {config}")]

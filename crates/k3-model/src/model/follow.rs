@@ -6,7 +6,7 @@
 //! each runs the same code on the same inputs.
 
 use super::error::{ModelError, Result};
-use super::forward::{Logits, Model};
+use super::forward::{Model, Want};
 use super::session::Session;
 
 /// Announcement words: a step, or the end.
@@ -19,7 +19,7 @@ impl Model<'_> {
     pub(super) fn run_step(
         &self,
         groups: &mut [(&mut Session, &[usize])],
-        wanted: Logits,
+        wanted: &[Want],
     ) -> Result<Vec<Vec<Vec<f32>>>> {
         let ranks = self.pool.ranks();
         if ranks.size() == 1 {
@@ -36,8 +36,9 @@ impl Model<'_> {
             return Err(ModelError::Token { token, vocab });
         }
         let _step = ranks.lock_steps();
-        let mut words = vec![STEP, wanted_word(wanted), groups.len() as u64];
+        let mut words = vec![STEP, groups.len() as u64];
         words.extend(groups.iter().map(|(_, t)| t.len() as u64));
+        words.extend(wanted.iter().map(|&w| wanted_word(w)));
         words.extend(groups.iter().flat_map(|(_, t)| t.iter().map(|&x| x as u64)));
         ranks.broadcast_words(&mut words);
         self.pool.install(|| self.forward_on_worker(groups, wanted))
@@ -64,7 +65,7 @@ impl Model<'_> {
                 at += n;
             }
             self.pool
-                .install(|| self.forward_on_worker(&mut groups, wanted))?;
+                .install(|| self.forward_on_worker(&mut groups, &wanted))?;
         }
     }
 
@@ -74,6 +75,8 @@ impl Model<'_> {
             position: 0,
             kda: vec![None; self.config.layers.len()],
             mla: vec![None; self.config.layers.len()],
+            journal: None,
+            spare: None,
         }
     }
 }
@@ -89,28 +92,31 @@ impl Drop for Model<'_> {
     }
 }
 
-fn wanted_word(wanted: Logits) -> u64 {
+fn wanted_word(wanted: Want) -> u64 {
     match wanted {
-        Logits::All => 0,
-        Logits::Last => 1,
-        Logits::None => 2,
+        Want::All => 0,
+        Want::Last => 1,
+        Want::None => 2,
     }
 }
 
-/// `(wanted, group lengths, tokens)` of a step announcement; `None` for the end.
-fn parse_step(words: &[u64]) -> Option<(Logits, Vec<usize>, Vec<usize>)> {
+/// `(wanted per group, group lengths, tokens)` of a step announcement; `None` for the end.
+fn parse_step(words: &[u64]) -> Option<(Vec<Want>, Vec<usize>, Vec<usize>)> {
     let (&kind, rest) = words.split_first()?;
     if kind != STEP {
         return None;
     }
-    let wanted = match rest[0] {
-        0 => Logits::All,
-        1 => Logits::Last,
-        _ => Logits::None,
-    };
-    let groups = rest[1] as usize;
-    let lengths: Vec<usize> = rest[2..2 + groups].iter().map(|&n| n as usize).collect();
-    let tokens = rest[2 + groups..].iter().map(|&t| t as usize).collect();
+    let groups = rest[0] as usize;
+    let lengths: Vec<usize> = rest[1..1 + groups].iter().map(|&n| n as usize).collect();
+    let wanted = rest[1 + groups..1 + 2 * groups]
+        .iter()
+        .map(|&w| match w {
+            0 => Want::All,
+            1 => Want::Last,
+            _ => Want::None,
+        })
+        .collect();
+    let tokens = rest[1 + 2 * groups..].iter().map(|&t| t as usize).collect();
     Some((wanted, lengths, tokens))
 }
 
@@ -120,13 +126,13 @@ mod tests {
 
     #[test]
     fn announcements_round_trip() {
-        let words = [STEP, 1, 2, 3, 1, 10, 11, 12, 13];
+        let words = [STEP, 2, 3, 1, 0, 1, 10, 11, 12, 13];
         let (wanted, lengths, tokens) = parse_step(&words).expect("a step");
-        assert_eq!(wanted, Logits::Last);
+        assert_eq!(wanted, vec![Want::All, Want::Last]);
         assert_eq!(lengths, vec![3, 1]);
         assert_eq!(tokens, vec![10, 11, 12, 13]);
         assert!(parse_step(&[STOP]).is_none());
         assert!(parse_step(&[]).is_none());
-        assert_eq!(wanted_word(Logits::None), 2);
+        assert_eq!(wanted_word(Want::None), 2);
     }
 }

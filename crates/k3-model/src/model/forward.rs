@@ -57,13 +57,15 @@ pub struct Model<'a> {
     pub(super) waited_ns: std::sync::atomic::AtomicU64,
 }
 
-/// Which tokens of a forward pass need logits (the lm_head is a large share of a step).
+/// Which of a group's tokens need logits in a step (the lm_head is a large share of a step,
+/// so only the rows asked for are computed; batch-invariant, so the choice changes no bit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Logits {
+pub enum Want {
+    /// After every token (scoring, and a verify pass of drafted tokens).
     All,
-    /// Each sequence's last token (prefill).
+    /// After the group's last token (a decode, a prompt's last chunk).
     Last,
-    /// None (prefill chunks before the last).
+    /// None (prompt chunks before the last).
     None,
 }
 
@@ -190,13 +192,15 @@ impl<'a> Model<'a> {
                 .iter()
                 .map(|l| (l.attention == AttentionKind::Mla).then(MlaCache::default))
                 .collect(),
+            journal: None,
+            spare: None,
         }
     }
 
     /// Consumes `token` and returns the logits for the next position.
     pub fn decode_step(&self, session: &mut Session, token: usize) -> Result<Vec<f32>> {
         Ok(self
-            .forward(session, &[token], Logits::All)?
+            .forward(session, &[token], Want::All)?
             .pop()
             .expect("one token in, one row out"))
     }
@@ -215,9 +219,9 @@ impl<'a> Model<'a> {
         let mut last = Vec::new();
         for (i, part) in parts.iter().enumerate() {
             let wanted = if i + 1 == parts.len() {
-                Logits::Last
+                Want::Last
             } else {
-                Logits::None
+                Want::None
             };
             last = self
                 .forward(session, part, wanted)?
@@ -238,7 +242,7 @@ impl<'a> Model<'a> {
     ) -> Result<Vec<Vec<f32>>> {
         let mut logits = Vec::with_capacity(tokens.len());
         for part in tokens.chunks(chunk.max(1)) {
-            logits.extend(self.forward(session, part, Logits::All)?);
+            logits.extend(self.forward(session, part, Want::All)?);
         }
         Ok(logits)
     }
@@ -254,10 +258,10 @@ impl<'a> Model<'a> {
         &self,
         session: &mut Session,
         tokens: &[usize],
-        wanted: Logits,
+        wanted: Want,
     ) -> Result<Vec<Vec<f32>>> {
         let mut groups = [(session, tokens)];
-        Ok(self.run_step(&mut groups, wanted)?.concat())
+        Ok(self.run_step(&mut groups, &[wanted])?.concat())
     }
 
     /// One decode step for several sequences at once: `steps[i]` feeds one token to its own
@@ -272,8 +276,9 @@ impl<'a> Model<'a> {
             .zip(&tokens)
             .map(|((session, _), token)| (&mut **session, &token[..]))
             .collect();
+        let wanted = vec![Want::All; groups.len()];
         Ok(self
-            .run_step(&mut groups, Logits::All)?
+            .run_step(&mut groups, &wanted)?
             .into_iter()
             .map(|mut rows| rows.pop().expect("one token in, one row out"))
             .collect())
@@ -286,9 +291,6 @@ impl<'a> Model<'a> {
     /// elsewhere. Bit-identical to each group's own [`Model::prefill`] or
     /// [`Model::decode_step`] alone, whoever shares the step and however a prompt is cut.
     ///
-    /// The lm_head runs only when some group wants logits, then for every group's last token
-    /// (one row each; what is not wanted is dropped).
-    ///
     /// # Errors
     /// A token outside the vocabulary, or a failure of the pass (an expert that cannot be
     /// read): the step's sessions may then be half-advanced and should be dropped.
@@ -300,22 +302,39 @@ impl<'a> Model<'a> {
         groups: &mut [(&mut Session, &[usize])],
         want: &[bool],
     ) -> Result<Vec<Option<Vec<f32>>>> {
-        assert_eq!(want.len(), groups.len(), "one logits wish per group");
+        let wants: Vec<Want> = want
+            .iter()
+            .map(|&w| if w { Want::Last } else { Want::None })
+            .collect();
+        Ok(self
+            .step_rows(groups, &wants)?
+            .into_iter()
+            .map(|mut rows| rows.pop())
+            .collect())
+    }
+
+    /// [`Model::step`] with each group's logits rows chosen by `wants[g]`: none, after its last
+    /// token, or after every token (a verify pass of drafted tokens: the last sampled token and
+    /// the drafts go in one group, and row `i` is what decoding them one by one would give
+    /// after the `i`-th). Returns each group's rows in token order. The same bits as
+    /// [`Model::decode_step`] token by token, whoever shares the step.
+    ///
+    /// # Errors
+    /// As [`Model::step`].
+    ///
+    /// # Panics
+    /// If `wants` is not one entry per group, or a group has no token.
+    pub fn step_rows(
+        &self,
+        groups: &mut [(&mut Session, &[usize])],
+        wants: &[Want],
+    ) -> Result<Vec<Vec<Vec<f32>>>> {
+        assert_eq!(wants.len(), groups.len(), "one logits wish per group");
         assert!(
             groups.iter().all(|(_, t)| !t.is_empty()),
             "every group of a step feeds at least one token"
         );
-        let wanted = if want.iter().any(|&w| w) {
-            Logits::Last
-        } else {
-            Logits::None
-        };
-        let rows = self.run_step(groups, wanted)?;
-        Ok(rows
-            .into_iter()
-            .zip(want)
-            .map(|(mut rows, &w)| if w { rows.pop() } else { None })
-            .collect())
+        self.run_step(groups, wants)
     }
 
     /// Layer-major forward of several sequences' chunks (`groups[g]`: a session and the tokens
@@ -324,7 +343,7 @@ impl<'a> Model<'a> {
     pub(super) fn forward_on_worker(
         &self,
         groups: &mut [(&mut Session, &[usize])],
-        wanted: Logits,
+        wanted: &[Want],
     ) -> Result<Vec<Vec<Vec<f32>>>> {
         let timer = self.pass_timer(groups.iter().map(|(_, t)| t.len()).sum());
         let out = self.forward_pass(groups, wanted)?;
@@ -337,7 +356,7 @@ impl<'a> Model<'a> {
     pub(super) fn forward_pass(
         &self,
         groups: &mut [(&mut Session, &[usize])],
-        wanted: Logits,
+        wanted: &[Want],
     ) -> Result<Vec<Vec<Vec<f32>>>> {
         let c = &self.config;
         let d = c.hidden_size;
@@ -417,7 +436,9 @@ impl<'a> Model<'a> {
                         .iter_mut()
                         .zip(&spans)
                         .filter_map(|((session, _), span)| {
-                            Some((session.kda[i].as_mut()?, span.clone()))
+                            let Session { kda, journal, .. } = &mut **session;
+                            let journal = journal.as_mut().and_then(|j| j.kda[i].as_mut());
+                            Some((kda[i].as_mut()?, journal, span.clone()))
                         })
                         .collect();
                     self.timed(Bucket::Kda, || self.kda(kda, states, &normed))?
@@ -472,12 +493,16 @@ impl<'a> Model<'a> {
                 .map(|(p, f)| p.iter().zip(&f).map(|(a, b)| a + b).collect())
                 .collect();
         }
-        // The tokens whose logits are wanted: all, each group's last, or none.
-        let rows: Vec<usize> = match wanted {
-            Logits::All => (0..tokens.len()).collect(),
-            Logits::Last => spans.iter().filter_map(|s| s.end.checked_sub(1)).collect(),
-            Logits::None => Vec::new(),
-        };
+        // The tokens whose logits are wanted: per group all, its last, or none.
+        let rows: Vec<usize> = spans
+            .iter()
+            .zip(wanted)
+            .flat_map(|(span, want)| match want {
+                Want::All => span.clone(),
+                Want::Last => span.end - 1..span.end,
+                Want::None => 0..0,
+            })
+            .collect();
         let mut finals = Vec::with_capacity(rows.len());
         for &t in &rows {
             let mut out = vec![0.0; d];

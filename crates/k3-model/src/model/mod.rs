@@ -31,6 +31,7 @@ mod kda;
 mod load;
 mod mla;
 mod moe;
+mod rollback;
 mod routed;
 mod session;
 pub mod snapshot;
@@ -42,7 +43,7 @@ mod wide;
 
 pub use clock::DecodeClock;
 pub use error::ModelError;
-pub use forward::{ExpertPlacement, Model, PREFILL_CHUNK, fingerprint};
+pub use forward::{ExpertPlacement, Model, PREFILL_CHUNK, Want, fingerprint};
 pub use session::Session;
 pub use snapshot::{Snapshot, SnapshotError, state_bytes};
 pub use trunk::{PackedSummary, ResidentTrunk};

@@ -126,7 +126,13 @@ impl Snapshot {
             }
         }
         Self {
-            state: Session { position, kda, mla },
+            state: Session {
+                position,
+                kda,
+                mla,
+                journal: None,
+                spare: None,
+            },
         }
     }
 }
@@ -163,7 +169,13 @@ impl Session {
     /// A copy of this session's state at its current position.
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
-            state: self.clone(),
+            state: Session {
+                position: self.position,
+                kda: self.kda.clone(),
+                mla: self.mla.clone(),
+                journal: None,
+                spare: None,
+            },
         }
     }
 
@@ -174,6 +186,7 @@ impl Session {
     pub fn restore(&mut self, snapshot: &Snapshot) -> Result<(), SnapshotError> {
         let from = &snapshot.state;
         self.check(from)?;
+        self.commit();
         for (to, from) in self.kda.iter_mut().zip(&from.kda) {
             if let (Some(to), Some(from)) = (to, from) {
                 for (w, f) in to.windows.iter_mut().zip(&from.windows) {

@@ -43,6 +43,8 @@ fn filled_session(config: &K3Config, tokens: usize) -> Session {
         position: tokens,
         kda,
         mla,
+        journal: None,
+        spare: None,
     }
 }
 
