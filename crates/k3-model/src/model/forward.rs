@@ -55,6 +55,8 @@ pub struct Model<'a> {
     pub(super) clock: Option<Arc<DecodeClock>>,
     /// Nanoseconds this model's passes have waited for reads (routed experts, the stream).
     pub(super) waited_ns: std::sync::atomic::AtomicU64,
+    /// Routed experts asked of the source, one per (layer, distinct expert) of each pass.
+    pub(super) experts_asked: std::sync::atomic::AtomicU64,
 }
 
 /// Which of a group's tokens need logits in a step (the lm_head is a large share of a step,

@@ -167,6 +167,7 @@ impl<'a> Model<'a> {
             profile: None,
             clock: None,
             waited_ns: Default::default(),
+            experts_asked: Default::default(),
         })
     }
 }

@@ -65,6 +65,8 @@ impl Model<'_> {
         let mut needed: Vec<usize> = routes.iter().flat_map(|(ids, _)| ids.clone()).collect();
         needed.sort_unstable();
         needed.dedup();
+        self.experts_asked
+            .fetch_add(needed.len() as u64, std::sync::atomic::Ordering::Relaxed);
         // The layer's experts from their source, in batches as they are ready; the shared
         // experts overlap the loads when there are any.
         let mut shared = None;

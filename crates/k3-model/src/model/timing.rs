@@ -13,6 +13,13 @@ pub(super) struct PassTimer {
 }
 
 impl Model<'_> {
+    /// Routed experts this model has asked its source for so far: one per layer and distinct
+    /// expert of each pass, whatever number of the pass's tokens chose it (each is read once
+    /// per pass). Times an expert's bytes, what a pass reads of the experts.
+    pub fn experts_read(&self) -> u64 {
+        self.experts_asked.load(Ordering::Relaxed)
+    }
+
     /// Runs `wait` (blocking on a read), adding its wall time to the model's waits.
     pub(super) fn waiting<T>(&self, wait: impl FnOnce() -> T) -> T {
         let start = Instant::now();
