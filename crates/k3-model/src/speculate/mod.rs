@@ -6,9 +6,14 @@
 //! - [`NgramIndex`] drafts from the sequence's own tokens (prompt and output so far): what
 //!   followed the latest earlier occurrence of its last few tokens. It suits outputs that
 //!   quote or edit their input (code changes, summaries, extraction).
+//! - [`SuffixCache`] drafts from earlier requests' outputs in the same tenant namespace,
+//!   within a byte budget: repeated questions, templated answers.
 //!
 //! A leaf of the crate: nothing here imports the rest of it, does I/O or starts a thread.
+//! `ngram` holds the hashing both drafters share; `suffix` builds on it.
 
 mod ngram;
+mod suffix;
 
 pub use ngram::{Draft, MAX_N, MIN_N, NgramIndex};
+pub use suffix::{ENTRY_BYTES, SuffixCache};
