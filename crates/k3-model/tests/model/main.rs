@@ -15,6 +15,7 @@ mod llamacpp;
 mod numa;
 mod ops;
 mod sampling;
+mod speculate;
 mod streamed;
 mod synth;
 mod tokenizer;
