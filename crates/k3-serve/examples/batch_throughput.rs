@@ -75,6 +75,7 @@ fn main() -> Result<()> {
         panic_on_prompt: None,
         scripted_answers: Vec::new(),
         max_mask: Duration::from_millis(200),
+        spec: Default::default(),
         step_tokens: 8,
         prompt_cache: Default::default(),
     })?;
@@ -132,6 +133,7 @@ fn run(engine: &EngineHandle, streams: usize, tokens: usize) -> Result<(f64, f64
             logprobs: false,
             cache_salt: None,
             constraint: None,
+            speculative: true,
         };
         let ids = prompt_ids(&engine.tokenizer, &request.prompt);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();

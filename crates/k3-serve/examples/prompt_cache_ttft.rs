@@ -122,6 +122,7 @@ fn main() -> Result<()> {
             panic_on_prompt: None,
             scripted_answers: Vec::new(),
             max_mask: Duration::from_millis(200),
+            spec: Default::default(),
         })?;
         if !wait_ready(&engine, Duration::from_secs(600)) {
             bail!("the model did not load");

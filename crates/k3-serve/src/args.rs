@@ -11,7 +11,7 @@ use k3_model::builder::PackCachePlace;
 use k3_model::chat::ThinkingEffort;
 use k3_serve::cli::{self, Flag, Outcome, Parsed, UsageError};
 use k3_serve::conn::ConnLimits;
-use k3_serve::engine::StateFiles;
+use k3_serve::engine::{SpecOptions, StateFiles};
 use k3_serve::model_dir::check_model_dir;
 use k3_structured::Spec;
 
@@ -59,6 +59,8 @@ pub(crate) struct Args {
     pub(crate) max_compile: Duration,
     /// `--max-mask-ms`.
     pub(crate) max_mask: Duration,
+    /// `--spec`, `--spec-max-draft`, `--spec-cache-mb`.
+    pub(crate) spec: SpecOptions,
 }
 
 /// The command line (without the program name) as [`Args`]; `None` when `--help` or
@@ -134,6 +136,13 @@ pub(crate) fn parse(
         constraint: one_shot_constraint(&p)?,
         max_compile: millis("max-constraint-compile-ms")?,
         max_mask: millis("max-mask-ms")?,
+        spec: SpecOptions {
+            ngram: p.get_or_default::<String>(table, "spec")? == "ngram",
+            max_draft: p.get_or_default(table, "spec-max-draft")?,
+            cache_bytes: p
+                .get_or_default::<usize>(table, "spec-cache-mb")?
+                .saturating_mul(1 << 20),
+        },
     };
     check_mode(&p, &a)?;
     if let Some(dir) = &a.model {

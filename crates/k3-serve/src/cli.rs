@@ -16,6 +16,8 @@ pub const MODEL: Group = Group::new("Model");
 pub const SERVER: Group = Group::new("Server");
 /// and sampling with the one-shot run's own flags.
 pub const SAMPLING: Group = Group::new("Sampling and one-shot generation");
+/// The flags of speculative decoding.
+pub const SPECULATION: Group = Group::new("Speculative decoding");
 
 /// The chat templates `--chat-template` accepts: only the built-in renderer exists.
 pub const CHAT_TEMPLATES: &[&str] = &["kimi-k3"];
@@ -231,6 +233,30 @@ pub fn k3_serve_flags() -> Vec<Flag> {
             "2000",
             SAMPLING,
             "a request's output constraint (response_format, a forced or strict tool call, --json-schema, --grammar) may take this long to compile; longer is a 400",
+        ),
+        Flag::value(
+            "spec",
+            "MODE",
+            Choice(&["ngram", "off"]),
+            "off",
+            SPECULATION,
+            "speculative decoding: `ngram` drafts tokens from the conversation itself (what followed the latest earlier occurrence of the last few tokens) and from earlier answers of the same tenant, and checks them in the step's one pass over the weights; the output is the same bits as `off`, which decodes one token a pass",
+        ),
+        Flag::value(
+            "spec-max-draft",
+            "N",
+            Count,
+            "8",
+            SPECULATION,
+            "drafted tokens per sequence and step at most; fewer when the measured cost of a longer pass or the sequence's acceptance says they would not pay",
+        ),
+        Flag::value(
+            "spec-cache-mb",
+            "M",
+            Whole,
+            "64",
+            SPECULATION,
+            "memory for earlier answers to draft from (with their index), per server, least recently used dropped first; each tenant drafts only from its own (0: none kept)",
         ),
         Flag::value(
             "max-mask-ms",

@@ -91,6 +91,7 @@ fn main() -> Result<()> {
         panic_on_prompt: None,
         scripted_answers: Vec::new(),
         max_mask: args.max_mask,
+        spec: args.spec,
     })?;
     if let Some(max) = engine.max_positions
         && ctx > max

@@ -143,6 +143,7 @@ pub(crate) fn one_shot(engine: &EngineHandle, limits: &Limits, args: &Args) -> R
                 cached_tokens,
                 prefill,
                 decode,
+                passes,
             } => {
                 tokens = completion_tokens;
                 if in_reasoning {
@@ -188,10 +189,12 @@ pub(crate) fn one_shot(engine: &EngineHandle, limits: &Limits, args: &Args) -> R
                         "{completion_tokens} {unit} ({finish_reason}); prefill of {prompt_tokens} tokens {prefill:.3} s ({total:.2} s in all)"
                     )?;
                 } else {
+                    // Tokens per pass: above 1 when speculation verified drafts.
                     writeln!(
                         err,
-                        "{completion_tokens} tokens ({finish_reason}); prefill of {prompt_tokens} tokens {prefill:.3} s, then {:.2} tokens/s decoding ({total:.2} s in all)",
+                        "{completion_tokens} tokens ({finish_reason}); prefill of {prompt_tokens} tokens {prefill:.3} s, then {:.2} tokens/s decoding, {:.2} tokens per pass ({total:.2} s in all)",
                         (completion_tokens - 1) as f64 / decode.as_secs_f64().max(1e-9),
+                        (completion_tokens - 1) as f64 / passes.max(1) as f64,
                     )?;
                 }
             }

@@ -60,7 +60,12 @@ impl Model<'_> {
 
     /// Replays `inputs` (tokens kept in a journal) through `s`'s conv windows and state, as the
     /// pass that fed them did (the same code, so the same bits); no output is made.
-    pub(super) fn kda_replay(&self, w: &Kda<'_>, s: &mut KdaState, inputs: &[KdaInputs]) -> Result<()> {
+    pub(super) fn kda_replay(
+        &self,
+        w: &Kda<'_>,
+        s: &mut KdaState,
+        inputs: &[KdaInputs],
+    ) -> Result<()> {
         let projections: [Vec<Vec<f32>>; 3] =
             std::array::from_fn(|j| inputs.iter().map(|x| x.projections[j].clone()).collect());
         let decay: Vec<Vec<f32>> = inputs.iter().map(|x| x.decay.clone()).collect();
@@ -97,122 +102,124 @@ impl Model<'_> {
         let scale = (dim as f32).powf(-0.5);
         let mut ys = Vec::with_capacity(span.len());
         // Head groups as tasks: each owns its heads' conv windows and states and runs the
-            // chunk's tokens in order; heads are independent, so grouping cannot change a bit.
-            let state_bytes = heads * dim * dim * 4 * span.len();
-            let groups = if state_bytes < self.parallel_min_bytes {
-                1
-            } else {
-                self.pool.threads().min(heads)
-            };
-            let per = heads.div_ceil(groups);
-            let hist = taps - 1;
-            let [wq, wk, wv] = &mut s.windows;
-            let owned: Vec<std::sync::Mutex<[&mut [f32]; 4]>> = wq
-                .chunks_mut(per * dim * hist)
-                .zip(wk.chunks_mut(per * dim * hist))
-                .zip(wv.chunks_mut(per * dim * hist))
-                .zip(s.state.chunks_mut(per * dim * dim))
-                .map(|(((a, b), c), d)| std::sync::Mutex::new([a, b, c, d]))
-                .collect();
-            let group = |g: usize| -> Vec<Vec<f32>> {
-                wide(
-                    &self.kernels,
-                    #[inline(always)]
-                    || {
-                        let mut guard = owned[g].lock().expect("each group is locked by one task");
-                        let [wq, wk, wv, state] = &mut *guard;
-                        let first = g * per;
-                        let count = state.len() / (dim * dim);
-                        let channels = first * dim..(first + count) * dim;
-                        let mut o = vec![0.0; dim];
-                        let mut ys = Vec::with_capacity(span.len());
-                        for t in span.clone() {
-                            // The conv windows and the recurrent state advance token by token.
-                            let mut qkv: [Vec<f32>; 3] =
-                                std::array::from_fn(|_| vec![0.0; count * dim]);
-                            let windows: [&mut [f32]; 3] = [&mut **wq, &mut **wk, &mut **wv];
-                            for (((out, proj), weights), window) in
-                                qkv.iter_mut().zip(projections.iter()).zip(&w.conv).zip(windows)
-                            {
-                                let taps_range = channels.start * taps..channels.end * taps;
-                                conv_step(
-                                    &proj[t][channels.clone()],
-                                    &weights[taps_range],
-                                    taps,
-                                    window,
-                                    out,
-                                );
-                            }
-                            // The group's SiLUs, decays and output gates, 16 channels at a time.
-                            for x in &mut qkv {
-                                silu_in_place(&self.kernels, x);
-                            }
-                            let mut alpha: Vec<f32> = channels
-                                .clone()
-                                .map(|ch| f[t][ch] + w.dt_bias[ch])
-                                .collect();
-                            let heads_a_log = &w.a_log[first..first + count];
-                            kda_decays_in_place(
-                                &self.kernels,
-                                c.kda.gate,
-                                heads_a_log,
-                                dim,
-                                &mut alpha,
+        // chunk's tokens in order; heads are independent, so grouping cannot change a bit.
+        let state_bytes = heads * dim * dim * 4 * span.len();
+        let groups = if state_bytes < self.parallel_min_bytes {
+            1
+        } else {
+            self.pool.threads().min(heads)
+        };
+        let per = heads.div_ceil(groups);
+        let hist = taps - 1;
+        let [wq, wk, wv] = &mut s.windows;
+        let owned: Vec<std::sync::Mutex<[&mut [f32]; 4]>> = wq
+            .chunks_mut(per * dim * hist)
+            .zip(wk.chunks_mut(per * dim * hist))
+            .zip(wv.chunks_mut(per * dim * hist))
+            .zip(s.state.chunks_mut(per * dim * dim))
+            .map(|(((a, b), c), d)| std::sync::Mutex::new([a, b, c, d]))
+            .collect();
+        let group = |g: usize| -> Vec<Vec<f32>> {
+            wide(
+                &self.kernels,
+                #[inline(always)]
+                || {
+                    let mut guard = owned[g].lock().expect("each group is locked by one task");
+                    let [wq, wk, wv, state] = &mut *guard;
+                    let first = g * per;
+                    let count = state.len() / (dim * dim);
+                    let channels = first * dim..(first + count) * dim;
+                    let mut o = vec![0.0; dim];
+                    let mut ys = Vec::with_capacity(span.len());
+                    for t in span.clone() {
+                        // The conv windows and the recurrent state advance token by token.
+                        let mut qkv: [Vec<f32>; 3] =
+                            std::array::from_fn(|_| vec![0.0; count * dim]);
+                        let windows: [&mut [f32]; 3] = [&mut **wq, &mut **wk, &mut **wv];
+                        for (((out, proj), weights), window) in qkv
+                            .iter_mut()
+                            .zip(projections.iter())
+                            .zip(&w.conv)
+                            .zip(windows)
+                        {
+                            let taps_range = channels.start * taps..channels.end * taps;
+                            conv_step(
+                                &proj[t][channels.clone()],
+                                &weights[taps_range],
+                                taps,
+                                window,
+                                out,
                             );
-                            let gate = gates.map(|gates| {
-                                let mut gate = gates[t][channels.clone()].to_vec();
-                                self.kernels.sigmoid_in_place(&mut gate);
-                                gate
-                            });
-                            let [q, k, v] = &mut qkv;
-                            let mut y = vec![0.0; if gate.is_some() { count * dim } else { 0 }];
-                            for local in 0..count {
-                                let head = first + local;
-                                let range = local * dim..(local + 1) * dim;
-                                l2_norm(&mut q[range.clone()]);
-                                q[range.clone()].iter_mut().for_each(|a| *a *= scale);
-                                l2_norm(&mut k[range.clone()]);
-                                let head_state =
-                                    &mut state[local * dim * dim..(local + 1) * dim * dim];
-                                let beta = sigmoid(beta_logits[t][head]);
-                                kda_step(
-                                    head_state,
-                                    &q[range.clone()],
-                                    &k[range.clone()],
-                                    &v[range.clone()],
-                                    &alpha[range.clone()],
-                                    beta,
-                                    &mut o,
-                                );
-                                let Some(gate) = &gate else { continue };
-                                let out = &mut y[range.clone()];
-                                rms_norm(&o, Some(&w.o_norm), c.rms_norm_eps, out);
-                                for (a, &g) in out.iter_mut().zip(&gate[range]) {
-                                    *a *= g;
-                                }
-                            }
-                            ys.push(y);
                         }
-                        ys
-                    },
-                )
-            };
-            let parts = self.run_tasks(
-                owned.len() > 1,
-                owned.len(),
-                |g| self.pool.block_domain(g, owned.len()),
-                group,
-            )?;
-            let width = if gates.is_some() { heads * dim } else { 0 };
-            let mut span_ys = vec![vec![0.0; width]; span.len()];
-            if width > 0 {
-                for (g, part) in parts.into_iter().enumerate() {
-                    for (y, piece) in span_ys.iter_mut().zip(part) {
-                        y[g * per * dim..g * per * dim + piece.len()].copy_from_slice(&piece);
+                        // The group's SiLUs, decays and output gates, 16 channels at a time.
+                        for x in &mut qkv {
+                            silu_in_place(&self.kernels, x);
+                        }
+                        let mut alpha: Vec<f32> = channels
+                            .clone()
+                            .map(|ch| f[t][ch] + w.dt_bias[ch])
+                            .collect();
+                        let heads_a_log = &w.a_log[first..first + count];
+                        kda_decays_in_place(
+                            &self.kernels,
+                            c.kda.gate,
+                            heads_a_log,
+                            dim,
+                            &mut alpha,
+                        );
+                        let gate = gates.map(|gates| {
+                            let mut gate = gates[t][channels.clone()].to_vec();
+                            self.kernels.sigmoid_in_place(&mut gate);
+                            gate
+                        });
+                        let [q, k, v] = &mut qkv;
+                        let mut y = vec![0.0; if gate.is_some() { count * dim } else { 0 }];
+                        for local in 0..count {
+                            let head = first + local;
+                            let range = local * dim..(local + 1) * dim;
+                            l2_norm(&mut q[range.clone()]);
+                            q[range.clone()].iter_mut().for_each(|a| *a *= scale);
+                            l2_norm(&mut k[range.clone()]);
+                            let head_state = &mut state[local * dim * dim..(local + 1) * dim * dim];
+                            let beta = sigmoid(beta_logits[t][head]);
+                            kda_step(
+                                head_state,
+                                &q[range.clone()],
+                                &k[range.clone()],
+                                &v[range.clone()],
+                                &alpha[range.clone()],
+                                beta,
+                                &mut o,
+                            );
+                            let Some(gate) = &gate else { continue };
+                            let out = &mut y[range.clone()];
+                            rms_norm(&o, Some(&w.o_norm), c.rms_norm_eps, out);
+                            for (a, &g) in out.iter_mut().zip(&gate[range]) {
+                                *a *= g;
+                            }
+                        }
+                        ys.push(y);
                     }
+                    ys
+                },
+            )
+        };
+        let parts = self.run_tasks(
+            owned.len() > 1,
+            owned.len(),
+            |g| self.pool.block_domain(g, owned.len()),
+            group,
+        )?;
+        let width = if gates.is_some() { heads * dim } else { 0 };
+        let mut span_ys = vec![vec![0.0; width]; span.len()];
+        if width > 0 {
+            for (g, part) in parts.into_iter().enumerate() {
+                for (y, piece) in span_ys.iter_mut().zip(part) {
+                    y[g * per * dim..g * per * dim + piece.len()].copy_from_slice(&piece);
                 }
             }
-            ys.extend(span_ys);
+        }
+        ys.extend(span_ys);
         Ok(ys)
     }
 }

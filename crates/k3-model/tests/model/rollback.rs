@@ -15,8 +15,8 @@ use numa_sched::{Pool, Threads, Topology};
 
 /// The true continuation the drafts are checked against (any token ids of tiny's vocabulary).
 const TRUE: [usize; 24] = [
-    1, 500, 17, 42, 1023, 7, 7, 300, 64, 65, 900, 2, 333, 128, 256, 511, 9, 10, 11, 12, 700,
-    701, 5, 6,
+    1, 500, 17, 42, 1023, 7, 7, 300, 64, 65, 900, 2, 333, 128, 256, 511, 9, 10, 11, 12, 700, 701,
+    5, 6,
 ];
 
 fn tiny(tag: &str) -> (Scratch, k3_model::K3Config) {
@@ -112,7 +112,11 @@ fn verify_passes_and_rollback_give_the_bits_of_decoding_one_by_one() {
         assert_eq!(kept, truth, "pattern {pattern:?}");
         // The neighbour advances one token a step, so it is as far as the passes went.
         assert!(!beside.is_empty());
-        assert_eq!(beside, truth[..beside.len()], "the neighbour, pattern {pattern:?}");
+        assert_eq!(
+            beside,
+            truth[..beside.len()],
+            "the neighbour, pattern {pattern:?}"
+        );
     }
 }
 

@@ -45,6 +45,9 @@ pub(crate) struct CommonFields {
     /// Namespaces the prompt cache within the tenant (vLLM's name): only requests with the
     /// same API key and the same salt share cached prefixes.
     pub cache_salt: Option<String>,
+    /// `false` turns speculative decoding off for this request (it never changes the output,
+    /// only how many tokens a pass verifies; on by default where the server has `--spec`).
+    pub speculative: Option<bool>,
 }
 
 /// Log-probabilities as an endpoint asks for them: whether, and how many alternatives.
@@ -65,6 +68,7 @@ pub(super) struct Checked {
     include_usage: bool,
     logprobs: bool,
     cache_salt: Option<String>,
+    speculative: bool,
 }
 
 impl Checked {
@@ -80,6 +84,7 @@ impl Checked {
             logprobs: self.logprobs,
             cache_salt: self.cache_salt,
             constraint: None,
+            speculative: self.speculative,
         }
     }
 }
@@ -174,6 +179,7 @@ impl CommonFields {
             include_usage,
             logprobs: logprobs.on,
             cache_salt,
+            speculative: self.speculative.unwrap_or(true),
         })
     }
 

@@ -30,6 +30,9 @@ pub struct ValidRequest {
     pub cache_salt: Option<String>,
     /// What the output is constrained to (structured outputs), if anything.
     pub constraint: Option<OutputConstraint>,
+    /// Whether drafted tokens may be verified for it (`"speculative": false` says no); the
+    /// output is the same either way.
+    pub speculative: bool,
 }
 
 impl ValidRequest {

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use k3_model::builder::EngineOptions;
 
 use super::cache::PromptCacheOptions;
+use super::speculate::SpecOptions;
 
 /// How the engine is set up (from the CLI).
 #[derive(Debug, Clone)]
@@ -28,6 +29,8 @@ pub struct EngineConfig {
     /// How long one token's output-constraint mask may take (`--max-mask-ms`): a request whose
     /// mask is not ready within it fails, and the batch goes on.
     pub max_mask: std::time::Duration,
+    /// Speculative decoding (`--spec`, `--spec-max-draft`, `--spec-cache-mb`).
+    pub spec: SpecOptions,
     /// Fault injection for tests: a text prompt equal to `.0` panics in its sampling step
     /// once `.1` tokens have been generated (0: right after its prefill). `None` in use.
     #[doc(hidden)]

@@ -50,6 +50,9 @@ pub enum Event {
         prefill: Duration,
         /// Wall time from the prefill's end to the last token.
         decode: Duration,
+        /// Forward passes that gave it its tokens after the first: decode steps, and verify
+        /// passes that may give several (speculative decoding).
+        passes: usize,
     },
     /// The job failed (why); the last event.
     Error(String),

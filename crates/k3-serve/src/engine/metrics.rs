@@ -37,6 +37,12 @@ pub struct Metrics {
     /// Nanoseconds spent computing those masks (on their threads, mostly overlapping the
     /// steps' forward passes).
     pub mask_ns: AtomicU64,
+    /// Drafted tokens fed to verify passes (speculative decoding).
+    pub spec_drafted: AtomicU64,
+    /// Drafted tokens the sampler accepted (each the token it drew there).
+    pub spec_accepted: AtomicU64,
+    /// Verify passes: a sequence's step that fed drafted tokens.
+    pub spec_passes: AtomicU64,
     /// Time from a request's arrival to its first token.
     pub ttft: Histogram,
     /// Time between a stream's successive tokens.

@@ -33,6 +33,7 @@ pub(crate) mod queue;
 mod run;
 mod schedule;
 mod sequence;
+pub(crate) mod speculate;
 pub(crate) mod state;
 
 pub use cache::PromptCacheOptions;
@@ -44,4 +45,5 @@ pub use prompt::{
     encode_prompt, encode_segments, encode_split, prompt_ids, prompt_segments, system_segments,
 };
 pub use queue::SubmitError;
+pub use speculate::SpecOptions;
 pub use state::StateFiles;

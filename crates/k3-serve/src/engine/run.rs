@@ -13,8 +13,8 @@ use std::time::Instant;
 use anyhow::Result;
 use k3_model::builder::Engine;
 use k3_model::config::K3Config;
-use k3_model::model::Session;
 use k3_model::model::snapshot::file::Identity;
+use k3_model::model::{Model, Session, Want};
 use k3_model::tokenizer::Tokenizer;
 
 use super::cache::EngineCache;
@@ -24,6 +24,7 @@ use super::metrics::Metrics;
 use super::queue::{JobQueue, Pop};
 use super::schedule::{self, Feed, Standing};
 use super::sequence::Sequence;
+use super::speculate::{Candidate, Speculator};
 use super::state;
 use crate::api::valid::Prompt;
 
@@ -84,6 +85,16 @@ pub(super) fn run(
         "steps of at most {budget} tokens (--step-tokens): each running stream's next token, \
          then chunks of the prompts being prefilled, oldest first"
     );
+    let mut speculator = Speculator::new(config.spec);
+    if config.spec.ngram {
+        log::info!(
+            "speculative decoding: n-gram drafts of up to {} tokens a step (--spec-max-draft), \
+             checked in the step's pass; {} MB of earlier answers to draft from \
+             (--spec-cache-mb); the output is the same bits as without",
+            config.spec.max_draft,
+            config.spec.cache_bytes >> 20
+        );
+    }
     let mut active: Vec<Sequence> = Vec::new();
     loop {
         // Admit: block only when idle. `--max-batch` counts the sequences being prefilled too.
@@ -155,6 +166,7 @@ pub(super) fn run(
                 };
                 sequence.cached_tokens = start;
                 sequence.fed_prompt = start;
+                sequence.drafting = speculator.drafting(sequence.speculative, &sequence.prompt);
                 sequence
             }));
             match admitted {
@@ -176,6 +188,30 @@ pub(super) fn run(
             continue;
         }
         let started = Instant::now();
+        // Drafts first, within the budget the decodes leave (a prompt being prefilled keeps
+        // at least one token of it).
+        let decodes = active
+            .iter()
+            .filter(|s| s.fed_prompt >= s.prompt.len())
+            .count();
+        let prefilling = active.len() > decodes;
+        let room = budget.saturating_sub(decodes + usize::from(prefilling));
+        let candidates: Vec<Candidate<'_>> = active
+            .iter_mut()
+            .filter(|s| s.fed_prompt >= s.prompt.len())
+            .filter_map(|s| {
+                let (room, namespace) = (s.room(), s.cache_namespace);
+                Some(Candidate {
+                    drafting: s.drafting.as_mut()?,
+                    namespace,
+                    room,
+                })
+            })
+            .collect();
+        speculator.plan(candidates, decodes, room);
+        fn drafts(s: &Sequence) -> &[u32] {
+            s.drafting.as_ref().map_or(&[], |d| &d.draft[..])
+        }
         let standings: Vec<Standing> = active
             .iter()
             .map(|s| Standing {
@@ -184,32 +220,48 @@ pub(super) fn run(
                 // A system block not cached yet: its prompt stops there once, for a snapshot
                 // (the same bits as one prefill: chunking never changes them).
                 stop_at: cache.is_on().then_some(s.system_tokens),
+                drafts: drafts(s).len(),
             })
             .collect();
         let feeds = schedule::plan(&standings, budget);
         let inputs: Vec<Vec<usize>> = feeds
             .iter()
             .map(|(i, feed)| match feed {
-                Feed::Decode => vec![active[*i].last as usize],
+                Feed::Decode => std::iter::once(active[*i].last)
+                    .chain(drafts(&active[*i]).iter().copied())
+                    .map(|t| t as usize)
+                    .collect(),
                 Feed::Prompt(range) => active[*i].prompt[range.clone()]
                     .iter()
                     .map(|&t| t as usize)
                     .collect(),
             })
             .collect();
-        let want: Vec<bool> = feeds
+        // Logits after each token of a verify pass, after the last of a decode or of a
+        // prompt's last chunk, none for the chunks before.
+        let wants: Vec<Want> = feeds
             .iter()
             .map(|(i, feed)| match feed {
-                Feed::Decode => true,
-                Feed::Prompt(range) => range.end == active[*i].prompt.len(),
+                Feed::Decode if drafts(&active[*i]).is_empty() => Want::Last,
+                Feed::Decode => Want::All,
+                Feed::Prompt(range) if range.end == active[*i].prompt.len() => Want::Last,
+                Feed::Prompt(_) => Want::None,
             })
             .collect();
         let (decodes, prompt_tokens) = feeds.iter().fold((0, 0), |(d, p), (_, f)| match f {
             Feed::Decode => (d + 1, p),
             Feed::Prompt(r) => (d, p + r.len()),
         });
+        let step_tokens: usize = inputs.iter().map(Vec::len).sum();
+        // A verify pass's tokens can be taken back: the session keeps what that needs.
+        for ((i, _), want) in feeds.iter().zip(&wants) {
+            if *want == Want::All {
+                active[*i].session.checkpoint();
+            }
+        }
         // A panic in the step cannot be laid at one job's door: it fails the jobs that shared
         // the step (their states may be half-advanced), and the engine goes on.
+        let pass_started = Instant::now();
         let step = catch_unwind(AssertUnwindSafe(|| {
             let mut in_step: Vec<Option<&mut Sequence>> = active.iter_mut().map(Some).collect();
             let mut groups: Vec<(&mut Session, &[usize])> = feeds
@@ -220,16 +272,27 @@ pub(super) fn run(
                     (&mut sequence.session, &tokens[..])
                 })
                 .collect();
-            model.step(&mut groups, &want)
+            model.step_rows(&mut groups, &wants)
         }));
+        if matches!(step, Ok(Ok(_))) {
+            speculator.observe(step_tokens, pass_started.elapsed().as_secs_f64());
+        }
         match step {
-            Ok(Ok(logits)) => {
-                for ((i, feed), logits) in feeds.iter().zip(logits) {
+            Ok(Ok(rows)) => {
+                for ((i, feed), mut rows) in feeds.iter().zip(rows) {
                     let sequence = &mut active[*i];
-                    let stage = match feed {
-                        Feed::Decode => "sampling",
+                    let (stage, logits) = match feed {
+                        Feed::Decode if rows.len() > 1 => {
+                            verify(sequence, &model, rows, tokenizer, metrics);
+                            continue;
+                        }
+                        Feed::Decode => {
+                            sequence.count_pass();
+                            ("sampling", rows.pop())
+                        }
                         Feed::Prompt(range) => {
                             sequence.fed_prompt = range.end;
+                            let logits = rows.pop();
                             // A snapshot at the system block's end and at the prompt's (the
                             // prefix as ids only then: not on every chunk of a long prompt).
                             if cache.is_on()
@@ -241,7 +304,7 @@ pub(super) fn run(
                                     .collect();
                                 cache.save(sequence.cache_namespace, &tokens, &sequence.session);
                             }
-                            "prefill"
+                            ("prefill", logits)
                         }
                     };
                     let Some(logits) = logits else { continue };
@@ -278,9 +341,16 @@ pub(super) fn run(
         if let Some(store) = &store {
             *metrics.store.lock().unwrap_or_else(|p| p.into_inner()) = Some(store.stats());
         }
-        // The end of each answer: the next turn of its chat resumes here.
+        // The end of each answer: the next turn of its chat resumes here, and later answers
+        // of its namespace may draft from it.
         for sequence in active.iter().filter(|s| s.completed && s.output.len() > 1) {
             cache.save(sequence.cache_namespace, &sequence.fed(), &sequence.session);
+        }
+        for sequence in active
+            .iter()
+            .filter(|s| s.completed && s.drafting.is_some())
+        {
+            speculator.remember(sequence.cache_namespace, &sequence.output);
         }
         for sequence in active.iter().filter(|s| s.finished) {
             save_state(sequence);
@@ -291,6 +361,58 @@ pub(super) fn run(
             .unwrap_or_else(|p| p.into_inner()) = cache.stats();
         active.retain(|s| !s.finished);
         metrics.active.store(active.len() as i64, Ordering::Relaxed);
+    }
+}
+
+/// A verify pass's rows for `sequence` (its last token and drafts fed, logits after each): the
+/// sampler draws from each row in turn, as decoding one token a step would, while the token
+/// drawn is the draft fed after it; then the session goes back to just after the last row
+/// used, so it holds exactly the tokens that decoding one by one would have fed.
+fn verify(
+    sequence: &mut Sequence,
+    model: &Model<'_>,
+    rows: Vec<Vec<f32>>,
+    tokenizer: &Tokenizer,
+    metrics: &Metrics,
+) {
+    let draft = sequence
+        .drafting
+        .as_mut()
+        .map(|d| std::mem::take(&mut d.draft))
+        .unwrap_or_default();
+    let Some(start) = sequence.session.checkpoint_position() else {
+        return sequence.fail("internal error in a verify pass: no checkpoint");
+    };
+    sequence.count_pass();
+    let (mut used, mut accepted) = (0, 0);
+    for (i, row) in rows.iter().enumerate() {
+        let advanced = catch_unwind(AssertUnwindSafe(|| {
+            sequence.advance(row, tokenizer, metrics)
+        }));
+        if let Err(panic) = advanced {
+            return sequence.fail(&internal_error("sampling", &*panic));
+        }
+        used += 1;
+        let matched = draft.get(i) == Some(&sequence.last) && sequence.output.len() > 0;
+        accepted += usize::from(matched);
+        if sequence.finished || !matched {
+            break;
+        }
+    }
+    metrics
+        .spec_drafted
+        .fetch_add(draft.len() as u64, Ordering::Relaxed);
+    metrics
+        .spec_accepted
+        .fetch_add(accepted as u64, Ordering::Relaxed);
+    metrics.spec_passes.fetch_add(1, Ordering::Relaxed);
+    if let Some(drafting) = &mut sequence.drafting {
+        drafting.record(draft.len(), accepted);
+    }
+    if used == rows.len() {
+        sequence.session.commit();
+    } else if let Err(e) = model.rollback(&mut sequence.session, start + used) {
+        sequence.fail(&format!("internal error in a verify pass: {e}"));
     }
 }
 

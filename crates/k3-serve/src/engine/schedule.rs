@@ -16,6 +16,8 @@ pub(super) struct Standing {
     /// Where its prompt must stop once on the way (a chat's system block, for the prompt
     /// cache's snapshot there), if anywhere.
     pub(super) stop_at: Option<usize>,
+    /// Drafted tokens it feeds after its last one this step (decoding sequences).
+    pub(super) drafts: usize,
 }
 
 impl Standing {
@@ -35,8 +37,9 @@ pub(super) enum Feed {
 
 /// The step over `standings` (in admission order, oldest first) under a budget of `budget`
 /// tokens: `(index, feed)` pairs, decodes first. Decodes always go (a sequence never waits a
-/// step for a token); prompt chunks fill what is left of the budget, at least one token a step
-/// so a prompt always advances, each stopping at its `stop_at` and at its end.
+/// step for a token), with their drafts (chosen within the budget beforehand); prompt chunks
+/// fill what is left of the budget, at least one token a step so a prompt always advances,
+/// each stopping at its `stop_at` and at its end.
 pub(super) fn plan(standings: &[Standing], budget: usize) -> Vec<(usize, Feed)> {
     let mut feeds: Vec<(usize, Feed)> = standings
         .iter()
@@ -44,7 +47,8 @@ pub(super) fn plan(standings: &[Standing], budget: usize) -> Vec<(usize, Feed)> 
         .filter(|(_, s)| !s.prefilling())
         .map(|(i, _)| (i, Feed::Decode))
         .collect();
-    let mut left = budget.saturating_sub(feeds.len()).max(1);
+    let decode_tokens: usize = feeds.iter().map(|(i, _)| 1 + standings[*i].drafts).sum();
+    let mut left = budget.saturating_sub(decode_tokens).max(1);
     for (i, s) in standings.iter().enumerate() {
         if left == 0 {
             break;
@@ -72,6 +76,7 @@ mod tests {
             fed: 10,
             prompt: 10,
             stop_at: None,
+            drafts: 0,
         }
     }
 
@@ -80,6 +85,7 @@ mod tests {
             fed,
             prompt: len,
             stop_at,
+            drafts: 0,
         }
     }
 
@@ -107,6 +113,21 @@ mod tests {
                 (2, Feed::Decode),
                 (0, Feed::Prompt(90..100)),
                 (1, Feed::Prompt(5..10)),
+            ]
+        );
+    }
+
+    #[test]
+    fn drafts_come_out_of_the_prompts_share_of_the_budget() {
+        let mut drafting = decoding();
+        drafting.drafts = 5;
+        let s = [prompt(0, 100, None), drafting, decoding()];
+        assert_eq!(
+            plan(&s, 16),
+            [
+                (1, Feed::Decode),
+                (2, Feed::Decode),
+                (0, Feed::Prompt(0..9)),
             ]
         );
     }

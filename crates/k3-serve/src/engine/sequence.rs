@@ -15,6 +15,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::constrain::Constrained;
 use super::job::{Event, Job, TokenLogprob};
 use super::metrics::Metrics;
+use super::speculate::Drafting;
 use super::state::StateFiles;
 use crate::api::valid::Prompt;
 use crate::prompt_cache::Namespace;
@@ -98,6 +99,13 @@ pub(super) struct Sequence {
     constraint: Option<Constrained>,
     /// A JSON answer's text so far, for closing it when `max_tokens` is about to cut it.
     closer: Option<JsonCloser>,
+    /// Whether the request lets drafted tokens be verified for it (`"speculative"`); an
+    /// output constraint rules it out (its masks are made one token at a time).
+    pub(super) speculative: bool,
+    /// Its drafting state, when it speculates.
+    pub(super) drafting: Option<Drafting>,
+    /// Forward passes that gave it tokens after the first (decode steps, verify passes).
+    passes: usize,
 }
 
 impl Sequence {
@@ -175,6 +183,9 @@ impl Sequence {
                 .as_ref()
                 .filter(|c| matches!(c.spec, Spec::JsonObject | Spec::JsonSchema(_)))
                 .map(|_| JsonCloser::default()),
+            speculative: request.speculative && request.constraint.is_none(),
+            drafting: None,
+            passes: 0,
         }
     }
 
@@ -198,6 +209,13 @@ impl Sequence {
             ),
             _ => "no decode steps".to_owned(),
         };
+        let speculation = match &self.drafting {
+            Some(d) => format!(
+                ", speculation: {}/{} drafted tokens accepted in {} verify passes",
+                d.accepted, d.drafted, d.passes
+            ),
+            None => String::new(),
+        };
         let constrained = match &self.constraint {
             Some(c) => format!(
                 ", constrained: {:.3} ms of mask per token ({:.3} ms waited in steps)",
@@ -207,7 +225,7 @@ impl Sequence {
             None => String::new(),
         };
         log::info!(
-            "{id}: {how}; {} prompt tokens ({} cached), {} output tokens, time to first token {ttft}, {rate}{constrained}",
+            "{id}: {how}; {} prompt tokens ({} cached), {} output tokens, time to first token {ttft}, {rate}{constrained}{speculation}",
             self.prompt.len(),
             self.cached_tokens,
             self.generated,
@@ -224,9 +242,22 @@ impl Sequence {
             cached_tokens: self.cached_tokens,
             prefill: prefilled - self.admitted,
             decode: prefilled.elapsed(),
+            passes: self.passes,
         });
         self.finished = true;
         self.completed = true;
+    }
+
+    /// Tokens it may still generate after its next one: drafts beyond would be wasted.
+    pub(super) fn room(&self) -> usize {
+        self.max_tokens.saturating_sub(self.generated + 1)
+    }
+
+    /// Counts a forward pass that gave it tokens after its first.
+    pub(super) fn count_pass(&mut self) {
+        if self.generated > 0 {
+            self.passes += 1;
+        }
     }
 
     /// How long it waited in the queue before admission.
@@ -298,6 +329,9 @@ impl Sequence {
         self.generated += 1;
         self.last = sampled.token;
         self.output.push(sampled.token);
+        if let Some(drafting) = &mut self.drafting {
+            drafting.push(sampled.token);
+        }
         metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
         let text = |id: u32| tokenizer.decode(&[id]);
         let logprobs = if self.logprobs {

@@ -106,6 +106,24 @@ pub(super) async fn metrics(State(state): State<AppState>) -> Response {
          time per token.",
         format!("{:.6}", m.mask_ns.load(Ordering::Relaxed) as f64 / 1e9),
     );
+    text.metric(
+        "k3_spec_drafted_tokens_total",
+        "counter",
+        "Drafted tokens fed to verify passes (speculative decoding, --spec).",
+        m.spec_drafted.load(Ordering::Relaxed).to_string(),
+    );
+    text.metric(
+        "k3_spec_accepted_tokens_total",
+        "counter",
+        "Drafted tokens accepted: each was the token the sampler drew at its position.",
+        m.spec_accepted.load(Ordering::Relaxed).to_string(),
+    );
+    text.metric(
+        "k3_spec_passes_total",
+        "counter",
+        "Verify passes: steps of a sequence that fed drafted tokens after its last token.",
+        m.spec_passes.load(Ordering::Relaxed).to_string(),
+    );
     text.histogram(
         "k3_ttft_seconds",
         "Time from a request's arrival to its first token.",

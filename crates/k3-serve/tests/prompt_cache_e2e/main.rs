@@ -104,6 +104,7 @@ pub(crate) fn server_with(
         panic_on_prompt: None,
         scripted_answers,
         max_mask: Duration::from_millis(200),
+        spec: Default::default(),
     };
     let (engine, _thread) = spawn(config).unwrap();
     assert!(wait_ready(&engine, Duration::from_secs(120)));

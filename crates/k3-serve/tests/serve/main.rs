@@ -11,6 +11,7 @@ mod prompt_cache_files;
 mod prompt_cache_log;
 mod queue;
 mod router;
+mod speculative;
 mod status_counts;
 mod steps;
 mod structured;

@@ -66,6 +66,7 @@ pub(crate) fn config(
         panic_on_prompt: None,
         scripted_answers: Vec::new(),
         max_mask: std::time::Duration::from_millis(200),
+        spec: Default::default(),
     }
 }
 
