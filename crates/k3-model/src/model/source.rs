@@ -160,4 +160,117 @@ mod tests {
         drop(model);
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    /// A source that records each request: the layer and the experts asked for.
+    struct Recording {
+        inner: Arc<ExpertStore>,
+        asked: Arc<Mutex<Vec<(usize, Vec<usize>)>>>,
+    }
+
+    impl ExpertSource<MxFp4Matrices<3>, ModelError> for Recording {
+        fn home(&self, layer: usize, expert: usize) -> usize {
+            ExpertStore::home(&self.inner, layer, expert)
+        }
+
+        fn experts(
+            &self,
+            layer: usize,
+            needed: &[usize],
+            hooks: ExpertHooks<'_, MxFp4Matrices<3>, ModelError>,
+        ) -> Result<()> {
+            self.asked.lock().unwrap().push((layer, needed.to_vec()));
+            self.inner.experts(layer, needed, hooks)
+        }
+    }
+
+    /// A verify pass of several tokens reads each distinct routed expert once, whatever number
+    /// of its tokens chose it: the experts asked per layer are the union of what each token
+    /// asks alone (counted by a recording source), the store (cache 0: every use a read) reads
+    /// exactly that many, and the mapped model's count (`Model::experts_read`) says the same.
+    #[test]
+    fn a_pass_reads_each_distinct_expert_once() {
+        use std::collections::BTreeSet;
+
+        let dir = std::env::temp_dir().join(format!("k3-source-once-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let config = generate(&dir, &SynthOptions::new(Preset::Tiny))
+            .unwrap()
+            .config;
+        let ckpt = Checkpoint::open(&dir).unwrap();
+        let kernels = Kernels::detect();
+        let prefix = [1usize, 500, 17];
+        // The same token four times and two others: tokens that share experts.
+        let pass = [7usize, 7, 7, 7, 42, 7];
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let inner = Arc::new(
+            ExpertStore::open(
+                &ckpt,
+                expert_layout(&config),
+                StoreConfig {
+                    capacity: expert_store::Capacity::PerLayer(0),
+                    ..StoreConfig::default()
+                },
+            )
+            .unwrap(),
+        );
+        let model = Model::with_expert_source(
+            &ckpt,
+            &config,
+            kernels,
+            Box::new(Recording {
+                inner: Arc::clone(&inner),
+                asked: Arc::clone(&asked),
+            }),
+        )
+        .unwrap();
+        let mut start = model.session();
+        model.prefill(&mut start, &prefix, 8).unwrap();
+        // Each token alone, from the session it would see in the pass.
+        let mut alone: std::collections::BTreeMap<usize, BTreeSet<usize>> = Default::default();
+        let mut each = 0;
+        let mut session = start.clone();
+        for &token in &pass {
+            asked.lock().unwrap().clear();
+            model.decode_step(&mut session, token).unwrap();
+            for (layer, ids) in asked.lock().unwrap().iter() {
+                each += ids.len();
+                alone.entry(*layer).or_default().extend(ids);
+            }
+        }
+        // The pass.
+        asked.lock().unwrap().clear();
+        let loads = inner.stats().loads;
+        let mut session = start.clone();
+        model
+            .step_rows(&mut [(&mut session, &pass[..])], &[crate::model::Want::All])
+            .unwrap();
+        let in_pass = asked.lock().unwrap().clone();
+        assert_eq!(in_pass.len(), alone.len(), "one request per MoE layer");
+        let mut distinct = 0;
+        for (layer, ids) in &in_pass {
+            let union: Vec<usize> = alone[layer].iter().copied().collect();
+            assert_eq!(ids, &union, "layer {layer}: each distinct expert once");
+            distinct += ids.len();
+        }
+        assert!(
+            distinct < each,
+            "the tokens shared no expert: {distinct} of {each}"
+        );
+        assert_eq!(inner.stats().loads - loads, distinct as u64, "store reads");
+        // The mapping: the model counts what it asks of its source.
+        let mapped = Model::new(&ckpt, &config, kernels).unwrap();
+        let mut session = mapped.session();
+        mapped.prefill(&mut session, &prefix, 8).unwrap();
+        let before = mapped.experts_read();
+        mapped
+            .step_rows(&mut [(&mut session, &pass[..])], &[crate::model::Want::All])
+            .unwrap();
+        assert_eq!(
+            mapped.experts_read() - before,
+            distinct as u64,
+            "mapped reads"
+        );
+        drop((model, mapped));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -767,3 +767,54 @@ fn sigterm_finishes_open_streams_then_exits() {
     assert!(exit.success(), "{exit:?}");
     assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
 }
+
+/// A completion's choice (text, log-probabilities with alternatives, finish reason).
+fn completion_choice(port: u16, body: &Value) -> Value {
+    let (status, text) = request(port, "POST", "/v1/completions", Some(&body.to_string())).unwrap();
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    v["choices"][0].clone()
+}
+
+/// `--spec ngram` answers exactly as `--spec off`, greedy and seeded at temperature 1, alone
+/// and batched; verify passes happened (the prompt repeats a block, and the random model's
+/// greedy output falls into loops the n-grams then predict). Under `K3_SERVE_TEST_RANKS=2`
+/// (CI's MPI stage) both servers run as two ranks.
+#[test]
+fn speculation_answers_as_without_it() {
+    let on = start_with(&["--spec", "ngram"]);
+    let off = start_with(&["--spec", "off"]);
+    let block = "for i in 0..n {\n    total += values[i] * weights[i];\n}\n";
+    let bodies: Vec<Value> = [(0.0, 0), (1.0, 1), (1.0, 2), (0.0, 3)]
+        .iter()
+        .map(|&(temperature, seed)| {
+            json!({"prompt": format!("Copy the loop twice:\n{block}{block}Copy {seed}:\n"),
+                   "max_tokens": 48, "temperature": temperature, "seed": seed, "logprobs": 3})
+        })
+        .collect();
+    let want: Vec<Value> = bodies
+        .iter()
+        .map(|b| completion_choice(off.port, b))
+        .collect();
+    for (body, want) in bodies.iter().zip(&want) {
+        assert_eq!(&completion_choice(on.port, body), want, "{body}");
+    }
+    let port = on.port;
+    let together: Vec<Value> = std::thread::scope(|s| {
+        let handles: Vec<_> = bodies
+            .iter()
+            .map(|b| s.spawn(move || completion_choice(port, b)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(together, want, "batched");
+    assert!(
+        metric(on.port, "k3_spec_passes_total") > 0.0,
+        "no verify pass"
+    );
+    assert!(
+        metric(on.port, "k3_spec_accepted_tokens_total") > 0.0,
+        "no draft accepted"
+    );
+    assert_eq!(metric(off.port, "k3_spec_passes_total"), 0.0);
+}
