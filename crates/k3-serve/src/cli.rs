@@ -235,30 +235,6 @@ pub fn k3_serve_flags() -> Vec<Flag> {
             "a request's output constraint (response_format, a forced or strict tool call, --json-schema, --grammar) may take this long to compile; longer is a 400",
         ),
         Flag::value(
-            "spec",
-            "MODE",
-            Choice(&["ngram", "off"]),
-            "off",
-            SPECULATION,
-            "speculative decoding: `ngram` drafts tokens from the conversation itself (what followed the latest earlier occurrence of the last few tokens) and from earlier answers of the same tenant, and checks them in the step's one pass over the weights; the output is the same bits as `off`, which decodes one token a pass",
-        ),
-        Flag::value(
-            "spec-max-draft",
-            "N",
-            Count,
-            "8",
-            SPECULATION,
-            "drafted tokens per sequence and step at most; fewer when the measured cost of a longer pass or the sequence's acceptance says they would not pay",
-        ),
-        Flag::value(
-            "spec-cache-mb",
-            "M",
-            Whole,
-            "64",
-            SPECULATION,
-            "memory for earlier answers to draft from (with their index), per server, least recently used dropped first; each tenant drafts only from its own (0: none kept)",
-        ),
-        Flag::value(
             "max-mask-ms",
             "MS",
             Number {
@@ -307,6 +283,30 @@ pub fn k3_serve_flags() -> Vec<Flag> {
             "max",
             SAMPLING,
             "thinking effort the chat template announces: low, high or max",
+        ),
+        Flag::value(
+            "spec",
+            "MODE",
+            Choice(&["ngram", "off"]),
+            "off",
+            SPECULATION,
+            "speculative decoding: `ngram` drafts tokens from the conversation itself (what followed the latest earlier occurrence of the last few tokens) and from earlier answers of the same tenant, and checks them in the step's one pass over the weights; the output is the same bits as `off`, which decodes one token a pass",
+        ),
+        Flag::value(
+            "spec-max-draft",
+            "N",
+            Count,
+            "8",
+            SPECULATION,
+            "drafted tokens per sequence and step at most; fewer when the measured cost of a longer pass or the sequence's acceptance says they would not pay",
+        ),
+        Flag::value(
+            "spec-cache-mb",
+            "M",
+            Whole,
+            "64",
+            SPECULATION,
+            "memory for earlier answers to draft from (with their index), per server, least recently used dropped first; each tenant drafts only from its own (0: none kept)",
         ),
     ];
     table.extend(library_flags());
@@ -358,6 +358,7 @@ mod tests {
                 "Model",
                 "Server",
                 "Sampling and one-shot generation",
+                "Speculative decoding",
                 "Performance",
                 "Experts",
                 "NUMA"

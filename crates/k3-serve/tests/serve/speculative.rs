@@ -31,11 +31,20 @@ fn prompt() -> String {
 /// 6 tokens of its own (they are rejected), then the block's tokens again; sampling resumes
 /// after that.
 fn engine(speculate: bool, setup: impl FnOnce(&mut EngineConfig)) -> AppState {
+    engine_on(&crate::tiny(), speculate, setup)
+}
+
+/// [`engine`] on the checkpoint in `dir`.
+fn engine_on(
+    dir: &std::path::Path,
+    speculate: bool,
+    setup: impl FnOnce(&mut EngineConfig),
+) -> AppState {
     let experts = ExpertOptions {
         usage_cache: false,
         ..ExpertOptions::default()
     };
-    let mut engine = config(crate::tiny(), experts, 64, 8, 2048);
+    let mut engine = config(dir.to_path_buf(), experts, 64, 8, 2048);
     engine.step_tokens = 64;
     engine.options.pool.threads = Some(2);
     engine.spec = SpecOptions {
@@ -43,7 +52,7 @@ fn engine(speculate: bool, setup: impl FnOnce(&mut EngineConfig)) -> AppState {
         ..SpecOptions::default()
     };
     setup(&mut engine);
-    let tokenizer = k3_model::tokenizer::Tokenizer::from_dir(&crate::tiny()).unwrap();
+    let tokenizer = k3_model::tokenizer::Tokenizer::from_dir(dir).unwrap();
     let ids = prompt_ids(&tokenizer, &k3_serve::api::Prompt::Text(prompt()));
     let block = tokenizer.encode(BLOCK, false);
     let mut script: Vec<u32> = block.iter().copied().take(40).collect();
@@ -53,7 +62,7 @@ fn engine(speculate: bool, setup: impl FnOnce(&mut EngineConfig)) -> AppState {
     let state = state_unready(engine, 2048);
     assert!(k3_serve::engine::wait_ready(
         &state.engine,
-        Duration::from_secs(120)
+        Duration::from_secs(900)
     ));
     state
 }
@@ -62,7 +71,7 @@ fn engine(speculate: bool, setup: impl FnOnce(&mut EngineConfig)) -> AppState {
 /// (text, logprobs, finish reason).
 async fn complete(state: &AppState, text: Option<&str>, extra: Value) -> Value {
     let mut body = json!({
-        "model": "tiny", "prompt": text.map_or_else(prompt, str::to_owned),
+        "prompt": text.map_or_else(prompt, str::to_owned),
         "max_tokens": 96, "logprobs": 5,
     });
     for (k, v) in extra.as_object().unwrap() {
@@ -196,4 +205,67 @@ async fn a_resumed_conversation_speculates_to_the_same_answers() {
     assert!(cached(&on) > 0, "the second turns did not resume");
     let (drafted, _, _) = spec_counts(&on);
     assert!(drafted > 0);
+}
+
+/// The same on a real-width checkpoint (`K3_SPEC_MODEL`, e.g. a k3-wide slice), in release:
+/// `K3_SPEC_MODEL=/path/k3-wide cargo test --release -p k3-serve --test serve
+/// speculative::on_a_checkpoint -- --ignored --nocapture`. Alone (greedy, seeded temperature 1,
+/// a stop string and `max_tokens` inside the copied block), batched, with two domains and with
+/// the expert store reading every expert on use; fewer tokens than on tiny.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs K3_SPEC_MODEL; minutes in release"]
+async fn on_a_checkpoint() {
+    let dir = std::path::PathBuf::from(std::env::var("K3_SPEC_MODEL").expect("K3_SPEC_MODEL"));
+    let short = |mut extra: Value| {
+        if extra.get("max_tokens").is_none() {
+            extra["max_tokens"] = json!(40);
+        }
+        extra
+    };
+    let cases: Vec<Value> = [
+        json!({"temperature": 0}),
+        json!({"temperature": 1, "seed": 1}),
+        json!({"temperature": 0, "stop": ["* h"]}),
+        json!({"temperature": 1, "seed": 5, "max_tokens": 23}),
+    ]
+    .into_iter()
+    .map(short)
+    .collect();
+    type Setup = fn(&mut EngineConfig);
+    let setups: [(&str, Setup); 3] = [
+        ("one domain", |_| {}),
+        ("two domains", |e| e.options.pool.fake_domains = Some(2)),
+        ("expert store, cache 0", |e| {
+            e.options.experts.cache_experts = Some(0)
+        }),
+    ];
+    for (name, setup) in setups {
+        let started = std::time::Instant::now();
+        let off = engine_on(&dir, false, setup);
+        let mut want = Vec::new();
+        for extra in &cases {
+            want.push(complete(&off, None, extra.clone()).await);
+        }
+        drop(off);
+        let on = engine_on(&dir, true, setup);
+        for (extra, want) in cases.iter().zip(&want) {
+            assert_eq!(&complete(&on, None, extra.clone()).await, want, "{name}: {extra}");
+        }
+        // Batched: all at once.
+        let mut tasks = Vec::new();
+        for extra in cases.clone() {
+            let on = on.clone();
+            tasks.push(tokio::spawn(async move { complete(&on, None, extra).await }));
+        }
+        for ((task, want), extra) in tasks.into_iter().zip(&want).zip(&cases) {
+            assert_eq!(&task.await.unwrap(), want, "{name}, batched: {extra}");
+        }
+        assert_drafts_accepted_and_rejected(&on);
+        let (drafted, accepted, passes) = spec_counts(&on);
+        println!(
+            "{name}: identical; {accepted}/{drafted} drafts accepted in {passes} verify passes \
+             ({:.0} s)",
+            started.elapsed().as_secs_f64()
+        );
+    }
 }
