@@ -386,6 +386,7 @@ fn verify(
     sequence.count_pass();
     let (mut used, mut accepted) = (0, 0);
     for (i, row) in rows.iter().enumerate() {
+        let before = sequence.output.len();
         let advanced = catch_unwind(AssertUnwindSafe(|| {
             sequence.advance(row, tokenizer, metrics)
         }));
@@ -393,7 +394,8 @@ fn verify(
             return sequence.fail(&internal_error("sampling", &*panic));
         }
         used += 1;
-        let matched = draft.get(i) == Some(&sequence.last) && sequence.output.len() > 0;
+        // A token was drawn (not a cancel) and it is the draft fed after this row.
+        let matched = sequence.output.len() > before && draft.get(i) == Some(&sequence.last);
         accepted += usize::from(matched);
         if sequence.finished || !matched {
             break;

@@ -249,13 +249,19 @@ async fn on_a_checkpoint() {
         drop(off);
         let on = engine_on(&dir, true, setup);
         for (extra, want) in cases.iter().zip(&want) {
-            assert_eq!(&complete(&on, None, extra.clone()).await, want, "{name}: {extra}");
+            assert_eq!(
+                &complete(&on, None, extra.clone()).await,
+                want,
+                "{name}: {extra}"
+            );
         }
         // Batched: all at once.
         let mut tasks = Vec::new();
         for extra in cases.clone() {
             let on = on.clone();
-            tasks.push(tokio::spawn(async move { complete(&on, None, extra).await }));
+            tasks.push(tokio::spawn(
+                async move { complete(&on, None, extra).await },
+            ));
         }
         for ((task, want), extra) in tasks.into_iter().zip(&want).zip(&cases) {
             assert_eq!(&task.await.unwrap(), want, "{name}, batched: {extra}");
