@@ -60,10 +60,9 @@ fn engine_on(
     script.extend(&block);
     engine.scripted_answers = vec![(ids, script)];
     let state = state_unready(engine, 2048);
-    assert!(k3_serve::engine::wait_ready(
-        &state.engine,
-        Duration::from_secs(900)
-    ));
+    if let Err(e) = state.engine.wait_loaded(Some(Duration::from_secs(900))) {
+        panic!("the engine did not load: {e}");
+    }
     state
 }
 
@@ -139,6 +138,21 @@ async fn speculation_changes_nothing_with_two_domains() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn speculation_changes_nothing_with_the_expert_store_reading_on_use() {
     identity_with(|engine| engine.options.experts.cache_experts = Some(0)).await;
+}
+
+/// Under a memory budget that holds about half the trunk, so the rest streams from disk each
+/// step (the verify pass reads it once; a rollback reads no matrix).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn speculation_changes_nothing_under_a_budget_that_streams_the_trunk() {
+    let dir = crate::tiny();
+    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let model_config = k3_model::config::K3Config::from_json(&text).unwrap();
+    let ckpt = expert_store::Checkpoint::open(&dir).unwrap();
+    let sizes = k3_model::plan::WeightSizes::new(&ckpt, &model_config).unwrap();
+    // The minimum the plan needs for 8 sequences of 2048 tokens (KV cache, KDA state,
+    // buffers: 10.5 MB on tiny), and half the trunk.
+    let budget = sizes.trunk_resident_bytes() / 2 + 12_000_000;
+    identity_with(move |engine| engine.options.memory_bytes = Some(budget)).await;
 }
 
 /// Several requests in the same steps, each with its drafts: every answer is its answer alone
