@@ -7,7 +7,7 @@
 //! 1. what the model is: [`config`] (the validated `config.json`), [`inventory`] (every tensor
 //!    the config implies and its byte plan), [`knob`] (the options a person turns), and the
 //!    leaves [`tokenizer`], [`chat`], [`sampling`], [`ops`] (the forward pass's primitives),
-//!    [`profile`];
+//!    [`profile`], [`speculate`] (drafts for speculative decoding and their length);
 //! 2. [`checks`]: a checkpoint validated against the config, and its format census;
 //!    [`experts`]: the expert store's options; [`synth`]: synthetic checkpoints in the
 //!    release's layout;
@@ -33,6 +33,7 @@ pub mod plan;
 pub mod profile;
 pub mod sampling;
 mod shares;
+pub mod speculate;
 pub mod synth;
 pub mod tokenizer;
 mod units;

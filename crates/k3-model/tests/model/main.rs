@@ -16,6 +16,7 @@ mod numa;
 mod ops;
 mod sampling;
 mod rollback;
+mod speculate;
 mod streamed;
 mod synth;
 mod tokenizer;
