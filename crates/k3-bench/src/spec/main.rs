@@ -160,7 +160,7 @@ fn main() -> Result<()> {
         vocab: u32::try_from(config.vocab_size).context("vocabulary past u32")?,
     };
     let results = oracle::run(&model, &setup, &args.rates)?;
-    oracle::print(&results);
+    oracle::print(&results, &seconds, args.max_draft);
 
     println!(
         "\n## 3. n-gram drafter on a code-editing prompt ({} tokens), {} tokens generated",

@@ -8,6 +8,7 @@ use k3_model::model::Model;
 
 use crate::draw::Oracle;
 use crate::generate::{Decoded, Mode, decode};
+use crate::projection::expected_tokens;
 use crate::stats::median;
 
 /// What the runs at one acceptance rate gave.
@@ -108,12 +109,23 @@ pub(crate) fn first_difference(a: &[u32], b: &[u32]) -> usize {
 /// at each acceptance rate.
 const TARGETS: [(f64, f64); 3] = [(0.7, 1.8), (0.5, 1.4), (0.0, 0.97)];
 
-/// Prints the summary table and each target met or missed.
-pub(crate) fn print(results: &[RateResult]) {
+/// The most the measured curve allows at acceptance rate `p`: the best, over passes of 1 to
+/// `max_draft + 1` tokens, of the expected tokens per pass over the pass's time relative to
+/// one token (`curve[n - 1]`: seconds of a pass of n tokens). What a perfect policy with a
+/// free drafter, checkpoint and rollback would reach.
+pub(crate) fn curve_bound(p: f64, curve: &[f64], max_draft: usize) -> f64 {
+    (1..=curve.len().min(max_draft + 1))
+        .map(|n| expected_tokens(p, n) / (curve[n - 1] / curve[0]))
+        .fold(0.0, f64::max)
+}
+
+/// Prints the summary table (with the bound the curve sets, `curve_bound`) and each target
+/// met or missed.
+pub(crate) fn print(results: &[RateResult], curve: &[f64], max_draft: usize) {
     println!(
-        "| p | off tokens/s | on tokens/s | on/off (median of pairs) | tokens per pass | acceptance | drafts per pass | identical |"
+        "| p | off tokens/s | on tokens/s | on/off (median of pairs) | the curve's bound | tokens per pass | acceptance | drafts per pass | identical |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for result in results {
         let offs: Vec<f64> = result
             .pairs
@@ -148,14 +160,45 @@ pub(crate) fn print(results: &[RateResult]) {
             continue;
         };
         let ratio = result.ratio();
+        let bound = curve_bound(p, curve, max_draft);
         if ratio >= target {
-            println!("target at p = {p}: {ratio:.3}× ≥ {target}×: met");
+            println!(
+                "target at p = {p}: {ratio:.3}× ≥ {target}×: met (the curve's bound {bound:.3}×)"
+            );
         } else {
             println!(
-                "target at p = {p}: {ratio:.3}× < {target}×: MISSED by {:.3}× ({:.1}%)",
+                "target at p = {p}: {ratio:.3}× < {target}×: MISSED by {:.3}× ({:.1}%); the curve's bound is {bound:.3}×",
                 target - ratio,
                 100.0 * (target - ratio) / target
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_curve_bound_is_the_best_expected_tokens_per_relative_time() {
+        // A flat curve: the longest pass allowed, E(max_draft + 1).
+        let flat = [2.0; 16];
+        assert!((curve_bound(0.5, &flat, 8) - expected_tokens(0.5, 9)).abs() < 1e-12);
+        // Each token costs as much as the first: nothing beats one token.
+        let linear: Vec<f64> = (1..=16).map(f64::from).collect();
+        assert_eq!(curve_bound(0.9, &linear, 8), 1.0);
+        // 1, 1.2, 1.4, ...: at p = 0.7, n = 3 gives 2.19 / 1.4.
+        let steep: Vec<f64> = (0..16).map(|i| 1.0 + 0.2 * f64::from(i)).collect();
+        let best = (1..=9)
+            .map(|n| expected_tokens(0.7, n) / steep[n - 1])
+            .fold(0.0, f64::max);
+        assert_eq!(curve_bound(0.7, &steep, 8), best);
+        assert_eq!(curve_bound(0.0, &steep, 8), 1.0);
+    }
+
+    #[test]
+    fn the_first_difference_is_named() {
+        assert_eq!(first_difference(&[1, 2, 3], &[1, 5, 3]), 1);
+        assert_eq!(first_difference(&[1, 2], &[1, 2, 3]), 2);
     }
 }
