@@ -119,40 +119,43 @@ pub(crate) fn curve_bound(p: f64, curve: &[f64], max_draft: usize) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// The summary table's header: one row per acceptance rate ([`row`]).
+const HEADER: &str = "| p | off tokens/s | on tokens/s | on/off (median of pairs) | each pair's on/off | the curve's bound | tokens per pass | acceptance | drafts per pass | identical |";
+
+/// One rate's row of the summary table: medians over the pairs, and each pair's ratio.
+fn row(result: &RateResult, bound: f64) -> String {
+    let ons: Vec<&Decoded> = result.pairs.iter().map(|(_, on)| on).collect();
+    let of_ons = |f: fn(&Decoded) -> f64| median(&ons.iter().map(|on| f(on)).collect::<Vec<_>>());
+    let offs: Vec<f64> = result
+        .pairs
+        .iter()
+        .map(|(off, _)| off.tokens_per_second())
+        .collect();
+    let ratios: Vec<String> = result
+        .pairs
+        .iter()
+        .map(|(off, on)| format!("{:.3}", on.tokens_per_second() / off.tokens_per_second()))
+        .collect();
+    format!(
+        "| {} | {:.3} | {:.3} | {:.3} | {} | {bound:.3} | {:.2} | {:.2} | {:.2} | yes |",
+        result.p,
+        median(&offs),
+        of_ons(Decoded::tokens_per_second),
+        result.ratio(),
+        ratios.join(", "),
+        of_ons(Decoded::tokens_per_pass),
+        of_ons(Decoded::acceptance),
+        of_ons(|on| on.drafted as f64 / on.passes as f64),
+    )
+}
+
 /// Prints the summary table (with the bound the curve sets, `curve_bound`) and each target
 /// met or missed.
 pub(crate) fn print(results: &[RateResult], curve: &[f64], max_draft: usize) {
-    println!(
-        "| p | off tokens/s | on tokens/s | on/off (median of pairs) | the curve's bound | tokens per pass | acceptance | drafts per pass | identical |"
-    );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    println!("{HEADER}");
+    println!("|---:|---:|---:|---:|---|---:|---:|---:|---:|---|");
     for result in results {
-        let offs: Vec<f64> = result
-            .pairs
-            .iter()
-            .map(|(off, _)| off.tokens_per_second())
-            .collect();
-        let ons: Vec<&Decoded> = result.pairs.iter().map(|(_, on)| on).collect();
-        let per_pass: Vec<f64> = ons.iter().map(|on| on.tokens_per_pass()).collect();
-        let acceptance: Vec<f64> = ons.iter().map(|on| on.acceptance()).collect();
-        let drafts: Vec<f64> = ons
-            .iter()
-            .map(|on| on.drafted as f64 / on.passes as f64)
-            .collect();
-        println!(
-            "| {} | {:.3} | {:.3} | {:.3} | {:.2} | {:.2} | {:.2} | yes |",
-            result.p,
-            median(&offs),
-            median(
-                &ons.iter()
-                    .map(|on| on.tokens_per_second())
-                    .collect::<Vec<_>>()
-            ),
-            result.ratio(),
-            median(&per_pass),
-            median(&acceptance),
-            median(&drafts),
-        );
+        println!("{}", row(result, curve_bound(result.p, curve, max_draft)));
     }
     for (p, target) in TARGETS {
         let Some(result) = results.iter().find(|r| r.p == p) else {
@@ -194,6 +197,35 @@ mod tests {
             .fold(0.0, f64::max);
         assert_eq!(curve_bound(0.7, &steep, 8), best);
         assert_eq!(curve_bound(0.0, &steep, 8), 1.0);
+    }
+
+    #[test]
+    fn a_row_has_a_cell_for_every_column() {
+        let run = |passes, drafted, accepted, seconds| Decoded {
+            tokens: vec![1; 9],
+            seconds,
+            passes,
+            drafted,
+            accepted,
+        };
+        let result = RateResult {
+            p: 0.5,
+            pairs: vec![
+                (run(8, 0, 0, 4.0), run(4, 6, 4, 2.0)),
+                (run(8, 0, 0, 4.0), run(4, 6, 4, 4.0)),
+            ],
+        };
+        let cells = |line: &str| line.matches('|').count();
+        let line = row(&result, 1.25);
+        assert_eq!(cells(&line), cells(HEADER), "{line}");
+        // The ratios 2 and 1: their median is 1.5, not the upper one.
+        assert_eq!(result.ratio(), 1.5);
+        assert!(
+            line.starts_with(
+                "| 0.5 | 2.000 | 3.000 | 1.500 | 2.000, 1.000 | 1.250 | 2.00 | 0.67 | 1.50 | yes |"
+            ),
+            "{line}"
+        );
     }
 
     #[test]
