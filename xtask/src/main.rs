@@ -7,6 +7,7 @@ mod bench_kernels;
 mod bench_memory;
 mod bench_peers;
 mod bench_serve;
+mod bench_spec;
 mod cgroup;
 mod gguf;
 mod gguf_compare;
@@ -67,6 +68,15 @@ const TASKS: &[Task] = &[
                 --interference / --pair-prefill: a long prefill's effect on running streams, \
                 two prefills together vs alone",
         run: bench_serve::run,
+    },
+    Task {
+        name: "bench-spec",
+        usage: "--model DIR [--threads 2] [--tokens 64] [--reps 5] [--pairs 2] [--max-pass 16] [--max-draft 8] [--rates 0,0.3,0.5,0.7,0.9] [--seed 0] [--bandwidth-gbps 400] [--kernel-tier T] [--resident-trunk]",
+        about: "exact speculative decoding: the verify pass's cost curve (1..16 tokens, with the \
+                trunk and routed-expert bytes read), the oracle drafter at each acceptance rate \
+                and the n-gram drafter off against on (tokens checked equal), the release's \
+                projected speedup",
+        run: bench_spec::run,
     },
     Task {
         name: "trunk-accuracy",

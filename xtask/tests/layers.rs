@@ -8,7 +8,8 @@
 //! that takes `super::Y` imports its parent. Inline modules belong to their file. Test modules
 //! (`#[cfg(test)] mod tests;` or `mod tests { }`) are consumers, not layers: they may take
 //! fixtures from anywhere, and are left out. The module tree is followed from each crate root
-//! (`lib.rs`, `main.rs`, `bin/*.rs`) through its `mod name;` declarations.
+//! (`lib.rs`, `main.rs`, `bin/*.rs`, and `NAME/main.rs`: a binary whose modules live in a
+//! folder of their own) through its `mod name;` declarations.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -166,6 +167,17 @@ fn modules(tree: &BTreeMap<PathBuf, String>) -> BTreeMap<String, PathBuf> {
     roots.extend(
         tree.keys()
             .filter(|p| p.parent() == Some(Path::new("bin")))
+            .cloned(),
+    );
+    // A second binary with its modules in a folder of its own (`[[bin]] path =
+    // "src/spec/main.rs"`, k3-bench's spec_bench): `NAME/main.rs`.
+    roots.extend(
+        tree.keys()
+            .filter(|p| {
+                p.file_name() == Some("main.rs".as_ref())
+                    && p.parent()
+                        .is_some_and(|d| d.parent() == Some(Path::new("")) && d != Path::new("bin"))
+            })
             .cloned(),
     );
     for root in roots {
@@ -727,4 +739,33 @@ fn the_checks_catch_what_they_should() {
     let follow = &edges[&PathBuf::from("follow.rs")];
     assert!(!follow.contains(&PathBuf::from("a.rs")), "{edges:?}");
     assert!(follow.contains(&PathBuf::from("main.rs")), "{edges:?}");
+    // A second binary rooted in a folder of its own is walked, and a cycle in it found.
+    let second = tree(&[
+        (
+            "main.rs", "//! x
+",
+        ),
+        (
+            "spec/main.rs",
+            "//! x
+mod a;
+mod b;
+",
+        ),
+        (
+            "spec/a.rs",
+            "//! x
+use crate::b::B;
+pub struct A;
+",
+        ),
+        (
+            "spec/b.rs",
+            "//! x
+use crate::a::A;
+pub struct B;
+",
+        ),
+    ]);
+    assert_eq!(cycles(&imports(&second)).len(), 1, "{:?}", imports(&second));
 }
