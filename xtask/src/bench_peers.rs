@@ -325,15 +325,20 @@ fn memory_mode(o: &Options, model: &Path, work: &Path, run: MemoryRun) -> Result
 
 /// Our decode bench, built in release.
 fn build_ours() -> Result<PathBuf> {
+    build_bench_bin("teacher_forced_decode_bench")
+}
+
+/// One of k3-bench's binaries, built in release; its path.
+pub(crate) fn build_bench_bin(name: &str) -> Result<PathBuf> {
     run_checked(Command::new("cargo").args([
         "build",
         "--release",
         "-p",
         "k3-bench",
         "--bin",
-        "teacher_forced_decode_bench",
+        name,
     ]))?;
-    Ok(from_root("target/release/teacher_forced_decode_bench"))
+    Ok(from_root(&format!("target/release/{name}")))
 }
 
 /// The checkpoint's safetensors shards.

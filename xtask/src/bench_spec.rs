@@ -11,7 +11,6 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 
-use crate::oracle::run_checked;
 use crate::{Options, from_root};
 
 /// The options `bench-spec` takes and hands to the bench as they are (a switch ends in `!`);
@@ -34,15 +33,7 @@ const DEFAULT_THREADS: &str = "2";
 
 pub(crate) fn run(args: &[String]) -> Result<()> {
     let bench_args = bench_args(args)?;
-    run_checked(Command::new("cargo").args([
-        "build",
-        "--release",
-        "-p",
-        "k3-bench",
-        "--bin",
-        "spec_bench",
-    ]))?;
-    let bench = from_root("target/release/spec_bench");
+    let bench = crate::bench_peers::build_bench_bin("spec_bench")?;
     let status = Command::new(&bench)
         .args(&bench_args)
         .status()

@@ -31,7 +31,6 @@ use k3_model::K3Config;
 
 use crate::bench_peers::convert;
 use crate::gguf_k3_meta::Outtype;
-use crate::oracle::run_checked;
 use crate::oracle_llamacpp::{WORK_DIR, build_llamacpp, fetch_sdist};
 use crate::{Options, command_line, from_root};
 
@@ -348,15 +347,7 @@ fn has_avx512_bf16() -> bool {
 
 /// Our decode bench, built in release.
 fn build_ours() -> Result<PathBuf> {
-    run_checked(Command::new("cargo").args([
-        "build",
-        "--release",
-        "-p",
-        "k3-bench",
-        "--bin",
-        "teacher_forced_decode_bench",
-    ]))?;
-    Ok(from_root("target/release/teacher_forced_decode_bench"))
+    crate::bench_peers::build_bench_bin("teacher_forced_decode_bench")
 }
 
 /// Runs our bench on `ids` with `--trunk-format format` (and `--kernel-tier tier`), every

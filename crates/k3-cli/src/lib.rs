@@ -31,7 +31,7 @@ pub use flag::{Flag, Group, Kind, all_spellings, is_flag_spelling};
 pub use help::{flags_in_help, groups, render_help, render_version, spelled};
 pub use knobs::{FlagHints, flag_of, hint_of, with_flags};
 pub use library::{apply_library_flags, library_flags, library_flags_with_threads, model_flag};
-pub use parse::{Outcome, Parsed, parse, parse_or_exit};
+pub use parse::{Outcome, Parsed, parse, parse_or_answer, parse_or_exit};
 
 /// The README's example, run as a doctest so it stays true.
 #[cfg(doctest)]

@@ -227,6 +227,28 @@ pub fn parse(
     Ok(Outcome::Run(parsed))
 }
 
+/// [`parse`], answering `--help` / `--version` itself: prints [`crate::render_help`] /
+/// [`crate::render_version`] to stdout and returns `None` (the binary then exits 0); the flags
+/// to run with otherwise. A usage error is returned for the binary to print.
+pub fn parse_or_answer(
+    table: &[Flag],
+    binary: &str,
+    version: &str,
+    args: impl IntoIterator<Item = String>,
+) -> Result<Option<Parsed>, UsageError> {
+    match parse(table, args)? {
+        Outcome::Run(parsed) => Ok(Some(parsed)),
+        Outcome::Help => {
+            print!("{}", render_help(table, binary, version));
+            Ok(None)
+        }
+        Outcome::Version => {
+            print!("{}", render_version(binary, version));
+            Ok(None)
+        }
+    }
+}
+
 /// What a binary does with its command line before anything else: [`parse`] it, and on
 /// `--help` / `--version` print [`crate::render_help`] / [`crate::render_version`] to stdout and
 /// exit 0, on a usage error print `binary: error` to stderr and exit 2 (the usual convention
@@ -238,16 +260,9 @@ pub fn parse_or_exit(
     version: &str,
     args: impl IntoIterator<Item = String>,
 ) -> Parsed {
-    match parse(table, args) {
-        Ok(Outcome::Run(parsed)) => parsed,
-        Ok(Outcome::Help) => {
-            print!("{}", render_help(table, binary, version));
-            std::process::exit(0)
-        }
-        Ok(Outcome::Version) => {
-            print!("{}", render_version(binary, version));
-            std::process::exit(0)
-        }
+    match parse_or_answer(table, binary, version, args) {
+        Ok(Some(parsed)) => parsed,
+        Ok(None) => std::process::exit(0),
         Err(e) => {
             eprintln!("{binary}: {e}");
             std::process::exit(2)

@@ -9,7 +9,7 @@ use std::time::Duration;
 use k3_model::builder::EngineOptions;
 use k3_model::builder::PackCachePlace;
 use k3_model::chat::ThinkingEffort;
-use k3_serve::cli::{self, Flag, Outcome, Parsed, UsageError};
+use k3_serve::cli::{self, Flag, Parsed, UsageError};
 use k3_serve::conn::ConnLimits;
 use k3_serve::engine::{SpecOptions, StateFiles};
 use k3_serve::model_dir::check_model_dir;
@@ -69,16 +69,8 @@ pub(crate) fn parse(
     table: &[Flag],
     args: impl IntoIterator<Item = String>,
 ) -> Result<Option<Args>, UsageError> {
-    let mut p = match cli::parse(table, args)? {
-        Outcome::Run(parsed) => parsed,
-        Outcome::Help => {
-            print!("{}", cli::render_help(table, BINARY, VERSION));
-            return Ok(None);
-        }
-        Outcome::Version => {
-            print!("{}", cli::render_version(BINARY, VERSION));
-            return Ok(None);
-        }
+    let Some(mut p) = k3_cli::parse_or_answer(table, BINARY, VERSION, args)? else {
+        return Ok(None);
     };
     p.fill_from_env(table, |var| std::env::var(var).ok())?;
     let mut engine = EngineOptions {

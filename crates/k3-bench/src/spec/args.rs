@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use k3_cli::{Flag, Group, Kind, Outcome, UsageError};
+use k3_cli::{Flag, Group, Kind, UsageError};
 use k3_model::builder::EngineOptions;
 use k3_model::speculate::MAX_TOKENS;
 
@@ -124,22 +124,8 @@ pub(crate) fn parse(
     table: &[Flag],
     args: impl IntoIterator<Item = String>,
 ) -> Result<Option<Args>, UsageError> {
-    let p = match k3_cli::parse(table, args)? {
-        Outcome::Run(parsed) => parsed,
-        Outcome::Help => {
-            print!(
-                "{}",
-                k3_cli::render_help(table, BINARY, env!("CARGO_PKG_VERSION"))
-            );
-            return Ok(None);
-        }
-        Outcome::Version => {
-            print!(
-                "{}",
-                k3_cli::render_version(BINARY, env!("CARGO_PKG_VERSION"))
-            );
-            return Ok(None);
-        }
+    let Some(p) = k3_cli::parse_or_answer(table, BINARY, env!("CARGO_PKG_VERSION"), args)? else {
+        return Ok(None);
     };
     let mut engine = EngineOptions::default();
     k3_cli::apply_library_flags(&p, &mut engine)?;
