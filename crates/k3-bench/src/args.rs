@@ -68,7 +68,23 @@ pub(crate) fn bench_flags() -> Vec<Flag> {
             Count,
             "none: decode",
             BENCH,
-            "time a prefill of the first N tokens (median of five) instead of decoding",
+            "time a prefill of N tokens after --depth (median of five) instead of decoding",
+        ),
+        Flag::value(
+            "depth",
+            "N",
+            Whole,
+            "0",
+            BENCH,
+            "tokens prefilled first, untimed, so the timed steps (or --prefill) run at this depth",
+        ),
+        Flag::value(
+            "depth-chunk",
+            "N",
+            Count,
+            "64",
+            BENCH,
+            "tokens per forward pass of the --depth prefill",
         ),
         Flag::value(
             "logits-out",
@@ -122,8 +138,12 @@ pub(crate) struct Args {
     pub(crate) logits_out: Option<PathBuf>,
     /// `--probe-mb N`: the read probe's buffer in MiB (0: no probe).
     pub(crate) probe_mb: usize,
-    /// `--prefill N`: time a prefill of the first N tokens instead of decoding.
+    /// `--prefill N`: time a prefill of N tokens (after the depth) instead of decoding.
     pub(crate) prefill: Option<usize>,
+    /// `--depth N`: tokens prefilled first, untimed.
+    pub(crate) depth: usize,
+    /// `--depth-chunk N`: tokens per forward pass of the depth prefill.
+    pub(crate) depth_chunk: usize,
     /// `--profile`: print where the timed steps' wall time went, by bucket.
     pub(crate) profile: bool,
     /// The library flags and `--expert-placement` (`ctx` is set once the tokens are known).
@@ -181,6 +201,8 @@ pub(crate) fn parse(
         logits_out: p.get_str("logits-out").map(PathBuf::from),
         probe_mb: p.get_or_default(table, "probe-mb")?,
         prefill: p.get_usize("prefill")?,
+        depth: p.get_or_default(table, "depth")?,
+        depth_chunk: p.get_or_default::<usize>(table, "depth-chunk")?.max(1),
         profile: p.switch("profile"),
         engine,
     }))

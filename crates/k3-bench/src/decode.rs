@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use k3_model::builder::Engine;
 use k3_model::experts::stats_report;
 use k3_model::inventory::BytePlan;
-use k3_model::model::{Model, fingerprint};
+use k3_model::model::{Model, Session, fingerprint};
 use k3_model::profile::Profile;
 use numa_sched::{CollectiveStats, Ranks};
 
@@ -21,6 +21,7 @@ use crate::report::print_profile;
 /// returns the collectives of the timed steps (for the ranks' report).
 pub(crate) fn decode(
     model: &Model<'_>,
+    mut session: Session,
     engine: &Engine,
     args: &Args,
     tokens: &[usize],
@@ -44,7 +45,7 @@ pub(crate) fn decode(
     if let Some(store) = store {
         store.reset_stats(); // the preload's reads are not the decode's
     }
-    let mut session = model.session();
+    let depth = session.position();
     let collectives = ranks.stats();
     let mut times = Vec::with_capacity(tokens.len());
     let mut reads = Vec::with_capacity(tokens.len());
@@ -145,8 +146,13 @@ pub(crate) fn decode(
     } else {
         format!("no read probe ({})", probe.why_off())
     };
+    let at = if depth > 0 {
+        format!(" at depth {depth}")
+    } else {
+        String::new()
+    };
     println!(
-        "{} steps: median {:.3} ms/token, mean after the first {:.3} ms/token; {} weight bytes per token; {:.2} GB/s; {fraction}; combined fingerprint {combined_fp:016x}",
+        "{} steps{at}: median {:.3} ms/token, mean after the first {:.3} ms/token; {} weight bytes per token; {:.2} GB/s; {fraction}; combined fingerprint {combined_fp:016x}",
         tokens.len(),
         median_time * 1e3,
         mean_time * 1e3,

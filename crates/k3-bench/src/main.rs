@@ -48,6 +48,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use k3_model::builder::{BuildSink, Engine, EngineOptions};
 use k3_model::config::K3Config;
+use k3_model::model::{Model, Session};
 use k3_model::profile::Profile;
 use k3_model::synth::{SynthOptions, generate};
 
@@ -63,6 +64,32 @@ mod probe;
 mod ranks;
 mod report;
 mod sink;
+
+/// A session that has consumed the first `depth` of `tokens` (in forward passes of `chunk`
+/// tokens, untimed, with a line saying how long it took), and the tokens after them.
+fn at_depth<'t>(
+    model: &Model<'_>,
+    tokens: &'t [usize],
+    depth: usize,
+    chunk: usize,
+) -> Result<(Session, &'t [usize])> {
+    anyhow::ensure!(
+        depth < tokens.len(),
+        "--depth {depth} leaves no token to time: --tokens gives {}",
+        tokens.len()
+    );
+    let mut session = model.session();
+    if depth > 0 {
+        let start = Instant::now();
+        model.prefill(&mut session, &tokens[..depth], chunk)?;
+        let seconds = start.elapsed().as_secs_f64();
+        eprintln!(
+            "depth: {depth} tokens prefilled in chunks of {chunk} in {seconds:.1} s ({:.1} tokens/s, untimed)",
+            depth as f64 / seconds
+        );
+    }
+    Ok((session, &tokens[depth..]))
+}
 
 /// A generated checkpoint's directory, removed on drop.
 struct Scratch(PathBuf);
@@ -117,7 +144,7 @@ fn main() -> Result<()> {
     let config = K3Config::from_json(&config_text)?;
     // The KV cache the memory plan counts: one sequence of every token consumed.
     let options = EngineOptions {
-        ctx: args.tokens.as_ref().map_or(args.steps, Vec::len),
+        ctx: args.tokens.as_ref().map_or(args.depth + args.steps, Vec::len),
         ranks: Arc::clone(&ranks),
         ..args.engine.clone()
     };
@@ -144,12 +171,19 @@ fn main() -> Result<()> {
     };
     let tokens = match &args.tokens {
         Some(tokens) => tokens.clone(),
-        None => seeded_tokens(args.steps, engine.config().vocab_size),
+        None => seeded_tokens(
+            args.depth + args.prefill.unwrap_or(0).max(args.steps),
+            engine.config().vocab_size,
+        ),
     };
+    // `--depth N`: the first N tokens prefilled, untimed; the timed work starts there.
+    let (session, tokens) = at_depth(&model, &tokens, args.depth, args.depth_chunk)?;
+    profile.reset();
     if let Some(n) = args.prefill {
         let timed = time_prefill(
             &model,
-            &tokens,
+            &session,
+            tokens,
             n,
             args.prefill_chunk,
             args.profile.then_some(&*profile),
@@ -157,7 +191,7 @@ fn main() -> Result<()> {
         ranks::finish(model, &ranks, &model_dir, &share, None);
         return timed;
     }
-    let collectives = decode(&model, &engine, &args, &tokens, &profile, &ranks)?;
+    let collectives = decode(&model, session, &engine, &args, tokens, &profile, &ranks)?;
     ranks::finish(
         model,
         &ranks,

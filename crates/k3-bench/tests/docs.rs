@@ -166,3 +166,35 @@ fn hosts_md_first_example_gives_the_fingerprints_of_one_domain() {
         );
     }
 }
+
+/// docs/BENCHMARKS.md's `--depth N`: the timed steps run after N tokens prefilled untimed, so
+/// they are the steps N.. of a run without depth (same tokens, same logits fingerprints), and
+/// `--prefill M --depth N` ends with the logits of token N + M - 1 of that run.
+#[test]
+fn depth_times_the_steps_after_the_prefilled_tokens() {
+    let page = flat(BENCHMARKS);
+    assert!(page.contains("`--depth N` first prefills N tokens, untimed"));
+    let args = |extra: &[&str]| -> Vec<String> {
+        ["--preset", "tiny", "--probe-mb", "0"]
+            .iter()
+            .chain(extra)
+            .map(|a| a.to_string())
+            .collect()
+    };
+    let plain = run(&args(&["--steps", "8"]));
+    let deep = run(&args(&["--depth", "5", "--depth-chunk", "2", "--steps", "3"]));
+    assert!(deep.contains("depth: 5 tokens prefilled in chunks of 2"), "{deep}");
+    assert!(deep.contains("3 steps at depth 5: median "), "{deep}");
+    let all = steps(&plain);
+    assert_eq!(all.len(), 8, "{plain}");
+    assert_eq!(steps(&deep), all[5..].to_vec(), "{plain}\n{deep}");
+    let prefill = run(&args(&["--depth", "5", "--prefill", "3", "--prefill-chunk", "2"]));
+    let line = prefill
+        .lines()
+        .find(|l| l.starts_with("prefill: 3 tokens at depth 5 in chunks of 2: median "))
+        .unwrap_or_else(|| panic!("no prefill line in {prefill}"));
+    assert!(
+        line.ends_with(&format!("last logits fingerprint {}", all[7].1)),
+        "{line} against step 7 of {plain}"
+    );
+}
