@@ -182,13 +182,30 @@ fn depth_times_the_steps_after_the_prefilled_tokens() {
             .collect()
     };
     let plain = run(&args(&["--steps", "8"]));
-    let deep = run(&args(&["--depth", "5", "--depth-chunk", "2", "--steps", "3"]));
-    assert!(deep.contains("depth: 5 tokens prefilled in chunks of 2"), "{deep}");
+    let deep = run(&args(&[
+        "--depth",
+        "5",
+        "--depth-chunk",
+        "2",
+        "--steps",
+        "3",
+    ]));
+    assert!(
+        deep.contains("depth: 5 tokens prefilled in chunks of 2"),
+        "{deep}"
+    );
     assert!(deep.contains("3 steps at depth 5: median "), "{deep}");
     let all = steps(&plain);
     assert_eq!(all.len(), 8, "{plain}");
     assert_eq!(steps(&deep), all[5..].to_vec(), "{plain}\n{deep}");
-    let prefill = run(&args(&["--depth", "5", "--prefill", "3", "--prefill-chunk", "2"]));
+    let prefill = run(&args(&[
+        "--depth",
+        "5",
+        "--prefill",
+        "3",
+        "--prefill-chunk",
+        "2",
+    ]));
     let line = prefill
         .lines()
         .find(|l| l.starts_with("prefill: 3 tokens at depth 5 in chunks of 2: median "))

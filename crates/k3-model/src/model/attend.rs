@@ -1,6 +1,6 @@
-//! MLA attention over a sequence's latent cache for one (token, head) query in the absorbed
-//! form (docs/MODEL.md §7.3): scores against every cached position, softmax, the weighted sum
-//! of the latents, then the head's value rows.
+//! MLA attention over a sequence's latent cache for one token's queries of a run of heads, in
+//! the absorbed form (docs/MODEL.md §7.3): per head, scores against every cached position,
+//! softmax, the weighted sum of the latents, then the head's value rows.
 //!
 //! Every sum keeps the order of the straightforward loops (`ops::dot` for the scores and the
 //! value rows, position order for the weighted latents), so the bits are those of decoding
@@ -17,19 +17,32 @@ pub(super) struct Dims {
     pub(super) scale: f32,
     /// The CPU has avx512f (`wide::has_avx512`): scores go 16 positions at a time.
     pub(super) avx512: bool,
+    /// The kernels' tier is `avx2` (the CPU has avx2): scores go 4 positions at a time.
+    pub(super) avx2: bool,
 }
 
-/// One attention task's buffers, reused for each (token, head) it computes.
+/// One attention task's buffers, reused for each token it computes.
 #[derive(Default)]
 pub(super) struct HeadBuffers {
+    /// Each head's `W_UKᵀ q_nope`, `rank` values per head.
     q_abs: Vec<f32>,
+    /// Each head's scores, then weights, over the token's positions, `positions` per head.
     scores: Vec<f32>,
+    /// Each head's weighted latents, `rank` values per head.
     ctx_latent: Vec<f32>,
 }
 
-/// `ctx[j] = Σ_p weights[p] · latent[p][j]` over the rows of `latent` (`ctx.len()` values
-/// each), every sum in position order from 0.0: 32 sums at a time held in registers while
-/// the positions stream past, instead of the whole vector loaded and stored per position.
+/// Positions of the cache one pass over the task's heads reads before the next: 16 rows of
+/// K3's 512 + 64 f32 are 36 KiB, read from memory once and then from L1/L2 for every head of
+/// the task, where a head at a time read the whole cache once per head (96 times per token
+/// at K3's width, from memory once it outgrows the caches). A multiple of 16, the AVX-512
+/// score kernel's block.
+const POSITION_BLOCK: usize = 16;
+
+/// `ctx[j] += Σ_p weights[p] · latent[p][j]` over the rows of `latent` (`ctx.len()` values
+/// each), each sum continuing in position order from the value `ctx[j]` holds: 32 sums at a
+/// time held in registers while the positions stream past. From `ctx` zeroed, a call per
+/// block of positions in order gives the bits of one call over them all.
 #[inline(always)]
 fn weighted_rows(weights: &[f32], latent: &[f32], ctx: &mut [f32]) {
     const STRIPE: usize = 32;
@@ -37,6 +50,7 @@ fn weighted_rows(weights: &[f32], latent: &[f32], ctx: &mut [f32]) {
     let mut start = 0;
     while start + STRIPE <= width {
         let mut acc = [0.0f32; STRIPE];
+        acc.copy_from_slice(&ctx[start..start + STRIPE]);
         for (p, &w) in weights.iter().enumerate() {
             let row = &latent[p * width + start..p * width + start + STRIPE];
             for j in 0..STRIPE {
@@ -47,7 +61,7 @@ fn weighted_rows(weights: &[f32], latent: &[f32], ctx: &mut [f32]) {
         start += STRIPE;
     }
     for (j, c) in ctx.iter_mut().enumerate().skip(start) {
-        let mut acc = 0.0f32;
+        let mut acc = *c;
         for (p, &w) in weights.iter().enumerate() {
             acc += w * latent[p * width + j];
         }
@@ -55,84 +69,218 @@ fn weighted_rows(weights: &[f32], latent: &[f32], ctx: &mut [f32]) {
     }
 }
 
-/// One head's context for one token (docs/MODEL.md §7.3): `q` is the head's query (nope then
-/// rope parts), `rows` its `kv_b` rows, and the token attends to the first `positions` rows of
-/// the cache. Inlined into `wide`'s AVX-512 function, with plain loops and reused buffers: as
-/// a closure with iterator `collect`s it was compiled outside it at baseline width, and
-/// `exp`'s `mul_add` and rounding became libm calls (PERFORMANCE.md, phase 20).
+/// One token's query as [`heads_context`] reads it: per head, its query (nope then rope
+/// parts) and its `kv_b` rows (`nope + v_head_dim` rows of `rank`).
+pub(super) struct HeadQueries<'a> {
+    /// `heads × (nope + rope)` values.
+    pub(super) q: &'a [f32],
+    /// `heads × (nope + v_head_dim) × rank` values.
+    pub(super) rows: &'a [f32],
+}
+
+/// The contexts of consecutive heads for one token (docs/MODEL.md §7.3), the token attending
+/// to the first `positions` rows of the cache; `out` holds `v_head_dim` values per head.
+/// Each head's arithmetic is the straightforward loops' (module docs); the cache is read in
+/// blocks of [`POSITION_BLOCK`] positions, each block for every head before the next, so it
+/// is read once per token and task instead of once per head. Inlined into `wide`'s function,
+/// with plain loops and reused buffers: as a closure with iterator `collect`s it was compiled
+/// outside it at baseline width, and `exp`'s `mul_add` and rounding became libm calls
+/// (PERFORMANCE.md, phase 20).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub(super) fn head_context(
+pub(super) fn heads_context(
     d: &Dims,
     cache: &MlaCache,
     positions: usize,
-    q: &[f32],
-    rows: &[f32],
+    queries: HeadQueries<'_>,
     out: &mut [f32],
     buf: &mut HeadBuffers,
 ) {
     let (nope, rope, rank) = (d.nope, d.rope, d.rank);
-    // q_abs = W_UKᵀ q_nope: [rank].
+    let head_q = nope + rope;
+    let heads = queries.q.len() / head_q;
+    let v_dim = out.len() / heads;
+    let head_rows = (nope + v_dim) * rank;
+    // q_abs = W_UKᵀ q_nope, per head: [rank].
     let q_abs = &mut buf.q_abs;
     q_abs.clear();
-    q_abs.resize(rank, 0.0);
-    for (i, &qi) in q[..nope].iter().enumerate() {
-        for (a, &wv) in q_abs.iter_mut().zip(&rows[i * rank..(i + 1) * rank]) {
-            *a += qi * wv;
+    q_abs.resize(heads * rank, 0.0);
+    for h in 0..heads {
+        let q = &queries.q[h * head_q..h * head_q + nope];
+        let rows = &queries.rows[h * head_rows..h * head_rows + nope * rank];
+        let q_abs = &mut q_abs[h * rank..(h + 1) * rank];
+        for (i, &qi) in q.iter().enumerate() {
+            for (a, &wv) in q_abs.iter_mut().zip(&rows[i * rank..(i + 1) * rank]) {
+                *a += qi * wv;
+            }
         }
     }
-    let q_pe = &q[nope..];
     let scores = &mut buf.scores;
     scores.clear();
-    scores.resize(positions, 0.0);
-    let mut scored = 0;
-    #[cfg(target_arch = "x86_64")]
-    if d.avx512 && rank.is_multiple_of(16) && rope.is_multiple_of(16) {
-        scored = positions / 16 * 16;
-        for (b, block) in scores[..scored].chunks_exact_mut(16).enumerate() {
-            let p = 16 * b;
-            // SAFETY: `d.avx512` is set only where the kernels' tier proves avx512f; the
-            // widths are multiples of 16 and the slices hold 16 rows of each.
-            let s = unsafe {
-                x86::scores16(
-                    q_abs,
-                    q_pe,
-                    &cache.latent[p * rank..(p + 16) * rank],
-                    &cache.k_pe[p * rope..(p + 16) * rope],
-                    d.scale,
-                )
-            };
-            block.copy_from_slice(&s);
+    scores.resize(heads * positions, 0.0);
+    let mut block_start = 0;
+    while block_start < positions {
+        let block_end = (block_start + POSITION_BLOCK).min(positions);
+        for h in 0..heads {
+            let q_abs = &q_abs[h * rank..(h + 1) * rank];
+            let q_pe = &queries.q[h * head_q + nope..(h + 1) * head_q];
+            let scores = &mut scores[h * positions..(h + 1) * positions];
+            score_block(d, cache, q_abs, q_pe, block_start..block_end, scores);
         }
+        block_start = block_end;
     }
-    for (p, s) in scores.iter_mut().enumerate().skip(scored) {
-        let c = &cache.latent[p * rank..(p + 1) * rank];
-        let pe = &cache.k_pe[p * rope..(p + 1) * rope];
-        *s = (dot(q_abs, c) + dot(q_pe, pe)) * d.scale;
-    }
-    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    for s in scores.iter_mut() {
-        *s = mxfp4_kernels::vmath::exp(*s - max);
-    }
-    let total = scores.iter().fold(0.0f32, |a, &e| a + e);
-    for s in scores.iter_mut() {
-        *s /= total;
+    for h in 0..heads {
+        let scores = &mut scores[h * positions..(h + 1) * positions];
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        for s in scores.iter_mut() {
+            *s = mxfp4_kernels::vmath::exp(*s - max);
+        }
+        let total = scores.iter().fold(0.0f32, |a, &e| a + e);
+        for s in scores.iter_mut() {
+            *s /= total;
+        }
     }
     let ctx_latent = &mut buf.ctx_latent;
     ctx_latent.clear();
-    ctx_latent.resize(rank, 0.0);
-    weighted_rows(scores, &cache.latent[..positions * rank], ctx_latent);
+    ctx_latent.resize(heads * rank, 0.0);
+    let mut block_start = 0;
+    while block_start < positions {
+        let block_end = (block_start + POSITION_BLOCK).min(positions);
+        let latent = &cache.latent[block_start * rank..block_end * rank];
+        for h in 0..heads {
+            let weights = &scores[h * positions + block_start..h * positions + block_end];
+            weighted_rows(weights, latent, &mut ctx_latent[h * rank..(h + 1) * rank]);
+        }
+        block_start = block_end;
+    }
     // ctx_h = W_UV ctx_latent: [v_head_dim].
-    for (j, o) in out.iter_mut().enumerate() {
-        let wrow = &rows[(nope + j) * rank..(nope + j + 1) * rank];
-        *o = dot(wrow, ctx_latent);
+    for h in 0..heads {
+        let rows = &queries.rows[h * head_rows + nope * rank..(h + 1) * head_rows];
+        let ctx_latent = &ctx_latent[h * rank..(h + 1) * rank];
+        for (j, o) in out[h * v_dim..(h + 1) * v_dim].iter_mut().enumerate() {
+            *o = dot(&rows[j * rank..(j + 1) * rank], ctx_latent);
+        }
     }
 }
 
-/// Sixteen positions' scores at once with `ops::dot`'s bits.
+/// One head's scores at positions `block` (at most [`POSITION_BLOCK`]), into `scores[p]`:
+/// `(dot(q_abs, latent[p]) + dot(q_pe, k_pe[p])) * scale`.
+#[inline(always)]
+fn score_block(
+    d: &Dims,
+    cache: &MlaCache,
+    q_abs: &[f32],
+    q_pe: &[f32],
+    block: std::ops::Range<usize>,
+    scores: &mut [f32],
+) {
+    let (rope, rank) = (d.rope, d.rank);
+    #[cfg(target_arch = "x86_64")]
+    if d.avx512 && block.len() == 16 && rank.is_multiple_of(16) && rope.is_multiple_of(16) {
+        let p = block.start;
+        // SAFETY: `d.avx512` is set only where the kernels' tier proves avx512f; the
+        // widths are multiples of 16 and the slices hold 16 rows of each.
+        let s = unsafe {
+            x86::scores16(
+                q_abs,
+                q_pe,
+                &cache.latent[p * rank..(p + 16) * rank],
+                &cache.k_pe[p * rope..(p + 16) * rope],
+                d.scale,
+            )
+        };
+        scores[block].copy_from_slice(&s);
+        return;
+    }
+    let mut block = block;
+    #[cfg(target_arch = "x86_64")]
+    if d.avx2 && rank.is_multiple_of(16) && rope.is_multiple_of(16) {
+        while block.len() >= 4 {
+            let p = block.start;
+            // SAFETY: `d.avx2` is set only where the kernels' tier proves avx2; the widths
+            // are multiples of 16 and the slices hold 4 rows of each.
+            let s = unsafe {
+                x86::scores4(
+                    q_abs,
+                    q_pe,
+                    &cache.latent[p * rank..(p + 4) * rank],
+                    &cache.k_pe[p * rope..(p + 4) * rope],
+                    d.scale,
+                )
+            };
+            scores[p..p + 4].copy_from_slice(&s);
+            block.start += 4;
+        }
+    }
+    for p in block {
+        let c = &cache.latent[p * rank..(p + 1) * rank];
+        let pe = &cache.k_pe[p * rope..(p + 1) * rope];
+        scores[p] = (dot(q_abs, c) + dot(q_pe, pe)) * d.scale;
+    }
+}
+
+/// Sixteen (AVX-512) or four (AVX2) positions' scores at once with `ops::dot`'s bits.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use core::arch::x86_64::*;
+
+    /// As [`scores16`] for 4 rows on AVX2: each row's 16 lanes are two 8-lane halves (lanes
+    /// 0..7 and 8..15), summed as `ops::dot` sums them (a multiply, then an add, per lane),
+    /// then its tree: the halves added (lanes 8 apart), then 4, 2 and 1 apart. Four rows
+    /// share each load of `q`: 8 accumulators, independent chains.
+    ///
+    /// # Safety
+    /// The CPU must have avx2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn scores4(
+        q: &[f32],
+        q_pe: &[f32],
+        latent: &[f32],
+        pe: &[f32],
+        scale: f32,
+    ) -> [f32; 4] {
+        let d1 = lanes4(q, latent);
+        let d2 = lanes4(q_pe, pe);
+        std::array::from_fn(|l| (tree8x2(d1[l]) + tree8x2(d2[l])) * scale)
+    }
+
+    /// Each of the 4 rows' 16 partial sums of `a · row` as two halves (rows of `a.len()`
+    /// values, a multiple of 16).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn lanes4(a: &[f32], rows: &[f32]) -> [[__m256; 2]; 4] {
+        let width = a.len();
+        assert!(width.is_multiple_of(16) && rows.len() == 4 * width);
+        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+        for k in (0..width).step_by(16) {
+            // SAFETY: k + 16 <= width = a.len().
+            let x = unsafe {
+                [
+                    _mm256_loadu_ps(a.as_ptr().add(k)),
+                    _mm256_loadu_ps(a.as_ptr().add(k + 8)),
+                ]
+            };
+            for (l, sums) in acc.iter_mut().enumerate() {
+                for (h, sum) in sums.iter_mut().enumerate() {
+                    // SAFETY: l * width + k + 8h + 8 <= 4 * width = rows.len() (asserted).
+                    let y = unsafe { _mm256_loadu_ps(rows.as_ptr().add(l * width + k + 8 * h)) };
+                    *sum = _mm256_add_ps(*sum, _mm256_mul_ps(x[h], y));
+                }
+            }
+        }
+        acc
+    }
+
+    /// `ops::dot`'s tree over 16 lanes held as two halves: lanes `i + (i + 8)`, then `i +
+    /// (i + 4)`, `i + (i + 2)`, lane 0 + lane 1.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn tree8x2(v: [__m256; 2]) -> f32 {
+        let s = _mm256_add_ps(v[0], v[1]);
+        let x = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
+        let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+        let x = _mm_add_ss(x, _mm_shuffle_ps::<0b01>(x, x));
+        _mm_cvtss_f32(x)
+    }
 
     /// `(dot(q, latent[l]) + dot(q_pe, pe[l])) * scale` for the 16 rows `l` of `latent` and
     /// `pe` (widths `q.len()` and `q_pe.len()`, multiples of 16), each dot in `ops::dot`'s
@@ -255,9 +403,37 @@ mod tests {
         }
     }
 
+    /// The 4-position AVX2 scores have `ops::dot`'s bits, for K3's widths and k3-0.40b's.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn four_scores_at_once_have_the_dot_bits() {
+        if !std::arch::is_x86_feature_detected!("avx2") {
+            eprintln!("no avx2 on this CPU: nothing to compare");
+            return;
+        }
+        let mut rng = fastrand::Rng::with_seed(12);
+        for (rank, rope) in [(128usize, 32usize), (512, 64), (16, 16)] {
+            let mut value = || (rng.f32() - 0.5) * 2f32.powi(rng.i32(-8..8));
+            let q: Vec<f32> = (0..rank).map(|_| value()).collect();
+            let q_pe: Vec<f32> = (0..rope).map(|_| value()).collect();
+            let latent: Vec<f32> = (0..4 * rank).map(|_| value()).collect();
+            let pe: Vec<f32> = (0..4 * rope).map(|_| value()).collect();
+            let scale = 0.0723;
+            // SAFETY: avx2 was detected above.
+            let got = unsafe { x86::scores4(&q, &q_pe, &latent, &pe, scale) };
+            for l in 0..4 {
+                let want = (dot(&q, &latent[l * rank..(l + 1) * rank])
+                    + dot(&q_pe, &pe[l * rope..(l + 1) * rope]))
+                    * scale;
+                assert_eq!(got[l].to_bits(), want.to_bits(), "rank {rank}, row {l}");
+            }
+        }
+    }
+
     /// `weighted_rows` sums each value in position order from 0.0, as the loop over positions
     /// with the whole vector per position did: the same bits, for widths that are and are not
-    /// multiples of its 32-value stripes (K3: rank 512; k3-0.40b: 128).
+    /// multiples of its 32-value stripes (K3: rank 512; k3-0.40b: 128), in one call or a call
+    /// per block of positions continuing the sums (`heads_context`'s blocks).
     #[test]
     fn weighted_rows_keep_the_position_order() {
         let mut rng = fastrand::Rng::with_seed(7);
@@ -271,14 +447,23 @@ mod tests {
                         *a += w * v;
                     }
                 }
-                let mut striped = vec![1.0f32; width];
-                weighted_rows(&weights, &latent, &mut striped);
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(
-                    bits(&plain),
-                    bits(&striped),
-                    "width {width}, {positions} positions"
-                );
+                for block in [positions, 16, 3] {
+                    let mut striped = vec![0.0f32; width];
+                    for start in (0..positions).step_by(block) {
+                        let end = (start + block).min(positions);
+                        weighted_rows(
+                            &weights[start..end],
+                            &latent[start * width..end * width],
+                            &mut striped,
+                        );
+                    }
+                    assert_eq!(
+                        bits(&plain),
+                        bits(&striped),
+                        "width {width}, {positions} positions in blocks of {block}"
+                    );
+                }
             }
         }
     }

@@ -1,6 +1,6 @@
 //! Gated MLA in the absorbed form over a chunk of several sequences' tokens (docs/MODEL.md §7).
 
-use super::attend::{Dims, HeadBuffers, head_context};
+use super::attend::{Dims, HeadBuffers, HeadQueries, heads_context};
 use super::error::Result;
 use super::forward::Model;
 use super::session::MlaCache;
@@ -64,6 +64,7 @@ impl Model<'_> {
                 rank,
                 scale,
                 avx512: super::wide::has_avx512(&self.kernels),
+                avx2: self.kernels.tier() == mxfp4_kernels::Tier::Avx2,
             };
             // Head groups as tasks over the read-only cache (heads are independent).
             let heads = m.num_heads;
@@ -84,14 +85,14 @@ impl Model<'_> {
                         let mut ctxs = Vec::with_capacity(span.len());
                         for t in span.clone() {
                             let mut ctx = vec![0.0; heads_here.len() * vd];
-                            for (local, head) in heads_here.clone().enumerate() {
-                                let out = &mut ctx[local * vd..(local + 1) * vd];
-                                let positions = first_position + (t - span.start) + 1;
-                                let q = &qs[t][head * (nope + rope)..(head + 1) * (nope + rope)];
-                                let rows = &w.kv_b
-                                    [head * (nope + vd) * rank..(head + 1) * (nope + vd) * rank];
-                                head_context(&dims, cache, positions, q, rows, out, &mut buf);
-                            }
+                            let positions = first_position + (t - span.start) + 1;
+                            let queries = HeadQueries {
+                                q: &qs[t][heads_here.start * (nope + rope)
+                                    ..heads_here.end * (nope + rope)],
+                                rows: &w.kv_b[heads_here.start * (nope + vd) * rank
+                                    ..heads_here.end * (nope + vd) * rank],
+                            };
+                            heads_context(&dims, cache, positions, queries, &mut ctx, &mut buf);
                             ctxs.push(ctx);
                         }
                         ctxs
