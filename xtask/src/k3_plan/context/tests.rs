@@ -1,5 +1,6 @@
 //! The `--ctx` figures for the release config against counts made by hand from its fields, and
-//! its state against the engine's own counts (the memory plan's and the snapshots').
+//! its state against the engine's own counts (the memory plan's and the snapshots'), and
+//! docs/MEMORY.md's quote of the table against what it prints.
 
 use k3_model::config::{AttentionKind, FfnKind, K3Config};
 use k3_model::inventory::BytePlan;
@@ -236,4 +237,36 @@ fn the_issue_check_prints_the_configs_figures() {
     }
     assert!((at_128_000 as f64 / 640e9 - 1.0).abs() < 0.01);
     assert!((weights as f64 / 210e9 - 1.0).abs() < 0.01);
+}
+
+/// docs/MEMORY.md quotes what `k3-plan --ctx 32768,131072,1048576` prints for the release at
+/// the default rates, between `<!-- k3-plan-ctx -->` markers: the quote is the output now.
+#[test]
+fn the_memory_page_quotes_the_table_as_it_prints_now() {
+    let (config, _, weights) = release();
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/MEMORY.md");
+    let page = std::fs::read_to_string(path).expect("docs/MEMORY.md");
+    let quoted: Vec<&str> = page
+        .lines()
+        .skip_while(|l| *l != "<!-- k3-plan-ctx -->")
+        .skip(1)
+        .take_while(|l| *l != "<!-- end k3-plan-ctx -->")
+        .collect();
+    let costs: Vec<_> = CONTEXTS
+        .iter()
+        .map(|&ctx| ContextCost::new(&config, weights, ctx))
+        .collect();
+    let rates = Rates {
+        memory: 345e9,
+        flops: DEFAULT_GFLOPS * 1e9,
+    };
+    let mut printed = table(&costs, 1, rates);
+    printed.push(String::new());
+    printed.push("```text".into());
+    printed.extend(issue_check(&config, weights));
+    printed.push("```".into());
+    assert_eq!(
+        quoted, printed,
+        "docs/MEMORY.md's k3-plan --ctx quote is stale: paste the table and the issue lines"
+    );
 }
