@@ -4,6 +4,7 @@
 //! bytes). For the release config the total plus the vision tower equals the index's
 //! `total_size` (1,560,860,324,864 bytes), which pins the tensor inventory. With
 //! `--machine-gb` the memory plan is projected too, for `--trunk-format F` (default bf16).
+//! With `--ctx N,..` it prints what one sequence costs at each context length (`context`).
 
 use anyhow::{Context, Result};
 use k3_model::config::K3Config;
@@ -11,6 +12,11 @@ use k3_model::inventory::BytePlan;
 use k3_model::plan::{TrunkFormat, WeightSizes};
 
 use crate::{Options, from_root};
+
+mod context;
+mod numbers;
+
+use numbers::group;
 
 /// The release's vision tower and projector (docs/MODEL.md §3.5): not text, not in the inventory.
 const VISION_BYTES: usize = 894_717_952;
@@ -27,6 +33,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             "ctx",
             "max-batch",
             "trunk-format",
+            "gflops",
         ],
     )?;
     let path = from_root(options.get("config").context("--config FILE is required")?);
@@ -86,6 +93,30 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     // One socket of 12 DDR5-4800 channels, at the ~75% of peak a streaming read gets.
     let memory_gbps = number("memory-gbps", 345.0)?;
     print_formats(&config, &plan, memory_gbps);
+    let max_batch = number("max-batch", 1.0)? as usize;
+    let contexts = match options.get("ctx") {
+        Some(list) => context_list(list)?,
+        None => Vec::new(),
+    };
+    if !contexts.is_empty() {
+        let rates = context::Rates {
+            memory: memory_gbps * 1e9,
+            flops: number("gflops", context::DEFAULT_GFLOPS)? * 1e9,
+        };
+        let weights = context::TokenWeights::new(&config, &plan);
+        let costs: Vec<_> = contexts
+            .iter()
+            .map(|&ctx| context::ContextCost::new(&config, weights, ctx))
+            .collect();
+        println!();
+        for line in context::table(&costs, max_batch, rates) {
+            println!("{line}");
+        }
+        println!();
+        for line in context::issue_check(&config, weights) {
+            println!("{line}");
+        }
+    }
     let trunk_format: TrunkFormat = options
         .get("trunk-format")
         .unwrap_or("bf16")
@@ -113,13 +144,27 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             trunk_format,
             run: k3_model::plan::RunShape {
                 resident_trunk: false,
-                max_batch: number("max-batch", 1.0)? as usize,
-                ctx: number("ctx", 32768.0)? as usize,
+                max_batch,
+                // The longest: a run must hold its longest sequence.
+                ctx: contexts.iter().copied().max().unwrap_or(32768),
             },
         };
         crate::k3_project::run(&config, &projection)?;
     }
     Ok(())
+}
+
+/// `--ctx`'s list of context lengths (`32768,131072`), each a positive count of tokens.
+fn context_list(list: &str) -> Result<Vec<usize>> {
+    list.split(',')
+        .map(|n| {
+            n.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n > 0)
+                .with_context(|| format!("--ctx {n:?} is not a positive count of tokens"))
+        })
+        .collect()
 }
 
 /// The weights each `--trunk-format` holds and reads per token: the requantised matrices at
@@ -150,17 +195,4 @@ fn print_formats(config: &K3Config, plan: &BytePlan, memory_gbps: f64) {
             per_token / memory_gbps
         );
     }
-}
-
-/// `1560860324864` as `1,560,860,324,864`.
-fn group(n: usize) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
