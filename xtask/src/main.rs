@@ -139,10 +139,12 @@ const TASKS: &[Task] = &[
     },
     Task {
         name: "k3-plan",
-        usage: "--config FILE [--machine-gb G,.. [--drives N,..] [--drive-gbps R] [--memory-gbps R] [--ctx N] [--max-batch N]]",
+        usage: "--config FILE [--ctx N,..] [--max-batch N] [--memory-gbps R] [--gflops G] [--machine-gb G,.. [--drives N,..] [--drive-gbps R]]",
         about: "byte plan of a K3 checkpoint for a config: bytes per tensor class and layer \
-                kind, total, weight bytes per decoded token; with --machine-gb, the memory \
-                plan on machines of that size and the time per token from NVMe drives",
+                kind, total, weight bytes per decoded token; with --ctx, the state per \
+                sequence and the attention cost per decoded token at each context; with \
+                --machine-gb, the memory plan on machines of that size (at the largest --ctx) \
+                and the time per token from NVMe drives",
         run: k3_plan::run,
     },
     Task {

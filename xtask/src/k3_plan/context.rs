@@ -135,12 +135,13 @@ impl ContextCost {
         2 * self.weights.macs
     }
 
-    /// Bytes of the MLA cache `head_context` reads per token: each head passes over the cache
-    /// twice (scores, then the weighted latents), so every multiply-add reads its own f32. It
-    /// is the traffic from memory once a layer's cache outgrows the L3 (at 32k tokens one
-    /// layer's is 75 MB); the least is [`Self::mla_cache`], one pass per layer for all heads.
-    pub(super) fn mla_cache_read_per_head(&self) -> u64 {
-        F32_BYTES * self.mla_context_macs
+    /// Bytes of the MLA cache one attention task reads per token: the engine's
+    /// `attend::heads_context` passes over the cache twice (scores, then the weighted
+    /// latents), each block of positions for all of the task's heads. A layer's heads are
+    /// split into `min(threads, heads)` tasks, each making these passes, from memory once a
+    /// layer's cache outgrows the L3 (at 32k tokens one layer's is 75 MB).
+    pub(super) fn mla_cache_read_per_task(&self) -> u64 {
+        2 * self.mla_cache
     }
 
     /// Seconds of the MLA attention over the context per token: its arithmetic or one pass
@@ -223,8 +224,8 @@ pub(super) fn table(costs: &[ContextCost], max_batch: usize, rates: Rates) -> Ve
     });
     row("MLA cache read, one pass per layer", &|c| gb(c.mla_cache));
     row(
-        "MLA cache read as `head_context` does (per head, twice)",
-        &|c| gb(c.mla_cache_read_per_head()),
+        "MLA cache read per attention task (two passes; a task per thread, up to the heads)",
+        &|c| gb(c.mla_cache_read_per_task()),
     );
     row("KDA state read and written", &|c| gb(2 * c.kda_state));
     row("weights read (as stored)", &|c| gb(c.weights.bytes));
@@ -243,8 +244,8 @@ pub(super) fn table(costs: &[ContextCost], max_batch: usize, rates: Rates) -> Ve
         &|c| seconds(c.mla_cache as f64 / memory),
     );
     row(
-        "MLA attention time: `head_context`'s reads from memory",
-        &|c| seconds(c.mla_cache_read_per_head() as f64 / memory),
+        "MLA attention time: one task's two passes from memory",
+        &|c| seconds(c.mla_cache_read_per_task() as f64 / memory),
     );
     row("KDA time: state read and written", &|c| {
         seconds(2.0 * c.kda_state as f64 / memory)
