@@ -19,9 +19,6 @@ use super::numbers::{fixed, group};
 /// pass). The socket whose memory `--memory-gbps`'s default (345) describes.
 pub(super) const DEFAULT_GFLOPS: f64 = 96.0 * 32.0 * 2.4 * 0.5;
 
-/// Bytes of an `f32`, the engine's type for every value of a sequence's state.
-const F32_BYTES: u64 = 4;
-
 /// The rates the times are computed at.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Rates {
