@@ -1,10 +1,10 @@
 //! `cargo xtask bench-peers --model DIR [--threads 1,2] [--pairs N] [--tokens N] [--prompt N]
-//! [--kernel-tier T] [--trunk-format bf16|q8_0|mxfp4] [--no-peer]`: decode and prefill side by
-//! side with llama.cpp's Kimi-K3 on the same checkpoint. The checkpoint is converted to GGUF
-//! with the trunk in BF16 and the experts repacked to ggml MXFP4 (the same bytes we read), by
-//! `gguf_k3` (no Python); then `llama-bench` and our `teacher_forced_decode_bench` alternate,
-//! A B A B, at each thread count, and the ratios of each pair are printed with their
-//! min / median / max.
+//! [--depth LIST] [--kernel-tier T] [--trunk-format bf16|q8_0|mxfp4] [--no-peer]`: decode and
+//! prefill side by side with llama.cpp's Kimi-K3 on the same checkpoint. The checkpoint is
+//! converted to GGUF with the trunk in BF16 and the experts repacked to ggml MXFP4 (the same
+//! bytes we read), by `gguf_k3` (no Python); then `llama-bench` and our
+//! `teacher_forced_decode_bench` alternate, A B A B, at each thread count, and the ratios of
+//! each pair are printed with their min / median / max.
 //!
 //! `--trunk-format q8_0` compares the two engines' Q8_0 trunks: the GGUF is written with
 //! `--outtype q8_0` (the set `gguf_k3::Q8_0_SET` in ggml Q8_0, the rest as in the BF16 file;
@@ -23,20 +23,27 @@
 //! `--memory-gb G[,..]` or `--memory-fraction F[,..]` (of the model size) instead runs both
 //! engines' decode inside memory cgroups of each budget (see `bench_memory`).
 //!
+//! `--depth 0,4096,16384,65536` instead runs both at each context depth: decode of `--tokens`
+//! and prefill of `--prompt` tokens after the depth, prefilled untimed (ours `--depth`,
+//! llama-bench `-d`), in alternating pairs, with a table of tokens/s and ratios per depth (see
+//! `depth`).
+//!
 //! `--kernels` instead compares the GEMV kernels with ggml's (see `peer_kernels`).
 
+mod depth;
 mod engines;
 mod weight_bytes;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 
 use crate::gguf_k3_meta::Outtype;
 use crate::oracle::run_checked;
 use crate::oracle_llamacpp::{WORK_DIR, build_llama_bench, fetch_sdist};
 use crate::{Options, from_root};
+use depth::{DepthRun, parse_depths};
 use engines::{Test, fresh, llama, our_decode, our_prefill};
 use k3_model::K3Config;
 use k3_model::inventory::BytePlan;
@@ -60,8 +67,10 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             "memory-fraction",
             "no-peer!",
             "trunk-format",
+            "depth",
         ],
     )?;
+    let depths = o.get("depth").map(parse_depths).transpose()?;
     let mut extra: Vec<String> = match o.get("kernel-tier") {
         Some(t) => vec!["--kernel-tier".into(), t.into()],
         None => Vec::new(),
@@ -97,6 +106,9 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     let work = from_root(WORK_DIR);
     std::fs::create_dir_all(&work)?;
     if o.get("memory-gb").is_some() || o.get("memory-fraction").is_some() {
+        if depths.is_some() {
+            bail!("--depth does not combine with --memory-gb or --memory-fraction");
+        }
         let run = MemoryRun {
             ours_args: extra,
             no_peer,
@@ -167,6 +179,22 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         per_token / 1e9,
         per_prompt / 1e9,
     );
+    let ours_files = shard_files(&model)?;
+    if let Some(depths) = &depths {
+        return depth::run(&DepthRun {
+            ours: &ours,
+            model: &model,
+            peer: peer.as_ref().map(|(b, g)| (b.as_path(), g.as_path())),
+            tier,
+            threads: &threads,
+            depths,
+            pairs,
+            tokens,
+            prompt,
+            max_positions: config.max_position_embeddings,
+            ours_files: &ours_files,
+        });
+    }
     let buffer = benches::bandwidth_buffer(512 << 20);
     for &t in &threads {
         let pool = benches::Pool::new(t)?;
@@ -180,7 +208,6 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         // page cache next to a resident model in 24 GiB: each engine's run would then evict
         // the other's file and reclaim pages while the next one runs. So before each run the
         // other engine's file leaves the page cache, and the machine settles for a second.
-        let ours_files = shard_files(&model)?;
         let ggufs: Vec<PathBuf> = peer.iter().map(|(_, gguf)| gguf.clone()).collect();
         probe(); // faults the buffer in
         let roof = |rate: f64, bytes: f64, read: f64| 100.0 * rate * bytes / read;
