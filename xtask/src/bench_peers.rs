@@ -1,10 +1,10 @@
 //! `cargo xtask bench-peers --model DIR [--threads 1,2] [--pairs N] [--tokens N] [--prompt N]
-//! [--kernel-tier T] [--trunk-format bf16|q8_0|mxfp4] [--no-peer]`: decode and prefill side by
-//! side with llama.cpp's Kimi-K3 on the same checkpoint. The checkpoint is converted to GGUF
-//! with the trunk in BF16 and the experts repacked to ggml MXFP4 (the same bytes we read), by
-//! `gguf_k3` (no Python); then `llama-bench` and our `teacher_forced_decode_bench` alternate,
-//! A B A B, at each thread count, and the ratios of each pair are printed with their
-//! min / median / max.
+//! [--depth LIST] [--kernel-tier T] [--trunk-format bf16|q8_0|mxfp4] [--no-peer]`: decode and
+//! prefill side by side with llama.cpp's Kimi-K3 on the same checkpoint. The checkpoint is
+//! converted to GGUF with the trunk in BF16 and the experts repacked to ggml MXFP4 (the same
+//! bytes we read), by `gguf_k3` (no Python); then `llama-bench` and our
+//! `teacher_forced_decode_bench` alternate, A B A B, at each thread count, and the ratios of
+//! each pair are printed with their min / median / max.
 //!
 //! `--trunk-format q8_0` compares the two engines' Q8_0 trunks: the GGUF is written with
 //! `--outtype q8_0` (the set `gguf_k3::Q8_0_SET` in ggml Q8_0, the rest as in the BF16 file;
@@ -23,8 +23,15 @@
 //! `--memory-gb G[,..]` or `--memory-fraction F[,..]` (of the model size) instead runs both
 //! engines' decode inside memory cgroups of each budget (see `bench_memory`).
 //!
+//! `--depth 0,4096,16384,65536` instead runs both at each context depth: decode of `--tokens`
+//! and prefill of `--prompt` tokens after the depth, prefilled untimed (ours `--depth`,
+//! llama-bench `-d`), in alternating pairs, with a table of tokens/s and ratios per depth (see
+//! `depth`).
+//!
 //! `--kernels` instead compares the GEMV kernels with ggml's (see `peer_kernels`).
 
+mod depth;
+mod engines;
 mod weight_bytes;
 
 use std::path::{Path, PathBuf};
@@ -35,8 +42,9 @@ use anyhow::{Context, Result, bail};
 use crate::gguf_k3_meta::Outtype;
 use crate::oracle::run_checked;
 use crate::oracle_llamacpp::{WORK_DIR, build_llama_bench, fetch_sdist};
-use crate::runs::{between, drop_page_cache};
 use crate::{Options, from_root};
+use depth::{DepthRun, parse_depths};
+use engines::{Test, fresh, llama, our_decode, our_prefill};
 use k3_model::K3Config;
 use k3_model::inventory::BytePlan;
 use weight_bytes::{TrunkFormat, prompt_bytes, trunk_saving};
@@ -59,8 +67,10 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             "memory-fraction",
             "no-peer!",
             "trunk-format",
+            "depth",
         ],
     )?;
+    let depths = o.get("depth").map(parse_depths).transpose()?;
     let mut extra: Vec<String> = match o.get("kernel-tier") {
         Some(t) => vec!["--kernel-tier".into(), t.into()],
         None => Vec::new(),
@@ -96,6 +106,9 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     let work = from_root(WORK_DIR);
     std::fs::create_dir_all(&work)?;
     if o.get("memory-gb").is_some() || o.get("memory-fraction").is_some() {
+        if depths.is_some() {
+            bail!("--depth does not combine with --memory-gb or --memory-fraction");
+        }
         let run = MemoryRun {
             ours_args: extra,
             no_peer,
@@ -166,6 +179,22 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         per_token / 1e9,
         per_prompt / 1e9,
     );
+    let ours_files = shard_files(&model)?;
+    if let Some(depths) = &depths {
+        return depth::run(&DepthRun {
+            ours: &ours,
+            model: &model,
+            peer: peer.as_ref().map(|(b, g)| (b.as_path(), g.as_path())),
+            tier,
+            threads: &threads,
+            depths,
+            pairs,
+            tokens,
+            prompt,
+            max_positions: config.max_position_embeddings,
+            ours_files: &ours_files,
+        });
+    }
     let buffer = benches::bandwidth_buffer(512 << 20);
     for &t in &threads {
         let pool = benches::Pool::new(t)?;
@@ -179,15 +208,7 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         // page cache next to a resident model in 24 GiB: each engine's run would then evict
         // the other's file and reclaim pages while the next one runs. So before each run the
         // other engine's file leaves the page cache, and the machine settles for a second.
-        let ours_files = shard_files(&model)?;
         let ggufs: Vec<PathBuf> = peer.iter().map(|(_, gguf)| gguf.clone()).collect();
-        let fresh = |files: &[PathBuf]| -> Result<()> {
-            for f in files {
-                drop_page_cache(f)?;
-            }
-            std::thread::sleep(std::time::Duration::from_secs(1));
-            Ok(())
-        };
         probe(); // faults the buffer in
         let roof = |rate: f64, bytes: f64, read: f64| 100.0 * rate * bytes / read;
         // Per pair: the decode and prefill ratios, each engine's decode roofline, and the ratio
@@ -197,9 +218,9 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
         let mut rows: Vec<Vec<f64>> = Vec::new();
         for pair in 0..pairs {
             let Some((llama_bench, gguf)) = &peer else {
-                let (our_tg, our_tg_read) = our_decode(&ours, &model, t, tokens, tier)?;
+                let (our_tg, our_tg_read) = our_decode(&ours, &model, t, (tokens, 0), tier)?;
                 let before = probe();
-                let our_pp = our_prefill(&ours, &model, t, prompt, tier)?;
+                let our_pp = our_prefill(&ours, &model, t, (prompt, 0), tier)?;
                 let our_pp_read = (before + probe()) / 2.0;
                 println!(
                     "threads {t} run {pair}: decode ours {our_tg:.2} tok/s ({:.0}% of {:.1} GB/s read); prefill ours {our_pp:.1} tok/s ({:.1}% of {:.1})",
@@ -215,16 +236,16 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
             // are judged by the mean of a probe just before and just after.
             fresh(&ours_files)?;
             let before = probe();
-            let peer_tg = llama(llama_bench, gguf, t, 0, tokens)?;
+            let peer_tg = llama(llama_bench, gguf, t, Test::decode(tokens, 0))?;
             let peer_tg_read = (before + probe()) / 2.0;
             fresh(&ggufs)?;
-            let (our_tg, our_tg_read) = our_decode(&ours, &model, t, tokens, tier)?;
+            let (our_tg, our_tg_read) = our_decode(&ours, &model, t, (tokens, 0), tier)?;
             fresh(&ours_files)?;
             let before = probe();
-            let peer_pp = llama(llama_bench, gguf, t, prompt, 0)?;
+            let peer_pp = llama(llama_bench, gguf, t, Test::prefill(prompt, 0))?;
             let peer_pp_read = (before + probe()) / 2.0;
             fresh(&ggufs)?;
-            let our_pp = our_prefill(&ours, &model, t, prompt, tier)?;
+            let our_pp = our_prefill(&ours, &model, t, (prompt, 0), tier)?;
             let our_pp_read = (peer_pp_read + probe()) / 2.0;
             println!(
                 "threads {t} pair {pair}: decode ours {our_tg:.2} tok/s ({:.0}% of {:.1} GB/s read) vs llama.cpp {peer_tg:.2} tok/s ({:.0}% of {:.1}) = {:.2}x; prefill ours {our_pp:.1} tok/s ({:.1}% of {:.1}) vs {peer_pp:.1} tok/s ({:.1}% of {:.1}) = {:.2}x",
@@ -382,112 +403,6 @@ pub(crate) fn convert(work: &Path, model: &Path, outtype: Outtype) -> Result<Pat
         );
     }
     Ok(gguf)
-}
-
-/// llama.cpp's tokens/s for a prompt of `prompt` tokens (`pp`) or `generate` tokens (`tg`).
-fn llama(bench: &Path, gguf: &Path, threads: usize, prompt: usize, generate: usize) -> Result<f64> {
-    let out = Command::new(bench)
-        .arg("-m")
-        .arg(gguf)
-        .args([
-            "-p",
-            &prompt.to_string(),
-            "-n",
-            &generate.to_string(),
-            "-t",
-            &threads.to_string(),
-        ])
-        .args(["-r", "1", "-o", "json"])
-        .output()
-        .context("running llama-bench")?;
-    if !out.status.success() {
-        bail!(
-            "llama-bench failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let json: serde_json::Value =
-        serde_json::from_slice(&out.stdout).context("llama-bench did not print JSON")?;
-    json[0]["avg_ts"]
-        .as_f64()
-        .context("llama-bench printed no avg_ts")
-}
-
-/// Runs our decode bench with `args` and returns what it printed.
-fn our_output(bench: &Path, model: &Path, args: &[String]) -> Result<String> {
-    let out = Command::new(bench)
-        .arg("--model")
-        .arg(model)
-        .args(args)
-        .output()
-        .context("running teacher_forced_decode_bench")?;
-    if !out.status.success() {
-        bail!(
-            "teacher_forced_decode_bench failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// The first line of `text` containing `marker`.
-fn line_with<'t>(text: &'t str, marker: &str) -> Result<&'t str> {
-    text.lines()
-        .find(|l| l.contains(marker))
-        .with_context(|| format!("no {marker:?} line in: {text}"))
-}
-
-/// Our prefill tokens/s for a `prompt`-token prompt in chunks of up to `PREFILL_CHUNK`
-/// (`--prefill`), as k3-serve prefills.
-fn our_prefill(
-    bench: &Path,
-    model: &Path,
-    threads: usize,
-    prompt: usize,
-    tier: &[String],
-) -> Result<f64> {
-    let mut args = vec![
-        "--threads".to_string(),
-        threads.to_string(),
-        "--steps".into(),
-        prompt.to_string(),
-        "--prefill".into(),
-        prompt.to_string(),
-        "--prefill-chunk".into(),
-        prompt.min(k3_model::model::PREFILL_CHUNK).to_string(),
-    ];
-    args.extend_from_slice(tier);
-    let out = our_output(bench, model, &args)?;
-    between(line_with(&out, "prefill:")?, "ms = ", " tokens/s").context("no prefill rate")
-}
-
-/// Our decode tokens/s for `steps` teacher-forced tokens — from the mean step time, as
-/// llama-bench reports its `tg` (the steps right after our read probes included) — and the
-/// median read bandwidth our bench probed between its steps.
-fn our_decode(
-    bench: &Path,
-    model: &Path,
-    threads: usize,
-    steps: usize,
-    tier: &[String],
-) -> Result<(f64, f64)> {
-    let mut args = vec![
-        "--threads".to_string(),
-        threads.to_string(),
-        "--steps".into(),
-        steps.to_string(),
-    ];
-    args.extend_from_slice(tier);
-    let out = our_output(bench, model, &args)?;
-    let ms = between(
-        line_with(&out, "steps: median")?,
-        "after the first ",
-        " ms/token",
-    )
-    .context("no mean")?;
-    let read = line_with(&out, "read bandwidth, measured")?;
-    let gbps = between(read, "median ", " GB/s").context("no read median")?;
-    Ok((1e3 / ms, gbps * 1e9))
 }
 
 #[cfg(test)]
