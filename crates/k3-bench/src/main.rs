@@ -144,10 +144,10 @@ fn main() -> Result<()> {
     let config = K3Config::from_json(&config_text)?;
     // The KV cache the memory plan counts: one sequence of every token consumed.
     let options = EngineOptions {
-        ctx: args
-            .tokens
-            .as_ref()
-            .map_or(args.depth + args.steps, Vec::len),
+        ctx: args.tokens.as_ref().map_or(
+            args.depth + args.prefill.unwrap_or(0).max(args.steps),
+            Vec::len,
+        ),
         ranks: Arc::clone(&ranks),
         ..args.engine.clone()
     };
