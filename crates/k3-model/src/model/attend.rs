@@ -40,14 +40,26 @@ pub(super) struct HeadBuffers {
 const POSITION_BLOCK: usize = 16;
 
 /// `ctx[j] += Σ_p weights[p] · latent[p][j]` over the rows of `latent` (`ctx.len()` values
-/// each), each sum continuing in position order from the value `ctx[j]` holds: 32 sums at a
-/// time held in registers while the positions stream past. From `ctx` zeroed, a call per
-/// block of positions in order gives the bits of one call over them all.
+/// each), each sum continuing in position order from the value `ctx[j]` holds (a multiply,
+/// then an add). From `ctx` zeroed, a call per block of positions in order gives the bits of
+/// one call over them all. On AVX2 ([`x86::weighted_rows4`]) 32 sums at a time stay in four
+/// registers while the block's positions stream past; as an `[f32; 32]` array the compiler
+/// kept them in memory, each position's add waiting on the last one's store (10 GMAC/s on a
+/// Zen 3 core, PERFORMANCE.md phase 25).
 #[inline(always)]
-fn weighted_rows(weights: &[f32], latent: &[f32], ctx: &mut [f32]) {
+fn weighted_rows(weights: &[f32], latent: &[f32], ctx: &mut [f32], avx2: bool) {
     const STRIPE: usize = 32;
     let width = ctx.len();
     let mut start = 0;
+    #[cfg(target_arch = "x86_64")]
+    if avx2 {
+        start = width / STRIPE * STRIPE;
+        // SAFETY: `avx2` is set only where the kernels' tier proves avx2; `latent` holds
+        // `weights.len()` rows of `width` values (the callers' slices).
+        unsafe { x86::weighted_rows4(weights, latent, &mut ctx[..start], width) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = avx2;
     while start + STRIPE <= width {
         let mut acc = [0.0f32; STRIPE];
         acc.copy_from_slice(&ctx[start..start + STRIPE]);
@@ -148,7 +160,12 @@ pub(super) fn heads_context(
         let latent = &cache.latent[block_start * rank..block_end * rank];
         for h in 0..heads {
             let weights = &scores[h * positions + block_start..h * positions + block_end];
-            weighted_rows(weights, latent, &mut ctx_latent[h * rank..(h + 1) * rank]);
+            weighted_rows(
+                weights,
+                latent,
+                &mut ctx_latent[h * rank..(h + 1) * rank],
+                d.avx2,
+            );
         }
         block_start = block_end;
     }
@@ -268,6 +285,43 @@ mod x86 {
             }
         }
         acc
+    }
+
+    /// `weighted_rows` on AVX2 for the first `ctx.len()` columns (a multiple of 32) of rows of
+    /// `width` values: per stripe of 32 columns, the sums in four registers, each position's
+    /// `w · row` multiplied, then added, in position order.
+    ///
+    /// # Safety
+    /// The CPU must have avx2; `latent` must hold `weights.len()` rows of `width >= ctx.len()`
+    /// values.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn weighted_rows4(
+        weights: &[f32],
+        latent: &[f32],
+        ctx: &mut [f32],
+        width: usize,
+    ) {
+        assert!(ctx.len().is_multiple_of(32) && ctx.len() <= width);
+        assert!(latent.len() >= weights.len() * width);
+        for start in (0..ctx.len()).step_by(32) {
+            let at = ctx[start..].as_mut_ptr();
+            // SAFETY: start + 32 <= ctx.len().
+            let mut acc: [__m256; 4] =
+                std::array::from_fn(|k| unsafe { _mm256_loadu_ps(at.add(8 * k)) });
+            for (p, &w) in weights.iter().enumerate() {
+                let w = _mm256_set1_ps(w);
+                let row = latent[p * width + start..].as_ptr();
+                for (k, sum) in acc.iter_mut().enumerate() {
+                    // SAFETY: p * width + start + 32 <= latent.len() (asserted).
+                    let v = unsafe { _mm256_loadu_ps(row.add(8 * k)) };
+                    *sum = _mm256_add_ps(*sum, _mm256_mul_ps(w, v));
+                }
+            }
+            for (k, sum) in acc.iter().enumerate() {
+                // SAFETY: start + 32 <= ctx.len().
+                unsafe { _mm256_storeu_ps(at.add(8 * k), *sum) };
+            }
+        }
     }
 
     /// `ops::dot`'s tree over 16 lanes held as two halves: lanes `i + (i + 8)`, then `i +
@@ -549,7 +603,17 @@ mod tests {
                     }
                 }
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                for block in [positions, 16, 3] {
+                #[cfg(target_arch = "x86_64")]
+                let avx2 = std::arch::is_x86_feature_detected!("avx2");
+                #[cfg(not(target_arch = "x86_64"))]
+                let avx2 = false;
+                for (block, avx2) in [
+                    (positions, false),
+                    (16, false),
+                    (3, false),
+                    (16, avx2),
+                    (3, avx2),
+                ] {
                     let mut striped = vec![0.0f32; width];
                     for start in (0..positions).step_by(block) {
                         let end = (start + block).min(positions);
@@ -557,12 +621,13 @@ mod tests {
                             &weights[start..end],
                             &latent[start * width..end * width],
                             &mut striped,
+                            avx2,
                         );
                     }
                     assert_eq!(
                         bits(&plain),
                         bits(&striped),
-                        "width {width}, {positions} positions in blocks of {block}"
+                        "width {width}, {positions} positions in blocks of {block}, avx2 {avx2}"
                     );
                 }
             }
