@@ -1,0 +1,209 @@
+//! `attend`'s tests: every score path and the blocked heads against the straightforward
+//! loops, bit for bit.
+
+use super::*;
+
+/// One head's context by the straightforward loops the module docs name: `dot` for each
+/// score, the softmax in position order, the weighted latents summed position by position
+/// from 0.0, `dot` for the value rows.
+fn one_head(d: &Dims, cache: &MlaCache, positions: usize, q: &[f32], rows: &[f32]) -> Vec<f32> {
+    let (nope, rope, rank) = (d.nope, d.rope, d.rank);
+    let mut q_abs = vec![0.0f32; rank];
+    for i in 0..nope {
+        for (a, &w) in q_abs.iter_mut().zip(&rows[i * rank..(i + 1) * rank]) {
+            *a += q[i] * w;
+        }
+    }
+    let mut scores: Vec<f32> = (0..positions)
+        .map(|p| {
+            (dot(&q_abs, &cache.latent[p * rank..(p + 1) * rank])
+                + dot(&q[nope..], &cache.k_pe[p * rope..(p + 1) * rope]))
+                * d.scale
+        })
+        .collect();
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    for s in scores.iter_mut() {
+        *s = mxfp4_kernels::vmath::exp(*s - max);
+    }
+    let total = scores.iter().fold(0.0f32, |a, &e| a + e);
+    let mut latent = vec![0.0f32; rank];
+    for (p, s) in scores.iter().enumerate() {
+        let weight = s / total;
+        for (a, &v) in latent
+            .iter_mut()
+            .zip(&cache.latent[p * rank..(p + 1) * rank])
+        {
+            *a += weight * v;
+        }
+    }
+    let v_rows = &rows[nope * rank..];
+    (0..v_rows.len() / rank)
+        .map(|j| dot(&v_rows[j * rank..(j + 1) * rank], &latent))
+        .collect()
+}
+
+/// `heads_context` gives every head the bits of the straightforward loops (`one_head`),
+/// with the cache read in blocks (positions that fill none, one, and several blocks with
+/// a tail) and with each score path this CPU has (the AVX-512 16-position and the AVX2
+/// 4-position kernels, and plain `dot`), at k3-0.40b's widths and at widths that are not
+/// multiples of 16.
+#[test]
+fn blocked_heads_give_each_heads_straightforward_bits() {
+    let mut rng = fastrand::Rng::with_seed(5);
+    #[cfg(target_arch = "x86_64")]
+    let paths = [
+        (false, false),
+        (false, std::arch::is_x86_feature_detected!("avx2")),
+        (std::arch::is_x86_feature_detected!("avx512f"), false),
+    ];
+    #[cfg(not(target_arch = "x86_64"))]
+    let paths = [(false, false)];
+    for (nope, rope, rank, v_dim) in [(64usize, 32usize, 128usize, 64usize), (8, 5, 24, 6)] {
+        let heads = 3;
+        let total = 41;
+        let mut value = || (rng.f32() - 0.5) * 2f32.powi(rng.i32(-3..3));
+        let cache = MlaCache {
+            latent: (0..total * rank).map(|_| value()).collect(),
+            k_pe: (0..total * rope).map(|_| value()).collect(),
+        };
+        let q: Vec<f32> = (0..heads * (nope + rope)).map(|_| value()).collect();
+        let rows: Vec<f32> = (0..heads * (nope + v_dim) * rank)
+            .map(|_| value())
+            .collect();
+        for (avx512, avx2) in paths {
+            let d = Dims {
+                nope,
+                rope,
+                rank,
+                scale: 0.09,
+                avx512,
+                avx2,
+            };
+            let mut buf = HeadBuffers::default();
+            for positions in [1usize, 7, 16, 33, 41] {
+                let mut out = vec![0.0f32; heads * v_dim];
+                let queries = HeadQueries { q: &q, rows: &rows };
+                heads_context(&d, &cache, positions, queries, &mut out, &mut buf);
+                for h in 0..heads {
+                    let want = one_head(
+                        &d,
+                        &cache,
+                        positions,
+                        &q[h * (nope + rope)..(h + 1) * (nope + rope)],
+                        &rows[h * (nope + v_dim) * rank..(h + 1) * (nope + v_dim) * rank],
+                    );
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&out[h * v_dim..(h + 1) * v_dim]),
+                        bits(&want),
+                        "rank {rank}, head {h}, {positions} positions, avx512 {avx512}, avx2 {avx2}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The 16-position scores have `ops::dot`'s bits, for K3's widths (rank 512, rope 64)
+/// and k3-0.40b's (128, 32), values of mixed sign and magnitude.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn sixteen_scores_at_once_have_the_dot_bits() {
+    if !std::arch::is_x86_feature_detected!("avx512f") {
+        eprintln!("no avx512f on this CPU: nothing to compare");
+        return;
+    }
+    let mut rng = fastrand::Rng::with_seed(11);
+    for (rank, rope) in [(128usize, 32usize), (512, 64), (16, 16)] {
+        let mut value = || (rng.f32() - 0.5) * 2f32.powi(rng.i32(-8..8));
+        let q: Vec<f32> = (0..rank).map(|_| value()).collect();
+        let q_pe: Vec<f32> = (0..rope).map(|_| value()).collect();
+        let latent: Vec<f32> = (0..16 * rank).map(|_| value()).collect();
+        let pe: Vec<f32> = (0..16 * rope).map(|_| value()).collect();
+        let scale = 0.0723;
+        // SAFETY: avx512f was detected above.
+        let got = unsafe { x86::scores16(&q, &q_pe, &latent, &pe, scale) };
+        for l in 0..16 {
+            let want = (dot(&q, &latent[l * rank..(l + 1) * rank])
+                + dot(&q_pe, &pe[l * rope..(l + 1) * rope]))
+                * scale;
+            assert_eq!(got[l].to_bits(), want.to_bits(), "rank {rank}, row {l}");
+        }
+    }
+}
+
+/// The 4-position AVX2 scores have `ops::dot`'s bits, for K3's widths and k3-0.40b's.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn four_scores_at_once_have_the_dot_bits() {
+    if !std::arch::is_x86_feature_detected!("avx2") {
+        eprintln!("no avx2 on this CPU: nothing to compare");
+        return;
+    }
+    let mut rng = fastrand::Rng::with_seed(12);
+    for (rank, rope) in [(128usize, 32usize), (512, 64), (16, 16)] {
+        let mut value = || (rng.f32() - 0.5) * 2f32.powi(rng.i32(-8..8));
+        let q: Vec<f32> = (0..rank).map(|_| value()).collect();
+        let q_pe: Vec<f32> = (0..rope).map(|_| value()).collect();
+        let latent: Vec<f32> = (0..4 * rank).map(|_| value()).collect();
+        let pe: Vec<f32> = (0..4 * rope).map(|_| value()).collect();
+        let scale = 0.0723;
+        // SAFETY: avx2 was detected above.
+        let got = unsafe { x86::scores4(&q, &q_pe, &latent, &pe, scale) };
+        for l in 0..4 {
+            let want = (dot(&q, &latent[l * rank..(l + 1) * rank])
+                + dot(&q_pe, &pe[l * rope..(l + 1) * rope]))
+                * scale;
+            assert_eq!(got[l].to_bits(), want.to_bits(), "rank {rank}, row {l}");
+        }
+    }
+}
+
+/// `weighted_rows` sums each value in position order from 0.0, as the loop over positions
+/// with the whole vector per position did: the same bits, for widths that are and are not
+/// multiples of its 32-value stripes (K3: rank 512; k3-0.40b: 128), in one call or a call
+/// per block of positions continuing the sums (`heads_context`'s blocks).
+#[test]
+fn weighted_rows_keep_the_position_order() {
+    let mut rng = fastrand::Rng::with_seed(7);
+    for width in [128usize, 512, 40, 33, 5] {
+        for positions in [1usize, 2, 17, 100] {
+            let weights: Vec<f32> = (0..positions).map(|_| rng.f32()).collect();
+            let latent: Vec<f32> = (0..positions * width).map(|_| rng.f32() - 0.5).collect();
+            let mut plain = vec![0.0f32; width];
+            for (p, &w) in weights.iter().enumerate() {
+                for (a, &v) in plain.iter_mut().zip(&latent[p * width..(p + 1) * width]) {
+                    *a += w * v;
+                }
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            #[cfg(target_arch = "x86_64")]
+            let avx2 = std::arch::is_x86_feature_detected!("avx2");
+            #[cfg(not(target_arch = "x86_64"))]
+            let avx2 = false;
+            for (block, avx2) in [
+                (positions, false),
+                (16, false),
+                (3, false),
+                (16, avx2),
+                (3, avx2),
+            ] {
+                let mut striped = vec![0.0f32; width];
+                for start in (0..positions).step_by(block) {
+                    let end = (start + block).min(positions);
+                    weighted_rows(
+                        &weights[start..end],
+                        &latent[start * width..end * width],
+                        &mut striped,
+                        avx2,
+                    );
+                }
+                assert_eq!(
+                    bits(&plain),
+                    bits(&striped),
+                    "width {width}, {positions} positions in blocks of {block}, avx2 {avx2}"
+                );
+            }
+        }
+    }
+}

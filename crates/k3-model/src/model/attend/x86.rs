@@ -1,0 +1,188 @@
+//! Sixteen (AVX-512) or four (AVX2) positions' scores at once, and the weighted latents on
+//! AVX2, with the straightforward loops' bits (`ops::dot`'s lanes and tree; position order).
+
+use core::arch::x86_64::*;
+
+/// As [`scores16`] for 4 rows on AVX2: each row's 16 lanes are two 8-lane halves (lanes
+/// 0..7 and 8..15), summed as `ops::dot` sums them (a multiply, then an add, per lane),
+/// then its tree: the halves added (lanes 8 apart), then 4, 2 and 1 apart. Four rows
+/// share each load of `q`: 8 accumulators, independent chains.
+///
+/// # Safety
+/// The CPU must have avx2.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn scores4(
+    q: &[f32],
+    q_pe: &[f32],
+    latent: &[f32],
+    pe: &[f32],
+    scale: f32,
+) -> [f32; 4] {
+    let d1 = lanes4(q, latent);
+    let d2 = lanes4(q_pe, pe);
+    std::array::from_fn(|l| (tree8x2(d1[l]) + tree8x2(d2[l])) * scale)
+}
+
+/// Each of the 4 rows' 16 partial sums of `a · row` as two halves (rows of `a.len()`
+/// values, a multiple of 16).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn lanes4(a: &[f32], rows: &[f32]) -> [[__m256; 2]; 4] {
+    let width = a.len();
+    assert!(width.is_multiple_of(16) && rows.len() == 4 * width);
+    let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+    for k in (0..width).step_by(16) {
+        // SAFETY: k + 16 <= width = a.len().
+        let x = unsafe {
+            [
+                _mm256_loadu_ps(a.as_ptr().add(k)),
+                _mm256_loadu_ps(a.as_ptr().add(k + 8)),
+            ]
+        };
+        for (l, sums) in acc.iter_mut().enumerate() {
+            for (h, sum) in sums.iter_mut().enumerate() {
+                // SAFETY: l * width + k + 8h + 8 <= 4 * width = rows.len() (asserted).
+                let y = unsafe { _mm256_loadu_ps(rows.as_ptr().add(l * width + k + 8 * h)) };
+                *sum = _mm256_add_ps(*sum, _mm256_mul_ps(x[h], y));
+            }
+        }
+    }
+    acc
+}
+
+/// `weighted_rows` on AVX2 for the first `ctx.len()` columns (a multiple of 32) of rows of
+/// `width` values: per stripe of 32 columns, the sums in four registers, each position's
+/// `w · row` multiplied, then added, in position order.
+///
+/// # Safety
+/// The CPU must have avx2; `latent` must hold `weights.len()` rows of `width >= ctx.len()`
+/// values.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn weighted_rows4(
+    weights: &[f32],
+    latent: &[f32],
+    ctx: &mut [f32],
+    width: usize,
+) {
+    assert!(ctx.len().is_multiple_of(32) && ctx.len() <= width);
+    assert!(latent.len() >= weights.len() * width);
+    for start in (0..ctx.len()).step_by(32) {
+        let at = ctx[start..].as_mut_ptr();
+        // SAFETY: start + 32 <= ctx.len().
+        let mut acc: [__m256; 4] =
+            std::array::from_fn(|k| unsafe { _mm256_loadu_ps(at.add(8 * k)) });
+        for (p, &w) in weights.iter().enumerate() {
+            let w = _mm256_set1_ps(w);
+            let row = latent[p * width + start..].as_ptr();
+            for (k, sum) in acc.iter_mut().enumerate() {
+                // SAFETY: p * width + start + 32 <= latent.len() (asserted).
+                let v = unsafe { _mm256_loadu_ps(row.add(8 * k)) };
+                *sum = _mm256_add_ps(*sum, _mm256_mul_ps(w, v));
+            }
+        }
+        for (k, sum) in acc.iter().enumerate() {
+            // SAFETY: start + 32 <= ctx.len().
+            unsafe { _mm256_storeu_ps(at.add(8 * k), *sum) };
+        }
+    }
+}
+
+/// `ops::dot`'s tree over 16 lanes held as two halves: lanes `i + (i + 8)`, then `i +
+/// (i + 4)`, `i + (i + 2)`, lane 0 + lane 1.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn tree8x2(v: [__m256; 2]) -> f32 {
+    let s = _mm256_add_ps(v[0], v[1]);
+    let x = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
+    let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    let x = _mm_add_ss(x, _mm_shuffle_ps::<0b01>(x, x));
+    _mm_cvtss_f32(x)
+}
+
+/// `(dot(q, latent[l]) + dot(q_pe, pe[l])) * scale` for the 16 rows `l` of `latent` and
+/// `pe` (widths `q.len()` and `q_pe.len()`, multiples of 16), each dot in `ops::dot`'s
+/// order: per row, lane `i` sums the products of values `i, i + 16, …` from 0.0 (a
+/// multiply, then an add: no fused multiply-add), then the tree adds lanes 8 apart, then
+/// 4, 2 and 1 apart. The rows' 16 accumulators are independent chains (a row at a time
+/// waits on each add), and the tree runs on all 16 at once as a transposition
+/// (`reduce16`).
+///
+/// # Safety
+/// The CPU must have avx512f.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn scores16(
+    q: &[f32],
+    q_pe: &[f32],
+    latent: &[f32],
+    pe: &[f32],
+    scale: f32,
+) -> [f32; 16] {
+    let d1 = reduce16(lanes16(q, latent));
+    let d2 = reduce16(lanes16(q_pe, pe));
+    let s = _mm512_mul_ps(_mm512_add_ps(d1, d2), _mm512_set1_ps(scale));
+    let mut out = [0.0f32; 16];
+    // SAFETY: `out` is 16 f32.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), s) };
+    out
+}
+
+/// Each of the 16 rows' 16 partial sums of `a · row` (rows of `a.len()` values).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn lanes16(a: &[f32], rows: &[f32]) -> [__m512; 16] {
+    let width = a.len();
+    assert!(width.is_multiple_of(16) && rows.len() == 16 * width);
+    let mut acc = [_mm512_setzero_ps(); 16];
+    for k in (0..width).step_by(16) {
+        // SAFETY: k + 16 <= width = a.len().
+        let x = unsafe { _mm512_loadu_ps(a.as_ptr().add(k)) };
+        for (l, sums) in acc.iter_mut().enumerate() {
+            // SAFETY: l * width + k + 16 <= 16 * width = rows.len() (asserted).
+            let y = unsafe { _mm512_loadu_ps(rows.as_ptr().add(l * width + k)) };
+            *sums = _mm512_add_ps(*sums, _mm512_mul_ps(x, y));
+        }
+    }
+    acc
+}
+
+/// `[tree(v[0]), …, tree(v[15])]`, where `tree` is `ops::dot`'s: lanes 8 apart added, then
+/// 4, 2, 1. Each level adds the same lane pairs as the tree, for two or four vectors in
+/// one add, and a last permutation puts row `l`'s sum in lane `l`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn reduce16(v: [__m512; 16]) -> __m512 {
+    // Lanes i + 8 onto i: [a.q0 a.q1 b.q0 b.q1] + [a.q2 a.q3 b.q2 b.q3].
+    let x: [__m512; 8] = core::array::from_fn(|j| {
+        let (a, b) = (v[2 * j], v[2 * j + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x44>(a, b),
+            _mm512_shuffle_f32x4::<0xEE>(a, b),
+        )
+    });
+    // Lanes i + 4 onto i: each vector holds two rows' 8 lanes.
+    let y: [__m512; 4] = core::array::from_fn(|m| {
+        let (a, b) = (x[2 * m], x[2 * m + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x88>(a, b),
+            _mm512_shuffle_f32x4::<0xDD>(a, b),
+        )
+    });
+    // Quarter c of y[m] holds row 4m + c's 4 lanes. Lanes i + 2 onto i.
+    let z: [__m512; 2] = core::array::from_fn(|n| {
+        let (a, b) = (y[2 * n], y[2 * n + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0x44>(a, b),
+            _mm512_shuffle_ps::<0xEE>(a, b),
+        )
+    });
+    // Quarter c of z[n]: rows 8n + c and 8n + 4 + c, 2 lanes each. Lane 1 onto lane 0.
+    let w = _mm512_add_ps(
+        _mm512_shuffle_ps::<0x88>(z[0], z[1]),
+        _mm512_shuffle_ps::<0xDD>(z[0], z[1]),
+    );
+    // Lane 4c + j of w is row 4j + c.
+    const ROWS: [i32; 16] = [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15];
+    // SAFETY: ROWS is 16 i32.
+    let idx = unsafe { _mm512_loadu_si512(ROWS.as_ptr().cast()) };
+    _mm512_permutexvar_ps(idx, w)
+}
