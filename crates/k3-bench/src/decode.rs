@@ -61,7 +61,7 @@ pub(crate) fn decode(
         let elapsed = start.elapsed();
         if step == 0 {
             // The first chunk pays the page faults of a mapped trunk: not a steady step.
-            profile.reset();
+            model.reset_profile();
         } else {
             profiled += elapsed;
         }

@@ -163,15 +163,16 @@ fn main() -> Result<()> {
         eprintln!("{}", share.describe(&ranks));
     }
     let model = engine.model()?;
-    if !leader {
-        return ranks::follow(model, &ranks, &model_dir, &share);
-    }
+    // `--profile`: every rank profiles its part (rank 0 prints each rank's attention).
     let profile = Arc::new(Profile::new());
     let model = if args.profile {
         model.with_profile(Arc::clone(&profile))
     } else {
         model
     };
+    if !leader {
+        return ranks::follow(model, &ranks, &model_dir, &share, &profile);
+    }
     let tokens = match &args.tokens {
         Some(tokens) => tokens.clone(),
         None => seeded_tokens(
@@ -181,7 +182,7 @@ fn main() -> Result<()> {
     };
     // `--depth N`: the first N tokens prefilled, untimed; the timed work starts there.
     let (session, tokens) = at_depth(&model, &tokens, args.depth, args.depth_chunk)?;
-    profile.reset();
+    model.reset_profile();
     if let Some(n) = args.prefill {
         let timed = time_prefill(
             &model,
@@ -191,16 +192,19 @@ fn main() -> Result<()> {
             args.prefill_chunk,
             args.profile.then_some(&*profile),
         );
-        ranks::finish(model, &ranks, &model_dir, &share, None);
+        ranks::finish(model, &ranks, &model_dir, &share, &profile, None);
         return timed;
     }
     let collectives = decode(&model, session, &engine, &args, tokens, &profile, &ranks)?;
+    // The profile covers the steps after the first chunk (see `decode`).
+    let profiled = tokens.len() - tokens.len().min(args.prefill_chunk);
     ranks::finish(
         model,
         &ranks,
         &model_dir,
         &share,
-        Some((collectives, tokens.len())),
+        &profile,
+        Some((collectives, tokens.len(), profiled)),
     );
     match engine.save_usage() {
         Some((path, Ok(()))) => eprintln!("expert usage saved to {}", path.display()),

@@ -6,6 +6,7 @@ use std::path::Path;
 use anyhow::Result;
 use k3_model::builder::RankShare;
 use k3_model::model::Model;
+use k3_model::profile::{Bucket, Profile};
 use numa_sched::{CollectiveStats, Ranks};
 
 /// Bytes of this process's resident pages in mappings of files under `dir` (the
@@ -38,35 +39,53 @@ pub(crate) fn mapped_rss(dir: &Path) -> u64 {
 }
 
 /// What each rank reports to rank 0 at the end: mapped weight pages, owned, split and
-/// replicated bytes.
-fn words(dir: &Path, share: &RankShare) -> [u64; 4] {
-    [mapped_rss(dir), share.owned, share.split, share.replicated]
+/// replicated bytes; nanoseconds in its MLA and KDA buckets (`--profile`, since the last
+/// reset).
+fn words(dir: &Path, share: &RankShare, profile: &Profile) -> [u64; 6] {
+    let totals = profile.totals();
+    let nanos = |b: Bucket| totals[b as usize].as_nanos() as u64;
+    [
+        mapped_rss(dir),
+        share.owned,
+        share.split,
+        share.replicated,
+        nanos(Bucket::Mla),
+        nanos(Bucket::Kda),
+    ]
 }
 
 /// A rank other than 0: runs rank 0's steps until its model is dropped, then sends its
 /// figures for rank 0's report.
-pub(crate) fn follow(model: Model<'_>, ranks: &Ranks, dir: &Path, share: &RankShare) -> Result<()> {
+pub(crate) fn follow(
+    model: Model<'_>,
+    ranks: &Ranks,
+    dir: &Path,
+    share: &RankShare,
+    profile: &Profile,
+) -> Result<()> {
     model.follow()?;
     drop(model);
-    ranks.gather_words(&words(dir, share));
+    ranks.gather_words(&words(dir, share, profile));
     Ok(())
 }
 
 /// Rank 0, after its last step: ends the other ranks' part and prints every rank's figures
-/// (`decode`: the collectives of the timed steps and their count).
+/// (`decode`: the collectives of the timed steps, their count, and how many of them the
+/// profile covers).
 pub(crate) fn finish(
     model: Model<'_>,
     ranks: &Ranks,
     dir: &Path,
     share: &RankShare,
-    decode: Option<(CollectiveStats, usize)>,
+    profile: &Profile,
+    decode: Option<(CollectiveStats, usize, usize)>,
 ) {
     if ranks.size() == 1 {
         return;
     }
     drop(model);
-    let all = ranks.gather_words(&words(dir, share));
-    if let Some((stats, tokens)) = decode {
+    let all = ranks.gather_words(&words(dir, share, profile));
+    if let Some((stats, tokens, _)) = decode {
         let n = tokens.max(1) as f64;
         println!(
             "collectives per token (rank 0): {:.1} calls, {:.3} MB, {:.3} ms inside them",
@@ -87,5 +106,20 @@ pub(crate) fn finish(
             ranks.size(),
             ((split + replicated) as f64 / ranks.size() as f64 * 1.05 + replicated as f64) / 1e9,
         );
+    }
+    // `--profile`: each rank's attention buckets over the same profiled steps (every rank
+    // computes its share of the MLA heads; KDA runs on rank 0).
+    if let Some((_, _, profiled)) = decode
+        && profiled > 0
+        && all.iter().any(|w| w[4] + w[5] > 0)
+    {
+        let ms = |nanos: u64| nanos as f64 / 1e6 / profiled as f64;
+        for (rank, w) in all.iter().enumerate() {
+            println!(
+                "rank {rank}: attention per token over the profiled steps: MLA {:.3} ms, KDA {:.3} ms",
+                ms(w[4]),
+                ms(w[5]),
+            );
+        }
     }
 }

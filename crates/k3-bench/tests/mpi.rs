@@ -142,6 +142,76 @@ fn a_requantised_trunk_under_two_ranks_gives_one_processs_logits() {
     }
 }
 
+/// The bench's output for `ranks` processes (1: no mpirun) of one thread, given `args`.
+fn bench_text(model: &Path, ranks: usize, args: &[&str]) -> String {
+    let mut command = if ranks == 1 {
+        Command::new(bench())
+    } else {
+        let mut c = mpirun();
+        c.args(["-np", &ranks.to_string()]).arg(bench());
+        c
+    };
+    command.args(["--model", &model.display().to_string()]);
+    command
+        .args(["--threads", "1", "--probe-mb", "0"])
+        .args(args);
+    let output = run(command);
+    String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr)
+}
+
+/// Every rank computes its share of the MLA heads on its own mirror of each sequence's latent
+/// cache. At depth (the cache filled by a chunked prefill first) the decode steps' logits
+/// are one process's bytes for 2 and 3 ranks (`tiny` has 2 MLA heads: with 3 ranks one rank
+/// has none). A timed prompt after the depth runs five times, each on a fresh copy of the
+/// depth session that the other ranks do not hold yet (rank 0 sends its caches whole, and
+/// the dropped copies' mirrors go): its last logits are one process's too.
+#[test]
+fn attention_split_over_ranks_gives_one_processs_logits_at_depth() {
+    let model = checkpoint(Preset::Tiny, 5);
+    let depth = ["--depth", "150", "--depth-chunk", "32"];
+    let (reference, text) = logits_with(model.path(), 1, 1, &[], &depth);
+    assert!(text.contains("at depth 150"), "{text}");
+    for ranks in [2, 3] {
+        let (got, text) = logits_with(model.path(), ranks, 1, &[], &depth);
+        assert!(
+            text.contains(&format!("rank {} of {ranks}", ranks - 1)),
+            "{text}"
+        );
+        assert!(
+            got == reference,
+            "{ranks} ranks at depth 150: logits differ from one process"
+        );
+    }
+    let prompt = [
+        "--depth",
+        "120",
+        "--prefill",
+        "9",
+        "--prefill-chunk",
+        "4",
+        "--steps",
+        "9",
+    ];
+    let fingerprint = |text: &str| -> String {
+        let at = text
+            .find("last logits fingerprint ")
+            .unwrap_or_else(|| panic!("no prefill line:\n{text}"));
+        text[at..]
+            .split_whitespace()
+            .nth(3)
+            .unwrap_or("")
+            .to_string()
+    };
+    let one = fingerprint(&bench_text(model.path(), 1, &prompt));
+    for ranks in [2, 3] {
+        let got = fingerprint(&bench_text(model.path(), ranks, &prompt));
+        assert_eq!(
+            got, one,
+            "{ranks} ranks: the prompt after depth 120 differs"
+        );
+    }
+}
+
 /// Open MPI's flag that forbids shared memory between ranks, when this is Open MPI.
 fn tcp_only() -> Option<[&'static str; 3]> {
     let version = Command::new("mpirun").arg("--version").output().ok()?;

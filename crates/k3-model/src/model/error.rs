@@ -35,6 +35,10 @@ pub enum ModelError {
     /// ([`Model::rollback`](crate::model::Model::rollback)); holds why.
     #[error("rollback: {0}")]
     Rollback(String),
+    /// The ranks disagree about a sequence (a mirror of its MLA caches missing or shorter
+    /// than rank 0 announced); holds which.
+    #[error("ranks: {0}")]
+    Ranks(String),
     /// An expert store opened with another layout than the config implies
     /// ([`Model::with_expert_store`](crate::model::Model::with_expert_store)).
     #[error("the expert store's experts are {store}, the config's {config}")]

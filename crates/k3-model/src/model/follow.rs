@@ -1,17 +1,34 @@
 //! Several ranks, one forward pass: rank 0 (the leader) announces each step (its tokens, how
-//! they split into sequences, which logits are wanted) and every other rank runs the same
-//! step on its share of the rows ([`Model::follow`]). Only the leader holds sequences: the
-//! others run the step with stateless stand-ins, and take the attention outputs from the
-//! leader (`share_attention`). Every rank makes the same collectives in the same order, because
-//! each runs the same code on the same inputs.
+//! they split into sequences, which logits are wanted, each sequence's id and position) and
+//! every other rank runs the same step on its share of the rows ([`Model::follow`]). Only the
+//! leader holds whole sequences: the others keep mirrors of their MLA caches
+//! ([`super::mirror`]), compute their share of the MLA heads on them, and take the KDA outputs
+//! from the leader (`share_attention`). Every rank makes the same collectives in the same
+//! order, because each runs the same code on the same inputs.
+
+use std::collections::HashMap;
 
 use super::error::{ModelError, Result};
 use super::forward::{Model, Want};
-use super::session::Session;
+use super::mirror::Standing;
+use super::session::{MlaCache, Session};
 
-/// Announcement words: a step, or the end.
+/// Announcement words: a step, the end, or a profile reset.
 const STOP: u64 = 0;
 const STEP: u64 = 1;
+const PROFILE_RESET: u64 = 2;
+
+/// A step as rank 0 announces it.
+#[derive(Debug, PartialEq)]
+struct Step {
+    wanted: Vec<Want>,
+    lengths: Vec<usize>,
+    /// Each group's sequence: its id, its position before the step, whether it is sent whole.
+    standings: Vec<Standing>,
+    /// Ids of dropped sequences.
+    gone: Vec<u64>,
+    tokens: Vec<usize>,
+}
 
 impl Model<'_> {
     /// One step of the forward pass over `groups`, announced to the other ranks first when
@@ -36,37 +53,148 @@ impl Model<'_> {
             return Err(ModelError::Token { token, vocab });
         }
         let _step = ranks.lock_steps();
-        let mut words = vec![STEP, groups.len() as u64];
-        words.extend(groups.iter().map(|(_, t)| t.len() as u64));
-        words.extend(wanted.iter().map(|&w| wanted_word(w)));
-        words.extend(groups.iter().flat_map(|(_, t)| t.iter().map(|&x| x as u64)));
+        let standings: Vec<Standing> = groups
+            .iter_mut()
+            .map(|(session, _)| {
+                let position = session.position;
+                Standing::of(&mut session.mirror, position, &self.mirror_ids, &self.gone)
+            })
+            .collect();
+        let gone = std::mem::take(&mut *self.gone.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut words = step_words(&Step {
+            wanted: wanted.to_vec(),
+            lengths: groups.iter().map(|(_, t)| t.len()).collect(),
+            standings: standings.clone(),
+            gone,
+            tokens: groups.iter().flat_map(|(_, t)| t.iter().copied()).collect(),
+        });
         ranks.broadcast_words(&mut words);
-        self.pool.install(|| self.forward_on_worker(groups, wanted))
+        // The sequences the other ranks do not hold, whole, in group and layer order.
+        for ((session, _), standing) in groups.iter_mut().zip(&standings) {
+            if standing.send {
+                for cache in session.mla.iter_mut().flatten() {
+                    ranks.broadcast(&mut cache.latent);
+                    ranks.broadcast(&mut cache.k_pe);
+                }
+            }
+        }
+        let out = self.pool.install(|| self.forward_on_worker(groups, wanted));
+        for (session, _) in groups.iter_mut() {
+            if out.is_ok() {
+                session.mirror.held = Some(session.position);
+            } else {
+                session.mirror.forget();
+            }
+        }
+        out
+    }
+
+    /// Sets this model's profile ([`Model::with_profile`]) back to zero, and every other
+    /// rank's (their models were given one too: a run profiles on every rank or none), so
+    /// that each rank's buckets cover the same steps.
+    pub fn reset_profile(&self) {
+        let Some(profile) = &self.profile else {
+            return;
+        };
+        profile.reset();
+        let ranks = self.pool.ranks();
+        if ranks.size() > 1 && ranks.is_leader() {
+            let _step = ranks.lock_steps();
+            ranks.broadcast_words(&mut vec![PROFILE_RESET]);
+        }
     }
 
     /// On a rank other than 0: runs every step rank 0 announces, until rank 0's model is
-    /// dropped (returns `Ok`). On rank 0 it returns at once.
+    /// dropped (returns `Ok`). On rank 0 it returns at once. This rank keeps a mirror of each
+    /// sequence's MLA caches ([`super::mirror`]); KDA states stay on rank 0.
     pub fn follow(&self) -> Result<()> {
         let ranks = self.pool.ranks();
         if ranks.is_leader() {
             return Ok(());
         }
+        let mut mirrors: HashMap<u64, Session> = HashMap::new();
         loop {
             let mut words = Vec::new();
             ranks.broadcast_words(&mut words);
-            let Some((wanted, lengths, tokens)) = parse_step(&words) else {
+            if words.first() == Some(&PROFILE_RESET) {
+                if let Some(profile) = &self.profile {
+                    profile.reset();
+                }
+                continue;
+            }
+            let Some(step) = parse_step(&words) else {
                 return Ok(());
             };
-            let mut sessions: Vec<Session> = lengths.iter().map(|_| self.stand_in()).collect();
-            let mut groups = Vec::with_capacity(lengths.len());
+            for id in &step.gone {
+                mirrors.remove(id);
+            }
+            let mut sessions = Vec::with_capacity(step.standings.len());
+            for standing in &step.standings {
+                let session = if standing.send {
+                    self.received_mirror(standing.position)
+                } else {
+                    let mut session = mirrors.remove(&standing.id).ok_or_else(|| {
+                        ModelError::Ranks(format!(
+                            "rank {} holds no sequence {} that rank 0 announced",
+                            ranks.rank(),
+                            standing.id
+                        ))
+                    })?;
+                    self.truncate_mirror(&mut session, standing.position)?;
+                    session
+                };
+                sessions.push(session);
+            }
+            let mut groups = Vec::with_capacity(sessions.len());
             let mut at = 0;
-            for (session, &n) in sessions.iter_mut().zip(&lengths) {
-                groups.push((session, &tokens[at..at + n]));
+            for (session, &n) in sessions.iter_mut().zip(&step.lengths) {
+                groups.push((session, &step.tokens[at..at + n]));
                 at += n;
             }
             self.pool
-                .install(|| self.forward_on_worker(&mut groups, &wanted))?;
+                .install(|| self.forward_on_worker(&mut groups, &step.wanted))?;
+            for (standing, session) in step.standings.iter().zip(sessions) {
+                mirrors.insert(standing.id, session);
+            }
         }
+    }
+
+    /// A mirror of a sequence at `position` whose MLA caches rank 0 sends now (in layer
+    /// order, the latents then the `k_pe` of each); no KDA state.
+    fn received_mirror(&self, position: usize) -> Session {
+        let ranks = self.pool.ranks();
+        let m = &self.config.mla;
+        let mut session = self.stand_in();
+        session.position = position;
+        for (cache, layer) in session.mla.iter_mut().zip(&self.config.layers) {
+            if layer.attention == crate::config::AttentionKind::Mla {
+                let mut latent = vec![0.0; position * m.kv_lora_rank];
+                let mut k_pe = vec![0.0; position * m.qk_rope_head_dim];
+                ranks.broadcast(&mut latent);
+                ranks.broadcast(&mut k_pe);
+                *cache = Some(MlaCache { latent, k_pe });
+            }
+        }
+        session
+    }
+
+    /// A mirror back to `position` (rank 0's sequence was rolled back or reset): its caches
+    /// truncated; an error if it holds fewer positions.
+    fn truncate_mirror(&self, session: &mut Session, position: usize) -> Result<()> {
+        if session.position < position {
+            return Err(ModelError::Ranks(format!(
+                "rank {} holds {} positions of a sequence rank 0 has at {position}",
+                self.pool.ranks().rank(),
+                session.position
+            )));
+        }
+        let m = &self.config.mla;
+        for cache in session.mla.iter_mut().flatten() {
+            cache.latent.truncate(position * m.kv_lora_rank);
+            cache.k_pe.truncate(position * m.qk_rope_head_dim);
+        }
+        session.position = position;
+        Ok(())
     }
 
     /// A session with no state, for a rank that is not the leader.
@@ -77,6 +205,7 @@ impl Model<'_> {
             mla: vec![None; self.config.layers.len()],
             journal: None,
             spare: None,
+            mirror: Default::default(),
         }
     }
 }
@@ -100,15 +229,32 @@ fn wanted_word(wanted: Want) -> u64 {
     }
 }
 
-/// `(wanted per group, group lengths, tokens)` of a step announcement; `None` for the end.
-fn parse_step(words: &[u64]) -> Option<(Vec<Want>, Vec<usize>, Vec<usize>)> {
+/// A step's announcement: `STEP`, the group count `g`, then per group its length, wanted
+/// rows, sequence id, position and whether it is sent (g words each), then the count of gone
+/// ids and the ids, then the tokens.
+fn step_words(step: &Step) -> Vec<u64> {
+    let mut words = vec![STEP, step.lengths.len() as u64];
+    words.extend(step.lengths.iter().map(|&n| n as u64));
+    words.extend(step.wanted.iter().map(|&w| wanted_word(w)));
+    words.extend(step.standings.iter().map(|s| s.id));
+    words.extend(step.standings.iter().map(|s| s.position as u64));
+    words.extend(step.standings.iter().map(|s| u64::from(s.send)));
+    words.push(step.gone.len() as u64);
+    words.extend(&step.gone);
+    words.extend(step.tokens.iter().map(|&t| t as u64));
+    words
+}
+
+/// A step announcement ([`step_words`]); `None` for the end.
+fn parse_step(words: &[u64]) -> Option<Step> {
     let (&kind, rest) = words.split_first()?;
     if kind != STEP {
         return None;
     }
     let groups = rest[0] as usize;
-    let lengths: Vec<usize> = rest[1..1 + groups].iter().map(|&n| n as usize).collect();
-    let wanted = rest[1 + groups..1 + 2 * groups]
+    let field = |k: usize| &rest[1 + k * groups..1 + (k + 1) * groups];
+    let lengths: Vec<usize> = field(0).iter().map(|&n| n as usize).collect();
+    let wanted = field(1)
         .iter()
         .map(|&w| match w {
             0 => Want::All,
@@ -116,8 +262,27 @@ fn parse_step(words: &[u64]) -> Option<(Vec<Want>, Vec<usize>, Vec<usize>)> {
             _ => Want::None,
         })
         .collect();
-    let tokens = rest[1 + 2 * groups..].iter().map(|&t| t as usize).collect();
-    Some((wanted, lengths, tokens))
+    let standings = (0..groups)
+        .map(|g| Standing {
+            id: field(2)[g],
+            position: field(3)[g] as usize,
+            send: field(4)[g] != 0,
+        })
+        .collect();
+    let at = 1 + 5 * groups;
+    let gone_count = rest[at] as usize;
+    let gone = rest[at + 1..at + 1 + gone_count].to_vec();
+    let tokens = rest[at + 1 + gone_count..]
+        .iter()
+        .map(|&t| t as usize)
+        .collect();
+    Some(Step {
+        wanted,
+        lengths,
+        standings,
+        gone,
+        tokens,
+    })
 }
 
 #[cfg(test)]
@@ -126,11 +291,26 @@ mod tests {
 
     #[test]
     fn announcements_round_trip() {
-        let words = [STEP, 2, 3, 1, 0, 1, 10, 11, 12, 13];
-        let (wanted, lengths, tokens) = parse_step(&words).expect("a step");
-        assert_eq!(wanted, vec![Want::All, Want::Last]);
-        assert_eq!(lengths, vec![3, 1]);
-        assert_eq!(tokens, vec![10, 11, 12, 13]);
+        let step = Step {
+            wanted: vec![Want::All, Want::Last],
+            lengths: vec![3, 1],
+            standings: vec![
+                Standing {
+                    id: 7,
+                    position: 0,
+                    send: true,
+                },
+                Standing {
+                    id: 9,
+                    position: 41,
+                    send: false,
+                },
+            ],
+            gone: vec![2, 5],
+            tokens: vec![10, 11, 12, 13],
+        };
+        let words = step_words(&step);
+        assert_eq!(parse_step(&words), Some(step));
         assert!(parse_step(&[STOP]).is_none());
         assert!(parse_step(&[]).is_none());
         assert_eq!(wanted_word(Want::None), 2);

@@ -57,6 +57,10 @@ pub struct Model<'a> {
     pub(super) waited_ns: std::sync::atomic::AtomicU64,
     /// Routed experts asked of the source, one per (layer, distinct expert) of each pass.
     pub(super) experts_asked: std::sync::atomic::AtomicU64,
+    /// Several ranks: the next id a sequence gets at its first step, and the ids of dropped
+    /// sequences the other ranks still mirror ([`super::mirror`]).
+    pub(super) mirror_ids: std::sync::atomic::AtomicU64,
+    pub(super) gone: super::mirror::Gone,
 }
 
 /// Which of a group's tokens need logits in a step (the lm_head is a large share of a step,
@@ -196,6 +200,7 @@ impl<'a> Model<'a> {
                 .collect(),
             journal: None,
             spare: None,
+            mirror: Default::default(),
         }
     }
 

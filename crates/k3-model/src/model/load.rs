@@ -168,6 +168,8 @@ impl<'a> Model<'a> {
             clock: None,
             waited_ns: Default::default(),
             experts_asked: Default::default(),
+            mirror_ids: std::sync::atomic::AtomicU64::new(1),
+            gone: Default::default(),
         })
     }
 }

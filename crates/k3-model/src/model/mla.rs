@@ -3,6 +3,7 @@
 use super::attend::{Dims, HeadBuffers, HeadQueries, heads_context};
 use super::error::Result;
 use super::forward::Model;
+use super::mirror::head_share;
 use super::session::MlaCache;
 use super::weights::Mla;
 use super::wide::wide;
@@ -46,6 +47,8 @@ impl Model<'_> {
             .collect();
         let qs = self.gemm(&w.q_b, &q_a)?;
         let scale = ((nope + rope) as f32).powf(-0.5);
+        let ranks = self.pool.ranks();
+        let mine = head_share(m.num_heads, ranks.size(), ranks.rank());
         let mut ctxs = Vec::with_capacity(xs.len());
         for (cache, span) in caches {
             // Append the chunk's latents and k_pe in token order; token t then attends causally
@@ -66,21 +69,22 @@ impl Model<'_> {
                 avx512: super::wide::has_avx512(&self.kernels),
                 avx2: self.kernels.tier() == mxfp4_kernels::Tier::Avx2,
             };
-            // Head groups as tasks over the read-only cache (heads are independent).
-            let heads = m.num_heads;
-            let work = heads * span.len() * (first_position + span.len()) * (rank + rope) * 4;
+            // This rank's heads (all of them with one rank), as tasks over the read-only
+            // cache (heads are independent: each head's bits do not depend on its group).
+            let work = mine.len() * span.len() * (first_position + span.len()) * (rank + rope) * 4;
             let groups = if work < self.parallel_min_bytes {
                 1
             } else {
-                self.pool.threads().min(heads)
+                self.pool.threads().min(mine.len()).max(1)
             };
-            let per = heads.div_ceil(groups);
+            let per = mine.len().div_ceil(groups).max(1);
             let group = |g: usize| -> Vec<Vec<f32>> {
                 wide(
                     &self.kernels,
                     #[inline(always)]
                     || {
-                        let heads_here = g * per..((g + 1) * per).min(heads);
+                        let heads_here =
+                            mine.start + g * per..(mine.start + (g + 1) * per).min(mine.end);
                         let mut buf = HeadBuffers::default();
                         let mut ctxs = Vec::with_capacity(span.len());
                         for t in span.clone() {
@@ -99,14 +103,14 @@ impl Model<'_> {
                     },
                 )
             };
-            let count = heads.div_ceil(per);
+            let count = mine.len().div_ceil(per);
             let parts = self.run_tasks(
                 count > 1,
                 count,
                 |g| self.pool.block_domain(g, count),
                 group,
             )?;
-            let mut span_ctxs = vec![vec![0.0; heads * vd]; span.len()];
+            let mut span_ctxs = vec![vec![0.0; mine.len() * vd]; span.len()];
             for (g, part) in parts.into_iter().enumerate() {
                 for (ctx, piece) in span_ctxs.iter_mut().zip(part) {
                     ctx[g * per * vd..g * per * vd + piece.len()].copy_from_slice(&piece);
@@ -114,8 +118,8 @@ impl Model<'_> {
             }
             ctxs.extend(span_ctxs);
         }
-        // Under several ranks only rank 0 holds the sequences' caches: its contexts go to all.
-        self.share_attention(&mut ctxs, xs.len(), m.num_heads * vd);
+        // Under several ranks each computed its heads: every rank gets every head's context.
+        self.gather_heads(&mut ctxs, m.num_heads, vd);
         if let Some(gates) = gates {
             for (ctx, mut gate) in ctxs.iter_mut().zip(gates) {
                 self.kernels.sigmoid_in_place(&mut gate);
@@ -125,5 +129,41 @@ impl Model<'_> {
             }
         }
         self.gemm(&w.o, &ctxs)
+    }
+}
+
+impl Model<'_> {
+    /// Every head's context on every rank: rank `r` computed heads
+    /// [`head_share`]`(heads, ranks, r)` of each token (`ctxs[t]`, that share's `width` values
+    /// per head); one all-gather, each gathered value the bits its rank computed.
+    fn gather_heads(&self, ctxs: &mut [Vec<f32>], heads: usize, width: usize) {
+        let ranks = self.pool.ranks();
+        if ranks.size() == 1 {
+            return;
+        }
+        let shares: Vec<_> = (0..ranks.size())
+            .map(|r| head_share(heads, ranks.size(), r))
+            .collect();
+        let counts: Vec<usize> = shares
+            .iter()
+            .map(|s| ctxs.len() * s.len() * width)
+            .collect();
+        let mine: Vec<f32> = ctxs.iter().flatten().copied().collect();
+        let all = ranks.all_gather(&mine, &counts);
+        let mut at = 0;
+        let whole: Vec<Vec<f32>> = {
+            let mut whole = vec![vec![0.0; heads * width]; ctxs.len()];
+            for share in &shares {
+                let n = share.len() * width;
+                for row in whole.iter_mut() {
+                    row[share.start * width..share.end * width].copy_from_slice(&all[at..at + n]);
+                    at += n;
+                }
+            }
+            whole
+        };
+        for (ctx, row) in ctxs.iter_mut().zip(whole) {
+            *ctx = row;
+        }
     }
 }

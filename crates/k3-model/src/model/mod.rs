@@ -15,7 +15,8 @@
 //! weight structs and their loading; `dispatch` the pool dispatch and the trunk's GEMMs;
 //! `kda`, `mla` and `moe` the blocks; `experts` the routed experts' tasks; `source` where the
 //! routed experts come from ([`ExpertSource`]); `clock` the decode clock a memory plan sizes
-//! its stream by; `wide` the AVX-512-compiled wrapper.
+//! its stream by; `follow` the steps of several ranks and `mirror` what the other ranks hold of
+//! a sequence; `wide` the AVX-512-compiled wrapper.
 //!
 //! [`WeightMatrix`]: mxfp4_kernels::WeightMatrix
 //! [`Checkpoint::linear`]: expert_store::Checkpoint::linear
@@ -29,6 +30,7 @@ mod follow;
 mod forward;
 mod kda;
 mod load;
+mod mirror;
 mod mla;
 mod moe;
 mod rollback;

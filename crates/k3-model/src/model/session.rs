@@ -2,6 +2,8 @@
 //! the journal a verify pass of drafted tokens keeps so the session can go back to any
 //! position since its checkpoint ([`Session::checkpoint`], `Model::rollback`).
 
+use super::mirror::MirrorTag;
+
 /// One sequence's state: KDA conv windows and recurrent states, the MLA latent cache.
 #[derive(Debug, Clone)]
 pub struct Session {
@@ -12,6 +14,8 @@ pub struct Session {
     pub(super) journal: Option<Journal>,
     /// A finished journal's buffers, reused by the next checkpoint (no page faults per pass).
     pub(super) spare: Option<Journal>,
+    /// What the other ranks hold of it (several ranks only; a copy starts with nothing).
+    pub(super) mirror: MirrorTag,
 }
 
 /// What a session keeps from its checkpoint on: the position then, and per KDA layer its

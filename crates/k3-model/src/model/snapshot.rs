@@ -132,6 +132,7 @@ impl Snapshot {
                 mla,
                 journal: None,
                 spare: None,
+                mirror: Default::default(),
             },
         }
     }
@@ -175,6 +176,7 @@ impl Session {
                 mla: self.mla.clone(),
                 journal: None,
                 spare: None,
+                mirror: Default::default(),
             },
         }
     }
@@ -187,6 +189,8 @@ impl Session {
         let from = &snapshot.state;
         self.check(from)?;
         self.commit();
+        // Overwritten: the other ranks' mirror of the old sequence no longer matches.
+        self.mirror.forget();
         for (to, from) in self.kda.iter_mut().zip(&from.kda) {
             if let (Some(to), Some(from)) = (to, from) {
                 for (w, f) in to.windows.iter_mut().zip(&from.windows) {

@@ -45,6 +45,7 @@ fn filled_session(config: &K3Config, tokens: usize) -> Session {
         mla,
         journal: None,
         spare: None,
+        mirror: Default::default(),
     }
 }
 
