@@ -39,9 +39,9 @@ pub(crate) fn mapped_rss(dir: &Path) -> u64 {
 }
 
 /// What each rank reports to rank 0 at the end: mapped weight pages, owned, split and
-/// replicated bytes; nanoseconds in its MLA and KDA buckets (`--profile`, since the last
-/// reset).
-fn words(dir: &Path, share: &RankShare, profile: &Profile) -> [u64; 6] {
+/// replicated bytes; nanoseconds in its MLA, MLA attention and KDA buckets (`--profile`,
+/// since the last reset).
+fn words(dir: &Path, share: &RankShare, profile: &Profile) -> [u64; 7] {
     let totals = profile.totals();
     let nanos = |b: Bucket| totals[b as usize].as_nanos() as u64;
     [
@@ -50,6 +50,7 @@ fn words(dir: &Path, share: &RankShare, profile: &Profile) -> [u64; 6] {
         share.split,
         share.replicated,
         nanos(Bucket::Mla),
+        nanos(Bucket::MlaAttention),
         nanos(Bucket::Kda),
     ]
 }
@@ -111,14 +112,15 @@ pub(crate) fn finish(
     // computes its share of the MLA heads; KDA runs on rank 0).
     if let Some((_, _, profiled)) = decode
         && profiled > 0
-        && all.iter().any(|w| w[4] + w[5] > 0)
+        && all.iter().any(|w| w[4] + w[5] + w[6] > 0)
     {
         let ms = |nanos: u64| nanos as f64 / 1e6 / profiled as f64;
         for (rank, w) in all.iter().enumerate() {
             println!(
-                "rank {rank}: attention per token over the profiled steps: MLA {:.3} ms, KDA {:.3} ms",
-                ms(w[4]),
+                "rank {rank}: per token over the profiled steps: MLA attention over the cache {:.3} ms, MLA projections {:.3} ms, KDA {:.3} ms",
                 ms(w[5]),
+                ms(w[4]),
+                ms(w[6]),
             );
         }
     }

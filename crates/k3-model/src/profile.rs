@@ -14,8 +14,12 @@ use crate::inventory::{BytePlan, TensorClass};
 pub enum Bucket {
     /// KDA: the six projections, the conv/recurrence, the gated output projection.
     Kda,
-    /// Gated MLA: projections, attention over the cache, output.
+    /// Gated MLA: the projections and the gated output (the attention between them is
+    /// [`Bucket::MlaAttention`]).
     Mla,
+    /// Gated MLA's attention over the latent caches (scores, softmax, weighted latents, the
+    /// absorbed projections per head) and, under several ranks, the gather of the heads.
+    MlaAttention,
     /// The dense MLP of the first layers.
     DenseMlp,
     /// Top-k selection, and the router GEMV where the layer has no latent projection (with
@@ -35,9 +39,10 @@ pub enum Bucket {
 
 impl Bucket {
     /// Every bucket, in the order a profile prints them (and [`Profile::totals`] returns them).
-    pub const ALL: [Bucket; 9] = [
+    pub const ALL: [Bucket; 10] = [
         Bucket::Kda,
         Bucket::Mla,
+        Bucket::MlaAttention,
         Bucket::DenseMlp,
         Bucket::Router,
         Bucket::Latent,
@@ -52,6 +57,7 @@ impl Bucket {
         match self {
             Bucket::Kda => "KDA",
             Bucket::Mla => "MLA",
+            Bucket::MlaAttention => "MLA attention over the cache",
             Bucket::DenseMlp => "dense MLP",
             Bucket::Router => "router",
             Bucket::Latent => "latent projections",
@@ -83,7 +89,8 @@ impl Bucket {
             },
             Bucket::SharedExperts => class(TensorClass::SharedExperts),
             Bucket::RoutedExperts => plan.routed_bytes_per_token,
-            Bucket::LoadWait => 0,
+            // The cache, not weights.
+            Bucket::MlaAttention | Bucket::LoadWait => 0,
             Bucket::LmHead => class(TensorClass::LmHead),
         }
     }

@@ -458,7 +458,8 @@ impl<'a> Model<'a> {
                             Some((session.mla[i].as_mut()?, span.clone()))
                         })
                         .collect();
-                    self.timed(Bucket::Mla, || self.mla(mla, caches, &normed))?
+                    // Timed inside: projections and attention over the cache apart.
+                    self.mla(mla, caches, &normed)?
                 }
             };
             // The attention's buffer goes back before the FFN's is asked for.

@@ -8,6 +8,7 @@ use super::session::MlaCache;
 use super::weights::Mla;
 use super::wide::wide;
 use crate::ops::rms_norm;
+use crate::profile::Bucket;
 
 /// The MLA low-rank norms use 1e-6 (HF's default), not `rms_norm_eps` (docs/MODEL.md §7.1).
 const MLA_NORM_EPS: f32 = 1e-6;
@@ -29,106 +30,116 @@ impl Model<'_> {
             m.kv_lora_rank,
         );
         // One dispatch for the projections of the normed input (q_a, kv_a and the gate).
-        let mut matrices = vec![&w.q_a, &w.kv_a];
-        matrices.extend(w.g.as_ref());
-        let mut projected = self.gemm_many(&matrices, xs)?.into_iter();
-        let (q_a, ckvs) = (
-            projected.next().expect("q_a"),
-            projected.next().expect("kv_a"),
-        );
-        let gates = projected.next();
-        let q_a: Vec<Vec<f32>> = q_a
-            .iter()
-            .map(|q| {
-                let mut y = vec![0.0; q.len()];
-                rms_norm(q, Some(&w.q_a_norm), MLA_NORM_EPS, &mut y);
-                y
-            })
-            .collect();
-        let qs = self.gemm(&w.q_b, &q_a)?;
+        let (qs, ckvs, gates) = self.timed(Bucket::Mla, || -> Result<_> {
+            let mut matrices = vec![&w.q_a, &w.kv_a];
+            matrices.extend(w.g.as_ref());
+            let mut projected = self.gemm_many(&matrices, xs)?.into_iter();
+            let (q_a, ckvs) = (
+                projected.next().expect("q_a"),
+                projected.next().expect("kv_a"),
+            );
+            let gates = projected.next();
+            let q_a: Vec<Vec<f32>> = q_a
+                .iter()
+                .map(|q| {
+                    let mut y = vec![0.0; q.len()];
+                    rms_norm(q, Some(&w.q_a_norm), MLA_NORM_EPS, &mut y);
+                    y
+                })
+                .collect();
+            Ok((self.gemm(&w.q_b, &q_a)?, ckvs, gates))
+        })?;
         let scale = ((nope + rope) as f32).powf(-0.5);
         let ranks = self.pool.ranks();
         let mine = head_share(m.num_heads, ranks.size(), ranks.rank());
-        let mut ctxs = Vec::with_capacity(xs.len());
-        for (cache, span) in caches {
-            // Append the chunk's latents and k_pe in token order; token t then attends causally
-            // to the cache rows before it and itself.
-            let first_position = cache.latent.len() / rank;
-            for ckv in &ckvs[span.clone()] {
-                let mut latent = vec![0.0; rank];
-                rms_norm(&ckv[..rank], Some(&w.kv_a_norm), MLA_NORM_EPS, &mut latent);
-                cache.latent.extend_from_slice(&latent);
-                cache.k_pe.extend_from_slice(&ckv[rank..rank + rope]);
+        // The attention over the caches (and, under several ranks, the gather of the heads'
+        // contexts): its own bucket, apart from the projections.
+        let mut ctxs = self.timed(Bucket::MlaAttention, || -> Result<_> {
+            let mut ctxs = Vec::with_capacity(xs.len());
+            for (cache, span) in caches {
+                // Append the chunk's latents and k_pe in token order; token t then attends
+                // causally to the cache rows before it and itself.
+                let first_position = cache.latent.len() / rank;
+                for ckv in &ckvs[span.clone()] {
+                    let mut latent = vec![0.0; rank];
+                    rms_norm(&ckv[..rank], Some(&w.kv_a_norm), MLA_NORM_EPS, &mut latent);
+                    cache.latent.extend_from_slice(&latent);
+                    cache.k_pe.extend_from_slice(&ckv[rank..rank + rope]);
+                }
+                let cache = &*cache;
+                let dims = Dims {
+                    nope,
+                    rope,
+                    rank,
+                    scale,
+                    avx512: super::wide::has_avx512(&self.kernels),
+                    avx2: self.kernels.tier() == mxfp4_kernels::Tier::Avx2,
+                };
+                // This rank's heads (all of them with one rank), as tasks over the read-only
+                // cache (heads are independent: each head's bits do not depend on its group).
+                let work =
+                    mine.len() * span.len() * (first_position + span.len()) * (rank + rope) * 4;
+                let groups = if work < self.parallel_min_bytes {
+                    1
+                } else {
+                    self.pool.threads().min(mine.len()).max(1)
+                };
+                let per = mine.len().div_ceil(groups).max(1);
+                let group = |g: usize| -> Vec<Vec<f32>> {
+                    wide(
+                        &self.kernels,
+                        #[inline(always)]
+                        || {
+                            let heads_here =
+                                mine.start + g * per..(mine.start + (g + 1) * per).min(mine.end);
+                            let mut buf = HeadBuffers::default();
+                            let mut ctxs = Vec::with_capacity(span.len());
+                            for t in span.clone() {
+                                let mut ctx = vec![0.0; heads_here.len() * vd];
+                                let positions = first_position + (t - span.start) + 1;
+                                let queries = HeadQueries {
+                                    q: &qs[t][heads_here.start * (nope + rope)
+                                        ..heads_here.end * (nope + rope)],
+                                    rows: &w.kv_b[heads_here.start * (nope + vd) * rank
+                                        ..heads_here.end * (nope + vd) * rank],
+                                };
+                                heads_context(&dims, cache, positions, queries, &mut ctx, &mut buf);
+                                ctxs.push(ctx);
+                            }
+                            ctxs
+                        },
+                    )
+                };
+                let count = mine.len().div_ceil(per);
+                let parts = self.run_tasks(
+                    count > 1,
+                    count,
+                    |g| self.pool.block_domain(g, count),
+                    group,
+                )?;
+                let mut span_ctxs = vec![vec![0.0; mine.len() * vd]; span.len()];
+                for (g, part) in parts.into_iter().enumerate() {
+                    for (ctx, piece) in span_ctxs.iter_mut().zip(part) {
+                        ctx[g * per * vd..g * per * vd + piece.len()].copy_from_slice(&piece);
+                    }
+                }
+                ctxs.extend(span_ctxs);
             }
-            let cache = &*cache;
-            let dims = Dims {
-                nope,
-                rope,
-                rank,
-                scale,
-                avx512: super::wide::has_avx512(&self.kernels),
-                avx2: self.kernels.tier() == mxfp4_kernels::Tier::Avx2,
-            };
-            // This rank's heads (all of them with one rank), as tasks over the read-only
-            // cache (heads are independent: each head's bits do not depend on its group).
-            let work = mine.len() * span.len() * (first_position + span.len()) * (rank + rope) * 4;
-            let groups = if work < self.parallel_min_bytes {
-                1
-            } else {
-                self.pool.threads().min(mine.len()).max(1)
-            };
-            let per = mine.len().div_ceil(groups).max(1);
-            let group = |g: usize| -> Vec<Vec<f32>> {
-                wide(
-                    &self.kernels,
-                    #[inline(always)]
-                    || {
-                        let heads_here =
-                            mine.start + g * per..(mine.start + (g + 1) * per).min(mine.end);
-                        let mut buf = HeadBuffers::default();
-                        let mut ctxs = Vec::with_capacity(span.len());
-                        for t in span.clone() {
-                            let mut ctx = vec![0.0; heads_here.len() * vd];
-                            let positions = first_position + (t - span.start) + 1;
-                            let queries = HeadQueries {
-                                q: &qs[t][heads_here.start * (nope + rope)
-                                    ..heads_here.end * (nope + rope)],
-                                rows: &w.kv_b[heads_here.start * (nope + vd) * rank
-                                    ..heads_here.end * (nope + vd) * rank],
-                            };
-                            heads_context(&dims, cache, positions, queries, &mut ctx, &mut buf);
-                            ctxs.push(ctx);
-                        }
-                        ctxs
-                    },
-                )
-            };
-            let count = mine.len().div_ceil(per);
-            let parts = self.run_tasks(
-                count > 1,
-                count,
-                |g| self.pool.block_domain(g, count),
-                group,
-            )?;
-            let mut span_ctxs = vec![vec![0.0; mine.len() * vd]; span.len()];
-            for (g, part) in parts.into_iter().enumerate() {
-                for (ctx, piece) in span_ctxs.iter_mut().zip(part) {
-                    ctx[g * per * vd..g * per * vd + piece.len()].copy_from_slice(&piece);
+            // Under several ranks each computed its heads: every rank gets every head's context.
+            self.gather_heads(&mut ctxs, m.num_heads, vd);
+            Ok(ctxs)
+        })?;
+        self.timed(Bucket::Mla, || {
+            if let Some(gates) = gates {
+                for (ctx, mut gate) in ctxs.iter_mut().zip(gates) {
+                    self.kernels.sigmoid_in_place(&mut gate);
+                    for (a, &g) in ctx.iter_mut().zip(&gate) {
+                        *a *= g;
+                    }
                 }
             }
-            ctxs.extend(span_ctxs);
-        }
-        // Under several ranks each computed its heads: every rank gets every head's context.
-        self.gather_heads(&mut ctxs, m.num_heads, vd);
-        if let Some(gates) = gates {
-            for (ctx, mut gate) in ctxs.iter_mut().zip(gates) {
-                self.kernels.sigmoid_in_place(&mut gate);
-                for (a, &g) in ctx.iter_mut().zip(&gate) {
-                    *a *= g;
-                }
-            }
-        }
-        self.gemm(&w.o, &ctxs)
+            self.gemm(&w.o, &ctxs)
+        })
     }
 }
 
