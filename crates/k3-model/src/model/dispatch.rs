@@ -137,18 +137,32 @@ impl Model<'_> {
             .iter()
             .map(|s| ranks.shares(s.first().map_or(0, |row| row.len())))
             .collect();
+        self.gather_shares(segments, &shares);
+    }
+
+    /// [`Model::gather_rows`] with the shares given: `shares[k][r]` is the part of segment
+    /// `k`'s rows rank `r` computed (they tile the row).
+    pub(super) fn gather_shares(
+        &self,
+        segments: &mut [Vec<&mut [f32]>],
+        shares: &[Vec<std::ops::Range<usize>>],
+    ) {
+        let ranks = self.pool.ranks();
+        if ranks.size() == 1 {
+            return;
+        }
         let counts: Vec<usize> = (0..ranks.size())
             .map(|r| {
                 segments
                     .iter()
-                    .zip(&shares)
+                    .zip(shares)
                     .map(|(s, sh)| s.len() * sh[r].len())
                     .sum()
             })
             .collect();
         let me = ranks.rank();
         let mut mine = Vec::with_capacity(counts[me]);
-        for (s, sh) in segments.iter().zip(&shares) {
+        for (s, sh) in segments.iter().zip(shares) {
             for row in s {
                 mine.extend_from_slice(&row[sh[me].clone()]);
             }
@@ -156,7 +170,7 @@ impl Model<'_> {
         let all = ranks.all_gather(&mine, &counts);
         let mut at = 0;
         for r in 0..ranks.size() {
-            for (s, sh) in segments.iter_mut().zip(&shares) {
+            for (s, sh) in segments.iter_mut().zip(shares) {
                 for row in s.iter_mut() {
                     let n = sh[r].len();
                     row[sh[r].clone()].copy_from_slice(&all[at..at + n]);

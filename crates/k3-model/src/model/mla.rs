@@ -117,10 +117,13 @@ impl Model<'_> {
                     |g| self.pool.block_domain(g, count),
                     group,
                 )?;
-                let mut span_ctxs = vec![vec![0.0; mine.len() * vd]; span.len()];
+                // Every head's place in each token's row; other ranks' heads come with the
+                // gather below.
+                let mut span_ctxs = vec![vec![0.0; m.num_heads * vd]; span.len()];
                 for (g, part) in parts.into_iter().enumerate() {
+                    let at = (mine.start + g * per) * vd;
                     for (ctx, piece) in span_ctxs.iter_mut().zip(part) {
-                        ctx[g * per * vd..g * per * vd + piece.len()].copy_from_slice(&piece);
+                        ctx[at..at + piece.len()].copy_from_slice(&piece);
                     }
                 }
                 ctxs.extend(span_ctxs);
@@ -145,36 +148,17 @@ impl Model<'_> {
 
 impl Model<'_> {
     /// Every head's context on every rank: rank `r` computed heads
-    /// [`head_share`]`(heads, ranks, r)` of each token (`ctxs[t]`, that share's `width` values
-    /// per head); one all-gather, each gathered value the bits its rank computed.
+    /// [`head_share`]`(heads, ranks, r)` of each token's `ctxs[t]` (`width` values per head);
+    /// one all-gather ([`Model::gather_shares`]), each value the bits its rank computed.
     fn gather_heads(&self, ctxs: &mut [Vec<f32>], heads: usize, width: usize) {
         let ranks = self.pool.ranks();
-        if ranks.size() == 1 {
-            return;
-        }
         let shares: Vec<_> = (0..ranks.size())
-            .map(|r| head_share(heads, ranks.size(), r))
+            .map(|r| {
+                let h = head_share(heads, ranks.size(), r);
+                h.start * width..h.end * width
+            })
             .collect();
-        let counts: Vec<usize> = shares
-            .iter()
-            .map(|s| ctxs.len() * s.len() * width)
-            .collect();
-        let mine: Vec<f32> = ctxs.iter().flatten().copied().collect();
-        let all = ranks.all_gather(&mine, &counts);
-        let mut at = 0;
-        let whole: Vec<Vec<f32>> = {
-            let mut whole = vec![vec![0.0; heads * width]; ctxs.len()];
-            for share in &shares {
-                let n = share.len() * width;
-                for row in whole.iter_mut() {
-                    row[share.start * width..share.end * width].copy_from_slice(&all[at..at + n]);
-                    at += n;
-                }
-            }
-            whole
-        };
-        for (ctx, row) in ctxs.iter_mut().zip(whole) {
-            *ctx = row;
-        }
+        let rows: Vec<&mut [f32]> = ctxs.iter_mut().map(Vec::as_mut_slice).collect();
+        self.gather_shares(&mut [rows], &[shares]);
     }
 }

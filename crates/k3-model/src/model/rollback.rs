@@ -51,8 +51,7 @@ impl Model<'_> {
             }
             let m = &self.config.mla;
             for cache in session.mla.iter_mut().flatten() {
-                cache.latent.truncate(position * m.kv_lora_rank);
-                cache.k_pe.truncate(position * m.qk_rope_head_dim);
+                cache.truncate(position, m.kv_lora_rank, m.qk_rope_head_dim);
             }
             session.position = position;
         }

@@ -56,6 +56,14 @@ pub(super) struct MlaCache {
     pub(super) k_pe: Vec<f32>,
 }
 
+impl MlaCache {
+    /// Keeps the first `position` positions (rows of `rank` latents and `rope` k_pe values).
+    pub(super) fn truncate(&mut self, position: usize, rank: usize, rope: usize) {
+        self.latent.truncate(position * rank);
+        self.k_pe.truncate(position * rope);
+    }
+}
+
 impl Session {
     /// Tokens consumed so far.
     pub fn position(&self) -> usize {
