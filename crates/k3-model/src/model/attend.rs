@@ -6,6 +6,7 @@
 //! value rows, position order for the weighted latents), so the bits are those of decoding
 //! token by token whatever the chunk.
 
+use super::lines::Lines;
 use super::session::MlaCache;
 use crate::ops::dot;
 
@@ -24,20 +25,26 @@ pub(super) struct Dims {
 /// One attention task's buffers, reused for each token it computes.
 #[derive(Default)]
 pub(super) struct HeadBuffers {
-    /// Each head's `W_UKᵀ q_nope`, `rank` values per head.
-    q_abs: Vec<f32>,
+    /// Each head's `W_UKᵀ q_nope`, `rank` values per head (line-aligned as the cache).
+    q_abs: Lines,
     /// Each head's scores, then weights, over the token's positions, `positions` per head.
     scores: Vec<f32>,
-    /// Each head's weighted latents, `rank` values per head.
-    ctx_latent: Vec<f32>,
+    /// Each head's weighted latents, `rank` values per head (line-aligned as the cache).
+    ctx_latent: Lines,
 }
 
 /// Positions of the cache one pass over the task's heads reads before the next: 16 rows of
 /// K3's 512 + 64 f32 are 36 KiB, read from memory once and then from L1/L2 for every head of
 /// the task, where a head at a time read the whole cache once per head (96 times per token
-/// at K3's width, from memory once it outgrows the caches). A multiple of 16, the AVX-512
-/// score kernel's block.
+/// at K3's width, from memory once it outgrows the caches). The weighted latents go in these
+/// blocks, and so do the scores on AVX-512 (its score kernel's block).
 const POSITION_BLOCK: usize = 16;
+
+/// The scores' block on AVX2: 8 rows (18 KiB) stay in a Zen 3 core's 32 KiB L1 beside a pair
+/// of heads' queries, where 16 came from L2 for every pair. Measured on Zen 3, one thread,
+/// 48 heads over 4096 positions, alternated: 4.3–6.1 ms against 6.4–7.9 (PERFORMANCE.md
+/// phase 27).
+const AVX2_SCORE_BLOCK: usize = 8;
 
 /// `ctx[j] += Σ_p weights[p] · latent[p][j]` over the rows of `latent` (`ctx.len()` values
 /// each), each sum continuing in position order from the value `ctx[j]` holds (a multiply,
@@ -93,11 +100,12 @@ pub(super) struct HeadQueries<'a> {
 /// The contexts of consecutive heads for one token (docs/MODEL.md §7.3), the token attending
 /// to the first `positions` rows of the cache; `out` holds `v_head_dim` values per head.
 /// Each head's arithmetic is the straightforward loops' (module docs); the cache is read in
-/// blocks of [`POSITION_BLOCK`] positions, each block for every head before the next, so it
-/// is read once per token and task instead of once per head. Inlined into `wide`'s function,
-/// with plain loops and reused buffers: as a closure with iterator `collect`s it was compiled
-/// outside it at baseline width, and `exp`'s `mul_add` and rounding became libm calls
-/// (PERFORMANCE.md, phase 20).
+/// blocks of [`POSITION_BLOCK`] positions ([`AVX2_SCORE_BLOCK`] for the AVX2 scores), each
+/// block for every head before the next, so it is read once per token and task instead of
+/// once per head; on AVX2 the scores go two heads at a time, each loaded row piece serving
+/// both. Inlined into `wide`'s function, with plain loops and reused buffers: as a closure
+/// with iterator `collect`s it was compiled outside it at baseline width, and `exp`'s
+/// `mul_add` and rounding became libm calls (PERFORMANCE.md, phase 20).
 #[inline(always)]
 pub(super) fn heads_context(
     d: &Dims,
@@ -114,8 +122,7 @@ pub(super) fn heads_context(
     let head_rows = (nope + v_dim) * rank;
     // q_abs = W_UKᵀ q_nope, per head: [rank].
     let q_abs = &mut buf.q_abs;
-    q_abs.clear();
-    q_abs.resize(heads * rank, 0.0);
+    q_abs.set_zeros(heads * rank);
     for h in 0..heads {
         let q = &queries.q[h * head_q..h * head_q + nope];
         let rows = &queries.rows[h * head_rows..h * head_rows + nope * rank];
@@ -129,10 +136,40 @@ pub(super) fn heads_context(
     let scores = &mut buf.scores;
     scores.clear();
     scores.resize(heads * positions, 0.0);
+    let score_block_len = if d.avx2 && !d.avx512 {
+        AVX2_SCORE_BLOCK
+    } else {
+        POSITION_BLOCK
+    };
     let mut block_start = 0;
     while block_start < positions {
-        let block_end = (block_start + POSITION_BLOCK).min(positions);
-        for h in 0..heads {
+        let block_end = (block_start + score_block_len).min(positions);
+        let mut h = 0;
+        #[cfg(target_arch = "x86_64")]
+        if d.avx2 && !d.avx512 && rank.is_multiple_of(16) && rope.is_multiple_of(16) {
+            while h + 2 <= heads {
+                let q_abs = [
+                    &q_abs[h * rank..(h + 1) * rank],
+                    &q_abs[(h + 1) * rank..(h + 2) * rank],
+                ];
+                let q_pe = [
+                    &queries.q[h * head_q + nope..(h + 1) * head_q],
+                    &queries.q[(h + 1) * head_q + nope..(h + 2) * head_q],
+                ];
+                let (first, second) =
+                    scores[h * positions..(h + 2) * positions].split_at_mut(positions);
+                score_pair_block(
+                    d,
+                    cache,
+                    q_abs,
+                    q_pe,
+                    block_start..block_end,
+                    [first, second],
+                );
+                h += 2;
+            }
+        }
+        for h in h..heads {
             let q_abs = &q_abs[h * rank..(h + 1) * rank];
             let q_pe = &queries.q[h * head_q + nope..(h + 1) * head_q];
             let scores = &mut scores[h * positions..(h + 1) * positions];
@@ -152,8 +189,7 @@ pub(super) fn heads_context(
         }
     }
     let ctx_latent = &mut buf.ctx_latent;
-    ctx_latent.clear();
-    ctx_latent.resize(heads * rank, 0.0);
+    ctx_latent.set_zeros(heads * rank);
     let mut block_start = 0;
     while block_start < positions {
         let block_end = (block_start + POSITION_BLOCK).min(positions);
@@ -235,7 +271,49 @@ fn score_block(
     }
 }
 
-/// Sixteen (AVX-512) or four (AVX2) positions' scores at once with `ops::dot`'s bits.
+/// Two heads' scores at positions `block` ([`score_block`]'s, each head's bits its own) on
+/// AVX2 (the caller checked it, and that `rank` and `rope` are multiples of 16): 4
+/// positions at a time in [`x86::scores2x4`], the block's last 1–3 positions by `dot`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn score_pair_block(
+    d: &Dims,
+    cache: &MlaCache,
+    q_abs: [&[f32]; 2],
+    q_pe: [&[f32]; 2],
+    block: std::ops::Range<usize>,
+    scores: [&mut [f32]; 2],
+) {
+    let (rope, rank) = (d.rope, d.rank);
+    let [s0, s1] = scores;
+    let mut p = block.start;
+    while p + 4 <= block.end {
+        // SAFETY: the caller runs this only where the kernels' tier proves avx2; the widths
+        // are multiples of 16 and the slices hold 4 rows of each.
+        let s = unsafe {
+            x86::scores2x4(
+                q_abs,
+                q_pe,
+                &cache.latent[p * rank..(p + 4) * rank],
+                &cache.k_pe[p * rope..(p + 4) * rope],
+                d.scale,
+            )
+        };
+        s0[p..p + 4].copy_from_slice(&s[0]);
+        s1[p..p + 4].copy_from_slice(&s[1]);
+        p += 4;
+    }
+    for p in p..block.end {
+        let c = &cache.latent[p * rank..(p + 1) * rank];
+        let pe = &cache.k_pe[p * rope..(p + 1) * rope];
+        for (h, s) in [&mut *s0, &mut *s1].into_iter().enumerate() {
+            s[p] = (dot(q_abs[h], c) + dot(q_pe[h], pe)) * d.scale;
+        }
+    }
+}
+
+/// Sixteen (AVX-512) or four (AVX2, one or two heads) positions' scores at once with
+/// `ops::dot`'s bits.
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

@@ -10,6 +10,7 @@ use std::collections::HashMap;
 
 use super::error::{ModelError, Result};
 use super::forward::{Model, Want};
+use super::lines::Lines;
 use super::mirror::Standing;
 use super::session::{MlaCache, Session};
 
@@ -168,8 +169,8 @@ impl Model<'_> {
         session.position = position;
         for (cache, layer) in session.mla.iter_mut().zip(&self.config.layers) {
             if layer.attention == crate::config::AttentionKind::Mla {
-                let mut latent = vec![0.0; position * m.kv_lora_rank];
-                let mut k_pe = vec![0.0; position * m.qk_rope_head_dim];
+                let mut latent = Lines::zeros(position * m.kv_lora_rank);
+                let mut k_pe = Lines::zeros(position * m.qk_rope_head_dim);
                 ranks.broadcast(&mut latent);
                 ranks.broadcast(&mut k_pe);
                 *cache = Some(MlaCache { latent, k_pe });

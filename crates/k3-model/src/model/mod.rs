@@ -29,6 +29,7 @@ mod error;
 mod follow;
 mod forward;
 mod kda;
+mod lines;
 mod load;
 mod mirror;
 mod mla;

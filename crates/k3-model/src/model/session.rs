@@ -2,6 +2,7 @@
 //! the journal a verify pass of drafted tokens keeps so the session can go back to any
 //! position since its checkpoint ([`Session::checkpoint`], `Model::rollback`).
 
+use super::lines::Lines;
 use super::mirror::MirrorTag;
 
 /// One sequence's state: KDA conv windows and recurrent states, the MLA latent cache.
@@ -52,8 +53,11 @@ pub(super) struct KdaState {
 
 #[derive(Debug, Clone, Default)]
 pub(super) struct MlaCache {
-    pub(super) latent: Vec<f32>,
-    pub(super) k_pe: Vec<f32>,
+    /// `rank` values per position, each position's row starting a cache line where `rank`
+    /// is a multiple of 16 (`Lines`: the attention kernels' loads stay within lines).
+    pub(super) latent: Lines,
+    /// `rope` values per position, aligned as `latent`.
+    pub(super) k_pe: Lines,
 }
 
 impl MlaCache {

@@ -117,7 +117,10 @@ impl Snapshot {
                 }
                 OwnedLayer::Mla { latent, k_pe } => {
                     kda.push(None);
-                    mla.push(Some(MlaCache { latent, k_pe }));
+                    mla.push(Some(MlaCache {
+                        latent: latent.into(),
+                        k_pe: k_pe.into(),
+                    }));
                 }
                 OwnedLayer::Empty => {
                     kda.push(None);
@@ -201,8 +204,8 @@ impl Session {
         }
         for (to, from) in self.mla.iter_mut().zip(&from.mla) {
             if let (Some(to), Some(from)) = (to, from) {
-                to.latent.clone_from(&from.latent);
-                to.k_pe.clone_from(&from.k_pe);
+                to.latent.clone_from_lines(&from.latent);
+                to.k_pe.clone_from_lines(&from.k_pe);
             }
         }
         self.position = from.position;

@@ -44,9 +44,9 @@ fn one_head(d: &Dims, cache: &MlaCache, positions: usize, q: &[f32], rows: &[f32
 
 /// `heads_context` gives every head the bits of the straightforward loops (`one_head`),
 /// with the cache read in blocks (positions that fill none, one, and several blocks with
-/// a tail) and with each score path this CPU has (the AVX-512 16-position and the AVX2
-/// 4-position kernels, and plain `dot`), at k3-0.40b's widths and at widths that are not
-/// multiples of 16.
+/// a tail) and with each score path this CPU has (the AVX-512 16-position kernel, the AVX2
+/// two-head 4-position and one-head 4-position kernels — 3 heads are a pair and one alone —
+/// and plain `dot`), at k3-0.40b's widths and at widths that are not multiples of 16.
 #[test]
 fn blocked_heads_give_each_heads_straightforward_bits() {
     let mut rng = fastrand::Rng::with_seed(5);
@@ -63,8 +63,14 @@ fn blocked_heads_give_each_heads_straightforward_bits() {
         let total = 41;
         let mut value = || (rng.f32() - 0.5) * 2f32.powi(rng.i32(-3..3));
         let cache = MlaCache {
-            latent: (0..total * rank).map(|_| value()).collect(),
-            k_pe: (0..total * rope).map(|_| value()).collect(),
+            latent: (0..total * rank)
+                .map(|_| value())
+                .collect::<Vec<_>>()
+                .into(),
+            k_pe: (0..total * rope)
+                .map(|_| value())
+                .collect::<Vec<_>>()
+                .into(),
         };
         let q: Vec<f32> = (0..heads * (nope + rope)).map(|_| value()).collect();
         let rows: Vec<f32> = (0..heads * (nope + v_dim) * rank)
@@ -155,6 +161,41 @@ fn four_scores_at_once_have_the_dot_bits() {
                 + dot(&q_pe, &pe[l * rope..(l + 1) * rope]))
                 * scale;
             assert_eq!(got[l].to_bits(), want.to_bits(), "rank {rank}, row {l}");
+        }
+    }
+}
+
+/// The AVX2 two-head, 4-position scores give each head `ops::dot`'s bits, for K3's widths
+/// and k3-0.40b's: the two heads' queries differ, so a mixed-up head or half would show.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn two_heads_four_scores_at_once_have_the_dot_bits() {
+    if !std::arch::is_x86_feature_detected!("avx2") {
+        eprintln!("no avx2 on this CPU: nothing to compare");
+        return;
+    }
+    let mut rng = fastrand::Rng::with_seed(13);
+    for (rank, rope) in [(128usize, 32usize), (512, 64), (16, 16)] {
+        let mut value = || (rng.f32() - 0.5) * 2f32.powi(rng.i32(-8..8));
+        let q: Vec<f32> = (0..2 * rank).map(|_| value()).collect();
+        let q_pe: Vec<f32> = (0..2 * rope).map(|_| value()).collect();
+        let latent: Vec<f32> = (0..4 * rank).map(|_| value()).collect();
+        let pe: Vec<f32> = (0..4 * rope).map(|_| value()).collect();
+        let scale = 0.0723;
+        let (q, q_pe) = ([&q[..rank], &q[rank..]], [&q_pe[..rope], &q_pe[rope..]]);
+        // SAFETY: avx2 was detected above.
+        let got = unsafe { x86::scores2x4(q, q_pe, &latent, &pe, scale) };
+        for h in 0..2 {
+            for l in 0..4 {
+                let want = (dot(q[h], &latent[l * rank..(l + 1) * rank])
+                    + dot(q_pe[h], &pe[l * rope..(l + 1) * rope]))
+                    * scale;
+                assert_eq!(
+                    got[h][l].to_bits(),
+                    want.to_bits(),
+                    "rank {rank}, head {h}, row {l}"
+                );
+            }
         }
     }
 }

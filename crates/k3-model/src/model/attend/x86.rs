@@ -1,5 +1,6 @@
-//! Sixteen (AVX-512) or four (AVX2) positions' scores at once, and the weighted latents on
-//! AVX2, with the straightforward loops' bits (`ops::dot`'s lanes and tree; position order).
+//! Sixteen (AVX-512) or four (AVX2, for one head or two) positions' scores at once, and the
+//! weighted latents on AVX2, with the straightforward loops' bits (`ops::dot`'s lanes and
+//! tree; position order).
 
 use core::arch::x86_64::*;
 
@@ -48,6 +49,66 @@ fn lanes4(a: &[f32], rows: &[f32]) -> [[__m256; 2]; 4] {
         }
     }
     acc
+}
+
+/// As [`scores4`] for two heads at once: `[h][l]` is head `h`'s score at row `l` of the 4,
+/// with the bits of `(dot(q[h], latent[l]) + dot(q_pe[h], pe[l])) * scale`. Each loaded row
+/// piece serves both heads, so the rows are read once per pair of heads: scores4 loads ten
+/// vectors per eight multiplies, a row piece per multiply, from L2 once the block of rows
+/// outgrows L1; this loads six per eight (PERFORMANCE.md phase 27).
+///
+/// # Safety
+/// The CPU must have avx2.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn scores2x4(
+    q: [&[f32]; 2],
+    q_pe: [&[f32]; 2],
+    latent: &[f32],
+    pe: &[f32],
+    scale: f32,
+) -> [[f32; 4]; 2] {
+    let d1 = lanes2x4(q, latent);
+    let d2 = lanes2x4(q_pe, pe);
+    std::array::from_fn(|h| {
+        std::array::from_fn(|l| (tree8x2(d1[h][l]) + tree8x2(d2[h][l])) * scale)
+    })
+}
+
+/// Two vectors' 16 partial sums against each of 4 rows (`lanes4`'s), as `[h][l][half]`.
+/// One half of the lanes at a time: 8 accumulators (2 heads × 4 rows) stay in registers
+/// beside the two heads' pieces and a row's piece, where both halves at once would need 16.
+/// The halves are independent chains of `ops::dot`, so their order between them is free.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn lanes2x4(a: [&[f32]; 2], rows: &[f32]) -> [[[__m256; 2]; 4]; 2] {
+    let width = a[0].len();
+    assert!(width.is_multiple_of(16) && a[1].len() == width && rows.len() == 4 * width);
+    let mut out = [[[_mm256_setzero_ps(); 2]; 4]; 2];
+    for half in 0..2 {
+        let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+        for k in (8 * half..width).step_by(16) {
+            // SAFETY: k + 8 <= width = a[h].len().
+            let x = unsafe {
+                [
+                    _mm256_loadu_ps(a[0].as_ptr().add(k)),
+                    _mm256_loadu_ps(a[1].as_ptr().add(k)),
+                ]
+            };
+            for l in 0..4 {
+                // SAFETY: l * width + k + 8 <= 4 * width = rows.len() (asserted).
+                let y = unsafe { _mm256_loadu_ps(rows.as_ptr().add(l * width + k)) };
+                for h in 0..2 {
+                    acc[h][l] = _mm256_add_ps(acc[h][l], _mm256_mul_ps(x[h], y));
+                }
+            }
+        }
+        for h in 0..2 {
+            for l in 0..4 {
+                out[h][l][half] = acc[h][l];
+            }
+        }
+    }
+    out
 }
 
 /// `weighted_rows` on AVX2 for the first `ctx.len()` columns (a multiple of 32) of rows of

@@ -34,8 +34,8 @@ fn filled_session(config: &K3Config, tokens: usize) -> Session {
         } else {
             kda.push(None);
             mla.push(Some(MlaCache {
-                latent: values(tokens * rank),
-                k_pe: values(tokens * rope),
+                latent: values(tokens * rank).into(),
+                k_pe: values(tokens * rope).into(),
             }));
         }
     }
