@@ -49,9 +49,9 @@ const AVX2_SCORE_BLOCK: usize = 8;
 /// `ctx[j] += Σ_p weights[p] · latent[p][j]` over the rows of `latent` (`ctx.len()` values
 /// each), each sum continuing in position order from the value `ctx[j]` holds (a multiply,
 /// then an add). From `ctx` zeroed, a call per block of positions in order gives the bits of
-/// one call over them all. On AVX2 ([`x86::weighted_rows4`]) 32 sums at a time stay in four
-/// registers while the block's positions stream past; as an `[f32; 32]` array the compiler
-/// kept them in memory, each position's add waiting on the last one's store (10 GMAC/s on a
+/// one call over them all. On AVX2 ([`x86::weighted_rows_stripes`]) 64 sums at a time (32
+/// where the width is not a multiple of 64) stay in registers while the block's positions
+/// stream past; as an `[f32; 32]` array the compiler kept them in memory, each position's add waiting on the last one's store (10 GMAC/s on a
 /// Zen 3 core, PERFORMANCE.md phase 25).
 #[inline(always)]
 fn weighted_rows(weights: &[f32], latent: &[f32], ctx: &mut [f32], avx2: bool) {
@@ -62,8 +62,15 @@ fn weighted_rows(weights: &[f32], latent: &[f32], ctx: &mut [f32], avx2: bool) {
     if avx2 {
         start = width / STRIPE * STRIPE;
         // SAFETY: `avx2` is set only where the kernels' tier proves avx2; `latent` holds
-        // `weights.len()` rows of `width` values (the callers' slices).
-        unsafe { x86::weighted_rows4(weights, latent, &mut ctx[..start], width) };
+        // `weights.len()` rows of `width` values (the callers' slices); `start` is a multiple
+        // of the stripes' width.
+        unsafe {
+            if width.is_multiple_of(2 * STRIPE) {
+                x86::weighted_rows_stripes::<8>(weights, latent, &mut ctx[..start], width)
+            } else {
+                x86::weighted_rows_stripes::<4>(weights, latent, &mut ctx[..start], width)
+            }
+        };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = avx2;

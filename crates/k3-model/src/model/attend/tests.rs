@@ -202,12 +202,13 @@ fn two_heads_four_scores_at_once_have_the_dot_bits() {
 
 /// `weighted_rows` sums each value in position order from 0.0, as the loop over positions
 /// with the whole vector per position did: the same bits, for widths that are and are not
-/// multiples of its 32-value stripes (K3: rank 512; k3-0.40b: 128), in one call or a call
-/// per block of positions continuing the sums (`heads_context`'s blocks).
+/// multiples of its 64- and 32-value stripes (K3: rank 512; k3-0.40b: 128; 96 and 40 take
+/// the 32-value stripes), in one call or a call per block of positions continuing the sums
+/// (`heads_context`'s blocks).
 #[test]
 fn weighted_rows_keep_the_position_order() {
     let mut rng = fastrand::Rng::with_seed(7);
-    for width in [128usize, 512, 40, 33, 5] {
+    for width in [128usize, 512, 96, 40, 33, 5] {
         for positions in [1usize, 2, 17, 100] {
             let weights: Vec<f32> = (0..positions).map(|_| rng.f32()).collect();
             let latent: Vec<f32> = (0..positions * width).map(|_| rng.f32() - 0.5).collect();
