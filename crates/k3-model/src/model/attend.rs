@@ -237,17 +237,10 @@ fn score_block(
     #[cfg(target_arch = "x86_64")]
     if d.avx512 && block.len() == 16 && rank.is_multiple_of(16) && rope.is_multiple_of(16) {
         let p = block.start;
+        let (latent, pe) = rows(cache, p..p + 16, d);
         // SAFETY: `d.avx512` is set only where the kernels' tier proves avx512f; the
         // widths are multiples of 16 and the slices hold 16 rows of each.
-        let s = unsafe {
-            x86::scores16(
-                q_abs,
-                q_pe,
-                &cache.latent[p * rank..(p + 16) * rank],
-                &cache.k_pe[p * rope..(p + 16) * rope],
-                d.scale,
-            )
-        };
+        let s = unsafe { x86::scores16(q_abs, q_pe, latent, pe, d.scale) };
         scores[block].copy_from_slice(&s);
         return;
     }
@@ -256,26 +249,31 @@ fn score_block(
     if d.avx2 && rank.is_multiple_of(16) && rope.is_multiple_of(16) {
         while block.len() >= 4 {
             let p = block.start;
+            let (latent, pe) = rows(cache, p..p + 4, d);
             // SAFETY: `d.avx2` is set only where the kernels' tier proves avx2; the widths
             // are multiples of 16 and the slices hold 4 rows of each.
-            let s = unsafe {
-                x86::scores4(
-                    q_abs,
-                    q_pe,
-                    &cache.latent[p * rank..(p + 4) * rank],
-                    &cache.k_pe[p * rope..(p + 4) * rope],
-                    d.scale,
-                )
-            };
+            let s = unsafe { x86::scores4(q_abs, q_pe, latent, pe, d.scale) };
             scores[p..p + 4].copy_from_slice(&s);
             block.start += 4;
         }
     }
     for p in block {
-        let c = &cache.latent[p * rank..(p + 1) * rank];
-        let pe = &cache.k_pe[p * rope..(p + 1) * rope];
+        let (c, pe) = rows(cache, p..p + 1, d);
         scores[p] = (dot(q_abs, c) + dot(q_pe, pe)) * d.scale;
     }
+}
+
+/// The latent and `k_pe` rows of `positions` in `cache`.
+#[inline(always)]
+fn rows<'a>(
+    cache: &'a MlaCache,
+    positions: std::ops::Range<usize>,
+    d: &Dims,
+) -> (&'a [f32], &'a [f32]) {
+    (
+        &cache.latent[positions.start * d.rank..positions.end * d.rank],
+        &cache.k_pe[positions.start * d.rope..positions.end * d.rope],
+    )
 }
 
 /// Two heads' scores at positions `block` ([`score_block`]'s, each head's bits its own) on
@@ -291,28 +289,19 @@ fn score_pair_block(
     block: std::ops::Range<usize>,
     scores: [&mut [f32]; 2],
 ) {
-    let (rope, rank) = (d.rope, d.rank);
     let [s0, s1] = scores;
     let mut p = block.start;
     while p + 4 <= block.end {
+        let (latent, pe) = rows(cache, p..p + 4, d);
         // SAFETY: the caller runs this only where the kernels' tier proves avx2; the widths
         // are multiples of 16 and the slices hold 4 rows of each.
-        let s = unsafe {
-            x86::scores2x4(
-                q_abs,
-                q_pe,
-                &cache.latent[p * rank..(p + 4) * rank],
-                &cache.k_pe[p * rope..(p + 4) * rope],
-                d.scale,
-            )
-        };
+        let s = unsafe { x86::scores2x4(q_abs, q_pe, latent, pe, d.scale) };
         s0[p..p + 4].copy_from_slice(&s[0]);
         s1[p..p + 4].copy_from_slice(&s[1]);
         p += 4;
     }
     for p in p..block.end {
-        let c = &cache.latent[p * rank..(p + 1) * rank];
-        let pe = &cache.k_pe[p * rope..(p + 1) * rope];
+        let (c, pe) = rows(cache, p..p + 1, d);
         for (h, s) in [&mut *s0, &mut *s1].into_iter().enumerate() {
             s[p] = (dot(q_abs[h], c) + dot(q_pe[h], pe)) * d.scale;
         }
