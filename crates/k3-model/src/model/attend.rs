@@ -51,8 +51,8 @@ const AVX2_SCORE_BLOCK: usize = 8;
 /// then an add). From `ctx` zeroed, a call per block of positions in order gives the bits of
 /// one call over them all. On AVX2 ([`x86::weighted_rows_stripes`]) 64 sums at a time (32
 /// where the width is not a multiple of 64) stay in registers while the block's positions
-/// stream past; as an `[f32; 32]` array the compiler kept them in memory, each position's add waiting on the last one's store (10 GMAC/s on a
-/// Zen 3 core, PERFORMANCE.md phase 25).
+/// stream past; as an `[f32; 32]` array the compiler kept them in memory, each position's
+/// add waiting on the last one's store (10 GMAC/s on a Zen 3 core, PERFORMANCE.md phase 25).
 #[inline(always)]
 fn weighted_rows(weights: &[f32], latent: &[f32], ctx: &mut [f32], avx2: bool) {
     const STRIPE: usize = 32;
@@ -143,7 +143,9 @@ pub(super) fn heads_context(
     let scores = &mut buf.scores;
     scores.clear();
     scores.resize(heads * positions, 0.0);
-    let score_block_len = if d.avx2 && !d.avx512 {
+    // The AVX2 score kernels (AVX-512's, where the CPU has it, take blocks of 16).
+    let avx2_scores = d.avx2 && !d.avx512;
+    let score_block_len = if avx2_scores {
         AVX2_SCORE_BLOCK
     } else {
         POSITION_BLOCK
@@ -153,7 +155,7 @@ pub(super) fn heads_context(
         let block_end = (block_start + score_block_len).min(positions);
         let mut h = 0;
         #[cfg(target_arch = "x86_64")]
-        if d.avx2 && !d.avx512 && rank.is_multiple_of(16) && rope.is_multiple_of(16) {
+        if avx2_scores && rank.is_multiple_of(16) && rope.is_multiple_of(16) {
             while h + 2 <= heads {
                 let q_abs = [
                     &q_abs[h * rank..(h + 1) * rank],

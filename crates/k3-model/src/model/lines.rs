@@ -18,7 +18,7 @@ const ZERO: Line = Line([0.0; 16]);
 
 /// A `Vec<f32>` whose values start on a 64-byte boundary (module docs). The values past
 /// `len` in the last line are never read: an append overwrites them first.
-#[derive(Clone, Default)]
+#[derive(Default)]
 pub(super) struct Lines {
     lines: Vec<Line>,
     len: usize,
@@ -60,11 +60,21 @@ impl Lines {
     pub(super) fn clear(&mut self) {
         self.truncate(0);
     }
+}
 
-    /// `from`'s values, reusing this one's memory where it is large enough.
-    pub(super) fn clone_from_lines(&mut self, from: &Lines) {
-        self.lines.clone_from(&from.lines);
-        self.len = from.len;
+impl Clone for Lines {
+    fn clone(&self) -> Self {
+        Self {
+            lines: self.lines.clone(),
+            len: self.len,
+        }
+    }
+
+    /// `source`'s values, reusing this one's memory where it is large enough (a restored
+    /// session's caches take the snapshot's this way).
+    fn clone_from(&mut self, source: &Self) {
+        self.lines.clone_from(&source.lines);
+        self.len = source.len;
     }
 }
 
@@ -135,7 +145,7 @@ mod tests {
         zeros.set_zeros(37);
         assert_eq!(&*zeros, &[0.0f32; 37][..]);
         let mut copy = Lines::zeros(5);
-        copy.clone_from_lines(&lines);
+        copy.clone_from(&lines);
         assert_eq!(&*copy, &*lines);
         assert_eq!(&*Lines::from(plain.clone()), &plain[..]);
         assert_eq!(&*Lines::zeros(20), &[0.0f32; 20][..]);

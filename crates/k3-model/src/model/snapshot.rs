@@ -204,8 +204,8 @@ impl Session {
         }
         for (to, from) in self.mla.iter_mut().zip(&from.mla) {
             if let (Some(to), Some(from)) = (to, from) {
-                to.latent.clone_from_lines(&from.latent);
-                to.k_pe.clone_from_lines(&from.k_pe);
+                to.latent.clone_from(&from.latent);
+                to.k_pe.clone_from(&from.k_pe);
             }
         }
         self.position = from.position;
