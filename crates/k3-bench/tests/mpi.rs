@@ -142,6 +142,64 @@ fn a_requantised_trunk_under_two_ranks_gives_one_processs_logits() {
     }
 }
 
+/// The bytes a `resident trunk: X GB read ...` line of `text` says, one per line found.
+fn resident_bytes(text: &str) -> Vec<f64> {
+    text.lines()
+        .filter_map(|l| l.split("resident trunk: ").nth(1))
+        .filter_map(|rest| rest.split(" GB").next()?.parse::<f64>().ok())
+        .map(|gb| gb * 1e9)
+        .collect()
+}
+
+/// `--pack-trunk` under 2 and 3 ranks: each rank holds only its rows of the packed trunk
+/// (rank 0's line says so, with under 3/4 of one process's bytes), and
+/// the logits are the bytes of one process reading the trunk through the mapping. A Q8_0
+/// trunk read from its pack cache likewise: each rank reads its rows of the cached blocks.
+#[test]
+fn each_rank_holds_its_rows_of_the_packed_trunk_with_one_processs_logits() {
+    let model = checkpoint(Preset::Tiny, 1);
+    let (stored, _) = logits_with(model.path(), 1, 2, &[], &["--no-pack-trunk"]);
+    let (one, text) = logits_with(model.path(), 1, 2, &[], &["--pack-trunk"]);
+    assert!(text.contains("held packed (--pack-trunk)"), "{text}");
+    assert!(one == stored, "the packed trunk changed the logits");
+    let whole = resident_bytes(&text);
+    assert_eq!(whole.len(), 1, "{text}");
+    for ranks in [2, 3] {
+        let (got, text) = logits_with(model.path(), ranks, 1, &[], &["--pack-trunk"]);
+        assert!(
+            got == stored,
+            "{ranks} ranks, packed: logits differ from one process"
+        );
+        // Rank 0 prints the build's lines: its share alone (in `tiny` the small matrices'
+        // rows, split at multiples of 16, fall mostly to the last rank).
+        let held = resident_bytes(&text);
+        assert_eq!(held.len(), 1, "rank 0's resident line: {text}");
+        assert!(
+            text.contains(&format!("rank 0 of {ranks}: its rows")),
+            "{text}"
+        );
+        assert!(
+            held[0] < 0.75 * whole[0],
+            "rank 0 of {ranks} holds {} bytes against one process's {}",
+            held[0],
+            whole[0]
+        );
+    }
+    let cache = Scratch::new("mpi-pack-cache");
+    let dir = cache.path().display().to_string();
+    let flags = ["--trunk-format", "q8_0", "--pack-cache", dir.as_str()];
+    // The first run writes the cache; the ranks read their rows of it.
+    let (reference, text) = logits_with(model.path(), 1, 2, &[], &flags);
+    assert!(text.contains("written in"), "{text}");
+    let (got, text) = logits_with(model.path(), 3, 1, &[], &flags);
+    assert!(text.contains("read from the pack cache"), "{text}");
+    assert!(text.contains("rank 0 of 3: its rows"), "{text}");
+    assert!(
+        got == reference,
+        "q8_0 from the cache, 3 ranks: logits differ"
+    );
+}
+
 /// The bench's output for `ranks` processes (1: no mpirun) of one thread, given `args`.
 fn bench_text(model: &Path, ranks: usize, args: &[&str]) -> String {
     let mut command = if ranks == 1 {

@@ -92,6 +92,11 @@ pub fn library_flags() -> Vec<Flag> {
             performance,
             "keep the BF16 matrices a memory plan holds resident or streams as stored, and where everything fits read them through the mapping (default: packed losslessly in 12.25 bits per weight, so 1.3x as many fit and 0.77x the bytes stream; where everything fits, a measurement at startup of both GEMVs per core and of the read rate with every worker busy decides whether the whole trunk is held packed, and says why; the same logits)",
         ),
+        Flag::switch(
+            "pack-trunk",
+            performance,
+            "where everything fits, hold the whole trunk packed losslessly (12.25 bits per weight) without the startup measurement that otherwise decides it; with several MPI ranks each rank holds only its rows (the same logits)",
+        ),
         Flag::value(
             "trunk-format",
             "FORMAT",
@@ -240,8 +245,15 @@ pub fn apply_library_flags(parsed: &Parsed, options: &mut EngineOptions) -> Resu
     // The binaries decide the packed trunk by measuring this machine (the library's default
     // is the tier's name).
     options.pack_rule = PackRule::Measured;
-    if parsed.switch("no-pack-trunk") {
-        options.pack_trunk = false;
+    match (parsed.switch("pack-trunk"), parsed.switch("no-pack-trunk")) {
+        (true, true) => {
+            return Err(UsageError::Other(
+                "--pack-trunk and --no-pack-trunk contradict each other: give one".into(),
+            ));
+        }
+        (true, false) => options.pack_rule = PackRule::Always,
+        (false, true) => options.pack_trunk = false,
+        (false, false) => {}
     }
     if let Some(format) = parsed.get_str("trunk-format") {
         options.trunk_format = format.parse().map_err(UsageError::Other)?;

@@ -32,11 +32,7 @@ impl RankShare {
         for name in ckpt.tensor_names() {
             let Some(t) = ckpt.tensor(name) else { continue };
             let bytes = t.bytes.len() as u64;
-            let replicated = t.shape.len() < 2
-                || name.contains("embed_tokens")
-                || name.contains("kv_b_proj")
-                || name.contains("res_proj");
-            if replicated {
+            if !row_split(name, t.shape) {
                 share.replicated += bytes;
             } else {
                 let rows = t.shape[0].max(1);
@@ -60,6 +56,16 @@ impl RankShare {
             self.replicated as f64 / 1e9,
         )
     }
+}
+
+/// Whether a rank computes (and holds) only its rows of the tensor `name` of `shape`: every
+/// matrix but the embedding, MLA's `kv_b` and the AttnRes projections, which every rank holds
+/// whole.
+pub(crate) fn row_split(name: &str, shape: &[usize]) -> bool {
+    shape.len() >= 2
+        && !name.contains("embed_tokens")
+        && !name.contains("kv_b_proj")
+        && !name.contains("res_proj")
 }
 
 /// Refuses a job whose ranks opened different checkpoints (by tensor-data size and

@@ -95,8 +95,13 @@ pub enum PackRule {
     /// changes.
     Tier,
     /// Where a measurement at startup finds the packed GEMV faster per core than the stored
-    /// one with every worker busy, with or without a limit: the binaries' rule.
+    /// one with every worker busy, with or without a limit: the binaries' rule. With several
+    /// ranks every rank measures, and the trunk is held packed only where all of them find it
+    /// faster (their plans agree).
     Measured,
+    /// Wherever everything fits, without measuring (`--pack-trunk`: a server whose operator
+    /// knows its cores' share of the read rate is below the packed decode's rate).
+    Always,
 }
 
 /// Where the build reports what it did: one line per step, and the preload's progress.

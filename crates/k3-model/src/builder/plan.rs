@@ -105,19 +105,19 @@ pub(super) fn plan(
     // (`PackRule::Tier`). Under a limit with one domain and one rank, every expert is cached
     // too (the mapping's pages count against the limit and are the kernel's to evict);
     // else the experts are read through the mapping beside the resident trunk.
-    let packed_here = options.pack_trunk
-        && plan.trunk.is_none()
-        && !sizes.requantised()
+    let wanted = options.pack_trunk && plan.trunk.is_none() && !sizes.requantised();
+    let here = wanted
         && match options.pack_rule {
             PackRule::Tier => limit && kernels.packed_at_memory_rate(),
-            // Each rank would measure and decide alone, and the ranks' plans must agree.
-            PackRule::Measured if options.ranks.size() > 1 => {
-                sink.line(
-                    "packed trunk: not measured with several ranks (each would decide alone); \
-                     read as stored",
+            PackRule::Always => {
+                sink.line_about(
+                    "packed trunk: held packed (--pack-trunk), not measured",
+                    Knob::PackTrunk,
                 );
-                false
+                true
             }
+            // With several ranks every rank measures (at once: the ranks of one host share its
+            // read rate, as they will when decoding) and the verdicts are agreed below.
             PackRule::Measured => match PackedRate::measure(&kernels, &pool, config.hidden_size) {
                 Ok(rate) => {
                     sink.line_about(&rate.describe(), Knob::PackTrunk);
@@ -131,6 +131,9 @@ pub(super) fn plan(
                 }
             },
         };
+    // The ranks' plans agree: the trunk is held packed (each rank its own rows, see
+    // `trunk::load_trunk`) only where every rank would hold it so.
+    let packed_here = agreed(&options.ranks, here, sink);
     if packed_here {
         let held = match limit && pool.domains() == 1 && options.ranks.size() == 1 {
             true => Plan::resident_everything(
@@ -243,4 +246,24 @@ pub(super) fn plan(
         kernels,
         pool,
     })
+}
+
+/// Whether every rank says `here` (one gather; `here` itself with one rank). A rank that
+/// differs is named, since the trunk is then read as stored everywhere.
+fn agreed(ranks: &numa_sched::Ranks, here: bool, sink: &mut dyn BuildSink) -> bool {
+    if ranks.size() == 1 {
+        return here;
+    }
+    let all = ranks.gather_words(&[u64::from(here)]);
+    match all.iter().position(|v| v.first() != Some(&1)) {
+        None => true,
+        Some(_) if !here => false,
+        Some(rank) => {
+            sink.line(&format!(
+                "packed trunk: rank {rank} reads its rows as stored, so every rank does (their \
+                 plans agree)"
+            ));
+            false
+        }
+    }
 }

@@ -2,8 +2,12 @@
 //! trunk through the mapping, each domain's rows on its node) or as the plan places it (its
 //! share read with `O_DIRECT`, BF16 matrices packed).
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
+
+use expert_store::Checkpoint;
+use numa_sched::Ranks;
 
 use super::options::{BuildError, BuildSink, EngineOptions};
 use super::plan::Planned;
@@ -11,6 +15,7 @@ use crate::checks::validate::trunk_tensor_names;
 use crate::config::K3Config;
 use crate::knob::Knob;
 use crate::model::ResidentTrunk;
+use crate::plan::{StoredTensor, TrunkPlan, WeightSizes};
 
 /// The trunk resident where the options or the plan keep it, and the bytes a packed trunk
 /// holds beyond its plan (more wide blocks than it allowed for).
@@ -56,20 +61,30 @@ pub(super) fn load_trunk(
         .filter(|t| !t.resident.is_empty() || !t.resident_rows.is_empty())
     {
         let started = Instant::now();
+        let (names, rows) = rank_rows(trunk, sizes, checkpoint, &options.ranks)?;
         let loaded = ResidentTrunk::load(
             checkpoint,
-            &trunk.resident,
-            &trunk.resident_rows,
+            &names,
+            &rows,
             &sizes.packed_cols(),
             pack.as_deref(),
             pool,
             &pool.topology().domains[0].cpus,
         )?;
         let packed = loaded.packed_summary();
+        let split = rows.len() - trunk.resident_rows.len();
         let line = format!(
-            "resident trunk: {:.2} GB read with O_DIRECT in {:.1} s{}",
-            loaded.bytes() as f64 / 1e9,
+            "resident trunk: {} read with O_DIRECT in {:.1} s{}{}",
+            crate::units::gb(loaded.bytes() as u64),
             started.elapsed().as_secs_f64(),
+            match split {
+                0 => String::new(),
+                n => format!(
+                    " (rank {} of {}: its rows of {n} row-split matrices alone)",
+                    options.ranks.rank(),
+                    options.ranks.size()
+                ),
+            },
             match packed.pieces {
                 0 => String::new(),
                 n if packed.requantised > 0 => format!(
@@ -115,4 +130,41 @@ pub(super) fn load_trunk(
         resident = Some(Arc::new(loaded));
     }
     Ok((resident, overrun))
+}
+
+/// What of `trunk`'s resident tensors this rank holds: with one rank, all of them; with
+/// several, only its rows ([`Ranks::share`]) of each row-split matrix
+/// ([`crate::shares::row_split`]), the only rows its GEMMs read (`Model::gemm_many` looks
+/// them up alone), as row blocks (none of a matrix it owns no rows of); the rest whole. A plan
+/// that streams keeps them whole: its steps read whole tensors.
+fn rank_rows(
+    trunk: &TrunkPlan,
+    sizes: &WeightSizes,
+    checkpoint: &Checkpoint,
+    ranks: &Ranks,
+) -> Result<(HashSet<String>, Vec<StoredTensor>), BuildError> {
+    if ranks.size() == 1 || trunk.streams() {
+        return Ok((trunk.resident.clone(), trunk.resident_rows.clone()));
+    }
+    let stored: HashMap<&str, &StoredTensor> = sizes
+        .read_tensors()
+        .map(|(_, t)| (t.name.as_str(), t))
+        .collect();
+    let mut names = HashSet::new();
+    let mut rows = trunk.resident_rows.clone();
+    for name in &trunk.resident {
+        let shape = &checkpoint.require(name)?.shape;
+        match stored.get(name.as_str()) {
+            Some(t) if crate::shares::row_split(name, shape) && t.rows == shape[0] => {
+                let share = ranks.share(t.rows);
+                if !share.is_empty() {
+                    rows.push(t.row_block(share));
+                }
+            }
+            _ => {
+                names.insert(name.clone());
+            }
+        }
+    }
+    Ok((names, rows))
 }

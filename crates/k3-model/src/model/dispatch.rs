@@ -68,6 +68,24 @@ impl Model<'_> {
                     .map(move |(r, d)| (k, r, d))
             })
             .collect();
+        // With several ranks, each matrix's share of rows looked up on its own: the resident
+        // trunk holds only this rank's rows (packed or requantised where the plan holds them
+        // so), which a lookup of the whole matrix misses. Each row's arithmetic is that of
+        // the whole matrix's call (the kernels compute rows alone), so the bits do not change.
+        let shares: Vec<std::ops::Range<usize>> =
+            ms.iter().map(|m| ranks.share(m.rows())).collect();
+        let subs = match ranks.size() {
+            1 => Vec::new(),
+            _ => ms
+                .iter()
+                .zip(&shares)
+                .map(|(m, own)| self.own_rows(m, own.clone()))
+                .collect::<Result<Vec<_>>>()?,
+        };
+        let own: Vec<Option<WeightMatrix<'_>>> = subs
+            .iter()
+            .map(|s| s.as_ref().map(|s| self.resident_view(s)).transpose())
+            .collect::<Result<_>>()?;
         let mut out: Vec<Vec<Vec<f32>>> = ms.iter().map(|_| Vec::with_capacity(xs.len())).collect();
         for block in xs.chunks(MAX_TOKENS) {
             // The kernels run a block of more than 4 tokens in groups over cache-sized stretches
@@ -77,7 +95,18 @@ impl Model<'_> {
             let task = |i: usize| -> std::result::Result<Vec<f32>, mxfp4_kernels::Error> {
                 let (k, range, _) = &tasks[i];
                 let mut y = vec![0.0; range.len() * block.len()];
-                self.kernels.matmul(ms[*k], &act, range.clone(), &mut y)?;
+                match own.get(*k).and_then(Option::as_ref) {
+                    Some(m) => {
+                        let from = shares[*k].start;
+                        self.kernels.matmul(
+                            m,
+                            &act,
+                            range.start - from..range.end - from,
+                            &mut y,
+                        )?
+                    }
+                    None => self.kernels.matmul(ms[*k], &act, range.clone(), &mut y)?,
+                }
                 Ok(y)
             };
             let parts = self.run_tasks(threads > 1, tasks.len(), |i| tasks[i].2, task)?;

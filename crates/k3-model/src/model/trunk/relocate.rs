@@ -175,6 +175,34 @@ impl<'a> Model<'a> {
     }
 }
 
+impl Model<'_> {
+    /// Rows `rows` of `w` where the resident trunk holds them on their own: with several
+    /// ranks a rank holds only its rows of each matrix, which a lookup of the whole matrix
+    /// does not find (`None` without a planned trunk, or for no rows).
+    pub(in crate::model) fn own_rows<'l>(
+        &self,
+        w: &WeightMatrix<'l>,
+        rows: Range<usize>,
+    ) -> Result<Option<WeightMatrix<'l>>> {
+        match (&self.trunk, rows.is_empty()) {
+            (Some(_), false) => sub_rows(w, rows).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// `w` (rows from [`Model::own_rows`]) as the resident trunk holds it: relocated, packed
+    /// or requantised, or as it is where the trunk does not hold it.
+    pub(in crate::model) fn resident_view<'l>(
+        &'l self,
+        w: &'l WeightMatrix<'_>,
+    ) -> Result<WeightMatrix<'l>> {
+        match &self.trunk {
+            Some(trunk) => relocated_matrix(w, trunk, None),
+            None => Ok(*w),
+        }
+    }
+}
+
 /// Rows `rows` of `w` (every format stores a row's bytes together, rows in order).
 fn sub_rows<'l>(w: &WeightMatrix<'l>, rows: Range<usize>) -> Result<WeightMatrix<'l>> {
     let part = |bytes: &'l [u8]| {

@@ -70,6 +70,37 @@ fn row_of(p: &PackedPiece) -> usize {
     p.how.stored_bytes_per_weight() * p.cols
 }
 
+/// Where rows `rows` of a requantised matrix of `all` rows whose body starts at `body` in the
+/// pack cache lie: `(offset in the file, range in the piece's body)` of each part (Q8_0: the
+/// rows' blocks; MXFP4: their codes, then their scales, as the body keeps all codes first).
+fn quant_rows(
+    how: PackAs,
+    body: usize,
+    all: usize,
+    rows: Range<usize>,
+) -> Vec<(usize, Range<usize>)> {
+    let PackAs::Quant { format, cols, .. } = how else {
+        unreachable!("only requantised bodies are read whole")
+    };
+    match format {
+        QuantFormat::Q8_0 => {
+            let at = |r: usize| format.bytes(r, cols);
+            vec![(body + at(rows.start), 0..at(rows.len()))]
+        }
+        QuantFormat::MxFp4 => {
+            let (codes, scales) = (cols / 2, cols / 32);
+            let n = rows.len();
+            vec![
+                (body + rows.start * codes, 0..n * codes),
+                (
+                    body + all * codes + rows.start * scales,
+                    n * codes..n * (codes + scales),
+                ),
+            ]
+        }
+    }
+}
+
 /// BF16 rows read at a time for packing: the staging buffer's size.
 pub(super) const PACK_STAGING: usize = 32 << 20;
 
@@ -181,9 +212,10 @@ impl ResidentTrunk {
                 let t = c.at(c.position(name)?);
                 let same = t.cols == cols && t.format == how.code();
                 match how {
-                    PackAs::Packed { .. } => same && first_row + rows <= t.rows,
-                    // A requantised matrix is cached whole and held whole.
-                    PackAs::Quant { .. } => same && first_row == 0 && rows == t.rows,
+                    // A rank's rows of a matrix are a row range of the cached one.
+                    PackAs::Packed { .. } | PackAs::Quant { .. } => {
+                        same && first_row + rows <= t.rows
+                    }
                 }
                 .then_some((c, t))
             });
@@ -191,7 +223,11 @@ impl ResidentTrunk {
                 // Read whole below, not in chunks: its body is not rows of one size.
                 Some((c, t)) if matches!(how, PackAs::Quant { .. }) => {
                     sources.push((reader(&mut readers, c.path())?, t.body, row));
-                    whole.push((packed.len(), c.path().to_owned(), t.body));
+                    whole.push((
+                        packed.len(),
+                        c.path().to_owned(),
+                        quant_rows(how, t.body, t.rows, first_row..first_row + rows),
+                    ));
                     (0, Vec::new(), Vec::new())
                 }
                 Some((c, t)) => {
@@ -289,18 +325,21 @@ impl ResidentTrunk {
                 &mut p.row_exceptions,
             )
         })?;
-        for (piece, path, at) in whole {
+        for (piece, path, parts) in whole {
             let p = &packed[piece];
             let body = &mut bodies[p.body_at..p.body_at + p.how.body_bytes(p.len / row_of(p))];
             let file = std::fs::File::open(&path).map_err(|e| checkpoint_io(path.clone(), e))?;
-            let got = read_full(&file, body, at).map_err(|e| checkpoint_io(path.clone(), e))?;
-            let _ = drop_page_cache(&file, 0, 0);
-            if got != body.len() {
-                return Err(ModelError::Plan(format!(
-                    "the pack cache {} ends inside a requantised body",
-                    path.display()
-                )));
+            for (at, within) in parts {
+                let part = &mut body[within];
+                let got = read_full(&file, part, at).map_err(|e| checkpoint_io(path.clone(), e))?;
+                if got != part.len() {
+                    return Err(ModelError::Plan(format!(
+                        "the pack cache {} ends inside a requantised body",
+                        path.display()
+                    )));
+                }
             }
+            let _ = drop_page_cache(&file, 0, 0);
         }
         for p in packed
             .iter_mut()
