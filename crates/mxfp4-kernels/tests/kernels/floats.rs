@@ -217,7 +217,9 @@ proptest! {
 }
 
 /// K3's and k3-0.40b's widths run the GEMV copies compiled for them (and the short-row block);
-/// more than 4 tokens run token groups over stretches of rows.
+/// more than 4 tokens run token groups over stretches of rows, walked in column chunks on
+/// `avx2` (a width of 4100 ends its last chunk with a partial block; 7168 splits into chunks
+/// of 32, 42 or 64 blocks for groups of 4, 3 and 2 tokens, the last of 42 short).
 #[test]
 fn float_k3_widths_within_bound_and_batch_invariant() {
     for (seed, rows, cols) in [
@@ -235,6 +237,10 @@ fn float_k3_widths_within_bound_and_batch_invariant() {
     for (seed, tokens, split) in [(20u64, 5usize, 30usize), (21, 9, 11), (22, 16, 47)] {
         check_float_batch_invariance(seed, 100, 7168, tokens, split);
         check_format_identities(seed, 100, 7168, tokens);
+    }
+    for (seed, tokens, split) in [(23u64, 9usize, 17usize), (24, 7, 5)] {
+        check_float_matmul(seed, 40, 4100, tokens);
+        check_float_batch_invariance(seed, 40, 4100, tokens, split);
     }
 }
 

@@ -9,7 +9,7 @@ use core::arch::x86_64::*;
 use super::acc::{act_block, fma_block, store_sums};
 use crate::activations::Activations;
 use crate::view::{Bf16Matrix, F16Matrix, F32Matrix};
-use crate::x86::driver::{Avx2Gemm, Gemv, RowKernel, Tile, width};
+use crate::x86::driver::{ChunkedGemm, Gemv, RowKernel, Tile, width};
 use crate::x86::lanes::{HALF_BITS, HIGH_HALF, block_offset};
 use crate::x86::prefetch::Prefetch;
 
@@ -31,7 +31,7 @@ macro_rules! float_kernel {
     ($matrix:ident, $format:ident) => {
         impl RowKernel<$matrix<'_>> for Float {
             type Gemv = Gemv<4>;
-            type Gemm = Avx2Gemm;
+            type Gemm = ChunkedGemm<2, 1, 1>;
 
             #[target_feature(enable = "avx2,fma,f16c")]
             #[inline]
@@ -69,14 +69,41 @@ fn float_block<const R: usize, const T: usize, const C: usize, const FORMAT: u8>
     let first = row0 * cols * elem;
     let base = bytes[first..].as_ptr();
     let x = tile.tokens::<T, _>(&act.perm32, stride);
-    let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
     let whole = cols / 32;
+    let blocks = cols.div_ceil(32);
+    // The whole rows, or a chunk of them (`ChunkedGemm`) with the accumulators carried.
+    let (from, to) = tile.part.map_or((0, blocks), |p| p.blocks);
+    assert!(from < to && to <= blocks);
+    let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
+    if let Some(part) = tile.part.filter(|_| from > 0) {
+        for (r, row_acc) in acc.iter_mut().enumerate() {
+            for (t, a) in row_acc.iter_mut().enumerate() {
+                // SAFETY: `run_chunked` gives each tile R x T accumulators of 16 f32.
+                unsafe {
+                    let at = part.carry.add((r * T + t) * 16);
+                    *a = [_mm256_loadu_ps(at), _mm256_loadu_ps(at.add(8))];
+                }
+            }
+        }
+    }
     let mut prefetch = Prefetch::new(R * cols * elem, whole);
-    for block in 0..whole {
-        // One sequential prefetch stream over the row block (as MXFP4 does): on this Zen
-        // host, 163840x1024 BF16 at 1 thread read at 8-10.8 GB/s with it, 6.7-8.2 with
-        // `avx512`'s per-row prefetch (`bf16_prefetch_offset`), alternating runs.
-        prefetch.step(base, block);
+    for block in from..to.min(whole) {
+        match tile.part {
+            // One sequential prefetch stream over the row block (as MXFP4 does): on this Zen
+            // host, 163840x1024 BF16 at 1 thread read at 8-10.8 GB/s with it, 6.7-8.2 with
+            // `avx512`'s per-row prefetch (`bf16_prefetch_offset`), alternating runs.
+            None => prefetch.step(base, block),
+            // A chunk: each row's block in the next row block (rows pass chunk by chunk).
+            Some(_) => {
+                for r in 0..R {
+                    let at = base.wrapping_add(block_offset(r + R, cols, block, elem));
+                    for line in (0..32 * elem).step_by(64) {
+                        // Prefetch hint only: it never faults.
+                        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(line).cast());
+                    }
+                }
+            }
+        }
         for r in 0..R {
             let at = base.wrapping_add(block_offset(r, cols, block, elem));
             // SAFETY: block < cols / 32, so 32 values of row row0 + r are left from `at`
@@ -90,7 +117,7 @@ fn float_block<const R: usize, const T: usize, const C: usize, const FORMAT: u8>
             }
         }
     }
-    if whole * 32 < cols {
+    if to == blocks && whole < blocks {
         // The last, partial block: its values then zeros, as `avx512`'s masked loads give.
         let valid = cols - 32 * whole;
         let mut tail = [0u8; 128];
@@ -106,7 +133,21 @@ fn float_block<const R: usize, const T: usize, const C: usize, const FORMAT: u8>
             }
         }
     }
-    store_sums::<R, T>(&acc, tile, out);
+    match tile.part {
+        Some(part) if to < blocks => {
+            for (r, row_acc) in acc.iter().enumerate() {
+                for (t, a) in row_acc.iter().enumerate() {
+                    // SAFETY: as the loads above.
+                    unsafe {
+                        let at = part.carry.add((r * T + t) * 16);
+                        _mm256_storeu_ps(at, a[0]);
+                        _mm256_storeu_ps(at.add(8), a[1]);
+                    }
+                }
+            }
+        }
+        _ => store_sums::<R, T>(&acc, tile, out),
+    }
 }
 
 /// 32 values of `FORMAT` from `at`, widened exactly: `[even 0..7, even 8..15, odd 0..7, odd

@@ -199,7 +199,12 @@ fn model_block<const R: usize, const T: usize, const C: usize>(
         row0,
         local0,
         n,
+        part,
     } = tile;
+    assert!(
+        part.is_none(),
+        "the modelled plan (`Avx512Gemm`) runs whole rows"
+    );
     assert!(row0 + R <= m.rows);
     let cols = width::<C>(m.cols);
     let elem = m.format.elem();
