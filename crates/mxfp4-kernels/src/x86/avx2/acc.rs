@@ -74,3 +74,47 @@ pub(crate) fn fma_block(acc: &mut Acc, w: &[__m256; 4], x: &[__m256; 4]) {
         acc[h] = _mm256_fmadd_ps(w[2 + h], x[2 + h], acc[h]);
     }
 }
+
+/// A chunked tile's `R x T` accumulators from `carry` (`x86::driver::ColumnPart`: 16 f32
+/// each, row by row, token by token).
+///
+/// # Safety
+/// `R * T * 16` f32 from `carry` must be readable.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn load_carry<const R: usize, const T: usize>(
+    acc: &mut [[Acc; T]; R],
+    carry: *const f32,
+) {
+    for (r, row_acc) in acc.iter_mut().enumerate() {
+        for (t, a) in row_acc.iter_mut().enumerate() {
+            // SAFETY: by the caller.
+            unsafe {
+                let at = carry.add((r * T + t) * 16);
+                *a = [_mm256_loadu_ps(at), _mm256_loadu_ps(at.add(8))];
+            }
+        }
+    }
+}
+
+/// Stores a chunked tile's accumulators where [`load_carry`] loads them.
+///
+/// # Safety
+/// `R * T * 16` f32 from `carry` must be writable.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn store_carry<const R: usize, const T: usize>(
+    acc: &[[Acc; T]; R],
+    carry: *mut f32,
+) {
+    for (r, row_acc) in acc.iter().enumerate() {
+        for (t, a) in row_acc.iter().enumerate() {
+            // SAFETY: by the caller.
+            unsafe {
+                let at = carry.add((r * T + t) * 16);
+                _mm256_storeu_ps(at, a[0]);
+                _mm256_storeu_ps(at.add(8), a[1]);
+            }
+        }
+    }
+}

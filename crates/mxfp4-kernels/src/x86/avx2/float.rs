@@ -6,7 +6,7 @@
 
 use core::arch::x86_64::*;
 
-use super::acc::{act_block, fma_block, store_sums};
+use super::acc::{act_block, fma_block, load_carry, store_carry, store_sums};
 use crate::activations::Activations;
 use crate::view::{Bf16Matrix, F16Matrix, F32Matrix};
 use crate::x86::driver::{ChunkedGemm, Gemv, RowKernel, Tile, width};
@@ -76,15 +76,8 @@ fn float_block<const R: usize, const T: usize, const C: usize, const FORMAT: u8>
     assert!(from < to && to <= blocks);
     let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
     if let Some(part) = tile.part.filter(|_| from > 0) {
-        for (r, row_acc) in acc.iter_mut().enumerate() {
-            for (t, a) in row_acc.iter_mut().enumerate() {
-                // SAFETY: `run_chunked` gives each tile R x T accumulators of 16 f32.
-                unsafe {
-                    let at = part.carry.add((r * T + t) * 16);
-                    *a = [_mm256_loadu_ps(at), _mm256_loadu_ps(at.add(8))];
-                }
-            }
-        }
+        // SAFETY: `run_chunked` gives each tile R x T accumulators of 16 f32.
+        unsafe { load_carry(&mut acc, part.carry) };
     }
     let mut prefetch = Prefetch::new(R * cols * elem, whole);
     for block in from..to.min(whole) {
@@ -134,18 +127,8 @@ fn float_block<const R: usize, const T: usize, const C: usize, const FORMAT: u8>
         }
     }
     match tile.part {
-        Some(part) if to < blocks => {
-            for (r, row_acc) in acc.iter().enumerate() {
-                for (t, a) in row_acc.iter().enumerate() {
-                    // SAFETY: as the loads above.
-                    unsafe {
-                        let at = part.carry.add((r * T + t) * 16);
-                        _mm256_storeu_ps(at, a[0]);
-                        _mm256_storeu_ps(at.add(8), a[1]);
-                    }
-                }
-            }
-        }
+        // SAFETY: as the load above.
+        Some(part) if to < blocks => unsafe { store_carry(&acc, part.carry) },
         _ => store_sums::<R, T>(&acc, tile, out),
     }
 }
