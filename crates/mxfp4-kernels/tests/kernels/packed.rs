@@ -80,8 +80,7 @@ proptest! {
 }
 
 /// K3's widths, where the GEMV runs 4-row blocks over long rows with exceptions scattered,
-/// and GEMMs of more than 4 tokens walk them in column chunks on `avx2` (a chunk starting
-/// past a row's wide blocks finds its next one).
+/// and GEMMs of 4, 9 (groups of 3) and 16 tokens.
 #[test]
 fn packed_gemv_at_model_widths() {
     for (seed, cols) in [(1u64, 7168usize), (2, 2048)] {

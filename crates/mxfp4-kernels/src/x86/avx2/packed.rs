@@ -15,11 +15,11 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::acc::{act_block, fma_block, load_carry, store_carry, store_sums};
+use super::acc::{act_block, fma_block, store_sums};
 use super::float::split_bf16;
 use crate::activations::Activations;
 use crate::packed::{BASE_AT, CODES_AT, PACKED_BLOCK_BYTES, PackedBf16Matrix};
-use crate::x86::driver::{ChunkedGemm, Gemv, RowKernel, Tile, width};
+use crate::x86::driver::{Avx2Gemm, Gemv, RowKernel, Tile, width};
 use crate::x86::lanes::{HALF_BITS, HIGH_HALF};
 use crate::x86::prefetch::{prefetch_distance, prefetch_step};
 
@@ -36,7 +36,7 @@ pub(crate) struct Packed;
 
 impl RowKernel<PackedBf16Matrix<'_>> for Packed {
     type Gemv = Gemv<3>;
-    type Gemm = ChunkedGemm<2, 1, 1>;
+    type Gemm = Avx2Gemm;
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
@@ -56,37 +56,12 @@ impl RowKernel<PackedBf16Matrix<'_>> for Packed {
         let body = &m.body()[row0 * row_bytes..(row0 + R) * row_bytes];
         let base = body.as_ptr();
         let x = tile.tokens::<T, _>(&act.perm32, stride);
-        // The whole rows, or a chunk of them (`ChunkedGemm`) with the accumulators carried.
-        let (from, to) = tile.part.map_or((0, blocks), |p| p.blocks);
-        assert!(from < to && to <= blocks);
-        // Each row's next wide block: its first, past those of the blocks before the chunk.
-        let mut next: [usize; R] = std::array::from_fn(|r| {
-            let skipped = (0..from)
-                .filter(|&b| body[r * row_bytes + b * PACKED_BLOCK_BYTES + BASE_AT] == 0)
-                .count();
-            m.first_exception(row0 + r) + skipped
-        });
+        let mut next: [usize; R] = std::array::from_fn(|r| m.first_exception(row0 + r));
         let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
-        if let Some(part) = tile.part.filter(|_| from > 0) {
-            // SAFETY: `run_chunked` gives each tile R x T accumulators of 16 f32.
-            unsafe { load_carry(&mut acc, part.carry) };
-        }
         let ahead = prefetch_distance(R * row_bytes);
         let (offsets, not_first) = tables();
-        for block in from..to {
-            match tile.part {
-                None => prefetch_step(base, ahead, block, R * PACKED_BLOCK_BYTES),
-                // A chunk: each row's block in the next row block (rows pass chunk by chunk).
-                Some(_) => {
-                    for r in 0..R {
-                        let at =
-                            base.wrapping_add((r + R) * row_bytes + block * PACKED_BLOCK_BYTES);
-                        // Prefetch hints only: they never fault.
-                        _mm_prefetch::<_MM_HINT_T0>(at.cast());
-                        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PACKED_BLOCK_BYTES - 1).cast());
-                    }
-                }
-            }
+        for block in 0..blocks {
+            prefetch_step(base, ahead, block, R * PACKED_BLOCK_BYTES);
             for r in 0..R {
                 let at = r * row_bytes + block * PACKED_BLOCK_BYTES;
                 let w = if body[at + BASE_AT] != 0 {
@@ -105,11 +80,7 @@ impl RowKernel<PackedBf16Matrix<'_>> for Packed {
                 }
             }
         }
-        match tile.part {
-            // SAFETY: as the loads above.
-            Some(part) if to < blocks => unsafe { store_carry(&acc, part.carry) },
-            _ => store_sums::<R, T>(&acc, tile, out),
-        }
+        store_sums::<R, T>(&acc, tile, out);
     }
 }
 
