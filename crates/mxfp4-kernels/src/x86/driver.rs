@@ -421,9 +421,13 @@ impl<const R2: usize, const R3: usize, const R4: usize> GemmPlan for Gemm<R2, R3
 /// reads them from L2 again, 2 bytes of activations per weight byte. Measured on a Zen 3 core
 /// (`avx2` BF16, 7168 columns, the two walks alternated 20 times each in one process): a
 /// chunked 64-token GEMM took 0.85-0.88x the time over 1024 rows (in L3) and 0.85x over 8192
-/// (from memory), 8 tokens 0.78-0.85x. A GEMM of 2-4 tokens alone (a few sequences' decode,
-/// a short verify pass) streams the weights from memory, where the chunked walk took
-/// 1.04-1.09x (2 and 4 tokens, 8192 rows): it walks row by row.
+/// (from memory), 8 tokens 0.78-0.85x; `avx2` MXFP4 (3072x3584 and 3072x7168) 0.74-1.05x at 8
+/// tokens, 0.81-0.94x at 16, 0.93-0.99x at 32; the k3-wide slice's 64-token prefill, one
+/// binary with and without the chunks alternated, 1.13-1.23x the tokens/s (dense MLP 0.68x,
+/// KDA 0.75x, routed experts 0.91x the time). A GEMM of 2-4 tokens alone (a few sequences'
+/// decode, a short verify pass) streams the weights from memory, where the chunked walk took
+/// 1.04-1.09x (2 and 4 tokens, 8192 rows): it walks row by row. The packed BF16 kernel is
+/// bound by its decode, and chunked it took 1.0-1.35x the time: it keeps [`Gemm`].
 pub(crate) struct ChunkedGemm<const R2: usize, const R3: usize, const R4: usize>;
 
 /// Bytes of one chunk of a token group's activations ([`ChunkedGemm`]): half a 32 KB L1.

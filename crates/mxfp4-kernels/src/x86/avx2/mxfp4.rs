@@ -24,11 +24,11 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::acc::{Acc, act_block};
+use super::acc::{Acc, act_block, load_carry, store_carry};
 use crate::activations::Activations;
 use crate::isa::Avx2;
 use crate::view::{GROUP, GROUP_BYTES, MxFp4Matrix};
-use crate::x86::driver::{Avx2Gemm, Gemv, RowKernel, Tile};
+use crate::x86::driver::{ChunkedGemm, Gemv, RowKernel, Tile};
 use crate::x86::exact::{SCALED_BF16_BYTES, SCALED_TABLES};
 use crate::x86::lanes;
 use crate::x86::prefetch::{prefetch_distance, prefetch_step};
@@ -78,7 +78,7 @@ pub(crate) struct Mxfp4;
 
 impl RowKernel<MxFp4Matrix<'_>> for Mxfp4 {
     type Gemv = Gemv<3>;
-    type Gemm = Avx2Gemm;
+    type Gemm = ChunkedGemm<2, 1, 1>;
 
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
@@ -97,10 +97,28 @@ impl RowKernel<MxFp4Matrix<'_>> for Mxfp4 {
             (rows.groups, rows.row_bytes, rows.packed, rows.scales);
         let stride = act.padded();
         let x = tile.tokens::<T, _>(&act.avx2_mx, stride);
+        // The whole rows, or a chunk of them (`ChunkedGemm`) with the accumulators carried.
+        let (from, to) = tile.part.map_or((0, groups), |p| p.blocks);
+        assert!(from < to && to <= groups);
         let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
+        if let Some(part) = tile.part.filter(|_| from > 0) {
+            // SAFETY: `run_chunked` gives each tile R x T accumulators of 16 f32.
+            unsafe { load_carry(&mut acc, part.carry) };
+        }
         let ahead = prefetch_distance(R * row_bytes);
-        for g in 0..groups {
-            prefetch_step(packed, ahead, g, R * GROUP_BYTES);
+        for g in from..to {
+            match tile.part {
+                None => prefetch_step(packed, ahead, g, R * GROUP_BYTES),
+                // A chunk: the next row block's line of these groups (4 to a line).
+                Some(_) if g % 4 == 0 => {
+                    for r in 0..R {
+                        let at = packed.wrapping_add((r + R) * row_bytes + GROUP_BYTES * g);
+                        // Prefetch hint only: it never faults.
+                        _mm_prefetch::<_MM_HINT_T0>(at.cast());
+                    }
+                }
+                Some(_) => {}
+            }
             for r in 0..R {
                 // SAFETY: r < R, a row of the tile (`Tile::mxfp4_rows`); the group's 16 bytes
                 // lie in that row.
@@ -121,6 +139,11 @@ impl RowKernel<MxFp4Matrix<'_>> for Mxfp4 {
                     }
                 }
             }
+        }
+        if let Some(part) = tile.part.filter(|_| to < groups) {
+            // SAFETY: as the load above.
+            unsafe { store_carry(&acc, part.carry) };
+            return;
         }
         for (r, row_acc) in acc.iter().enumerate() {
             for (t, &a) in row_acc.iter().enumerate() {
