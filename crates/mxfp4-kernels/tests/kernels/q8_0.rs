@@ -176,6 +176,13 @@ fn q8_0_k3_widths_one_and_64_tokens() {
     }
 }
 
+/// K3's width with more than 4 tokens: token groups of 3 and 4 over stretches of rows.
+#[test]
+fn q8_0_batch_invariant_at_k3_width_in_token_groups() {
+    check_batch_invariance(0x08_02, 40, 224, 9, 17);
+    check_batch_invariance(0x08_03, 21, 224, 16, 5);
+}
+
 /// With small-integer activations, small values and power-of-two steps every product and
 /// partial sum is an exact f32, so any sum order gives the same bits: every tier equals scalar.
 #[test]
