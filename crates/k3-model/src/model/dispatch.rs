@@ -59,11 +59,13 @@ impl Model<'_> {
         // spread over the domains in order: each domain reads its own rows of every matrix.
         let domains = self.pool.domains();
         let ranks = self.pool.ranks();
-        let tasks: Vec<(usize, std::ops::Range<usize>, usize)> = ms
+        let shares: Vec<std::ops::Range<usize>> =
+            ms.iter().map(|m| ranks.share(m.rows())).collect();
+        let tasks: Vec<(usize, std::ops::Range<usize>, usize)> = shares
             .iter()
             .enumerate()
-            .flat_map(|(k, m)| {
-                own_blocks(ranks.share(m.rows()), threads.max(domains), domains)
+            .flat_map(|(k, share)| {
+                own_blocks(share.clone(), threads.max(domains), domains)
                     .into_iter()
                     .map(move |(r, d)| (k, r, d))
             })
@@ -72,8 +74,6 @@ impl Model<'_> {
         // trunk holds only this rank's rows (packed or requantised where the plan holds them
         // so), which a lookup of the whole matrix misses. Each row's arithmetic is that of
         // the whole matrix's call (the kernels compute rows alone), so the bits do not change.
-        let shares: Vec<std::ops::Range<usize>> =
-            ms.iter().map(|m| ranks.share(m.rows())).collect();
         let subs = match ranks.size() {
             1 => Vec::new(),
             _ => ms

@@ -53,6 +53,15 @@ impl Tile {
         layout[self.tok0 * stride..].as_ptr()
     }
 
+    /// The 32-column blocks of its rows this call runs, of `blocks` in all: a chunk's
+    /// ([`ColumnPart`]) or every one, after asserting that they lie in the rows.
+    #[inline(always)]
+    pub(crate) fn blocks(&self, blocks: usize) -> (usize, usize) {
+        let (from, to) = self.part.map_or((0, blocks), |p| p.blocks);
+        assert!(from < to && to <= blocks);
+        (from, to)
+    }
+
     /// The tile's `R` rows of an MXFP4 matrix, after asserting that they lie in it: the
     /// kernels' unchecked code loads rely on this assert.
     #[inline(always)]

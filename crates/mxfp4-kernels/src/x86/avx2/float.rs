@@ -72,8 +72,7 @@ fn float_block<const R: usize, const T: usize, const C: usize, const FORMAT: u8>
     let whole = cols / 32;
     let blocks = cols.div_ceil(32);
     // The whole rows, or a chunk of them (`ChunkedGemm`) with the accumulators carried.
-    let (from, to) = tile.part.map_or((0, blocks), |p| p.blocks);
-    assert!(from < to && to <= blocks);
+    let (from, to) = tile.blocks(blocks);
     let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
     if let Some(part) = tile.part.filter(|_| from > 0) {
         // SAFETY: `run_chunked` gives each tile R x T accumulators of 16 f32.

@@ -98,8 +98,7 @@ impl RowKernel<MxFp4Matrix<'_>> for Mxfp4 {
         let stride = act.padded();
         let x = tile.tokens::<T, _>(&act.avx2_mx, stride);
         // The whole rows, or a chunk of them (`ChunkedGemm`) with the accumulators carried.
-        let (from, to) = tile.part.map_or((0, groups), |p| p.blocks);
-        assert!(from < to && to <= groups);
+        let (from, to) = tile.blocks(groups);
         let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
         if let Some(part) = tile.part.filter(|_| from > 0) {
             // SAFETY: `run_chunked` gives each tile R x T accumulators of 16 f32.
