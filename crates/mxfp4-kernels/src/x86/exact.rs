@@ -11,9 +11,7 @@ use core::arch::x86_64::*;
 use std::ops::Range;
 
 use super::driver::{Avx512Gemm, Bf16Gemv, MxFp4Gemv, RowKernel, Tile, width};
-use super::lanes::{
-    HALF_BITS, HIGH_HALF, INTERLEAVE_FIRST, INTERLEAVE_SECOND, ODD_WORDS, block_offset,
-};
+use super::lanes::{HALF_BITS, HIGH_HALF, INTERLEAVE_FIRST, INTERLEAVE_SECOND, block_offset};
 use super::loads::load_bytes64;
 use super::prefetch::{bf16_prefetch_offset, prefetch_distance, prefetch_step};
 use super::sums::store_sums;
@@ -167,28 +165,15 @@ impl RowKernel<Bf16Matrix<'_>> for Bf16 {
                 let at = base.wrapping_add(block_offset(r, cols, block, 2));
                 // Prefetch hint only: it never faults, so an address past the matrix is harmless.
                 _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(ahead).cast());
-                // SAFETY: `valid` values are left in row row0 + r from `at`.
-                let (w_even, w_odd) = if valid == 32 {
-                    // Two loads of the same line: the first folds into the shift, the second is
-                    // a masked load that zeroes the even halves (the AND), so a line costs five
-                    // instructions, not six. The line is in L1 by then: the masked load hits.
-                    // SAFETY: 32 values are left in row row0 + r from `at`.
-                    unsafe {
-                        (
-                            _mm512_castsi512_ps(_mm512_slli_epi32::<HALF_BITS>(
-                                _mm512_loadu_si512(at.cast()),
-                            )),
-                            _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(ODD_WORDS, at.cast())),
-                        )
-                    }
-                } else {
-                    // SAFETY: `valid` values are left in row row0 + r from `at`.
-                    let v = unsafe { load_bytes64(at, 2 * valid) };
-                    (
-                        _mm512_castsi512_ps(_mm512_slli_epi32::<HALF_BITS>(v)),
-                        _mm512_castsi512_ps(_mm512_and_si512(v, high_half)),
-                    )
-                };
+                // One load, a shift and an AND. (A second, masked load of the line in place of
+                // the AND saved an instruction on paper, but the compiler set its mask register
+                // from a general one for every row: on Zen 4 that made the in-cache GEMV 1.37x
+                // slower, 28 against 39 G weights/s, PERFORMANCE.md phase 29.)
+                // SAFETY: `valid` values are left in row row0 + r from `at` (whole 64-byte
+                // loads when `valid` is 32).
+                let v = unsafe { load_bytes64(at, 2 * valid) };
+                let w_even = _mm512_castsi512_ps(_mm512_slli_epi32::<HALF_BITS>(v));
+                let w_odd = _mm512_castsi512_ps(_mm512_and_si512(v, high_half));
                 for t in 0..T {
                     acc[r][t] = _mm512_fmadd_ps(w_even, even[t], acc[r][t]);
                     acc[r][t] = _mm512_fmadd_ps(w_odd, odd[t], acc[r][t]);

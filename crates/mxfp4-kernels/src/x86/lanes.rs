@@ -15,10 +15,6 @@ pub(crate) const HALF_BITS: u32 = 16;
 /// A dword lane's high half: column `2j + 1` of a 16-bit format, in place.
 pub(crate) const HIGH_HALF: u32 = 0xFFFF_0000;
 
-/// Word-lane mask of the odd word lanes (the high halves of the dword lanes): a masked 16-bit
-/// load with it keeps columns `2j + 1` in place and zeroes columns `2j`.
-pub(crate) const ODD_WORDS: u32 = 0xAAAA_AAAA;
-
 /// `vpermt2ps` indices taking columns `2i + parity` of 32 f32 held as two vectors `a` (columns
 /// 0..15) and `b` (16..31): an index's bit 4 picks `b`, bits 3..0 the lane.
 const fn split_idx(parity: i32) -> [i32; 16] {

@@ -28,17 +28,6 @@ pub(super) fn maskz_loadu_epi8(mem: &[u8], at: usize, k: u64) -> [u8; 64] {
     })
 }
 
-/// `_mm512_maskz_loadu_epi16(k, p)`: word `i` is loaded where bit `i` of `k` is set.
-pub(super) fn maskz_loadu_epi16(mem: &[u8], at: usize, k: u32) -> [u8; 64] {
-    core::array::from_fn(|i| {
-        if (k >> (i / 2)) & 1 == 1 {
-            byte(mem, at + i)
-        } else {
-            0
-        }
-    })
-}
-
 /// `_mm512_maskz_loadu_ps(k, p)`: dword `i` is loaded where bit `i` of `k` is set.
 pub(super) fn maskz_loadu_ps(mem: &[u8], at: usize, k: u16) -> [u8; 64] {
     core::array::from_fn(|i| {

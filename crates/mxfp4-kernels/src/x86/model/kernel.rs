@@ -7,23 +7,16 @@ use crate::x86::driver::{Avx512Gemm, Bf16Gemv, RowKernel, Rows, Tile, drive, wid
 use crate::x86::lanes::{
     F32_EVEN_IDX, F32_ODD_IDX, HALF_BITS, HIGH_HALF, HSUM_LANE_ONE, HSUM_UPPER_HALF,
     HSUM_UPPER_QUARTER, HSUM16_EVEN_BLOCKS, HSUM16_EVEN_LANES, HSUM16_HIGH_BLOCKS,
-    HSUM16_LOW_BLOCKS, HSUM16_ODD_BLOCKS, HSUM16_ODD_LANES, ODD_WORDS, block_offset,
-    f32_tail_masks, hsum16_input,
+    HSUM16_LOW_BLOCKS, HSUM16_ODD_BLOCKS, HSUM16_ODD_LANES, block_offset, f32_tail_masks,
+    hsum16_input,
 };
 
 use super::intrinsics::*;
 
 /// The exact BF16 kernel's weight load (`exact::Bf16::block`): `(even, odd)` of one block.
 pub(super) fn bf16_split(mem: &[u8], at: usize, valid: usize) -> (Lanes, Lanes) {
-    if valid == 32 {
-        (
-            slli(dwords(maskz_loadu_epi8(mem, at, u64::MAX)), HALF_BITS),
-            dwords(maskz_loadu_epi16(mem, at, ODD_WORDS)),
-        )
-    } else {
-        let v = dwords(load_bytes64(mem, at, 2 * valid));
-        (slli(v, HALF_BITS), and(v, HIGH_HALF))
-    }
+    let v = dwords(load_bytes64(mem, at, 2 * valid));
+    (slli(v, HALF_BITS), and(v, HIGH_HALF))
 }
 
 /// `float::load_f32_split`.
