@@ -9,8 +9,11 @@
 //! over it (`Kernels::packed_via_bf16`): on k3-wide at half the model's size in memory, where
 //! most of the trunk is packed, that made a token's compute 2.3 s (PERFORMANCE.md, phase 16).
 //!
-//! A GEMV's memory stream: while a block of `R` rows computes, the next row block is
-//! prefetched in fixed steps (`prefetch::prefetch_step`).
+//! A GEMV's memory stream: each row prefetches `PREFETCH_PACKED` bytes ahead of itself and,
+//! near its end, into the same row of the next row block (`prefetch::packed_prefetch_offset`).
+//! The row block's one sequential stream (`prefetch::prefetch_step`, which the `avx2` packed
+//! kernel keeps) read at 43-50% of the read probe at one thread on Zen 4 where this reads at
+//! 56-66%, and at two threads 48-63% against 74-82% (PERFORMANCE.md, phase 29).
 
 use core::arch::x86_64::*;
 use std::ops::Range;
@@ -18,7 +21,7 @@ use std::ops::Range;
 use super::avx2::packed::{decode_words, tables};
 use super::driver::{Avx512Gemm, PackedGemv, RowKernel, Tile, drive, width};
 use super::lanes::{HALF_BITS, HIGH_HALF};
-use super::prefetch::{prefetch_distance, prefetch_step};
+use super::prefetch::packed_prefetch_offset;
 use super::sums::store_sums;
 use crate::activations::Activations;
 use crate::isa::Avx512;
@@ -72,7 +75,7 @@ pub(crate) fn has_vbmi() -> bool {
 /// k3-wide in a cgroup of 0.9x the model (the whole trunk packed and resident), 2 threads,
 /// alternating, 4 rows 131-151 ms/token (mean of 8 steps), 8 rows 138-157, 16 rows 157-167.
 macro_rules! packed_kernel {
-    ($(#[$attr:meta])* $name:ident, $features:literal, $tables:ident = $setup:expr, |$at:ident, $b:ident| $decode:expr) => {
+    ($(#[$attr:meta])* $name:ident, $features:literal, $tables:ident = $setup:expr, |$at:ident, $b:ident, $whole:ident| $decode:expr) => {
         $(#[$attr])*
         pub(crate) struct $name;
 
@@ -97,14 +100,16 @@ macro_rules! packed_kernel {
                 let row_bytes = blocks * PACKED_BLOCK_BYTES;
                 let body = &m.body()[row0 * row_bytes..(row0 + R) * row_bytes];
                 let base = body.as_ptr();
+                // Whether a whole 64-byte load from any of the tile's blocks stays inside the
+                // body (every tile but the matrix's last): then no block needs the mask.
+                let $whole = m.body().len() >= (row0 + R) * row_bytes + (64 - PACKED_BLOCK_BYTES);
                 let x = tile.tokens::<T, _>(&act.perm32, stride);
                 let mut next: [usize; R] = std::array::from_fn(|r| m.first_exception(row0 + r));
                 let mut acc = [[_mm512_setzero_ps(); T]; R];
-                let ahead = prefetch_distance(R * row_bytes);
                 let high_half = _mm512_set1_epi32(HIGH_HALF as i32);
                 let $tables = $setup;
                 for block in 0..blocks {
-                    prefetch_step(base, ahead, block, R * PACKED_BLOCK_BYTES);
+                    let ahead = packed_prefetch_offset(R, row_bytes, block * PACKED_BLOCK_BYTES);
                     let mut even = [_mm512_setzero_ps(); T];
                     let mut odd = [_mm512_setzero_ps(); T];
                     for t in 0..T {
@@ -117,14 +122,18 @@ macro_rules! packed_kernel {
                     }
                     for r in 0..R {
                         let at = r * row_bytes + block * PACKED_BLOCK_BYTES;
-                        let $b = body[at + BASE_AT];
+                        // Prefetch hint only: it never faults, so an address past the matrix
+                        // is harmless.
+                        _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(at + ahead).cast());
+                        // SAFETY: at + BASE_AT < R * row_bytes = body.len().
+                        let $b = unsafe { *base.add(at + BASE_AT) };
                         let v = if $b != 0 {
                             // SAFETY: the block's 49 bytes lie in `body` (`at + 49 <= R *
                             // row_bytes`).
                             let $at = unsafe { base.add(at) };
                             $decode
                         } else {
-                            let raw = m.take_exception(row0 + r, &mut next[r]);
+                            let raw = exception(m, row0 + r, &mut next[r]);
                             // SAFETY: `raw` is 64 bytes, 32 BF16 values.
                             unsafe { _mm512_loadu_si512(raw.as_ptr().cast()) }
                         };
@@ -147,7 +156,7 @@ packed_kernel!(
     Packed,
     "avx512f,avx512bw,avx512vl,avx2,fma,f16c",
     offsets = tables(),
-    |at, _b| {
+    |at, _b, _whole| {
         // SAFETY: `at` is a whole block (above).
         let (first, second) = unsafe { decode_words(at, offsets.0, offsets.1) };
         _mm512_inserti64x4::<1>(_mm512_castsi256_si512(first), second)
@@ -159,11 +168,19 @@ packed_kernel!(
     PackedVbmi,
     "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c",
     t = vbmi_tables(),
-    |at, b| {
-        // SAFETY: `at` is a whole block and `b` its base, not 0 (above).
-        unsafe { decode_words_vbmi(at, b, t) }
+    |at, b, whole| {
+        // SAFETY: `at` is a whole block and `b` its base, not 0 (above); where `whole`, 64
+        // bytes from `at` lie in the body.
+        unsafe { decode_words_vbmi(at, b, whole, t) }
     }
 );
+
+/// An exception block's 64 bytes, out of the hot loop.
+#[cold]
+#[inline(never)]
+fn exception<'a>(m: &PackedBf16Matrix<'a>, row: usize, next: &mut usize) -> &'a [u8] {
+    m.take_exception(row, next)
+}
 
 /// The bytes of a block a 64-byte masked load takes: the other 15 are never read, so the last
 /// block of a body needs nothing past it.
@@ -184,6 +201,26 @@ static EXPONENTS: [[u8; 16]; 256] = {
         b += 1;
     }
     t
+};
+
+#[repr(C, align(64))]
+struct ExponentWords([[u16; 32]; 256]);
+
+/// For each base byte, `EXPONENTS`' row as 32 words already in place (bits 14..7), so one
+/// `vpermw` (which reads bits 4..0 of each word: the code and one bit the duplicated row
+/// ignores) gives each word its exponent field.
+static EXPONENT_WORDS: ExponentWords = {
+    let mut t = [[0u16; 32]; 256];
+    let mut b = 0;
+    while b < 256 {
+        let mut i = 0;
+        while i < 32 {
+            t[b][i] = (EXPONENTS[b][i % 16] as u16) << 7;
+            i += 1;
+        }
+        b += 1;
+    }
+    ExponentWords(t)
 };
 
 /// `vpermb` indices: word `j` (column `j`) takes its slot's sign/mantissa byte into both of its
@@ -260,18 +297,22 @@ fn vbmi_tables() -> VbmiTables {
 /// The block's 49 bytes from `at` must be readable; `base` is its base byte, not 0.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
 #[inline]
-unsafe fn decode_words_vbmi(at: *const u8, base: u8, t: VbmiTables) -> __m512i {
-    // SAFETY: the masked load reads the block's 49 bytes only (readable, by the caller); an
-    // exponent row is 16 bytes.
+unsafe fn decode_words_vbmi(at: *const u8, base: u8, whole: bool, t: VbmiTables) -> __m512i {
+    // SAFETY: where `whole` 64 bytes from `at` are readable, else the masked load reads the
+    // block's 49 bytes only (readable, by the caller); an exponent row is 64 bytes.
     let (block, exponents) = unsafe {
         (
-            _mm512_maskz_loadu_epi8(BLOCK_MASK, at.cast()),
-            _mm512_broadcast_i32x4(_mm_loadu_si128(EXPONENTS[base as usize].as_ptr().cast())),
+            if whole {
+                _mm512_loadu_si512(at.cast())
+            } else {
+                _mm512_maskz_loadu_epi8(BLOCK_MASK, at.cast())
+            },
+            _mm512_load_si512(EXPONENT_WORDS.0[base as usize].as_ptr().cast()),
         )
     };
     let sm = _mm512_permutexvar_epi8(t.sm, block);
     let code = _mm512_srlv_epi16(_mm512_permutexvar_epi8(t.code, block), t.shift);
-    let exponent = _mm512_slli_epi16::<7>(_mm512_permutexvar_epi8(code, exponents));
+    let exponent = _mm512_permutexvar_epi16(code, exponents);
     // Bit-select (imm 0xCA: a ? b : c) with the exponent's bits as the selector.
     _mm512_ternarylogic_epi32::<0xCA>(t.exponent_bits, exponent, sm)
 }
@@ -300,10 +341,10 @@ mod tests {
             return;
         }
         let mut rng = Rng::new(7);
-        let mut block = [0u8; PACKED_BLOCK_BYTES];
+        let mut block = [0u8; 64];
         for base in 1..=255u8 {
             for _ in 0..64 {
-                for b in &mut block[..BASE_AT] {
+                for b in &mut block {
                     *b = rng.next_u64() as u8;
                 }
                 block[BASE_AT] = base;
@@ -313,15 +354,19 @@ mod tests {
                     let (offsets, not_first) = tables();
                     let (first, second) = decode_words(block.as_ptr(), offsets, not_first);
                     (
-                        std::mem::transmute::<__m512i, [u16; 32]>(decode_words_vbmi(
-                            block.as_ptr(),
-                            base,
-                            vbmi_tables(),
-                        )),
+                        [false, true].map(|whole| {
+                            std::mem::transmute::<__m512i, [u16; 32]>(decode_words_vbmi(
+                                block.as_ptr(),
+                                base,
+                                whole,
+                                vbmi_tables(),
+                            ))
+                        }),
                         std::mem::transmute::<[__m256i; 2], [u16; 32]>([first, second]),
                     )
                 };
-                assert_eq!(got, want, "base {base}, block {block:?}");
+                // A whole 64-byte load sees the 15 bytes after the block, which never count.
+                assert_eq!(got, [want; 2], "base {base}, block {block:?}");
             }
         }
     }

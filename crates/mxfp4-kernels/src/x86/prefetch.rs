@@ -1,7 +1,8 @@
 //! Software prefetch of the weight stream: the MXFP4 and packed kernels stream the next row
 //! block as one sequential window while this one computes (`prefetch_step`, `prefetch_ahead`,
 //! the `avx2` tier's `Prefetch`); the AVX-512 BF16 kernels prefetch per row
-//! (`bf16_prefetch_offset`). All need only sse (`prefetcht0`), so every x86 tier calls them
+//! (`bf16_prefetch_offset`), and the `avx512` packed kernel likewise
+//! (`packed_prefetch_offset`). All need only sse (`prefetcht0`), so every x86 tier calls them
 //! (`Prefetch::step` is compiled for the `avx2` tier, its only user).
 
 use core::arch::x86_64::*;
@@ -125,9 +126,74 @@ pub(crate) fn bf16_prefetch_offset(rows: usize, cols: usize, block: usize) -> us
 /// best of 128..2048 values and better than the row-block prefetch here (PERFORMANCE.md).
 pub(crate) const PREFETCH_BF16: usize = 256;
 
+/// Where row `r` of a packed row block of `rows` rows of `row_bytes` prefetches while at byte
+/// `pos` of its row, as an offset in bytes from there: [`PREFETCH_PACKED`] ahead in the row,
+/// and near the row's end as far into row `r` of the next row block (rows are contiguous), as
+/// [`bf16_prefetch_offset`] does for BF16 rows. A packed block is 49 bytes, so one prefetch
+/// per row and block covers each line of the row.
+#[inline(always)]
+pub(crate) fn packed_prefetch_offset(rows: usize, row_bytes: usize, pos: usize) -> usize {
+    if pos + PREFETCH_PACKED < row_bytes {
+        PREFETCH_PACKED
+    } else {
+        rows * row_bytes + PREFETCH_PACKED - row_bytes
+    }
+}
+
+/// Per-row prefetch distance in packed rows, in bytes (16 lines ahead). Measured on Zen 4
+/// against 512 and 2,048 (PERFORMANCE.md, phase 29).
+pub(crate) const PREFETCH_PACKED: usize = 1024;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A packed row's prefetches, one per 49-byte block, reach every line of the row from its
+    /// `PREFETCH_PACKED`-th byte, then the first `PREFETCH_PACKED` bytes of the same row of
+    /// the next row block, and nothing of any other row (rows longer than the distance, as
+    /// every K3 width is: 512 columns are 784 bytes, and such short rows run ahead into the
+    /// next block's following rows, which a hint allows).
+    #[test]
+    fn packed_prefetches_cover_the_row_then_the_next_blocks_row() {
+        for (rows, row_bytes) in [
+            (4usize, 7168 / 32 * 49),
+            (4, 1536 / 32 * 49),
+            (3, 12288 / 32 * 49),
+        ] {
+            for r in 0..rows {
+                let start = r * row_bytes;
+                let lines: std::collections::BTreeSet<usize> = (0..row_bytes / 49)
+                    .map(|block| {
+                        let pos = 49 * block;
+                        (start + pos + packed_prefetch_offset(rows, row_bytes, pos)) / 64
+                    })
+                    .collect();
+                let next = start + rows * row_bytes;
+                let first_line = (start + PREFETCH_PACKED.min(row_bytes)) / 64;
+                let wanted = (first_line..(start + row_bytes).div_ceil(64))
+                    .chain(next / 64..(next + PREFETCH_PACKED.min(row_bytes) - 1) / 64);
+                for line in wanted {
+                    if line * 64 >= start + PREFETCH_PACKED && line * 64 + 64 <= start + row_bytes
+                        || line * 64 >= next && line * 64 + 64 <= next + PREFETCH_PACKED
+                    {
+                        assert!(
+                            lines.contains(&line),
+                            "{rows}x{row_bytes} row {r}: line {line}"
+                        );
+                    }
+                }
+                for &line in &lines {
+                    let byte = line * 64;
+                    let in_row = byte + 64 > start && byte < start + row_bytes;
+                    let in_next = byte + 64 > next && byte < next + row_bytes;
+                    assert!(
+                        in_row || in_next,
+                        "{rows}x{row_bytes} row {r}: line {line} is another row's"
+                    );
+                }
+            }
+        }
+    }
 
     /// The fixed-step stream prefetches every line of the window ahead (the row block after
     /// this one, or the one after that for small blocks) by the end of the walk, for the
