@@ -287,14 +287,19 @@ fn vbmi_tables() -> VbmiTables {
 
 /// One packed block's 32 BF16 words in column order (what [`decode_words`]' halves joined
 /// give) with `vpermb`: word `j` gathers its slot's sign/mantissa byte (into both of its
-/// bytes) and its code byte; the code is shifted to bits 3..0 and looked up in the base's
-/// exponent row (`vpermb` reads bits 5..0 of an index, and the 16-byte row fills all four
-/// lanes, so the bits above the code do not matter); one bit-select then takes the exponent's
-/// bits 14..7 from the lookup shifted by 7, the sign (bit 15) and the mantissa (bits 6..0)
-/// from the doubled byte. 9 vector operations where the `avx2` decode joined takes 16.
+/// bytes) and its code byte; the code is shifted to bits 3..0 and looked up with `vpermw` in
+/// the base's row of exponent words (`EXPONENT_WORDS`: the exponent already in bits 14..7;
+/// `vpermw` reads bits 4..0 of an index and the row is duplicated, so the bits above the code
+/// do not matter); one bit-select then takes the exponent's bits 14..7 from the lookup, the
+/// sign (bit 15) and the mantissa (bits 6..0) from the doubled byte. Six vector operations
+/// after the load. On Zen 4 (256-bit units) the earlier `vpermb` lookup and shift by 7, a
+/// 16-byte row broadcast per block and a masked load (its mask register set from a general
+/// one every row) held the kernel to 14.5 G weights/s in L2, 20.2 now (PERFORMANCE.md,
+/// phase 29).
 ///
 /// # Safety
-/// The block's 49 bytes from `at` must be readable; `base` is its base byte, not 0.
+/// The block's 49 bytes from `at` must be readable, and where `whole` 64 bytes; `base` is its
+/// base byte, not 0.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
 #[inline]
 unsafe fn decode_words_vbmi(at: *const u8, base: u8, whole: bool, t: VbmiTables) -> __m512i {
