@@ -135,6 +135,16 @@ pub(super) fn plan(
     // `trunk::load_trunk`) only where every rank would hold it so.
     let packed_here = agreed(&options.ranks, here, sink);
     if packed_here {
+        // With `--resident-trunk` the trunk held packed is the resident copy: the flag's copy
+        // as stored is not made (`trunk::load_trunk`), so it is not counted either.
+        let flags = MemoryUse {
+            resident_trunk: 0,
+            ..flags
+        };
+        let run = RunShape {
+            resident_trunk: false,
+            ..run
+        };
         let held = match limit && pool.domains() == 1 && options.ranks.size() == 1 {
             true => Plan::resident_everything(
                 &sizes,

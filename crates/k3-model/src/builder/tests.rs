@@ -688,3 +688,40 @@ fn the_measured_pack_rule_says_why_and_keeps_the_bits() {
         "{lines:?}"
     );
 }
+
+/// `--resident-trunk` beside a trunk the rule holds packed (`PackRule::Always` here, as where
+/// the measurement finds it faster): the packed trunk is the resident copy, the copy as stored
+/// is neither made nor counted, and the logits are the mapped run's bits.
+#[test]
+fn a_resident_trunk_held_packed_is_not_also_copied_as_stored() {
+    use super::options::PackRule;
+    let tiny = Tiny::new("resident-packed");
+    let expected = fingerprints(&tiny.build(&options(1)).0);
+    let mut stored = options(2);
+    stored.resident_trunk = true;
+    stored.pack_trunk = false;
+    let (engine, _) = tiny.build(&stored);
+    let copy = engine.plan.memory.resident_trunk;
+    drop(engine);
+    let mut both = options(2);
+    both.resident_trunk = true;
+    both.pack_rule = PackRule::Always;
+    let (engine, lines) = tiny.build(&both);
+    assert!(engine.resident.is_some(), "{lines:?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("resident trunk: ") && l.contains("packed")),
+        "{lines:?}"
+    );
+    assert!(
+        !lines.iter().any(|l| l.contains("copied in")),
+        "no copy as stored: {lines:?}"
+    );
+    assert!(
+        engine.plan.memory.resident_trunk < copy,
+        "{} against the copy's {copy}",
+        engine.plan.memory.resident_trunk
+    );
+    assert_eq!(fingerprints(&engine), expected);
+}

@@ -39,7 +39,13 @@ pub(super) fn load_trunk(
     let mut resident = None;
     // Bytes the packed trunk holds beyond the plan (more wide blocks than it allowed for).
     let mut overrun = 0;
-    if options.resident_trunk {
+    // The plan's trunk (packed where the startup measurement chose it) comes first: with
+    // `--resident-trunk` a trunk held packed is resident already, in fewer bytes.
+    let planned = plan
+        .trunk
+        .as_ref()
+        .filter(|t| !t.resident.is_empty() || !t.resident_rows.is_empty());
+    if options.resident_trunk && planned.is_none() {
         let keep = trunk_tensor_names(checkpoint, config);
         let started = Instant::now();
         let bytes = checkpoint.make_resident_placed(
@@ -55,11 +61,7 @@ pub(super) fn load_trunk(
             bytes as f64 / 1e9,
             started.elapsed().as_secs_f64()
         ));
-    } else if let Some(trunk) = plan
-        .trunk
-        .as_ref()
-        .filter(|t| !t.resident.is_empty() || !t.resident_rows.is_empty())
-    {
+    } else if let Some(trunk) = planned {
         let started = Instant::now();
         let (names, rows) = rank_rows(trunk, sizes, checkpoint, &options.ranks)?;
         let loaded = ResidentTrunk::load(
