@@ -84,13 +84,18 @@ impl PackedRate {
         let plain = Bf16Matrix::new(&bf16, rows, cols).map_err(|e| e.to_string())?;
         let x: Vec<f32> = (0..cols).map(|c| (c % 7) as f32 * 0.25 - 0.75).collect();
         let act = kernels.prepare(&x, cols).map_err(|e| e.to_string())?;
-        // Each worker runs `matrix`'s GEMV over its share of `rows` rows for `RUN`: weights
-        // per second per core, the mean over the workers.
-        let rate = |matrix: WeightMatrix<'_>, rows: usize| -> Result<f64, String> {
+        // Each worker runs `matrix`'s GEMV for `RUN` over all `rows` rows (in cache), or over
+        // its share of them (`split`, streaming): weights per second per core, the mean over
+        // the workers.
+        let rate = |matrix: WeightMatrix<'_>, rows: usize, split: bool| -> Result<f64, String> {
             let per_worker = pool
                 .map(workers, |w| {
-                    // Rows outnumber workers (`big_rows` is thousands), so no share is empty.
-                    let mine = rows * w / workers..rows * (w + 1) / workers;
+                    // Rows outnumber workers where split (`big_rows` is thousands), so no
+                    // share is empty.
+                    let mine = match split {
+                        true => rows * w / workers..rows * (w + 1) / workers,
+                        false => 0..rows,
+                    };
                     let mut out = vec![0.0f32; mine.len()];
                     let (started, mut weights) = (Instant::now(), 0usize);
                     while started.elapsed() < RUN {
@@ -105,26 +110,8 @@ impl PackedRate {
                 .map_err(|e| e.to_string())?;
             Ok(per_worker.iter().sum::<f64>() / workers as f64)
         };
-        // In cache: every worker runs the whole small matrix.
-        let whole = |matrix: WeightMatrix<'_>| -> Result<f64, String> {
-            let per_worker = pool
-                .map(workers, |_| {
-                    let mut out = vec![0.0f32; rows];
-                    let (started, mut weights) = (Instant::now(), 0usize);
-                    while started.elapsed() < RUN {
-                        kernels
-                            .matmul(&matrix, &act, 0..rows, &mut out)
-                            .expect("the shapes were checked");
-                        black_box(&out);
-                        weights += rows * cols;
-                    }
-                    weights as f64 / started.elapsed().as_secs_f64()
-                })
-                .map_err(|e| e.to_string())?;
-            Ok(per_worker.iter().sum::<f64>() / workers as f64)
-        };
-        let bf16_rate = whole(plain.into())?;
-        let packed_rate = whole(packed.view().into())?;
+        let bf16_rate = rate(plain.into(), rows, false)?;
+        let packed_rate = rate(packed.view().into(), rows, false)?;
         // From memory: the small matrix's rows repeated (both forms), each worker its rows;
         // two rounds alternated, so a drift of the host's read rate weighs on both alike.
         let copies = (STREAM_BYTES / bf16.len()).max(1);
@@ -137,8 +124,8 @@ impl PackedRate {
             .map_err(|e| e.to_string())?;
         let (mut bf16_stream, mut packed_stream) = (0.0, 0.0);
         for _ in 0..2 {
-            bf16_stream += rate(big_plain.into(), big_rows)? / 2.0;
-            packed_stream += rate(big_packed.into(), big_rows)? / 2.0;
+            bf16_stream += rate(big_plain.into(), big_rows, true)? / 2.0;
+            packed_stream += rate(big_packed.into(), big_rows, true)? / 2.0;
         }
         drop((big_bf16, big_body, index));
         // Each worker's part of the read buffer, written (so placed) by that worker, then

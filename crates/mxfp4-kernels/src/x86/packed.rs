@@ -186,36 +186,25 @@ fn exception<'a>(m: &PackedBf16Matrix<'a>, row: usize, next: &mut usize) -> &'a 
 /// block of a body needs nothing past it.
 const BLOCK_MASK: u64 = (1 << PACKED_BLOCK_BYTES) - 1;
 
-/// For each base byte `b`, the exponent of each code: code 0 is exponent 0, code `c` is
-/// `b + c - 1` (the packer keeps every block's exponents within `b..b + 15`, so the sum is an
-/// exponent; base 0 marks an exception, whose row is never used).
-static EXPONENTS: [[u8; 16]; 256] = {
-    let mut t = [[0u8; 16]; 256];
-    let mut b = 0;
-    while b < 256 {
-        let mut c = 1;
-        while c < 16 {
-            t[b][c] = (b + c - 1) as u8;
-            c += 1;
-        }
-        b += 1;
-    }
-    t
-};
-
 #[repr(C, align(64))]
 struct ExponentWords([[u16; 32]; 256]);
 
-/// For each base byte, `EXPONENTS`' row as 32 words already in place (bits 14..7), so one
-/// `vpermw` (which reads bits 4..0 of each word: the code and one bit the duplicated row
-/// ignores) gives each word its exponent field.
+/// For each base byte `b`, the exponent of each code already in place in a word (bits 14..7):
+/// code 0 is exponent 0, code `c` is `b + c - 1` (the packer keeps every block's exponents
+/// within `b..b + 15`, so the sum is an exponent; base 0 marks an exception, whose row is
+/// never used). The 16 codes' words are repeated, so one `vpermw` (which reads bits 4..0 of
+/// each index word: the code and one bit the repeat ignores) gives each word its exponent
+/// field.
 static EXPONENT_WORDS: ExponentWords = {
     let mut t = [[0u16; 32]; 256];
     let mut b = 0;
     while b < 256 {
         let mut i = 0;
         while i < 32 {
-            t[b][i] = (EXPONENTS[b][i % 16] as u16) << 7;
+            let c = i % 16;
+            if c != 0 {
+                t[b][i] = ((b + c - 1) as u8 as u16) << 7;
+            }
             i += 1;
         }
         b += 1;
