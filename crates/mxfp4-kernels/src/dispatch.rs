@@ -15,6 +15,13 @@ use crate::weight::WeightMatrix;
 #[cfg(target_arch = "x86_64")]
 use crate::x86;
 
+/// The most tokens an `avx512` packed GEMM decodes in registers (groups of up to 8); more run
+/// through `packed_via_bf16`, which decodes each row once. k3-wide slice, Zen 4, 2 threads,
+/// passes of n tokens with both paths (PERFORMANCE.md, phase 30): n = 9 543 ms against 704,
+/// 12 734 against 831, 14 890 against 925, 15 1002 against 974, 16 1121 against 1031.
+#[cfg(target_arch = "x86_64")]
+const PACKED_IN_REGISTERS: usize = 12;
+
 impl Kernels {
     /// Dequantizes `rows` of `matrix` into `out` (`rows.len() * cols` f32, row-major).
     /// Every tier is bit-identical to scalar.
@@ -216,13 +223,13 @@ impl Kernels {
             TierToken::Avx2(token) => unsafe {
                 x86::entry::avx2::<_, x86::avx2::packed::Packed>(token, matrix, act, rows, out)
             },
-            // A GEMV or a GEMM of a few tokens decodes in registers; more tokens run as
-            // groups of at most 4 over each stretch of rows and would decode every block once
-            // per group, so their rows are decoded once into a buffer and run through the BF16
-            // GEMM (`packed_via_bf16`).
+            // A GEMV or a GEMM of up to `PACKED_IN_REGISTERS` tokens (a verify pass) decodes
+            // in registers, in groups of at most 8 tokens; more tokens would decode every block
+            // once per group, so their rows are decoded once into a buffer and run through the
+            // BF16 GEMM (`packed_via_bf16`).
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the token proves avx512f/bw/vl; `check_matmul` proved the shapes.
-            TierToken::Avx512(token) if act.tokens() <= 4 => unsafe {
+            TierToken::Avx512(token) if act.tokens() <= PACKED_IN_REGISTERS => unsafe {
                 x86::packed::matmul_packed_bf16(token, matrix, act, rows, out)
             },
             _ => self.packed_via_bf16(matrix, act, rows, out)?,
@@ -231,7 +238,7 @@ impl Kernels {
     }
 
     /// `matmul_packed_bf16` for the tiers without a packed kernel, and `avx512`'s GEMMs of more
-    /// than 4 tokens: rows decoded into a 512 KiB buffer (in L2), that buffer's rows through
+    /// than `PACKED_IN_REGISTERS` tokens: rows decoded into a 512 KiB buffer (in L2), that buffer's rows through
     /// the tier's BF16 kernel, each token's results put at their place. k3-wide, a 64-token
     /// prefill with the trunk packed (0.9x plan), 2 threads, alternating with the mapped BF16
     /// trunk: 64 KiB buffers 20.6-20.8 tokens/s against 23.4-30.7 (each 4-row buffer streams

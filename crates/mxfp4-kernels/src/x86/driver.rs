@@ -149,8 +149,9 @@ pub(crate) trait RowKernel<M: Rows> {
     );
 }
 
-/// Runs `K` over `rows` for every token of `act`: a GEMV as `K::Gemv` says, 2-4 tokens as
-/// `K::Gemm` says, and more than 4 tokens as groups of 2-4, split as evenly as possible, one
+/// Runs `K` over `rows` for every token of `act`: a GEMV as `K::Gemv` says, 2 to
+/// `K::Gemm::MAX_GROUP` tokens (4, or 8 for [`WideGemm`]) as `K::Gemm` says, and more tokens as
+/// groups of at most `MAX_GROUP`, split as evenly as possible, one
 /// group after the other over each stretch of `STRETCH_BYTES` of rows: the first group
 /// streams the stretch from memory, the others read it from L2. A kernel with 8 or 16 tokens'
 /// accumulators and activations per row block spills registers: 1024x1024 BF16 from L3 at 1
@@ -171,10 +172,12 @@ pub(crate) unsafe fn drive<M: Rows, K: RowKernel<M>>(
         // SAFETY: by this function's contract.
         1 => unsafe { K::Gemv::run::<M, K>(m, act, rows, out) },
         // SAFETY: by this function's contract.
-        tokens @ 2..=4 => unsafe { K::Gemm::run::<M, K>(tokens, m, act, 0, rows, first, n, out) },
+        tokens if tokens <= K::Gemm::MAX_GROUP => unsafe {
+            K::Gemm::run::<M, K>(tokens, m, act, 0, rows, first, n, out)
+        },
         tokens => {
             let stretch = stretch_rows(m.bytes_for_rows(1));
-            let groups = tokens.div_ceil(4);
+            let groups = tokens.div_ceil(K::Gemm::MAX_GROUP);
             let mut start = first;
             while start < rows.end {
                 let end = (start + stretch).min(rows.end);
@@ -356,8 +359,11 @@ pub(crate) type Avx512Gemm = Gemm<4, 4, 4>;
 /// is two 8-lane halves), so 2 rows for 2 tokens, 1 row for 3 or 4.
 pub(crate) type Avx2Gemm = Gemm<2, 1, 1>;
 
-/// Runs one group of 2-4 tokens.
+/// Runs one group of 2 to [`GemmPlan::MAX_GROUP`] tokens.
 pub(crate) trait GemmPlan {
+    /// The most tokens one group runs ([`drive`] splits more into groups of at most this).
+    const MAX_GROUP: usize = 4;
+
     /// Runs `K` for tokens `tok0..tok0 + tokens` (2..=4) over `rows`, a stretch of the caller's
     /// range, which starts at `first` and has `n` rows.
     ///
@@ -418,6 +424,46 @@ impl<const R2: usize, const R3: usize, const R4: usize> GemmPlan for Gemm<R2, R3
             // SAFETY: by this function's contract.
             4 => unsafe { run_rows::<M, K, R4, 4, 0>(m, act, tok0, rows, first, n, out) },
             _ => unreachable!("5..=MAX_TOKENS tokens split into groups of 2-4"),
+        }
+    }
+}
+
+/// The packed BF16 kernel's GEMM (`avx512`): groups of up to 8 tokens, 4 rows per block for
+/// 2-4 tokens (as [`Avx512Gemm`]), 3 rows for 5, 2 rows for 6-8. The packed kernel's cost is
+/// its decode of each block (shuffles, not FMAs), which a group repeats: in groups of at most
+/// 4, a verify pass of 5 tokens decoded every block twice. On the k3-wide slice (Zen 4, 2
+/// threads, `spec_bench` cost curve, PERFORMANCE.md phase 30) a pass of 5 tokens took 1.57x
+/// (3 rows) to 1.79x (2 or 4 rows) a 1-token step in one group, against 2.81x when more than 4
+/// tokens went through `Kernels::packed_via_bf16`; 7 and 8 tokens on single rows (8 or 16
+/// activation registers, no row to share them) took 1.4-1.5x the 2-row time.
+pub(crate) struct WideGemm;
+
+impl GemmPlan for WideGemm {
+    const MAX_GROUP: usize = 8;
+
+    #[inline(always)]
+    unsafe fn run<M: Rows, K: RowKernel<M>>(
+        tokens: usize,
+        m: &M,
+        act: &Activations,
+        tok0: usize,
+        rows: Range<usize>,
+        first: usize,
+        n: usize,
+        out: &mut [f32],
+    ) {
+        match tokens {
+            // SAFETY: by this function's contract.
+            2..=4 => unsafe { Avx512Gemm::run::<M, K>(tokens, m, act, tok0, rows, first, n, out) },
+            // SAFETY: by this function's contract.
+            5 => unsafe { run_rows::<M, K, 3, 5, 0>(m, act, tok0, rows, first, n, out) },
+            // SAFETY: by this function's contract.
+            6 => unsafe { run_rows::<M, K, 2, 6, 0>(m, act, tok0, rows, first, n, out) },
+            // SAFETY: by this function's contract.
+            7 => unsafe { run_rows::<M, K, 2, 7, 0>(m, act, tok0, rows, first, n, out) },
+            // SAFETY: by this function's contract.
+            8 => unsafe { run_rows::<M, K, 2, 8, 0>(m, act, tok0, rows, first, n, out) },
+            _ => unreachable!("more than 8 tokens split into groups of 2-8"),
         }
     }
 }

@@ -19,7 +19,7 @@ use core::arch::x86_64::*;
 use std::ops::Range;
 
 use super::avx2::packed::{decode_words, tables};
-use super::driver::{Avx512Gemm, PackedGemv, RowKernel, Tile, drive, width};
+use super::driver::{PackedGemv, RowKernel, Tile, WideGemm, drive, width};
 use super::lanes::{HALF_BITS, HIGH_HALF};
 use super::prefetch::packed_prefetch_offset;
 use super::sums::store_sums;
@@ -81,7 +81,7 @@ macro_rules! packed_kernel {
 
         impl RowKernel<PackedBf16Matrix<'_>> for $name {
             type Gemv = PackedGemv;
-            type Gemm = Avx512Gemm;
+            type Gemm = WideGemm;
 
             #[target_feature(enable = $features)]
             #[inline]

@@ -80,11 +80,12 @@ proptest! {
 }
 
 /// K3's widths, where the GEMV runs 4-row blocks over long rows with exceptions scattered,
-/// and GEMMs of 4, 9 (groups of 3) and 16 tokens.
+/// and GEMMs of 4, 5 and 8 tokens (one group in registers on `avx512`: 3 and 2 rows per
+/// block), 9 and 12 (two groups), 13 and 16 (decoded rows through the BF16 GEMM on `avx512`).
 #[test]
 fn packed_gemv_at_model_widths() {
     for (seed, cols) in [(1u64, 7168usize), (2, 2048)] {
-        for tokens in [1, 4, 9, 16] {
+        for tokens in [1, 4, 5, 8, 9, 12, 13, 16] {
             check(seed, 37, cols / 32, tokens, 3, 41);
         }
     }
@@ -95,7 +96,7 @@ fn packed_gemv_at_model_widths() {
 #[test]
 fn packed_matmul_has_the_bf16_bits_at_compiled_widths() {
     for (seed, blocks) in [(1, 16), (2, 48)] {
-        for tokens in [1, 5] {
+        for tokens in [1, 5, 6, 7] {
             check(seed, 37, blocks, tokens, 3, 5);
         }
     }
