@@ -238,11 +238,14 @@ impl Kernels {
     }
 
     /// `matmul_packed_bf16` for the tiers without a packed kernel, and `avx512`'s GEMMs of more
-    /// than `PACKED_IN_REGISTERS` tokens: rows decoded into a 512 KiB buffer (in L2), that buffer's rows through
-    /// the tier's BF16 kernel, each token's results put at their place. k3-wide, a 64-token
-    /// prefill with the trunk packed (0.9x plan), 2 threads, alternating with the mapped BF16
-    /// trunk: 64 KiB buffers 20.6-20.8 tokens/s against 23.4-30.7 (each 4-row buffer streams
-    /// every token's activations), 512 KiB 25.7-27.4 against 23.4-27.5.
+    /// than `PACKED_IN_REGISTERS` tokens: rows decoded into a buffer of about 512 KiB (in L2;
+    /// whole 16-row blocks), that buffer's rows through the tier's BF16 kernel, each token's
+    /// results put at their place; decoded with `vpermb` where the CPU has avx512vbmi.
+    /// k3-wide, a 64-token prefill with the trunk packed (0.9x plan), 2 threads, alternating
+    /// with the mapped BF16 trunk: 64 KiB buffers 20.6-20.8 tokens/s against 23.4-30.7 (each
+    /// 4-row buffer streams every token's activations), 512 KiB 25.7-27.4 against 23.4-27.5.
+    /// On Zen 4 (PERFORMANCE.md, phase 30) the 16-row blocks took the dense MLP's bucket from
+    /// 9.0-9.4 to 8.0 ms per token (7.7 with the stored trunk).
     fn packed_via_bf16(
         &self,
         matrix: &PackedBf16Matrix<'_>,
@@ -251,7 +254,9 @@ impl Kernels {
         out: &mut [f32],
     ) -> Result<()> {
         let (n, tokens, cols) = (rows.len(), act.tokens(), matrix.cols());
-        let chunk = ((512 << 10) / (2 * cols)).max(1);
+        // Whole 16-row blocks (the BF16 GEMM's row block is 4): 14 rows of 18,432 columns left
+        // 2 rows to single-row tiles in every chunk.
+        let chunk = ((512 << 10) / (2 * cols)).max(1).div_ceil(16) * 16;
         let mut bytes = vec![0u8; chunk * cols * 2];
         let mut sums = vec![0f32; chunk * tokens];
         let mut start = rows.start;
@@ -260,6 +265,14 @@ impl Kernels {
             let k = end - start;
             let decoded = &mut bytes[..k * cols * 2];
             match self.token() {
+                // The AVX-512 tiers' CPUs have avx512f/bw/vl (the tokens prove it).
+                #[cfg(target_arch = "x86_64")]
+                TierToken::Avx512(_) | TierToken::Avx512Bf16(_) | TierToken::Avx512Vnni(_)
+                    if x86::packed::has_vbmi() =>
+                {
+                    // SAFETY: the token proves avx512f/bw/vl, and avx512vbmi was detected.
+                    unsafe { x86::packed::decode_rows_bf16_vbmi(matrix, start..end, decoded) }
+                }
                 // Every x86 tier's CPU has avx2, fma and f16c (AVX-512F implies them).
                 #[cfg(target_arch = "x86_64")]
                 TierToken::Avx2(_)

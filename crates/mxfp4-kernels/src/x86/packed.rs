@@ -175,6 +175,45 @@ packed_kernel!(
     }
 );
 
+/// Rows `rows` of `m` as little-endian BF16 bytes (`rows.len() * cols * 2`), exactly, with
+/// the `vpermb` decode: what `avx2::packed::decode_rows_bf16` gives, for the GEMMs of many
+/// tokens that run over decoded rows (`Kernels::packed_via_bf16`). The `avx2` decode's two
+/// halves ran at ~3.6 G weights/s per core in a 64-token prefill of the k3-wide slice on Zen 4
+/// and made it 0.88x the stored trunk's tokens/s (PERFORMANCE.md, phase 30).
+///
+/// # Safety
+/// The CPU must have avx512f/bw/vl and avx512vbmi.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+pub(crate) unsafe fn decode_rows_bf16_vbmi(
+    m: &PackedBf16Matrix<'_>,
+    rows: Range<usize>,
+    out: &mut [u8],
+) {
+    let cols = m.cols();
+    assert_eq!(out.len(), rows.len() * cols * 2, "the rows' bytes");
+    let t = vbmi_tables();
+    let (body_len, row_bytes) = (m.body().len(), m.row_bytes());
+    for (row, dst) in rows.zip(out.chunks_exact_mut(cols * 2)) {
+        let mut next = m.first_exception(row);
+        let blocks = m.row_body(row).chunks_exact(PACKED_BLOCK_BYTES);
+        for (k, (block, d)) in blocks.zip(dst.chunks_exact_mut(64)).enumerate() {
+            let b = block[BASE_AT];
+            if b != 0 {
+                // Whether 64 bytes from the block lie in the body (all but the last blocks).
+                let whole = row * row_bytes + k * PACKED_BLOCK_BYTES + 64 <= body_len;
+                // SAFETY: `block` is the block's 49 bytes of the body, and 64 where `whole`;
+                // its base is not 0; `d` is 64 writable bytes.
+                unsafe {
+                    let v = decode_words_vbmi(block.as_ptr(), b, whole, t);
+                    _mm512_storeu_si512(d.as_mut_ptr().cast(), v);
+                }
+            } else {
+                d.copy_from_slice(m.take_exception(row, &mut next));
+            }
+        }
+    }
+}
+
 /// An exception block's 64 bytes, out of the hot loop.
 #[cold]
 #[inline(never)]
@@ -442,6 +481,45 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The `vpermb` row decode gives the checkpoint's BF16 bytes (the portable decode's),
+    /// exception blocks, zeros and the body's last block (a masked load) included, for any
+    /// row range.
+    #[test]
+    fn vbmi_row_decode_gives_the_bf16_bytes() {
+        if !(avx512() && has_vbmi()) {
+            eprintln!("note: no avx512vbmi here; its row decode is not tested");
+            return;
+        }
+        let (rows, cols) = (9, 224);
+        let mut rng = Rng::new(0x51ED_2701);
+        let bf16: Vec<u8> = (0..rows * cols)
+            .flat_map(|i| {
+                let r = rng.next_u64() as u16;
+                let e = match ((i / 32) % 4, r % 41) {
+                    (3, _) => 80 + (r >> 10) % 50,
+                    (_, 0) => 0,
+                    _ => 116 + (r >> 10) % 8,
+                };
+                ((r & 0x807F) | (e << 7)).to_le_bytes()
+            })
+            .collect();
+        let packed = PackedBf16::pack(&bf16, rows, cols).unwrap();
+        assert!(
+            packed.exception_count() > 0,
+            "the test has exception blocks"
+        );
+        let m = packed.view();
+        for range in [0..rows, 2..5, 8..9] {
+            let mut want = vec![0u8; range.len() * cols * 2];
+            let mut got = vec![0u8; range.len() * cols * 2];
+            m.decode_rows_bf16(range.clone(), &mut want);
+            // SAFETY: avx512f/bw/vl and avx512vbmi were detected above.
+            unsafe { decode_rows_bf16_vbmi(&m, range.clone(), &mut got) };
+            assert_eq!(got, want, "rows {range:?}");
+            assert_eq!(want, bf16[range.start * cols * 2..range.end * cols * 2]);
         }
     }
 }

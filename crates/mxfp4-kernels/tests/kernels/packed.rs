@@ -81,7 +81,8 @@ proptest! {
 
 /// K3's widths, where the GEMV runs 4-row blocks over long rows with exceptions scattered,
 /// and GEMMs of 4, 5 and 8 tokens (one group in registers on `avx512`: 3 and 2 rows per
-/// block), 9 and 12 (two groups), 13 and 16 (decoded rows through the BF16 GEMM on `avx512`).
+/// block), 9 and 12 (two groups), 13 and 16 (decoded rows through the BF16 GEMM on `avx512`,
+/// several buffers of rows at the widest).
 #[test]
 fn packed_gemv_at_model_widths() {
     for (seed, cols) in [(1u64, 7168usize), (2, 2048)] {
@@ -89,6 +90,9 @@ fn packed_gemv_at_model_widths() {
             check(seed, 37, cols / 32, tokens, 3, 41);
         }
     }
+    // 18,432 columns (the dense MLP's down projection): decoded rows in buffers of 16 rows,
+    // so 34 rows run as 16, 16 and 2.
+    check(3, 37, 18432 / 32, 13, 3, 41);
 }
 
 /// The widths the kernels have copies compiled for (`C`), and row counts past the GEMV's row
