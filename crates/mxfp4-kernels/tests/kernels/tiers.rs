@@ -184,6 +184,15 @@ proptest! {
     }
 }
 
+/// At an expert's width, GEMMs of more tokens than one group holds (9, 16 and 33: groups of
+/// 2-4 over stretches of rows) give each token's GEMV bits, over two row ranges.
+#[test]
+fn mxfp4_gemms_of_many_tokens_equal_gemvs_at_k3_width() {
+    for (seed, tokens) in [(11u64, 9usize), (12, 16), (13, 33)] {
+        check_batch_invariance(seed, 37, 3584 / 32, tokens, 21);
+    }
+}
+
 /// With small-integer activations and scale 2^0, every product and partial sum is an exact
 /// f32, so any summation order gives the same bits: exact tiers must equal scalar exactly.
 #[test]
