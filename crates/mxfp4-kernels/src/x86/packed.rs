@@ -10,7 +10,8 @@
 //! most of the trunk is packed, that made a token's compute 2.3 s (PERFORMANCE.md, phase 16).
 //!
 //! A GEMV's memory stream: each row prefetches `PREFETCH_PACKED` bytes ahead of itself and,
-//! near its end, into the same row of the next row block (`prefetch::packed_prefetch_offset`).
+//! near its end, into the same row of the next row block (`prefetch::packed_prefetch_offset`),
+//! and into L2 4 KB farther (`packed_l2_prefetch_offset`).
 //! The row block's one sequential stream (`prefetch::prefetch_step`, which the `avx2` packed
 //! kernel keeps) read at 43-50% of the read probe at one thread on Zen 4 where this reads at
 //! 56-66%, and at two threads 48-63% against 74-82% (PERFORMANCE.md, phase 29).
@@ -21,7 +22,7 @@ use std::ops::Range;
 use super::avx2::packed::{decode_words, tables};
 use super::driver::{PackedGemv, RowKernel, Tile, WideGemm, drive, width};
 use super::lanes::{HALF_BITS, HIGH_HALF};
-use super::prefetch::packed_prefetch_offset;
+use super::prefetch::{packed_l2_prefetch_offset, packed_prefetch_offset};
 use super::sums::store_sums;
 use crate::activations::Activations;
 use crate::isa::Avx512;
@@ -109,7 +110,9 @@ macro_rules! packed_kernel {
                 let high_half = _mm512_set1_epi32(HIGH_HALF as i32);
                 let $tables = $setup;
                 for block in 0..blocks {
-                    let ahead = packed_prefetch_offset(R, row_bytes, block * PACKED_BLOCK_BYTES);
+                    let pos = block * PACKED_BLOCK_BYTES;
+                    let ahead = packed_prefetch_offset(R, row_bytes, pos);
+                    let far = packed_l2_prefetch_offset(R, row_bytes, pos);
                     let mut even = [_mm512_setzero_ps(); T];
                     let mut odd = [_mm512_setzero_ps(); T];
                     for t in 0..T {
@@ -125,6 +128,7 @@ macro_rules! packed_kernel {
                         // Prefetch hint only: it never faults, so an address past the matrix
                         // is harmless.
                         _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(at + ahead).cast());
+                        _mm_prefetch::<_MM_HINT_T2>(base.wrapping_add(at + far).cast());
                         // SAFETY: at + BASE_AT < R * row_bytes = body.len().
                         let $b = unsafe { *base.add(at + BASE_AT) };
                         let v = if $b != 0 {

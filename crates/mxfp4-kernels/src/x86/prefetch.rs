@@ -133,16 +133,35 @@ pub(crate) const PREFETCH_BF16: usize = 256;
 /// per row and block covers each line of the row.
 #[inline(always)]
 pub(crate) fn packed_prefetch_offset(rows: usize, row_bytes: usize, pos: usize) -> usize {
-    if pos + PREFETCH_PACKED < row_bytes {
-        PREFETCH_PACKED
+    row_prefetch_offset(PREFETCH_PACKED, rows, row_bytes, pos)
+}
+
+/// As [`packed_prefetch_offset`], [`PREFETCH_PACKED_L2`] ahead: the second, farther prefetch
+/// of a packed row, into L2 (`prefetcht2`).
+#[inline(always)]
+pub(crate) fn packed_l2_prefetch_offset(rows: usize, row_bytes: usize, pos: usize) -> usize {
+    row_prefetch_offset(PREFETCH_PACKED_L2, rows, row_bytes, pos)
+}
+
+/// `distance` ahead in the row, or as far into the same row of the next row block.
+#[inline(always)]
+fn row_prefetch_offset(distance: usize, rows: usize, row_bytes: usize, pos: usize) -> usize {
+    if pos + distance < row_bytes {
+        distance
     } else {
-        rows * row_bytes + PREFETCH_PACKED - row_bytes
+        rows * row_bytes + distance - row_bytes
     }
 }
 
 /// Per-row prefetch distance in packed rows, in bytes (16 lines ahead). Measured on Zen 4
 /// against 512 and 2,048 (PERFORMANCE.md, phase 29).
 pub(crate) const PREFETCH_PACKED: usize = 1024;
+
+/// The packed rows' second prefetch distance, into L2: 4 KB past [`PREFETCH_PACKED`]. On Zen 4
+/// (2 threads, the k3-wide slice's decode, alternated with the binary without it) 0.90-0.93x
+/// the time per token in five of six pairs (PERFORMANCE.md, phase 30): with the decode's work
+/// between its loads, the L1 prefetch alone kept too few lines in flight.
+pub(crate) const PREFETCH_PACKED_L2: usize = PREFETCH_PACKED + 4096;
 
 #[cfg(test)]
 mod tests {
@@ -153,28 +172,36 @@ mod tests {
     /// the next row block, and nothing of any other row (rows longer than the distance, as
     /// every K3 width is: 512 columns are 784 bytes, and such short rows run ahead into the
     /// next block's following rows, which a hint allows).
+    /// The same of the L2 prefetch, `PREFETCH_PACKED_L2` ahead, on the widths whose rows are
+    /// longer than that (7168 and 12288 columns).
     #[test]
     fn packed_prefetches_cover_the_row_then_the_next_blocks_row() {
-        for (rows, row_bytes) in [
-            (4usize, 7168 / 32 * 49),
-            (4, 1536 / 32 * 49),
-            (3, 12288 / 32 * 49),
+        let (near, far) = (
+            packed_prefetch_offset as fn(usize, usize, usize) -> usize,
+            packed_l2_prefetch_offset as fn(usize, usize, usize) -> usize,
+        );
+        for (rows, row_bytes, offset, distance) in [
+            (4usize, 7168 / 32 * 49, near, PREFETCH_PACKED),
+            (4, 1536 / 32 * 49, near, PREFETCH_PACKED),
+            (3, 12288 / 32 * 49, near, PREFETCH_PACKED),
+            (4, 7168 / 32 * 49, far, PREFETCH_PACKED_L2),
+            (3, 12288 / 32 * 49, far, PREFETCH_PACKED_L2),
         ] {
             for r in 0..rows {
                 let start = r * row_bytes;
                 let lines: std::collections::BTreeSet<usize> = (0..row_bytes / 49)
                     .map(|block| {
                         let pos = 49 * block;
-                        (start + pos + packed_prefetch_offset(rows, row_bytes, pos)) / 64
+                        (start + pos + offset(rows, row_bytes, pos)) / 64
                     })
                     .collect();
                 let next = start + rows * row_bytes;
-                let first_line = (start + PREFETCH_PACKED.min(row_bytes)) / 64;
+                let first_line = (start + distance.min(row_bytes)) / 64;
                 let wanted = (first_line..(start + row_bytes).div_ceil(64))
-                    .chain(next / 64..(next + PREFETCH_PACKED.min(row_bytes) - 1) / 64);
+                    .chain(next / 64..(next + distance.min(row_bytes) - 1) / 64);
                 for line in wanted {
-                    if line * 64 >= start + PREFETCH_PACKED && line * 64 + 64 <= start + row_bytes
-                        || line * 64 >= next && line * 64 + 64 <= next + PREFETCH_PACKED
+                    if line * 64 >= start + distance && line * 64 + 64 <= start + row_bytes
+                        || line * 64 >= next && line * 64 + 64 <= next + distance
                     {
                         assert!(
                             lines.contains(&line),
