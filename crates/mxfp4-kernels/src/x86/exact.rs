@@ -13,7 +13,7 @@ use std::ops::Range;
 use super::driver::{Avx512Gemm, Bf16Gemv, MxFp4Gemv, RowKernel, Tile, width};
 use super::lanes::{HALF_BITS, HIGH_HALF, INTERLEAVE_FIRST, INTERLEAVE_SECOND, block_offset};
 use super::loads::load_bytes64;
-use super::prefetch::{bf16_prefetch_offset, prefetch_distance, prefetch_step};
+use super::prefetch::{bf16_prefetch_offset, prefetch_distance, prefetch_step, prefetch_step_l2};
 use super::sums::store_sums;
 use crate::activations::Activations;
 use crate::codes::{E2M1_VALUES, E8M0_TO_F32};
@@ -98,6 +98,7 @@ impl RowKernel<MxFp4Matrix<'_>> for Mxfp4 {
                 }
             }
             prefetch_step(packed, ahead, g, R * GROUP_BYTES);
+            prefetch_step_l2(packed, ahead, g, R * GROUP_BYTES);
             for r in 0..R {
                 // SAFETY: r < R, a row of the tile (`Tile::mxfp4_rows`); the group's 16 bytes
                 // lie in that row.

@@ -44,6 +44,23 @@ pub(crate) fn prefetch_step(start: *const u8, ahead: usize, step: usize, step_by
     }
 }
 
+/// [`prefetch_step`] into L2 (`prefetcht2`), [`PREFETCH_AHEAD_L2`] farther: a second stream
+/// for the `avx512` MXFP4 kernel, whose decode between its loads left the L1 stream alone too
+/// few lines in flight.
+#[target_feature(enable = "sse")]
+#[inline]
+pub(crate) fn prefetch_step_l2(start: *const u8, ahead: usize, step: usize, step_bytes: usize) {
+    for offset in step_offsets(ahead + PREFETCH_AHEAD_L2, step, step_bytes) {
+        // Prefetch hint only: it never faults, so an address past the matrix is harmless.
+        _mm_prefetch::<_MM_HINT_T2>(start.wrapping_add(offset).cast());
+    }
+}
+
+/// How much farther than the L1 stream [`prefetch_step_l2`] runs. On Zen 4 (2 threads, the
+/// k3-wide slice's decode, alternated with the binary without it) the routed experts' bucket
+/// took 0.84x the time (PERFORMANCE.md, phase 30).
+pub(crate) const PREFETCH_AHEAD_L2: usize = 16 << 10;
+
 /// The offsets [`prefetch_step`] prefetches at step `step`, one per line.
 #[inline(always)]
 fn step_offsets(ahead: usize, step: usize, step_bytes: usize) -> impl Iterator<Item = usize> {
