@@ -149,10 +149,9 @@ pub(crate) trait RowKernel<M: Rows> {
     );
 }
 
-/// Runs `K` over `rows` for every token of `act`: a GEMV as `K::Gemv` says, 2 to
-/// `K::Gemm::MAX_GROUP` tokens (4, or 8 for [`WideGemm`]) as `K::Gemm` says, and more tokens as
-/// groups of at most `MAX_GROUP`, split as evenly as possible, one
-/// group after the other over each stretch of `STRETCH_BYTES` of rows: the first group
+/// Runs `K` over `rows` for every token of `act`: a GEMV as `K::Gemv` says, up to `MAX_GROUP`
+/// tokens (4; 8 for [`WideGemm`]) as `K::Gemm` says, more as groups of at most `MAX_GROUP`,
+/// split evenly, one after the other over each stretch of `STRETCH_BYTES` of rows: the first
 /// streams the stretch from memory, the others read it from L2. A kernel with 8 or 16 tokens'
 /// accumulators and activations per row block spills registers: 1024x1024 BF16 from L3 at 1
 /// thread, exact tier, ran at 195-214 GFLOP/s with 4 tokens x 4 rows, 164 with 8 x 2 and 66
@@ -428,14 +427,9 @@ impl<const R2: usize, const R3: usize, const R4: usize> GemmPlan for Gemm<R2, R3
     }
 }
 
-/// The packed BF16 kernel's GEMM (`avx512`): groups of up to 8 tokens, 4 rows per block for
-/// 2-4 tokens (as [`Avx512Gemm`]), 3 rows for 5, 2 rows for 6-8. The packed kernel's cost is
-/// its decode of each block (shuffles, not FMAs), which a group repeats: in groups of at most
-/// 4, a verify pass of 5 tokens decoded every block twice. On the k3-wide slice (Zen 4, 2
-/// threads, `spec_bench` cost curve, PERFORMANCE.md phase 30) a pass of 5 tokens took 1.57x
-/// (3 rows) to 1.79x (2 or 4 rows) a 1-token step in one group, against 2.81x when more than 4
-/// tokens went through `Kernels::packed_via_bf16`; 7 and 8 tokens on single rows (8 or 16
-/// activation registers, no row to share them) took 1.4-1.5x the 2-row time.
+/// The packed kernel's GEMM (`avx512`): groups of up to 8 tokens (its cost is the decode each
+/// group repeats), 4 rows per block for 2-4 tokens, 3 for 5, 2 for 6-8. A verify pass of 5
+/// tokens on Zen 4: 1.59x a 1-token step, 2.81x before (PERFORMANCE.md, phase 30).
 pub(crate) struct WideGemm;
 
 impl GemmPlan for WideGemm {
@@ -452,18 +446,16 @@ impl GemmPlan for WideGemm {
         n: usize,
         out: &mut [f32],
     ) {
-        match tokens {
-            // SAFETY: by this function's contract.
-            2..=4 => unsafe { Avx512Gemm::run::<M, K>(tokens, m, act, tok0, rows, first, n, out) },
-            // SAFETY: by this function's contract.
-            5 => unsafe { run_rows::<M, K, 3, 5, 0>(m, act, tok0, rows, first, n, out) },
-            // SAFETY: by this function's contract.
-            6 => unsafe { run_rows::<M, K, 2, 6, 0>(m, act, tok0, rows, first, n, out) },
-            // SAFETY: by this function's contract.
-            7 => unsafe { run_rows::<M, K, 2, 7, 0>(m, act, tok0, rows, first, n, out) },
-            // SAFETY: by this function's contract.
-            8 => unsafe { run_rows::<M, K, 2, 8, 0>(m, act, tok0, rows, first, n, out) },
-            _ => unreachable!("more than 8 tokens split into groups of 2-8"),
+        // SAFETY: by this function's contract.
+        unsafe {
+            match tokens {
+                2..=4 => Avx512Gemm::run::<M, K>(tokens, m, act, tok0, rows, first, n, out),
+                5 => run_rows::<M, K, 3, 5, 0>(m, act, tok0, rows, first, n, out),
+                6 => run_rows::<M, K, 2, 6, 0>(m, act, tok0, rows, first, n, out),
+                7 => run_rows::<M, K, 2, 7, 0>(m, act, tok0, rows, first, n, out),
+                8 => run_rows::<M, K, 2, 8, 0>(m, act, tok0, rows, first, n, out),
+                _ => unreachable!("more than 8 tokens split into groups of 2-8"),
+            }
         }
     }
 }
