@@ -19,7 +19,7 @@
 use core::arch::x86_64::*;
 use std::ops::Range;
 
-use super::avx2::packed::{decode_words, tables};
+use super::avx2::packed::{decode_rows_with, decode_words, tables};
 use super::driver::{PackedGemv, RowKernel, Tile, WideGemm, drive, width};
 use super::lanes::{HALF_BITS, HIGH_HALF};
 use super::prefetch::{packed_l2_prefetch_offset, packed_prefetch_offset};
@@ -193,29 +193,18 @@ pub(crate) unsafe fn decode_rows_bf16_vbmi(
     rows: Range<usize>,
     out: &mut [u8],
 ) {
-    let cols = m.cols();
-    assert_eq!(out.len(), rows.len() * cols * 2, "the rows' bytes");
     let t = vbmi_tables();
-    let (body_len, row_bytes) = (m.body().len(), m.row_bytes());
-    for (row, dst) in rows.zip(out.chunks_exact_mut(cols * 2)) {
-        let mut next = m.first_exception(row);
-        let blocks = m.row_body(row).chunks_exact(PACKED_BLOCK_BYTES);
-        for (k, (block, d)) in blocks.zip(dst.chunks_exact_mut(64)).enumerate() {
-            let b = block[BASE_AT];
-            if b != 0 {
-                // Whether 64 bytes from the block lie in the body (all but the last blocks).
-                let whole = row * row_bytes + k * PACKED_BLOCK_BYTES + 64 <= body_len;
-                // SAFETY: `block` is the block's 49 bytes of the body, and 64 where `whole`;
-                // its base is not 0; `d` is 64 writable bytes.
-                unsafe {
-                    let v = decode_words_vbmi(block.as_ptr(), b, whole, t);
-                    _mm512_storeu_si512(d.as_mut_ptr().cast(), v);
-                }
-            } else {
-                d.copy_from_slice(m.take_exception(row, &mut next));
-            }
+    let body_len = m.body().len();
+    decode_rows_with(m, rows, out, |block, at, d| {
+        // Whether 64 bytes from the block lie in the body (all but the last blocks).
+        let whole = at + 64 <= body_len;
+        // SAFETY: `block` is the block's 49 bytes of the body, and 64 where `whole`; its base
+        // is not 0; `d` is 64 writable bytes.
+        unsafe {
+            let v = decode_words_vbmi(block.as_ptr(), block[BASE_AT], whole, t);
+            _mm512_storeu_si512(d.as_mut_ptr().cast(), v);
         }
-    }
+    });
 }
 
 /// An exception block's 64 bytes, out of the hot loop.

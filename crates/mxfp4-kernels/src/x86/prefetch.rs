@@ -38,10 +38,7 @@ pub(crate) fn prefetch_ahead(start: *const u8, window: usize, step: usize, steps
 #[target_feature(enable = "sse")]
 #[inline]
 pub(crate) fn prefetch_step(start: *const u8, ahead: usize, step: usize, step_bytes: usize) {
-    for offset in step_offsets(ahead, step, step_bytes) {
-        // Prefetch hint only: it never faults, so an address past the matrix is harmless.
-        _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(offset).cast());
-    }
+    step_lines::<_MM_HINT_T0>(start, ahead, step, step_bytes);
 }
 
 /// [`prefetch_step`] into L2 (`prefetcht2`), [`PREFETCH_AHEAD_L2`] farther: a second stream
@@ -50,9 +47,16 @@ pub(crate) fn prefetch_step(start: *const u8, ahead: usize, step: usize, step_by
 #[target_feature(enable = "sse")]
 #[inline]
 pub(crate) fn prefetch_step_l2(start: *const u8, ahead: usize, step: usize, step_bytes: usize) {
-    for offset in step_offsets(ahead + PREFETCH_AHEAD_L2, step, step_bytes) {
+    step_lines::<_MM_HINT_T2>(start, ahead + PREFETCH_AHEAD_L2, step, step_bytes);
+}
+
+/// The lines of step `step` ([`step_offsets`]) prefetched with hint `HINT`.
+#[target_feature(enable = "sse")]
+#[inline]
+fn step_lines<const HINT: i32>(start: *const u8, ahead: usize, step: usize, step_bytes: usize) {
+    for offset in step_offsets(ahead, step, step_bytes) {
         // Prefetch hint only: it never faults, so an address past the matrix is harmless.
-        _mm_prefetch::<_MM_HINT_T2>(start.wrapping_add(offset).cast());
+        _mm_prefetch::<HINT>(start.wrapping_add(offset).cast());
     }
 }
 
@@ -189,6 +193,7 @@ mod tests {
     /// the next row block, and nothing of any other row (rows longer than the distance, as
     /// every K3 width is: 512 columns are 784 bytes, and such short rows run ahead into the
     /// next block's following rows, which a hint allows).
+    ///
     /// The same of the L2 prefetch, `PREFETCH_PACKED_L2` ahead, on the widths whose rows are
     /// longer than that (7168 and 12288 columns).
     #[test]

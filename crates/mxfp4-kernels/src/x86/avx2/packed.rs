@@ -171,23 +171,35 @@ pub(crate) unsafe fn decode_words(
 /// run a GEMM of many tokens over decoded rows (`Kernels::packed_via_bf16`) use it.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) fn decode_rows_bf16(m: &PackedBf16Matrix<'_>, rows: Range<usize>, out: &mut [u8]) {
-    let cols = m.cols();
-    assert_eq!(out.len(), rows.len() * cols * 2, "the rows' bytes");
     let (offsets, not_first) = tables();
+    decode_rows_with(m, rows, out, |block, _, d| {
+        // SAFETY: `block` is the block's 49 bytes; `d` is 64 writable bytes.
+        unsafe {
+            let (first, second) = decode_words(block.as_ptr(), offsets, not_first);
+            _mm256_storeu_si256(d.as_mut_ptr().cast(), first);
+            _mm256_storeu_si256(d.as_mut_ptr().add(32).cast(), second);
+        }
+    });
+}
+
+/// The walk of a row decode: each block of `rows` whose base is not 0 goes to `decode` with
+/// its 49 bytes, its offset in the body and its 64 bytes of `out` to fill; each exception
+/// block's kept 64 bytes are copied. Inlined into each decode's `#[target_feature]` function.
+#[inline(always)]
+pub(crate) fn decode_rows_with(
+    m: &PackedBf16Matrix<'_>,
+    rows: Range<usize>,
+    out: &mut [u8],
+    mut decode: impl FnMut(&[u8], usize, &mut [u8]),
+) {
+    let (cols, row_bytes) = (m.cols(), m.row_bytes());
+    assert_eq!(out.len(), rows.len() * cols * 2, "the rows' bytes");
     for (row, dst) in rows.zip(out.chunks_exact_mut(cols * 2)) {
-        let body = m.row_body(row);
         let mut next = m.first_exception(row);
-        for (block, d) in body
-            .chunks_exact(PACKED_BLOCK_BYTES)
-            .zip(dst.chunks_exact_mut(64))
-        {
+        let blocks = m.row_body(row).chunks_exact(PACKED_BLOCK_BYTES);
+        for (k, (block, d)) in blocks.zip(dst.chunks_exact_mut(64)).enumerate() {
             if block[BASE_AT] != 0 {
-                // SAFETY: `block` is the block's 49 bytes; `d` is 64 writable bytes.
-                unsafe {
-                    let (first, second) = decode_words(block.as_ptr(), offsets, not_first);
-                    _mm256_storeu_si256(d.as_mut_ptr().cast(), first);
-                    _mm256_storeu_si256(d.as_mut_ptr().add(32).cast(), second);
-                }
+                decode(block, row * row_bytes + k * PACKED_BLOCK_BYTES, d);
             } else {
                 d.copy_from_slice(m.take_exception(row, &mut next));
             }
