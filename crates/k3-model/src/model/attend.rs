@@ -1,6 +1,6 @@
-//! MLA attention over a sequence's latent cache for one token's queries of a run of heads, in
-//! the absorbed form (docs/MODEL.md §7.3): per head, scores against every cached position,
-//! softmax, the weighted sum of the latents, then the head's value rows.
+//! MLA attention over a sequence's latent cache for consecutive tokens' queries of a run of
+//! heads, in the absorbed form (docs/MODEL.md §7.3): per token and head, scores against every
+//! cached position, softmax, the weighted sum of the latents, then the head's value rows.
 //!
 //! Every sum keeps the order of the straightforward loops (`ops::dot` for the scores and the
 //! value rows, position order for the weighted latents), so the bits are those of decoding
@@ -22,14 +22,14 @@ pub(super) struct Dims {
     pub(super) avx2: bool,
 }
 
-/// One attention task's buffers, reused for each token it computes.
+/// One attention task's buffers, reused for each group of tokens it computes.
 #[derive(Default)]
 pub(super) struct HeadBuffers {
-    /// Each head's `W_UKᵀ q_nope`, `rank` values per head (line-aligned as the cache).
+    /// Each token's and head's `W_UKᵀ q_nope`, `rank` values each (line-aligned as the cache).
     q_abs: Lines,
     /// Each head's scores, then weights, over the token's positions, `positions` per head.
     scores: Vec<f32>,
-    /// Each head's weighted latents, `rank` values per head (line-aligned as the cache).
+    /// Each token's and head's weighted latents, `rank` values each (line-aligned as the cache).
     ctx_latent: Lines,
 }
 
@@ -95,24 +95,34 @@ fn weighted_rows(weights: &[f32], latent: &[f32], ctx: &mut [f32], avx2: bool) {
     }
 }
 
-/// One token's query as [`heads_context`] reads it: per head, its query (nope then rope
-/// parts) and its `kv_b` rows (`nope + v_head_dim` rows of `rank`).
+/// Tokens of one sequence that [`heads_context`] takes together: each head's `kv_b` rows
+/// (`(nope + v_head_dim) × rank` f32, 50 MB per token at K3's 96 heads) are read once per
+/// group instead of once per token, and a group's absorbed queries and weighted latents (8
+/// rows of `rank` per head, 16 KiB at K3's rank) stay in L1 beside the row they meet.
+pub(super) const TOKEN_GROUP: usize = 8;
+
+/// Consecutive tokens' queries as [`heads_context`] reads them: per token and head, its
+/// query (nope then rope parts), and per head its `kv_b` rows (`nope + v_head_dim` rows of
+/// `rank`).
 pub(super) struct HeadQueries<'a> {
-    /// `heads × (nope + rope)` values.
-    pub(super) q: &'a [f32],
+    /// Per token, `heads × (nope + rope)` values.
+    pub(super) q: &'a [&'a [f32]],
     /// `heads × (nope + v_head_dim) × rank` values.
     pub(super) rows: &'a [f32],
 }
 
-/// The contexts of consecutive heads for one token (docs/MODEL.md §7.3), the token attending
-/// to the first `positions` rows of the cache; `out` holds `v_head_dim` values per head.
-/// Each head's arithmetic is the straightforward loops' (module docs); the cache is read in
-/// blocks of [`POSITION_BLOCK`] positions ([`AVX2_SCORE_BLOCK`] for the AVX2 scores), each
-/// block for every head before the next, so it is read once per token and task instead of
-/// once per head; on AVX2 the scores go two heads at a time, each loaded row piece serving
-/// both. Inlined into `wide`'s function, with plain loops and reused buffers: as a closure
-/// with iterator `collect`s it was compiled outside it at baseline width, and `exp`'s
-/// `mul_add` and rounding became libm calls (PERFORMANCE.md, phase 20).
+/// The contexts of consecutive heads for consecutive tokens of one sequence (docs/MODEL.md
+/// §7.3): token `t` of `queries.q` attends to the first `positions + t` rows of the cache;
+/// `out` holds, per token, `v_head_dim` values per head. Each token's and head's arithmetic
+/// is the straightforward loops' (module docs), so the bits do not depend on how tokens are
+/// grouped: the absorption (`W_UKᵀ q_nope`) and the value rows loop over the tokens inside
+/// each `kv_b` row, so a row is read once for the group; the cache is read in blocks of
+/// [`POSITION_BLOCK`] positions ([`AVX2_SCORE_BLOCK`] for the AVX2 scores), each block for
+/// every head before the next, so it is read once per token and task instead of once per
+/// head; on AVX2 the scores go two heads at a time, each loaded row piece serving both.
+/// Inlined into `wide`'s function, with plain loops and reused buffers: as a closure with
+/// iterator `collect`s it was compiled outside it at baseline width, and `exp`'s `mul_add`
+/// and rounding became libm calls (PERFORMANCE.md, phase 20).
 #[inline(always)]
 pub(super) fn heads_context(
     d: &Dims,
@@ -124,23 +134,68 @@ pub(super) fn heads_context(
 ) {
     let (nope, rope, rank) = (d.nope, d.rope, d.rank);
     let head_q = nope + rope;
-    let heads = queries.q.len() / head_q;
-    let v_dim = out.len() / heads;
+    let tokens = queries.q.len();
+    let heads = queries.q.first().map_or(0, |q| q.len() / head_q);
+    if heads == 0 {
+        return;
+    }
+    let v_dim = out.len() / (tokens * heads);
     let head_rows = (nope + v_dim) * rank;
-    // q_abs = W_UKᵀ q_nope, per head: [rank].
+    // q_abs = W_UKᵀ q_nope, per token and head: [rank], each sum in nope order.
     let q_abs = &mut buf.q_abs;
-    q_abs.set_zeros(heads * rank);
+    q_abs.set_zeros(tokens * heads * rank);
     for h in 0..heads {
-        let q = &queries.q[h * head_q..h * head_q + nope];
         let rows = &queries.rows[h * head_rows..h * head_rows + nope * rank];
-        let q_abs = &mut q_abs[h * rank..(h + 1) * rank];
-        for (i, &qi) in q.iter().enumerate() {
-            for (a, &wv) in q_abs.iter_mut().zip(&rows[i * rank..(i + 1) * rank]) {
-                *a += qi * wv;
+        for (i, row) in rows.chunks_exact(rank).enumerate() {
+            for (t, q) in queries.q.iter().enumerate() {
+                let qi = q[h * head_q + i];
+                let at = (t * heads + h) * rank;
+                for (a, &wv) in q_abs[at..at + rank].iter_mut().zip(row) {
+                    *a += qi * wv;
+                }
             }
         }
     }
-    let scores = &mut buf.scores;
+    let ctx_latent = &mut buf.ctx_latent;
+    ctx_latent.set_zeros(tokens * heads * rank);
+    for (t, q) in queries.q.iter().enumerate() {
+        let span = t * heads * rank..(t + 1) * heads * rank;
+        token_latents(
+            d,
+            cache,
+            positions + t,
+            (&q_abs[span.clone()], q),
+            &mut buf.scores,
+            &mut ctx_latent[span],
+        );
+    }
+    // ctx_h = W_UV ctx_latent: [v_head_dim], per token and head.
+    for h in 0..heads {
+        let rows = &queries.rows[h * head_rows + nope * rank..(h + 1) * head_rows];
+        for (j, row) in rows.chunks_exact(rank).enumerate() {
+            for t in 0..tokens {
+                let at = (t * heads + h) * rank;
+                out[(t * heads + h) * v_dim + j] = dot(row, &ctx_latent[at..at + rank]);
+            }
+        }
+    }
+}
+
+/// One token's weighted latents per head, into `ctx_latent` (zeroed, `rank` per head): its
+/// scores against the first `positions` rows of the cache (`q_abs` per head, the rope part
+/// of `q`), the softmax, the latents summed in position order.
+#[inline(always)]
+fn token_latents(
+    d: &Dims,
+    cache: &MlaCache,
+    positions: usize,
+    (q_abs, q): (&[f32], &[f32]),
+    scores: &mut Vec<f32>,
+    ctx_latent: &mut [f32],
+) {
+    let (nope, rope, rank) = (d.nope, d.rope, d.rank);
+    let head_q = nope + rope;
+    let heads = q.len() / head_q;
     scores.clear();
     scores.resize(heads * positions, 0.0);
     // The AVX2 score kernels (AVX-512's, where the CPU has it, take blocks of 16).
@@ -162,8 +217,8 @@ pub(super) fn heads_context(
                     &q_abs[(h + 1) * rank..(h + 2) * rank],
                 ];
                 let q_pe = [
-                    &queries.q[h * head_q + nope..(h + 1) * head_q],
-                    &queries.q[(h + 1) * head_q + nope..(h + 2) * head_q],
+                    &q[h * head_q + nope..(h + 1) * head_q],
+                    &q[(h + 1) * head_q + nope..(h + 2) * head_q],
                 ];
                 let (first, second) =
                     scores[h * positions..(h + 2) * positions].split_at_mut(positions);
@@ -180,7 +235,7 @@ pub(super) fn heads_context(
         }
         for h in h..heads {
             let q_abs = &q_abs[h * rank..(h + 1) * rank];
-            let q_pe = &queries.q[h * head_q + nope..(h + 1) * head_q];
+            let q_pe = &q[h * head_q + nope..(h + 1) * head_q];
             let scores = &mut scores[h * positions..(h + 1) * positions];
             score_block(d, cache, q_abs, q_pe, block_start..block_end, scores);
         }
@@ -197,8 +252,6 @@ pub(super) fn heads_context(
             *s /= total;
         }
     }
-    let ctx_latent = &mut buf.ctx_latent;
-    ctx_latent.set_zeros(heads * rank);
     let mut block_start = 0;
     while block_start < positions {
         let block_end = (block_start + POSITION_BLOCK).min(positions);
@@ -213,14 +266,6 @@ pub(super) fn heads_context(
             );
         }
         block_start = block_end;
-    }
-    // ctx_h = W_UV ctx_latent: [v_head_dim].
-    for h in 0..heads {
-        let rows = &queries.rows[h * head_rows + nope * rank..(h + 1) * head_rows];
-        let ctx_latent = &ctx_latent[h * rank..(h + 1) * rank];
-        for (j, o) in out[h * v_dim..(h + 1) * v_dim].iter_mut().enumerate() {
-            *o = dot(&rows[j * rank..(j + 1) * rank], ctx_latent);
-        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! Gated MLA in the absorbed form over a chunk of several sequences' tokens (docs/MODEL.md §7).
 
-use super::attend::{Dims, HeadBuffers, HeadQueries, heads_context};
+use super::attend::{Dims, HeadBuffers, HeadQueries, TOKEN_GROUP, heads_context};
 use super::error::Result;
 use super::forward::Model;
 use super::mirror::head_share;
@@ -94,17 +94,23 @@ impl Model<'_> {
                                 mine.start + g * per..(mine.start + (g + 1) * per).min(mine.end);
                             let mut buf = HeadBuffers::default();
                             let mut ctxs = Vec::with_capacity(span.len());
-                            for t in span.clone() {
-                                let mut ctx = vec![0.0; heads_here.len() * vd];
-                                let positions = first_position + (t - span.start) + 1;
-                                let queries = HeadQueries {
-                                    q: &qs[t][heads_here.start * (nope + rope)
-                                        ..heads_here.end * (nope + rope)],
-                                    rows: &w.kv_b[heads_here.start * (nope + vd) * rank
-                                        ..heads_here.end * (nope + vd) * rank],
-                                };
+                            let rows = &w.kv_b[heads_here.start * (nope + vd) * rank
+                                ..heads_here.end * (nope + vd) * rank];
+                            let width = heads_here.len() * vd;
+                            for group in span.clone().step_by(TOKEN_GROUP) {
+                                let group = group..(group + TOKEN_GROUP).min(span.end);
+                                let q: Vec<&[f32]> = group
+                                    .clone()
+                                    .map(|t| {
+                                        &qs[t][heads_here.start * (nope + rope)
+                                            ..heads_here.end * (nope + rope)]
+                                    })
+                                    .collect();
+                                let mut ctx = vec![0.0; group.len() * width];
+                                let positions = first_position + (group.start - span.start) + 1;
+                                let queries = HeadQueries { q: &q, rows };
                                 heads_context(&dims, cache, positions, queries, &mut ctx, &mut buf);
-                                ctxs.push(ctx);
+                                ctxs.extend(ctx.chunks_exact(width).map(<[f32]>::to_vec));
                             }
                             ctxs
                         },

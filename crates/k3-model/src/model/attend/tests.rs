@@ -42,11 +42,13 @@ fn one_head(d: &Dims, cache: &MlaCache, positions: usize, q: &[f32], rows: &[f32
         .collect()
 }
 
-/// `heads_context` gives every head the bits of the straightforward loops (`one_head`),
-/// with the cache read in blocks (positions that fill none, one, and several blocks with
-/// a tail) and with each score path this CPU has (the AVX-512 16-position kernel, the AVX2
-/// two-head 4-position and one-head 4-position kernels — 3 heads are a pair and one alone —
-/// and plain `dot`), at k3-0.40b's widths and at widths that are not multiples of 16.
+/// `heads_context` gives every token and head the bits of the straightforward loops
+/// (`one_head`), whether the tokens come alone or in groups (1, 2 and 3 consecutive tokens,
+/// each attending to one more position than the last), with the cache read in blocks
+/// (positions that fill none, one, and several blocks with a tail) and with each score path
+/// this CPU has (the AVX-512 16-position kernel, the AVX2 two-head 4-position and one-head
+/// 4-position kernels — 3 heads are a pair and one alone — and plain `dot`), at k3-0.40b's
+/// widths and at widths that are not multiples of 16.
 #[test]
 fn blocked_heads_give_each_heads_straightforward_bits() {
     let mut rng = fastrand::Rng::with_seed(5);
@@ -61,6 +63,7 @@ fn blocked_heads_give_each_heads_straightforward_bits() {
     for (nope, rope, rank, v_dim) in [(64usize, 32usize, 128usize, 64usize), (8, 5, 24, 6)] {
         let heads = 3;
         let total = 41;
+        let most = 3;
         let mut value = || (rng.f32() - 0.5) * 2f32.powi(rng.i32(-3..3));
         let cache = MlaCache {
             latent: (0..total * rank)
@@ -72,7 +75,9 @@ fn blocked_heads_give_each_heads_straightforward_bits() {
                 .collect::<Vec<_>>()
                 .into(),
         };
-        let q: Vec<f32> = (0..heads * (nope + rope)).map(|_| value()).collect();
+        let qs: Vec<Vec<f32>> = (0..most)
+            .map(|_| (0..heads * (nope + rope)).map(|_| value()).collect())
+            .collect();
         let rows: Vec<f32> = (0..heads * (nope + v_dim) * rank)
             .map(|_| value())
             .collect();
@@ -86,24 +91,31 @@ fn blocked_heads_give_each_heads_straightforward_bits() {
                 avx2,
             };
             let mut buf = HeadBuffers::default();
-            for positions in [1usize, 7, 16, 33, 41] {
-                let mut out = vec![0.0f32; heads * v_dim];
+            for (positions, tokens) in
+                [(1usize, 1usize), (7, 2), (16, 1), (16, 3), (33, 2), (39, 3)]
+            {
+                let q: Vec<&[f32]> = qs[..tokens].iter().map(Vec::as_slice).collect();
+                let mut out = vec![0.0f32; tokens * heads * v_dim];
                 let queries = HeadQueries { q: &q, rows: &rows };
                 heads_context(&d, &cache, positions, queries, &mut out, &mut buf);
-                for h in 0..heads {
-                    let want = one_head(
-                        &d,
-                        &cache,
-                        positions,
-                        &q[h * (nope + rope)..(h + 1) * (nope + rope)],
-                        &rows[h * (nope + v_dim) * rank..(h + 1) * (nope + v_dim) * rank],
-                    );
-                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(
-                        bits(&out[h * v_dim..(h + 1) * v_dim]),
-                        bits(&want),
-                        "rank {rank}, head {h}, {positions} positions, avx512 {avx512}, avx2 {avx2}"
-                    );
+                for (t, q) in q.iter().enumerate() {
+                    for h in 0..heads {
+                        let want = one_head(
+                            &d,
+                            &cache,
+                            positions + t,
+                            &q[h * (nope + rope)..(h + 1) * (nope + rope)],
+                            &rows[h * (nope + v_dim) * rank..(h + 1) * (nope + v_dim) * rank],
+                        );
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        let at = (t * heads + h) * v_dim;
+                        assert_eq!(
+                            bits(&out[at..at + v_dim]),
+                            bits(&want),
+                            "rank {rank}, token {t} of {tokens}, head {h}, {positions} positions, \
+                             avx512 {avx512}, avx2 {avx2}"
+                        );
+                    }
                 }
             }
         }
