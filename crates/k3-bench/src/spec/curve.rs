@@ -133,7 +133,7 @@ pub(crate) fn print(costs: &[PassCost], bytes: PassBytes, reps: usize) {
     }
     let shown: Vec<&PassCost> = costs
         .iter()
-        .filter(|c| [1, 2, 5, 9, 16].contains(&c.tokens))
+        .filter(|c| [1, 2, 3, 4, 5, 9, 16].contains(&c.tokens))
         .collect();
     println!(
         "\nprofile of the timed passes, ms per pass by bucket (mean of {reps}; 'other' is \

@@ -150,12 +150,11 @@ pub(crate) trait RowKernel<M: Rows> {
 }
 
 /// Runs `K` over `rows` for every token of `act`: a GEMV as `K::Gemv` says, up to `MAX_GROUP`
-/// tokens (4; 8 for [`WideGemm`]) as `K::Gemm` says, more as groups of at most `MAX_GROUP`,
-/// split evenly, one after the other over each stretch of `STRETCH_BYTES` of rows: the first
-/// streams the stretch from memory, the others read it from L2. A kernel with 8 or 16 tokens'
-/// accumulators and activations per row block spills registers: 1024x1024 BF16 from L3 at 1
-/// thread, exact tier, ran at 195-214 GFLOP/s with 4 tokens x 4 rows, 164 with 8 x 2 and 66
-/// with 16 x 1 (PERFORMANCE.md, phase 7).
+/// tokens (4; 8 for [`WideGemm`]) as `K::Gemm` says, more as even groups of at most that, one
+/// after the other over each stretch of `STRETCH_BYTES` of rows: the first streams the stretch
+/// from memory, the others read it from L2. 8 or 16 tokens' accumulators and activations per
+/// row block spill registers: 1024x1024 BF16 from L3, 1 thread, exact tier, 195-214 GFLOP/s
+/// with 4 tokens x 4 rows, 164 with 8 x 2, 66 with 16 x 1 (PERFORMANCE.md, phase 7).
 ///
 /// # Safety
 /// The CPU must have `K`'s target features.
@@ -428,8 +427,8 @@ impl<const R2: usize, const R3: usize, const R4: usize> GemmPlan for Gemm<R2, R3
 }
 
 /// The packed kernel's GEMM (`avx512`): groups of up to 8 tokens (its cost is the decode each
-/// group repeats), 4 rows per block for 2-4 tokens, 3 for 5, 2 for 6-8. A verify pass of 5
-/// tokens on Zen 4: 1.59x a 1-token step, 2.81x before (PERFORMANCE.md, phase 30).
+/// group repeats), 4 rows per block for 2-3 tokens, 3 for 4-5, 2 for 6-8. Zen 4, a verify pass
+/// of 4 tokens: 1.3x a 1-token step, 1.6x with 4 rows (PERFORMANCE.md, phases 30-31).
 pub(crate) struct WideGemm;
 
 impl GemmPlan for WideGemm {
@@ -449,7 +448,8 @@ impl GemmPlan for WideGemm {
         // SAFETY: by this function's contract.
         unsafe {
             match tokens {
-                2..=4 => Avx512Gemm::run::<M, K>(tokens, m, act, tok0, rows, first, n, out),
+                2..=3 => Avx512Gemm::run::<M, K>(tokens, m, act, tok0, rows, first, n, out),
+                4 => run_rows::<M, K, 3, 4, 0>(m, act, tok0, rows, first, n, out),
                 5 => run_rows::<M, K, 3, 5, 0>(m, act, tok0, rows, first, n, out),
                 6 => run_rows::<M, K, 2, 6, 0>(m, act, tok0, rows, first, n, out),
                 7 => run_rows::<M, K, 2, 7, 0>(m, act, tok0, rows, first, n, out),
