@@ -210,6 +210,30 @@ fn token_latents(
         let block_end = (block_start + score_block_len).min(positions);
         let mut h = 0;
         #[cfg(target_arch = "x86_64")]
+        if d.avx512 && rank.is_multiple_of(16) && rope.is_multiple_of(16) {
+            while h + 2 <= heads {
+                let q_abs = [
+                    &q_abs[h * rank..(h + 1) * rank],
+                    &q_abs[(h + 1) * rank..(h + 2) * rank],
+                ];
+                let q_pe = [
+                    &q[h * head_q + nope..(h + 1) * head_q],
+                    &q[(h + 1) * head_q + nope..(h + 2) * head_q],
+                ];
+                let (first, second) =
+                    scores[h * positions..(h + 2) * positions].split_at_mut(positions);
+                score_pair_block512(
+                    d,
+                    cache,
+                    q_abs,
+                    q_pe,
+                    block_start..block_end,
+                    [first, second],
+                );
+                h += 2;
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
         if avx2_scores && rank.is_multiple_of(16) && rope.is_multiple_of(16) {
             while h + 2 <= heads {
                 let q_abs = [
@@ -256,7 +280,28 @@ fn token_latents(
     while block_start < positions {
         let block_end = (block_start + POSITION_BLOCK).min(positions);
         let latent = &cache.latent[block_start * rank..block_end * rank];
-        for h in 0..heads {
+        let mut h = 0;
+        #[cfg(target_arch = "x86_64")]
+        if d.avx512 && rank.is_multiple_of(64) {
+            while h + 2 <= heads {
+                let weights = [
+                    &scores[h * positions + block_start..h * positions + block_end],
+                    &scores[(h + 1) * positions + block_start..(h + 1) * positions + block_end],
+                ];
+                let (first, second) = ctx_latent[h * rank..(h + 2) * rank].split_at_mut(rank);
+                // SAFETY: `d.avx512` is set only where the kernels' tier proves avx512f; the
+                // block holds `weights[h].len()` rows of `rank` values, a multiple of 64.
+                unsafe {
+                    if rank.is_multiple_of(128) {
+                        x86::weighted_rows2::<8>(weights, latent, [first, second], rank);
+                    } else {
+                        x86::weighted_rows2::<4>(weights, latent, [first, second], rank);
+                    }
+                }
+                h += 2;
+            }
+        }
+        for h in h..heads {
             let weights = &scores[h * positions + block_start..h * positions + block_end];
             weighted_rows(
                 weights,
@@ -281,6 +326,17 @@ fn score_block(
     scores: &mut [f32],
 ) {
     let (rope, rank) = (d.rope, d.rank);
+    #[cfg(target_arch = "x86_64")]
+    if d.avx512 && block.len() == 8 && rank.is_multiple_of(16) && rope.is_multiple_of(16) {
+        let p = block.start;
+        let (latent, pe) = rows(cache, p..p + 8, d);
+        // SAFETY: `d.avx512` is set only where the kernels' tier proves avx512f; the
+        // widths are multiples of 16 and the slices hold 8 rows of each. A lone head is
+        // both of the pair (the second's scores are the first's, dropped).
+        let s = unsafe { x86::scores2x8([q_abs, q_abs], [q_pe, q_pe], latent, pe, d.scale) };
+        scores[block].copy_from_slice(&s[0]);
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if d.avx512 && block.len() == 16 && rank.is_multiple_of(16) && rope.is_multiple_of(16) {
         let p = block.start;
@@ -346,6 +402,38 @@ fn score_pair_block(
         s0[p..p + 4].copy_from_slice(&s[0]);
         s1[p..p + 4].copy_from_slice(&s[1]);
         p += 4;
+    }
+    for p in p..block.end {
+        let (c, pe) = rows(cache, p..p + 1, d);
+        for (h, s) in [&mut *s0, &mut *s1].into_iter().enumerate() {
+            s[p] = (dot(q_abs[h], c) + dot(q_pe[h], pe)) * d.scale;
+        }
+    }
+}
+
+/// Two heads' scores at positions `block` ([`score_block`]'s, each head's bits its own) on
+/// AVX-512 (the caller checked it, and that `rank` and `rope` are multiples of 16): 8
+/// positions at a time in [`x86::scores2x8`], the block's last 1–7 positions by `dot`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn score_pair_block512(
+    d: &Dims,
+    cache: &MlaCache,
+    q_abs: [&[f32]; 2],
+    q_pe: [&[f32]; 2],
+    block: std::ops::Range<usize>,
+    scores: [&mut [f32]; 2],
+) {
+    let [s0, s1] = scores;
+    let mut p = block.start;
+    while p + 8 <= block.end {
+        let (latent, pe) = rows(cache, p..p + 8, d);
+        // SAFETY: the caller runs this only where the kernels' tier proves avx512f; the
+        // widths are multiples of 16 and the slices hold 8 rows of each.
+        let s = unsafe { x86::scores2x8(q_abs, q_pe, latent, pe, d.scale) };
+        s0[p..p + 8].copy_from_slice(&s[0]);
+        s1[p..p + 8].copy_from_slice(&s[1]);
+        p += 8;
     }
     for p in p..block.end {
         let (c, pe) = rows(cache, p..p + 1, d);

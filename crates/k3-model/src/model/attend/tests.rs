@@ -261,3 +261,76 @@ fn weighted_rows_keep_the_position_order() {
         }
     }
 }
+
+/// Not a check: the time of `heads_context` at K3's widths (48 heads, one task of a
+/// 2-thread run, rank 512, rope 64) over `K3_ATTEND_POSITIONS` positions (default 4096) for
+/// one token and for a group of [`TOKEN_GROUP`], in multiply-adds per second on one core,
+/// through `wide` as the engine runs it. `cargo test --release -p k3-model attend_timing --
+/// --ignored --nocapture`; PERFORMANCE.md reports it against the core's ceiling.
+#[test]
+#[ignore = "a timing, not a check"]
+fn attend_timing() {
+    let positions: usize = std::env::var("K3_ATTEND_POSITIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4096);
+    let (heads, nope, rope, rank, v_dim) = (48usize, 128usize, 64usize, 512usize, 128usize);
+    let kernels = mxfp4_kernels::Kernels::detect();
+    let mut rng = fastrand::Rng::with_seed(3);
+    let last = positions + TOKEN_GROUP;
+    let cache = MlaCache {
+        latent: (0..last * rank)
+            .map(|_| rng.f32() - 0.5)
+            .collect::<Vec<_>>()
+            .into(),
+        k_pe: (0..last * rope)
+            .map(|_| rng.f32() - 0.5)
+            .collect::<Vec<_>>()
+            .into(),
+    };
+    let qs: Vec<Vec<f32>> = (0..TOKEN_GROUP)
+        .map(|_| {
+            (0..heads * (nope + rope))
+                .map(|_| rng.f32() - 0.5)
+                .collect()
+        })
+        .collect();
+    let rows: Vec<f32> = (0..heads * (nope + v_dim) * rank)
+        .map(|_| rng.f32() * 0.01)
+        .collect();
+    let d = Dims {
+        nope,
+        rope,
+        rank,
+        scale: 0.07,
+        avx512: super::super::wide::has_avx512(&kernels),
+        avx2: kernels.tier() == mxfp4_kernels::Tier::Avx2,
+    };
+    let mut buf = HeadBuffers::default();
+    for tokens in [1, TOKEN_GROUP] {
+        let q: Vec<&[f32]> = qs[..tokens].iter().map(Vec::as_slice).collect();
+        let mut out = vec![0.0f32; tokens * heads * v_dim];
+        let mut best = f64::INFINITY;
+        for _ in 0..7 {
+            let start = std::time::Instant::now();
+            super::super::wide::wide(
+                &kernels,
+                #[inline(always)]
+                || {
+                    let queries = HeadQueries { q: &q, rows: &rows };
+                    heads_context(&d, &cache, positions, queries, &mut out, &mut buf)
+                },
+            );
+            best = best.min(start.elapsed().as_secs_f64());
+        }
+        // Scores (rank + rope) and weighted latents (rank) per head and position.
+        let work = (tokens * heads * positions * (2 * rank + rope)) as f64;
+        println!(
+            "{tokens} token(s), {heads} heads, {positions} positions, tier {:?}: {:.2} ms per \
+             token, {:.1} G multiply-adds/s",
+            kernels.tier(),
+            best * 1e3 / tokens as f64,
+            work / best / 1e9
+        );
+    }
+}

@@ -250,3 +250,99 @@ fn reduce16(v: [__m512; 16]) -> __m512 {
     let idx = unsafe { _mm512_loadu_si512(ROWS.as_ptr().cast()) };
     _mm512_permutexvar_ps(idx, w)
 }
+
+/// As [`scores16`] for two queries against 8 rows: `[h][l]` has the bits of `(dot(q[h],
+/// latent[l]) + dot(q_pe[h], pe[l])) * scale`. Each loaded row piece serves both queries, so
+/// a pair of heads loads 10 vectors per 16 multiplies where [`scores16`] loads 17 per 16 (its
+/// 16-row block, 36 KiB at K3's widths, does not fit a 32 KiB L1 and comes from L2 for every
+/// head); the 16 accumulators go through [`reduce16`] together.
+///
+/// # Safety
+/// The CPU must have avx512f.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn scores2x8(
+    q: [&[f32]; 2],
+    q_pe: [&[f32]; 2],
+    latent: &[f32],
+    pe: &[f32],
+    scale: f32,
+) -> [[f32; 8]; 2] {
+    let d1 = reduce16(lanes2x8(q, latent));
+    let d2 = reduce16(lanes2x8(q_pe, pe));
+    let s = _mm512_mul_ps(_mm512_add_ps(d1, d2), _mm512_set1_ps(scale));
+    let mut out = [0.0f32; 16];
+    // SAFETY: `out` is 16 f32.
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), s) };
+    std::array::from_fn(|h| std::array::from_fn(|l| out[8 * h + l]))
+}
+
+/// Two vectors' 16 partial sums against each of 8 rows, as `[8h + l]` (`lanes16`'s per pair).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn lanes2x8(a: [&[f32]; 2], rows: &[f32]) -> [__m512; 16] {
+    let width = a[0].len();
+    assert!(width.is_multiple_of(16) && a[1].len() == width && rows.len() == 8 * width);
+    let mut acc = [_mm512_setzero_ps(); 16];
+    for k in (0..width).step_by(16) {
+        // SAFETY: k + 16 <= width = a[h].len().
+        let x = unsafe {
+            [
+                _mm512_loadu_ps(a[0].as_ptr().add(k)),
+                _mm512_loadu_ps(a[1].as_ptr().add(k)),
+            ]
+        };
+        for l in 0..8 {
+            // SAFETY: l * width + k + 16 <= 8 * width = rows.len() (asserted).
+            let y = unsafe { _mm512_loadu_ps(rows.as_ptr().add(l * width + k)) };
+            for h in 0..2 {
+                acc[8 * h + l] = _mm512_add_ps(acc[8 * h + l], _mm512_mul_ps(x[h], y));
+            }
+        }
+    }
+    acc
+}
+
+/// `weighted_rows` for two heads at once on AVX-512, for the first `ctx[h].len()` columns (a
+/// multiple of `16 * N`) of rows of `width` values: per stripe of `16 * N` columns both heads'
+/// sums stay in `2 * N` registers while the block's positions stream past, each loaded row
+/// piece serving both (`w · row` multiplied, then added, in position order per head).
+///
+/// # Safety
+/// The CPU must have avx512f; `latent` must hold `weights[h].len()` rows of `width >=
+/// ctx[h].len()` values, and both heads the same count of weights and of columns.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn weighted_rows2<const N: usize>(
+    weights: [&[f32]; 2],
+    latent: &[f32],
+    ctx: [&mut [f32]; 2],
+    width: usize,
+) {
+    let [c0, c1] = ctx;
+    let columns = c0.len();
+    assert!(columns.is_multiple_of(16 * N) && columns <= width && c1.len() == columns);
+    assert!(weights[1].len() == weights[0].len() && latent.len() >= weights[0].len() * width);
+    for start in (0..columns).step_by(16 * N) {
+        let at = [c0[start..].as_mut_ptr(), c1[start..].as_mut_ptr()];
+        // SAFETY: start + 16 * N <= columns for both heads.
+        let mut acc: [[__m512; N]; 2] = std::array::from_fn(|h| {
+            std::array::from_fn(|k| unsafe { _mm512_loadu_ps(at[h].add(16 * k)) })
+        });
+        for p in 0..weights[0].len() {
+            let w = [_mm512_set1_ps(weights[0][p]), _mm512_set1_ps(weights[1][p])];
+            let row = latent[p * width + start..].as_ptr();
+            for k in 0..N {
+                // SAFETY: p * width + start + 16 * N <= latent.len() (asserted).
+                let v = unsafe { _mm512_loadu_ps(row.add(16 * k)) };
+                for h in 0..2 {
+                    acc[h][k] = _mm512_add_ps(acc[h][k], _mm512_mul_ps(w[h], v));
+                }
+            }
+        }
+        for h in 0..2 {
+            for (k, sum) in acc[h].iter().enumerate() {
+                // SAFETY: start + 16 * N <= columns.
+                unsafe { _mm512_storeu_ps(at[h].add(16 * k), *sum) };
+            }
+        }
+    }
+}
