@@ -334,3 +334,59 @@ fn attend_timing() {
         );
     }
 }
+
+/// The AVX-512 two-query, 8-position scores give each query `ops::dot`'s bits, and the
+/// two-head weighted latents each head's position-order sums, at K3's widths (rank 512,
+/// rope 64: 8 stripes of 16), k3-0.40b's (128, 32) and a rank of 64 (4 stripes).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn two_heads_at_once_on_avx512_have_each_heads_bits() {
+    if !std::arch::is_x86_feature_detected!("avx512f") {
+        eprintln!("no avx512f on this CPU: nothing to compare");
+        return;
+    }
+    let mut rng = fastrand::Rng::with_seed(17);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (rank, rope) in [(512usize, 64usize), (128, 32), (64, 16)] {
+        let mut value = || (rng.f32() - 0.5) * 2f32.powi(rng.i32(-8..8));
+        let q: Vec<f32> = (0..2 * rank).map(|_| value()).collect();
+        let q_pe: Vec<f32> = (0..2 * rope).map(|_| value()).collect();
+        let latent: Vec<f32> = (0..8 * rank).map(|_| value()).collect();
+        let pe: Vec<f32> = (0..8 * rope).map(|_| value()).collect();
+        let (q, q_pe) = ([&q[..rank], &q[rank..]], [&q_pe[..rope], &q_pe[rope..]]);
+        // SAFETY: avx512f was detected above.
+        let got = unsafe { x86::scores2x8(q, q_pe, &latent, &pe, 0.0723) };
+        for h in 0..2 {
+            for l in 0..8 {
+                let want = (dot(q[h], &latent[l * rank..(l + 1) * rank])
+                    + dot(q_pe[h], &pe[l * rope..(l + 1) * rope]))
+                    * 0.0723;
+                assert_eq!(
+                    got[h][l].to_bits(),
+                    want.to_bits(),
+                    "rank {rank}, head {h}, row {l}"
+                );
+            }
+        }
+        let weights: Vec<Vec<f32>> = (0..2).map(|_| (0..8).map(|_| value()).collect()).collect();
+        let start: Vec<Vec<f32>> = (0..2)
+            .map(|_| (0..rank).map(|_| value()).collect())
+            .collect();
+        let mut plain = start.clone();
+        for (h, sums) in plain.iter_mut().enumerate() {
+            weighted_rows(&weights[h], &latent, sums, false);
+        }
+        let (mut first, mut second) = (start[0].clone(), start[1].clone());
+        let pair = [weights[0].as_slice(), weights[1].as_slice()];
+        // SAFETY: avx512f was detected above; `latent` holds 8 rows of `rank` values.
+        unsafe {
+            if rank.is_multiple_of(128) {
+                x86::weighted_rows2::<8>(pair, &latent, [&mut first, &mut second], rank);
+            } else {
+                x86::weighted_rows2::<4>(pair, &latent, [&mut first, &mut second], rank);
+            }
+        }
+        assert_eq!(bits(&first), bits(&plain[0]), "rank {rank}, head 0");
+        assert_eq!(bits(&second), bits(&plain[1]), "rank {rank}, head 1");
+    }
+}
