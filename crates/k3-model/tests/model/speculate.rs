@@ -207,3 +207,34 @@ fn drafting_resumes_after_a_streak_of_rejections() {
         assert!(steps < 500, "still at rate {}", acceptance.rate());
     }
 }
+
+/// A sequence whose drafts are never accepted stops drafting within its first steps: the
+/// prior is outweighed by the first tested tokens, so in its first 64 steps the passes' extra
+/// tokens cost under 0.6 of a step in all (under 1% of the 64: 0.36-0.56 on these curves),
+/// on cost curves from nearly free to steep. With the prior's weight of 4 and every drafted
+/// token counted as tested they cost 0.66-1.2 steps (PERFORMANCE.md phase 31).
+#[test]
+fn a_sequence_whose_drafts_fail_stops_drafting_within_a_few_steps() {
+    for cost in [linear(0.02), linear(0.08), linear(0.2), CostModel::new()] {
+        let mut acceptance = Acceptance::new();
+        let (mut drafted, mut extra) = (0, 0.0);
+        for _ in 0..64 {
+            match choose(acceptance.rate(), 8, DEFAULT_MAX_DRAFT, 0, 0.0, &cost) {
+                0 => acceptance.idle(),
+                k => {
+                    drafted += k;
+                    extra += cost.relative(1 + k) - 1.0;
+                    acceptance.record(k, 0);
+                }
+            }
+        }
+        assert!(
+            extra < 0.6,
+            "{cost:?}: {drafted} drafted tokens, {extra} steps"
+        );
+        assert!(
+            drafted >= 1,
+            "{cost:?}: the prior should get one draft tried"
+        );
+    }
+}
