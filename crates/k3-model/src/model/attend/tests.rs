@@ -263,17 +263,20 @@ fn weighted_rows_keep_the_position_order() {
 }
 
 /// Not a check: the time of `heads_context` at K3's widths (48 heads, one task of a
-/// 2-thread run, rank 512, rope 64) over `K3_ATTEND_POSITIONS` positions (default 4096) for
-/// one token and for a group of [`TOKEN_GROUP`], in multiply-adds per second on one core,
-/// through `wide` as the engine runs it. `cargo test --release -p k3-model attend_timing --
-/// --ignored --nocapture`; PERFORMANCE.md reports it against the core's ceiling.
+/// 2-thread run, rank 512, rope 64) over 4096 and 65,536 positions for one token and for a
+/// group of [`TOKEN_GROUP`], in multiply-adds per second on one core, through `wide` as the
+/// engine runs it. `cargo test --release -p k3-model attend_timing -- --ignored --nocapture`;
+/// PERFORMANCE.md reports it against the core's ceiling.
 #[test]
 #[ignore = "a timing, not a check"]
 fn attend_timing() {
-    let positions: usize = std::env::var("K3_ATTEND_POSITIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(4096);
+    for positions in [4096, 65_536] {
+        time_heads(positions);
+    }
+}
+
+/// [`attend_timing`] at one depth.
+fn time_heads(positions: usize) {
     let (heads, nope, rope, rank, v_dim) = (48usize, 128usize, 64usize, 512usize, 128usize);
     let kernels = mxfp4_kernels::Kernels::detect();
     let mut rng = fastrand::Rng::with_seed(3);

@@ -323,9 +323,11 @@ pub(super) unsafe fn weighted_rows2<const N: usize>(
     assert!(weights[1].len() == weights[0].len() && latent.len() >= weights[0].len() * width);
     for start in (0..columns).step_by(16 * N) {
         let at = [c0[start..].as_mut_ptr(), c1[start..].as_mut_ptr()];
-        // SAFETY: start + 16 * N <= columns for both heads.
         let mut acc: [[__m512; N]; 2] = std::array::from_fn(|h| {
-            std::array::from_fn(|k| unsafe { _mm512_loadu_ps(at[h].add(16 * k)) })
+            std::array::from_fn(|k| {
+                // SAFETY: start + 16 * N <= columns for both heads.
+                unsafe { _mm512_loadu_ps(at[h].add(16 * k)) }
+            })
         });
         for p in 0..weights[0].len() {
             let w = [_mm512_set1_ps(weights[0][p]), _mm512_set1_ps(weights[1][p])];
