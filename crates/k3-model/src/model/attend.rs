@@ -210,31 +210,7 @@ fn token_latents(
         let block_end = (block_start + score_block_len).min(positions);
         let mut h = 0;
         #[cfg(target_arch = "x86_64")]
-        if d.avx512 && rank.is_multiple_of(16) && rope.is_multiple_of(16) {
-            while h + 2 <= heads {
-                let q_abs = [
-                    &q_abs[h * rank..(h + 1) * rank],
-                    &q_abs[(h + 1) * rank..(h + 2) * rank],
-                ];
-                let q_pe = [
-                    &q[h * head_q + nope..(h + 1) * head_q],
-                    &q[(h + 1) * head_q + nope..(h + 2) * head_q],
-                ];
-                let (first, second) =
-                    scores[h * positions..(h + 2) * positions].split_at_mut(positions);
-                score_pair_block512(
-                    d,
-                    cache,
-                    q_abs,
-                    q_pe,
-                    block_start..block_end,
-                    [first, second],
-                );
-                h += 2;
-            }
-        }
-        #[cfg(target_arch = "x86_64")]
-        if avx2_scores && rank.is_multiple_of(16) && rope.is_multiple_of(16) {
+        if (d.avx512 || avx2_scores) && rank.is_multiple_of(16) && rope.is_multiple_of(16) {
             while h + 2 <= heads {
                 let q_abs = [
                     &q_abs[h * rank..(h + 1) * rank],
@@ -380,8 +356,9 @@ fn rows<'a>(
 }
 
 /// Two heads' scores at positions `block` ([`score_block`]'s, each head's bits its own) on
-/// AVX2 (the caller checked it, and that `rank` and `rope` are multiples of 16): 4
-/// positions at a time in [`x86::scores2x4`], the block's last 1–3 positions by `dot`.
+/// AVX-512 or AVX2 (the caller checked it, and that `rank` and `rope` are multiples of 16):
+/// 8 positions at a time in [`x86::scores2x8`] (AVX-512) or 4 in [`x86::scores2x4`], the
+/// block's last positions by `dot`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn score_pair_block(
@@ -393,47 +370,24 @@ fn score_pair_block(
     scores: [&mut [f32]; 2],
 ) {
     let [s0, s1] = scores;
+    let step = if d.avx512 { 8 } else { 4 };
     let mut p = block.start;
-    while p + 4 <= block.end {
-        let (latent, pe) = rows(cache, p..p + 4, d);
-        // SAFETY: the caller runs this only where the kernels' tier proves avx2; the widths
-        // are multiples of 16 and the slices hold 4 rows of each.
-        let s = unsafe { x86::scores2x4(q_abs, q_pe, latent, pe, d.scale) };
-        s0[p..p + 4].copy_from_slice(&s[0]);
-        s1[p..p + 4].copy_from_slice(&s[1]);
-        p += 4;
-    }
-    for p in p..block.end {
-        let (c, pe) = rows(cache, p..p + 1, d);
-        for (h, s) in [&mut *s0, &mut *s1].into_iter().enumerate() {
-            s[p] = (dot(q_abs[h], c) + dot(q_pe[h], pe)) * d.scale;
+    while p + step <= block.end {
+        let (latent, pe) = rows(cache, p..p + step, d);
+        if d.avx512 {
+            // SAFETY: `d.avx512` is set only where the kernels' tier proves avx512f; the
+            // widths are multiples of 16 and the slices hold 8 rows of each.
+            let s = unsafe { x86::scores2x8(q_abs, q_pe, latent, pe, d.scale) };
+            s0[p..p + 8].copy_from_slice(&s[0]);
+            s1[p..p + 8].copy_from_slice(&s[1]);
+        } else {
+            // SAFETY: without `d.avx512` the caller runs this only where the kernels' tier
+            // proves avx2; the widths are multiples of 16 and the slices hold 4 rows of each.
+            let s = unsafe { x86::scores2x4(q_abs, q_pe, latent, pe, d.scale) };
+            s0[p..p + 4].copy_from_slice(&s[0]);
+            s1[p..p + 4].copy_from_slice(&s[1]);
         }
-    }
-}
-
-/// Two heads' scores at positions `block` ([`score_block`]'s, each head's bits its own) on
-/// AVX-512 (the caller checked it, and that `rank` and `rope` are multiples of 16): 8
-/// positions at a time in [`x86::scores2x8`], the block's last 1–7 positions by `dot`.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn score_pair_block512(
-    d: &Dims,
-    cache: &MlaCache,
-    q_abs: [&[f32]; 2],
-    q_pe: [&[f32]; 2],
-    block: std::ops::Range<usize>,
-    scores: [&mut [f32]; 2],
-) {
-    let [s0, s1] = scores;
-    let mut p = block.start;
-    while p + 8 <= block.end {
-        let (latent, pe) = rows(cache, p..p + 8, d);
-        // SAFETY: the caller runs this only where the kernels' tier proves avx512f; the
-        // widths are multiples of 16 and the slices hold 8 rows of each.
-        let s = unsafe { x86::scores2x8(q_abs, q_pe, latent, pe, d.scale) };
-        s0[p..p + 8].copy_from_slice(&s[0]);
-        s1[p..p + 8].copy_from_slice(&s[1]);
-        p += 8;
+        p += step;
     }
     for p in p..block.end {
         let (c, pe) = rows(cache, p..p + 1, d);
