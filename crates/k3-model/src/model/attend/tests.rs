@@ -186,26 +186,40 @@ fn two_heads_four_scores_at_once_have_the_dot_bits() {
         eprintln!("no avx2 on this CPU: nothing to compare");
         return;
     }
-    let mut rng = fastrand::Rng::with_seed(13);
-    for (rank, rope) in [(128usize, 32usize), (512, 64), (16, 16)] {
+    let widths = [(128usize, 32usize), (512, 64), (16, 16)];
+    // SAFETY: avx2 was detected above.
+    check_pair_scores(13, &widths, |q, q_pe, latent, pe, scale| unsafe {
+        x86::scores2x4(q, q_pe, latent, pe, scale)
+    });
+}
+
+/// Checks a two-query kernel of `N` rows' scores against `(dot(q[h], latent[l]) + dot(q_pe[h],
+/// pe[l])) * scale` at each `(rank, rope)` of `widths`, on values of mixed sign and magnitude.
+#[cfg(target_arch = "x86_64")]
+fn check_pair_scores<const N: usize>(
+    seed: u64,
+    widths: &[(usize, usize)],
+    kernel: impl Fn([&[f32]; 2], [&[f32]; 2], &[f32], &[f32], f32) -> [[f32; N]; 2],
+) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    for &(rank, rope) in widths {
         let mut value = || (rng.f32() - 0.5) * 2f32.powi(rng.i32(-8..8));
         let q: Vec<f32> = (0..2 * rank).map(|_| value()).collect();
         let q_pe: Vec<f32> = (0..2 * rope).map(|_| value()).collect();
-        let latent: Vec<f32> = (0..4 * rank).map(|_| value()).collect();
-        let pe: Vec<f32> = (0..4 * rope).map(|_| value()).collect();
+        let latent: Vec<f32> = (0..N * rank).map(|_| value()).collect();
+        let pe: Vec<f32> = (0..N * rope).map(|_| value()).collect();
         let scale = 0.0723;
         let (q, q_pe) = ([&q[..rank], &q[rank..]], [&q_pe[..rope], &q_pe[rope..]]);
-        // SAFETY: avx2 was detected above.
-        let got = unsafe { x86::scores2x4(q, q_pe, &latent, &pe, scale) };
+        let got = kernel(q, q_pe, &latent, &pe, scale);
         for h in 0..2 {
-            for l in 0..4 {
+            for l in 0..N {
                 let want = (dot(q[h], &latent[l * rank..(l + 1) * rank])
                     + dot(q_pe[h], &pe[l * rope..(l + 1) * rope]))
                     * scale;
                 assert_eq!(
                     got[h][l].to_bits(),
                     want.to_bits(),
-                    "rank {rank}, head {h}, row {l}"
+                    "rank {rank}, head {h}, row {l} of {N}"
                 );
             }
         }
@@ -348,29 +362,16 @@ fn two_heads_at_once_on_avx512_have_each_heads_bits() {
         eprintln!("no avx512f on this CPU: nothing to compare");
         return;
     }
-    let mut rng = fastrand::Rng::with_seed(17);
+    let widths = [(512usize, 64usize), (128, 32), (64, 16)];
+    // SAFETY: avx512f was detected above.
+    check_pair_scores(17, &widths, |q, q_pe, latent, pe, scale| unsafe {
+        x86::scores2x8(q, q_pe, latent, pe, scale)
+    });
+    let mut rng = fastrand::Rng::with_seed(18);
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    for (rank, rope) in [(512usize, 64usize), (128, 32), (64, 16)] {
+    for (rank, _) in widths {
         let mut value = || (rng.f32() - 0.5) * 2f32.powi(rng.i32(-8..8));
-        let q: Vec<f32> = (0..2 * rank).map(|_| value()).collect();
-        let q_pe: Vec<f32> = (0..2 * rope).map(|_| value()).collect();
         let latent: Vec<f32> = (0..8 * rank).map(|_| value()).collect();
-        let pe: Vec<f32> = (0..8 * rope).map(|_| value()).collect();
-        let (q, q_pe) = ([&q[..rank], &q[rank..]], [&q_pe[..rope], &q_pe[rope..]]);
-        // SAFETY: avx512f was detected above.
-        let got = unsafe { x86::scores2x8(q, q_pe, &latent, &pe, 0.0723) };
-        for h in 0..2 {
-            for l in 0..8 {
-                let want = (dot(q[h], &latent[l * rank..(l + 1) * rank])
-                    + dot(q_pe[h], &pe[l * rope..(l + 1) * rope]))
-                    * 0.0723;
-                assert_eq!(
-                    got[h][l].to_bits(),
-                    want.to_bits(),
-                    "rank {rank}, head {h}, row {l}"
-                );
-            }
-        }
         let weights: Vec<Vec<f32>> = (0..2).map(|_| (0..8).map(|_| value()).collect()).collect();
         let start: Vec<Vec<f32>> = (0..2)
             .map(|_| (0..rank).map(|_| value()).collect())

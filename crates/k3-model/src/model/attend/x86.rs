@@ -311,6 +311,7 @@ fn lanes2x8(a: [&[f32]; 2], rows: &[f32]) -> [__m512; 16] {
 /// The CPU must have avx512f; `latent` must hold `weights[h].len()` rows of `width >=
 /// ctx[h].len()` values, and both heads the same count of weights and of columns.
 #[target_feature(enable = "avx512f")]
+#[allow(clippy::needless_range_loop)] // k indexes the row's loads and the accumulators alike
 pub(super) unsafe fn weighted_rows2<const N: usize>(
     weights: [&[f32]; 2],
     latent: &[f32],
