@@ -119,7 +119,8 @@ pub(super) struct HeadQueries<'a> {
 /// each `kv_b` row, so a row is read once for the group; the cache is read in blocks of
 /// [`POSITION_BLOCK`] positions ([`AVX2_SCORE_BLOCK`] for the AVX2 scores), each block for
 /// every head before the next, so it is read once per token and task instead of once per
-/// head; on AVX2 the scores go two heads at a time, each loaded row piece serving both.
+/// head; the scores (AVX2, AVX-512) and the weighted latents (AVX-512) go two heads at a
+/// time, each loaded row piece serving both.
 /// Inlined into `wide`'s function, with plain loops and reused buffers: as a closure with
 /// iterator `collect`s it was compiled outside it at baseline width, and `exp`'s `mul_add`
 /// and rounding became libm calls (PERFORMANCE.md, phase 20).
@@ -302,17 +303,6 @@ fn score_block(
     scores: &mut [f32],
 ) {
     let (rope, rank) = (d.rope, d.rank);
-    #[cfg(target_arch = "x86_64")]
-    if d.avx512 && block.len() == 8 && rank.is_multiple_of(16) && rope.is_multiple_of(16) {
-        let p = block.start;
-        let (latent, pe) = rows(cache, p..p + 8, d);
-        // SAFETY: `d.avx512` is set only where the kernels' tier proves avx512f; the
-        // widths are multiples of 16 and the slices hold 8 rows of each. A lone head is
-        // both of the pair (the second's scores are the first's, dropped).
-        let s = unsafe { x86::scores2x8([q_abs, q_abs], [q_pe, q_pe], latent, pe, d.scale) };
-        scores[block].copy_from_slice(&s[0]);
-        return;
-    }
     #[cfg(target_arch = "x86_64")]
     if d.avx512 && block.len() == 16 && rank.is_multiple_of(16) && rope.is_multiple_of(16) {
         let p = block.start;

@@ -46,9 +46,10 @@ fn one_head(d: &Dims, cache: &MlaCache, positions: usize, q: &[f32], rows: &[f32
 /// (`one_head`), whether the tokens come alone or in groups (1, 2 and 3 consecutive tokens,
 /// each attending to one more position than the last), with the cache read in blocks
 /// (positions that fill none, one, and several blocks with a tail) and with each score path
-/// this CPU has (the AVX-512 16-position kernel, the AVX2 two-head 4-position and one-head
-/// 4-position kernels — 3 heads are a pair and one alone — and plain `dot`), at k3-0.40b's
-/// widths and at widths that are not multiples of 16.
+/// this CPU has (the AVX-512 two-head 8-position and one-head 16-position kernels and its
+/// two-head weighted latents, the AVX2 two-head 4-position and one-head 4-position kernels —
+/// 3 heads are a pair and one alone — and plain `dot`), at k3-0.40b's widths and at widths
+/// that are not multiples of 16.
 #[test]
 fn blocked_heads_give_each_heads_straightforward_bits() {
     let mut rng = fastrand::Rng::with_seed(5);
