@@ -31,15 +31,15 @@ const COST_WEIGHT: f64 = 0.1;
 const MIN_GAIN: f64 = 0.02;
 
 /// Acceptance rate assumed before anything was drafted, and its weight in drafted tokens: a
-/// guess that gets a first draft tried and is outweighed by the first few drafted tokens. With
-/// the weight of one token, a sequence whose drafts are never accepted stops drafting after
-/// 4-5 drafted tokens (the estimate 0.5 / (1 + n) falls below the ~0.1 where one draft pays);
-/// with 4 it took 12-14, each a pass of 2-4 tokens at 1.1-1.3x a step (PERFORMANCE.md phase
-/// 31).
+/// guess that gets a first draft tried and is outweighed by the first few tested tokens. With
+/// the weight of one token, a sequence whose drafts are never accepted stops drafting after a
+/// few failed passes (the estimate 0.5 / (1 + n) after n falls below the rate where one draft
+/// pays): 6 drafted tokens in 64 steps on the k3-wide slice's measured curve, where the weight
+/// of 4 (and every drafted token counted) gave 12-14 (PERFORMANCE.md phase 31).
 const PRIOR_RATE: f64 = 0.5;
 const PRIOR_WEIGHT: f64 = 1.0;
 
-/// Drafted tokens an [`Acceptance`] remembers (each recorded token discounts the older ones by
+/// Tested tokens an [`Acceptance`] remembers (each recorded token discounts the older ones by
 /// 1 - 1/32): long enough to average out one unlucky draft, short enough to follow a change
 /// (a prompt's quoted part ends, code starts).
 const MEMORY_TOKENS: f64 = 32.0;
@@ -69,7 +69,7 @@ pub struct Acceptance {
     /// Discounted accepted and tested token counts ([`Acceptance::record`]), the prior's
     /// included.
     accepted: f64,
-    drafted: f64,
+    tested: f64,
 }
 
 impl CostModel {
@@ -176,11 +176,11 @@ impl Default for CostModel {
 }
 
 impl Acceptance {
-    /// The prior: rate 0.5, with the weight of 1 drafted token.
+    /// The prior: rate 0.5, with the weight of 1 tested token.
     pub fn new() -> Self {
         Self {
             accepted: PRIOR_RATE * PRIOR_WEIGHT,
-            drafted: PRIOR_WEIGHT,
+            tested: PRIOR_WEIGHT,
         }
     }
 
@@ -196,18 +196,18 @@ impl Acceptance {
         let tested = accepted + usize::from(accepted < drafted);
         let keep = (1.0 - 1.0 / MEMORY_TOKENS).powf(tested as f64);
         self.accepted = self.accepted * keep + accepted as f64;
-        self.drafted = self.drafted * keep + tested as f64;
+        self.tested = self.tested * keep + tested as f64;
     }
 
     /// Records a step without a draft: the estimate drifts toward the prior, so a sequence
     /// that stopped drafting probes again now and then.
     pub fn idle(&mut self) {
-        self.accepted += IDLE_DRIFT * (PRIOR_RATE * self.drafted - self.accepted);
+        self.accepted += IDLE_DRIFT * (PRIOR_RATE * self.tested - self.accepted);
     }
 
     /// The estimated probability that a drafted token is accepted.
     pub fn rate(&self) -> f64 {
-        self.accepted / self.drafted
+        self.accepted / self.tested
     }
 }
 
