@@ -33,18 +33,26 @@ pub(super) struct HeadBuffers {
     ctx_latent: Lines,
 }
 
-/// Positions of the cache one pass over the task's heads reads before the next: 16 rows of
-/// K3's 512 + 64 f32 are 36 KiB, read from memory once and then from L1/L2 for every head of
-/// the task, where a head at a time read the whole cache once per head (96 times per token
-/// at K3's width, from memory once it outgrows the caches). The weighted latents go in these
-/// blocks, and so do the scores on AVX-512 (its score kernel's block).
+/// Positions of the cache one pass over the task's heads reads before the next, where no
+/// SIMD kernel applies: 16 rows of K3's 512 + 64 f32 are 36 KiB, read from memory once and
+/// then from L1/L2 for every head of the task, where a head at a time read the whole cache
+/// once per head (96 times per token at K3's width, from memory once it outgrows the caches).
 const POSITION_BLOCK: usize = 16;
 
-/// The scores' block on AVX2: 8 rows (18 KiB) stay in a Zen 3 core's 32 KiB L1 beside a pair
-/// of heads' queries, where 16 came from L2 for every pair. Measured on Zen 3, one thread,
-/// 48 heads over 4096 positions, alternated: 4.3–6.1 ms against 6.4–7.9 (PERFORMANCE.md
-/// phase 27).
-const AVX2_SCORE_BLOCK: usize = 8;
+/// The scores' block for the SIMD score kernels (AVX-512 and AVX2): 8 rows (18 KiB at K3's
+/// widths) stay in a 32 KiB L1 beside a pair of heads' queries, while every pair of heads
+/// goes over them; 16 rows (36 KiB) came from L2 for every pair. Zen 3, AVX2, one thread, 48
+/// heads over 4096 positions, alternated: 4.3–6.1 ms against 6.4–7.9 (PERFORMANCE.md phase
+/// 27); Zen 4, AVX-512, 65,536 positions: PERFORMANCE.md phase 32.
+const SCORE_BLOCK: usize = 8;
+
+/// The weighted latents' block on AVX-512: the block's rows go one stripe of columns at a
+/// time ([`x86::weighted_stripe2`]), every pair of heads over a stripe before the next, so the
+/// stripe (32 positions of 128 columns, 16 KiB) stays in L1 for all of them and each pair's
+/// sums are loaded and stored once per 32 positions. With 16-position blocks taken whole per
+/// pair, the block (32 KiB at K3's rank) came from L2 for every pair (PERFORMANCE.md phase
+/// 32).
+const LATENT_BLOCK: usize = 32;
 
 /// `ctx[j] += Σ_p weights[p] · latent[p][j]` over the rows of `latent` (`ctx.len()` values
 /// each), each sum continuing in position order from the value `ctx[j]` holds (a multiply,
@@ -117,8 +125,9 @@ pub(super) struct HeadQueries<'a> {
 /// is the straightforward loops' (module docs), so the bits do not depend on how tokens are
 /// grouped: the absorption (`W_UKᵀ q_nope`) and the value rows loop over the tokens inside
 /// each `kv_b` row, so a row is read once for the group; the cache is read in blocks of
-/// [`POSITION_BLOCK`] positions ([`AVX2_SCORE_BLOCK`] for the AVX2 scores), each block for
-/// every head before the next, so it is read once per token and task instead of once per
+/// [`SCORE_BLOCK`] positions for the scores and [`LATENT_BLOCK`] for the weighted latents
+/// (with the SIMD kernels; [`POSITION_BLOCK`] without), each block for every head before the
+/// next, so it is read once per token and task instead of once per
 /// head; the scores (AVX2, AVX-512) and the weighted latents (AVX-512) go two heads at a
 /// time, each loaded row piece serving both.
 /// Inlined into `wide`'s function, with plain loops and reused buffers: as a closure with
@@ -199,10 +208,10 @@ fn token_latents(
     let heads = q.len() / head_q;
     scores.clear();
     scores.resize(heads * positions, 0.0);
-    // The AVX2 score kernels (AVX-512's, where the CPU has it, take blocks of 16).
+    // The AVX2 score kernels (AVX-512's, where the CPU has it).
     let avx2_scores = d.avx2 && !d.avx512;
-    let score_block_len = if avx2_scores {
-        AVX2_SCORE_BLOCK
+    let score_block_len = if avx2_scores || d.avx512 {
+        SCORE_BLOCK
     } else {
         POSITION_BLOCK
     };
@@ -253,30 +262,53 @@ fn token_latents(
             *s /= total;
         }
     }
+    let avx512_latents = cfg!(target_arch = "x86_64") && d.avx512 && rank.is_multiple_of(64);
+    let latent_block_len = if avx512_latents {
+        LATENT_BLOCK
+    } else {
+        POSITION_BLOCK
+    };
     let mut block_start = 0;
     while block_start < positions {
-        let block_end = (block_start + POSITION_BLOCK).min(positions);
+        let block_end = (block_start + latent_block_len).min(positions);
         let latent = &cache.latent[block_start * rank..block_end * rank];
         let mut h = 0;
         #[cfg(target_arch = "x86_64")]
-        if d.avx512 && rank.is_multiple_of(64) {
-            while h + 2 <= heads {
-                let weights = [
-                    &scores[h * positions + block_start..h * positions + block_end],
-                    &scores[(h + 1) * positions + block_start..(h + 1) * positions + block_end],
-                ];
-                let (first, second) = ctx_latent[h * rank..(h + 2) * rank].split_at_mut(rank);
-                // SAFETY: `d.avx512` is set only where the kernels' tier proves avx512f; the
-                // block holds `weights[h].len()` rows of `rank` values, a multiple of 64.
-                unsafe {
-                    if rank.is_multiple_of(128) {
-                        x86::weighted_rows2::<8>(weights, latent, [first, second], rank);
-                    } else {
-                        x86::weighted_rows2::<4>(weights, latent, [first, second], rank);
+        if avx512_latents {
+            let stripe = if rank.is_multiple_of(128) { 128 } else { 64 };
+            for start in (0..rank).step_by(stripe) {
+                for pair in 0..heads / 2 {
+                    let h = 2 * pair;
+                    let weights = [
+                        &scores[h * positions + block_start..h * positions + block_end],
+                        &scores[(h + 1) * positions + block_start..(h + 1) * positions + block_end],
+                    ];
+                    let (first, second) = ctx_latent[h * rank..(h + 2) * rank].split_at_mut(rank);
+                    // SAFETY: `d.avx512` is set only where the kernels' tier proves avx512f;
+                    // the block holds `weights[h].len()` rows of `rank` values, and the stripe
+                    // `start..start + stripe` lies in them and in both heads' `rank` sums.
+                    unsafe {
+                        if stripe == 128 {
+                            x86::weighted_stripe2::<8>(
+                                weights,
+                                latent,
+                                [first, second],
+                                rank,
+                                start,
+                            );
+                        } else {
+                            x86::weighted_stripe2::<4>(
+                                weights,
+                                latent,
+                                [first, second],
+                                rank,
+                                start,
+                            );
+                        }
                     }
                 }
-                h += 2;
             }
+            h = heads / 2 * 2;
         }
         for h in h..heads {
             let weights = &scores[h * positions + block_start..h * positions + block_end];
@@ -304,13 +336,14 @@ fn score_block(
 ) {
     let (rope, rank) = (d.rope, d.rank);
     #[cfg(target_arch = "x86_64")]
-    if d.avx512 && block.len() == 16 && rank.is_multiple_of(16) && rope.is_multiple_of(16) {
+    if d.avx512 && block.len() == 8 && rank.is_multiple_of(16) && rope.is_multiple_of(16) {
         let p = block.start;
-        let (latent, pe) = rows(cache, p..p + 16, d);
+        let (latent, pe) = rows(cache, p..p + 8, d);
         // SAFETY: `d.avx512` is set only where the kernels' tier proves avx512f; the
-        // widths are multiples of 16 and the slices hold 16 rows of each.
-        let s = unsafe { x86::scores16(q_abs, q_pe, latent, pe, d.scale) };
-        scores[block].copy_from_slice(&s);
+        // widths are multiples of 16 and the slices hold 8 rows of each. The head goes as
+        // both of the kernel's queries (each query's bits are its own).
+        let s = unsafe { x86::scores2x8([q_abs; 2], [q_pe; 2], latent, pe, d.scale) };
+        scores[block].copy_from_slice(&s[0]);
         return;
     }
     let mut block = block;
@@ -387,8 +420,8 @@ fn score_pair_block(
     }
 }
 
-/// Sixteen (AVX-512) or four (AVX2, one or two heads) positions' scores at once with
-/// `ops::dot`'s bits.
+/// Eight (AVX-512) or four (AVX2) positions' scores at once with `ops::dot`'s bits, and the
+/// weighted latents' SIMD loops.
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

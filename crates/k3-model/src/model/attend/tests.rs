@@ -46,8 +46,8 @@ fn one_head(d: &Dims, cache: &MlaCache, positions: usize, q: &[f32], rows: &[f32
 /// (`one_head`), whether the tokens come alone or in groups (1, 2 and 3 consecutive tokens,
 /// each attending to one more position than the last), with the cache read in blocks
 /// (positions that fill none, one, and several blocks with a tail) and with each score path
-/// this CPU has (the AVX-512 two-head 8-position and one-head 16-position kernels and its
-/// two-head weighted latents, the AVX2 two-head 4-position and one-head 4-position kernels —
+/// this CPU has (the AVX-512 8-position kernel for a pair of heads and for a lone one, and its
+/// two-head weighted latents in stripes of 32-position blocks, the AVX2 two-head 4-position and one-head 4-position kernels —
 /// 3 heads are a pair and one alone — and plain `dot`), at k3-0.40b's widths and at widths
 /// that are not multiples of 16.
 #[test]
@@ -63,7 +63,7 @@ fn blocked_heads_give_each_heads_straightforward_bits() {
     let paths = [(false, false)];
     for (nope, rope, rank, v_dim) in [(64usize, 32usize, 128usize, 64usize), (8, 5, 24, 6)] {
         let heads = 3;
-        let total = 41;
+        let total = 73;
         let most = 3;
         let mut value = || (rng.f32() - 0.5) * 2f32.powi(rng.i32(-3..3));
         let cache = MlaCache {
@@ -92,9 +92,15 @@ fn blocked_heads_give_each_heads_straightforward_bits() {
                 avx2,
             };
             let mut buf = HeadBuffers::default();
-            for (positions, tokens) in
-                [(1usize, 1usize), (7, 2), (16, 1), (16, 3), (33, 2), (39, 3)]
-            {
+            for (positions, tokens) in [
+                (1usize, 1usize),
+                (7, 2),
+                (16, 1),
+                (16, 3),
+                (33, 2),
+                (39, 3),
+                (70, 2),
+            ] {
                 let q: Vec<&[f32]> = qs[..tokens].iter().map(Vec::as_slice).collect();
                 let mut out = vec![0.0f32; tokens * heads * v_dim];
                 let queries = HeadQueries { q: &q, rows: &rows };
@@ -119,34 +125,6 @@ fn blocked_heads_give_each_heads_straightforward_bits() {
                     }
                 }
             }
-        }
-    }
-}
-
-/// The 16-position scores have `ops::dot`'s bits, for K3's widths (rank 512, rope 64)
-/// and k3-0.40b's (128, 32), values of mixed sign and magnitude.
-#[cfg(target_arch = "x86_64")]
-#[test]
-fn sixteen_scores_at_once_have_the_dot_bits() {
-    if !std::arch::is_x86_feature_detected!("avx512f") {
-        eprintln!("no avx512f on this CPU: nothing to compare");
-        return;
-    }
-    let mut rng = fastrand::Rng::with_seed(11);
-    for (rank, rope) in [(128usize, 32usize), (512, 64), (16, 16)] {
-        let mut value = || (rng.f32() - 0.5) * 2f32.powi(rng.i32(-8..8));
-        let q: Vec<f32> = (0..rank).map(|_| value()).collect();
-        let q_pe: Vec<f32> = (0..rope).map(|_| value()).collect();
-        let latent: Vec<f32> = (0..16 * rank).map(|_| value()).collect();
-        let pe: Vec<f32> = (0..16 * rope).map(|_| value()).collect();
-        let scale = 0.0723;
-        // SAFETY: avx512f was detected above.
-        let got = unsafe { x86::scores16(&q, &q_pe, &latent, &pe, scale) };
-        for l in 0..16 {
-            let want = (dot(&q, &latent[l * rank..(l + 1) * rank])
-                + dot(&q_pe, &pe[l * rope..(l + 1) * rope]))
-                * scale;
-            assert_eq!(got[l].to_bits(), want.to_bits(), "rank {rank}, row {l}");
         }
     }
 }
@@ -386,9 +364,15 @@ fn two_heads_at_once_on_avx512_have_each_heads_bits() {
         // SAFETY: avx512f was detected above; `latent` holds 8 rows of `rank` values.
         unsafe {
             if rank.is_multiple_of(128) {
-                x86::weighted_rows2::<8>(pair, &latent, [&mut first, &mut second], rank);
+                for start in (0..rank).step_by(128) {
+                    let ctx = [&mut first[..], &mut second[..]];
+                    x86::weighted_stripe2::<8>(pair, &latent, ctx, rank, start);
+                }
             } else {
-                x86::weighted_rows2::<4>(pair, &latent, [&mut first, &mut second], rank);
+                for start in (0..rank).step_by(64) {
+                    let ctx = [&mut first[..], &mut second[..]];
+                    x86::weighted_stripe2::<4>(pair, &latent, ctx, rank, start);
+                }
             }
         }
         assert_eq!(bits(&first), bits(&plain[0]), "rank {rank}, head 0");

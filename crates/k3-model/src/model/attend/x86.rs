@@ -1,12 +1,13 @@
-//! Sixteen (AVX-512) or four (AVX2, for one head or two) positions' scores at once, and the
-//! weighted latents on AVX2, with the straightforward loops' bits (`ops::dot`'s lanes and
-//! tree; position order).
+//! Eight (AVX-512, two heads) or four (AVX2, for one head or two) positions' scores at once,
+//! and the weighted latents (AVX-512 two heads at a time, AVX2 one), with the straightforward
+//! loops' bits (`ops::dot`'s lanes and tree; position order).
 
 use core::arch::x86_64::*;
 
-/// As [`scores16`] for 4 rows on AVX2: each row's 16 lanes are two 8-lane halves (lanes
-/// 0..7 and 8..15), summed as `ops::dot` sums them (a multiply, then an add, per lane),
-/// then its tree: the halves added (lanes 8 apart), then 4, 2 and 1 apart. Four rows
+/// `(dot(q, latent[l]) + dot(q_pe, pe[l])) * scale` for 4 rows `l` on AVX2: each row's 16
+/// lanes are two 8-lane halves (lanes 0..7 and 8..15), summed as `ops::dot` sums them (lane
+/// `i` the products of values `i, i + 16, …` from 0.0, a multiply, then an add: no fused
+/// multiply-add), then its tree: the halves added (lanes 8 apart), then 4, 2 and 1 apart. Four rows
 /// share each load of `q`: 8 accumulators, independent chains.
 ///
 /// # Safety
@@ -163,52 +164,6 @@ fn tree8x2(v: [__m256; 2]) -> f32 {
     _mm_cvtss_f32(x)
 }
 
-/// `(dot(q, latent[l]) + dot(q_pe, pe[l])) * scale` for the 16 rows `l` of `latent` and
-/// `pe` (widths `q.len()` and `q_pe.len()`, multiples of 16), each dot in `ops::dot`'s
-/// order: per row, lane `i` sums the products of values `i, i + 16, …` from 0.0 (a
-/// multiply, then an add: no fused multiply-add), then the tree adds lanes 8 apart, then
-/// 4, 2 and 1 apart. The rows' 16 accumulators are independent chains (a row at a time
-/// waits on each add), and the tree runs on all 16 at once as a transposition
-/// (`reduce16`).
-///
-/// # Safety
-/// The CPU must have avx512f.
-#[target_feature(enable = "avx512f")]
-pub(super) unsafe fn scores16(
-    q: &[f32],
-    q_pe: &[f32],
-    latent: &[f32],
-    pe: &[f32],
-    scale: f32,
-) -> [f32; 16] {
-    let d1 = reduce16(lanes16(q, latent));
-    let d2 = reduce16(lanes16(q_pe, pe));
-    let s = _mm512_mul_ps(_mm512_add_ps(d1, d2), _mm512_set1_ps(scale));
-    let mut out = [0.0f32; 16];
-    // SAFETY: `out` is 16 f32.
-    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), s) };
-    out
-}
-
-/// Each of the 16 rows' 16 partial sums of `a · row` (rows of `a.len()` values).
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn lanes16(a: &[f32], rows: &[f32]) -> [__m512; 16] {
-    let width = a.len();
-    assert!(width.is_multiple_of(16) && rows.len() == 16 * width);
-    let mut acc = [_mm512_setzero_ps(); 16];
-    for k in (0..width).step_by(16) {
-        // SAFETY: k + 16 <= width = a.len().
-        let x = unsafe { _mm512_loadu_ps(a.as_ptr().add(k)) };
-        for (l, sums) in acc.iter_mut().enumerate() {
-            // SAFETY: l * width + k + 16 <= 16 * width = rows.len() (asserted).
-            let y = unsafe { _mm512_loadu_ps(rows.as_ptr().add(l * width + k)) };
-            *sums = _mm512_add_ps(*sums, _mm512_mul_ps(x, y));
-        }
-    }
-    acc
-}
-
 /// `[tree(v[0]), …, tree(v[15])]`, where `tree` is `ops::dot`'s: lanes 8 apart added, then
 /// 4, 2, 1. Each level adds the same lane pairs as the tree, for two or four vectors in
 /// one add, and a last permutation puts row `l`'s sum in lane `l`.
@@ -251,11 +206,14 @@ fn reduce16(v: [__m512; 16]) -> __m512 {
     _mm512_permutexvar_ps(idx, w)
 }
 
-/// As [`scores16`] for two queries against 8 rows: `[h][l]` has the bits of `(dot(q[h],
-/// latent[l]) + dot(q_pe[h], pe[l])) * scale`. Each loaded row piece serves both queries, so
-/// a pair of heads loads 10 vectors per 16 multiplies where [`scores16`] loads 17 per 16 (its
-/// 16-row block, 36 KiB at K3's widths, does not fit a 32 KiB L1 and comes from L2 for every
-/// head); the 16 accumulators go through [`reduce16`] together.
+/// Two queries' scores against 8 rows: `[h][l]` has the bits of `(dot(q[h], latent[l]) +
+/// dot(q_pe[h], pe[l])) * scale`, each dot in `ops::dot`'s order (lane `i` sums the products
+/// of values `i, i + 16, …` from 0.0, a multiply, then an add; then the tree adds lanes 8
+/// apart, then 4, 2 and 1 apart). Each loaded row piece serves both queries, so a pair of
+/// heads loads 10 vectors per 16 multiplies, where a head at a time loads 17; the 8 rows
+/// (18 KiB at K3's widths) stay in a 32 KiB L1 while every pair of heads goes over them. The
+/// 16 accumulators (independent chains) go through [`reduce16`] together. A lone head passes
+/// its query twice.
 ///
 /// # Safety
 /// The CPU must have avx512f.
@@ -276,7 +234,7 @@ pub(super) unsafe fn scores2x8(
     std::array::from_fn(|h| std::array::from_fn(|l| out[8 * h + l]))
 }
 
-/// Two vectors' 16 partial sums against each of 8 rows, as `[8h + l]` (`lanes16`'s per pair).
+/// Two vectors' 16 partial sums against each of 8 rows, as `[8h + l]`.
 #[target_feature(enable = "avx512f")]
 #[inline]
 fn lanes2x8(a: [&[f32]; 2], rows: &[f32]) -> [__m512; 16] {
@@ -302,50 +260,52 @@ fn lanes2x8(a: [&[f32]; 2], rows: &[f32]) -> [__m512; 16] {
     acc
 }
 
-/// `weighted_rows` for two heads at once on AVX-512, for the first `ctx[h].len()` columns (a
-/// multiple of `16 * N`) of rows of `width` values: per stripe of `16 * N` columns both heads'
-/// sums stay in `2 * N` registers while the block's positions stream past, each loaded row
-/// piece serving both (`w · row` multiplied, then added, in position order per head).
+/// `weighted_rows` for two heads at once on AVX-512, for columns `start..start + 16 * N` of
+/// rows of `width` values: both heads' sums for those columns stay in `2 * N` registers while
+/// the block's positions stream past, each loaded row piece serving both (`w · row`
+/// multiplied, then added, in position order per head). The caller runs every pair of heads
+/// over one stripe of the block before the next stripe, so the stripe's rows (16 KiB for 32
+/// positions of 128 columns) stay in L1 for all of them.
 ///
 /// # Safety
-/// The CPU must have avx512f; `latent` must hold `weights[h].len()` rows of `width >=
-/// ctx[h].len()` values, and both heads the same count of weights and of columns.
+/// The CPU must have avx512f; `latent` must hold `weights[h].len()` rows of `width` values,
+/// both heads the same count of weights, and `start + 16 * N` be at most `width` and the
+/// length of both `ctx` rows.
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::needless_range_loop)] // k indexes the row's loads and the accumulators alike
-pub(super) unsafe fn weighted_rows2<const N: usize>(
+pub(super) unsafe fn weighted_stripe2<const N: usize>(
     weights: [&[f32]; 2],
     latent: &[f32],
     ctx: [&mut [f32]; 2],
     width: usize,
+    start: usize,
 ) {
     let [c0, c1] = ctx;
-    let columns = c0.len();
-    assert!(columns.is_multiple_of(16 * N) && columns <= width && c1.len() == columns);
+    let end = start + 16 * N;
+    assert!(end <= width && end <= c0.len() && end <= c1.len());
     assert!(weights[1].len() == weights[0].len() && latent.len() >= weights[0].len() * width);
-    for start in (0..columns).step_by(16 * N) {
-        let at = [c0[start..].as_mut_ptr(), c1[start..].as_mut_ptr()];
-        let mut acc: [[__m512; N]; 2] = std::array::from_fn(|h| {
-            std::array::from_fn(|k| {
-                // SAFETY: start + 16 * N <= columns for both heads.
-                unsafe { _mm512_loadu_ps(at[h].add(16 * k)) }
-            })
-        });
-        for p in 0..weights[0].len() {
-            let w = [_mm512_set1_ps(weights[0][p]), _mm512_set1_ps(weights[1][p])];
-            let row = latent[p * width + start..].as_ptr();
-            for k in 0..N {
-                // SAFETY: p * width + start + 16 * N <= latent.len() (asserted).
-                let v = unsafe { _mm512_loadu_ps(row.add(16 * k)) };
-                for h in 0..2 {
-                    acc[h][k] = _mm512_add_ps(acc[h][k], _mm512_mul_ps(w[h], v));
-                }
+    let at = [c0[start..].as_mut_ptr(), c1[start..].as_mut_ptr()];
+    let mut acc: [[__m512; N]; 2] = std::array::from_fn(|h| {
+        std::array::from_fn(|k| {
+            // SAFETY: start + 16 * N <= both rows' lengths (asserted).
+            unsafe { _mm512_loadu_ps(at[h].add(16 * k)) }
+        })
+    });
+    for p in 0..weights[0].len() {
+        let w = [_mm512_set1_ps(weights[0][p]), _mm512_set1_ps(weights[1][p])];
+        let row = latent[p * width + start..].as_ptr();
+        for k in 0..N {
+            // SAFETY: p * width + start + 16 * N <= latent.len() (asserted).
+            let v = unsafe { _mm512_loadu_ps(row.add(16 * k)) };
+            for h in 0..2 {
+                acc[h][k] = _mm512_add_ps(acc[h][k], _mm512_mul_ps(w[h], v));
             }
         }
-        for h in 0..2 {
-            for (k, sum) in acc[h].iter().enumerate() {
-                // SAFETY: start + 16 * N <= columns.
-                unsafe { _mm512_storeu_ps(at[h].add(16 * k), *sum) };
-            }
+    }
+    for h in 0..2 {
+        for (k, sum) in acc[h].iter().enumerate() {
+            // SAFETY: start + 16 * N <= both rows' lengths (asserted).
+            unsafe { _mm512_storeu_ps(at[h].add(16 * k), *sum) };
         }
     }
 }
