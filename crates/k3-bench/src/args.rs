@@ -79,6 +79,16 @@ pub(crate) fn bench_flags() -> Vec<Flag> {
             "tokens prefilled first, untimed, so the timed steps (or --prefill) run at this depth",
         ),
         Flag::value(
+            "depth-fill",
+            "N",
+            Whole,
+            "0",
+            BENCH,
+            "prefill only the first N tokens of --depth (0: all of them), then repeat their MLA cache rows up to the \
+             depth: the attention's work at depth as after a real prefill, in seconds, but logits \
+             of no real context (timing only)",
+        ),
+        Flag::value(
             "depth-chunk",
             "N",
             Count,
@@ -144,6 +154,8 @@ pub(crate) struct Args {
     pub(crate) depth: usize,
     /// `--depth-chunk N`: tokens per forward pass of the depth prefill.
     pub(crate) depth_chunk: usize,
+    /// `--depth-fill N`: tokens of the depth prefilled, the rest repeated (0: all prefilled).
+    pub(crate) depth_fill: usize,
     /// `--profile`: print where the timed steps' wall time went, by bucket.
     pub(crate) profile: bool,
     /// The library flags and `--expert-placement` (`ctx` is set once the tokens are known).
@@ -203,6 +215,7 @@ pub(crate) fn parse(
         prefill: p.get_usize("prefill")?,
         depth: p.get_or_default(table, "depth")?,
         depth_chunk: p.get_or_default::<usize>(table, "depth-chunk")?.max(1),
+        depth_fill: p.get_or_default(table, "depth-fill")?,
         profile: p.switch("profile"),
         engine,
     }))

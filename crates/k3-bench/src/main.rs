@@ -66,26 +66,41 @@ mod report;
 mod sink;
 
 /// A session that has consumed the first `depth` of `tokens` (in forward passes of `chunk`
-/// tokens, untimed, with a line saying how long it took), and the tokens after them.
+/// tokens, untimed, with a line saying how long it took), and the tokens after them. With
+/// `fill` between 1 and `depth - 1`, only the first `fill` tokens are prefilled and their MLA
+/// cache rows repeated up to the depth (`Session::repeat_context`: timing only, said so).
 fn at_depth<'t>(
     model: &Model<'_>,
     tokens: &'t [usize],
     depth: usize,
-    chunk: usize,
+    (chunk, fill): (usize, usize),
 ) -> Result<(Session, &'t [usize])> {
     anyhow::ensure!(
         depth < tokens.len(),
         "--depth {depth} leaves no token to time: --tokens gives {}",
         tokens.len()
     );
+    anyhow::ensure!(
+        fill <= depth,
+        "--depth-fill {fill} is past --depth {depth}: it prefills that many of the depth's tokens"
+    );
+    let prefilled = if fill == 0 { depth } else { fill };
     let mut session = model.session();
-    if depth > 0 {
+    if prefilled > 0 {
         let start = Instant::now();
-        model.prefill(&mut session, &tokens[..depth], chunk)?;
+        model.prefill(&mut session, &tokens[..prefilled], chunk)?;
         let seconds = start.elapsed().as_secs_f64();
         eprintln!(
-            "depth: {depth} tokens prefilled in chunks of {chunk} in {seconds:.1} s ({:.1} tokens/s, untimed)",
-            depth as f64 / seconds
+            "depth: {prefilled} tokens prefilled in chunks of {chunk} in {seconds:.1} s ({:.1} tokens/s, untimed)",
+            prefilled as f64 / seconds
+        );
+    }
+    if prefilled < depth {
+        session.repeat_context(depth)?;
+        eprintln!(
+            "depth: the MLA caches' {prefilled} rows repeated to {depth} positions (--depth-fill): \
+             the steps' attention works over {depth} positions, but the logits are those of no \
+             real context"
         );
     }
     Ok((session, &tokens[depth..]))
@@ -181,7 +196,12 @@ fn main() -> Result<()> {
         ),
     };
     // `--depth N`: the first N tokens prefilled, untimed; the timed work starts there.
-    let (session, tokens) = at_depth(&model, &tokens, args.depth, args.depth_chunk)?;
+    let (session, tokens) = at_depth(
+        &model,
+        &tokens,
+        args.depth,
+        (args.depth_chunk, args.depth_fill),
+    )?;
     model.reset_profile();
     if let Some(n) = args.prefill {
         let timed = time_prefill(

@@ -35,6 +35,10 @@ pub enum ModelError {
     /// ([`Model::rollback`](crate::model::Model::rollback)); holds why.
     #[error("rollback: {0}")]
     Rollback(String),
+    /// A session's context cannot be repeated to the depth asked
+    /// ([`Session::repeat_context`](crate::model::Session::repeat_context)); holds why.
+    #[error("repeat context: {0}")]
+    Repeat(String),
     /// The ranks disagree about a sequence (a mirror of its MLA caches missing or shorter
     /// than rank 0 announced); holds which.
     #[error("ranks: {0}")]

@@ -123,6 +123,41 @@ impl Session {
         self.journal.as_ref().map(|j| j.position)
     }
 
+    /// For timing at depth only: every MLA cache extended to `depth` positions by repeating
+    /// the rows it holds, in order, and the position moved there; the KDA states and conv
+    /// windows (whose size does not depend on the depth) stay as they are, and a checkpoint is
+    /// dropped. A decode step after this runs the same attention over `depth` cached positions
+    /// as after a real prefill of `depth` tokens — the same work and the same memory — but the
+    /// state is that of no token sequence, so its logits mean nothing. Seconds instead of the
+    /// hours a real prefill of 64k tokens takes on a small machine (`teacher_forced_decode_bench
+    /// --depth-fill repeat`). Under several ranks the mirrors get the whole caches at the next
+    /// step. Refused for an empty session or a `depth` below the position.
+    pub fn repeat_context(&mut self, depth: usize) -> Result<(), super::error::ModelError> {
+        let filled = self.position;
+        if filled == 0 || depth < filled {
+            return Err(super::error::ModelError::Repeat(format!(
+                "a context of {filled} positions cannot be repeated to {depth}: it needs at \
+                 least one position and a depth no lower than it"
+            )));
+        }
+        self.commit();
+        for cache in self.mla.iter_mut().flatten() {
+            for lines in [&mut cache.latent, &mut cache.k_pe] {
+                let row = lines.len() / filled;
+                let held = lines[..filled * row].to_vec();
+                let mut rows = filled;
+                while rows < depth {
+                    let take = (depth - rows).min(filled);
+                    lines.extend_from_slice(&held[..take * row]);
+                    rows += take;
+                }
+            }
+        }
+        self.position = depth;
+        self.mirror.forget();
+        Ok(())
+    }
+
     /// Back to an empty sequence: KDA states and conv windows zeroed, MLA caches emptied (their
     /// memory kept for reuse); a checkpoint is dropped.
     pub fn reset(&mut self) {
@@ -136,5 +171,75 @@ impl Session {
             cache.latent.clear();
             cache.k_pe.clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A session of `filled` positions: one KDA layer (any values) and one MLA layer whose row
+    /// `p` holds `p * 1000 + j` (latent) and `-(p * 1000 + j)` (k_pe) in column `j`.
+    fn session(filled: usize, rank: usize, rope: usize) -> Session {
+        let rows = |width: usize, sign: f32| -> Lines {
+            (0..filled * width)
+                .map(|i| sign * ((i / width) * 1000 + i % width) as f32)
+                .collect::<Vec<_>>()
+                .into()
+        };
+        Session {
+            position: filled,
+            kda: vec![Some(KdaState {
+                windows: std::array::from_fn(|w| vec![w as f32 + 0.5; 6]),
+                state: (0..16).map(|i| i as f32 * 0.25).collect(),
+            })],
+            mla: vec![
+                None,
+                Some(MlaCache {
+                    latent: rows(rank, 1.0),
+                    k_pe: rows(rope, -1.0),
+                }),
+            ],
+            journal: None,
+            spare: None,
+            mirror: MirrorTag::default(),
+        }
+    }
+
+    /// `repeat_context` fills positions `filled..depth` with the held rows in order (row `p`
+    /// is row `p mod filled`), moves the position, leaves the KDA state alone, and refuses an
+    /// empty session and a depth below the position.
+    #[test]
+    fn a_repeated_context_holds_the_rows_in_order_up_to_the_depth() {
+        let (rank, rope, filled, depth) = (16, 4, 3, 8);
+        let mut s = session(filled, rank, rope);
+        let kda = s.kda[0]
+            .as_ref()
+            .map(|k| (k.windows.clone(), k.state.clone()));
+        s.repeat_context(depth).unwrap();
+        assert_eq!(s.position(), depth);
+        let cache = s.mla[1].as_ref().unwrap();
+        assert_eq!(cache.latent.len(), depth * rank);
+        assert_eq!(cache.k_pe.len(), depth * rope);
+        for p in 0..depth {
+            let from = (p % filled) as f32 * 1000.0;
+            let latent: Vec<f32> = (0..rank).map(|j| from + j as f32).collect();
+            let k_pe: Vec<f32> = (0..rope).map(|j| -(from + j as f32)).collect();
+            assert_eq!(
+                &cache.latent[p * rank..(p + 1) * rank],
+                &latent[..],
+                "row {p}"
+            );
+            assert_eq!(&cache.k_pe[p * rope..(p + 1) * rope], &k_pe[..], "row {p}");
+        }
+        let after = s.kda[0]
+            .as_ref()
+            .map(|k| (k.windows.clone(), k.state.clone()));
+        assert_eq!(after, kda);
+        // The same depth again changes nothing; a lower one and an empty session are refused.
+        s.repeat_context(depth).unwrap();
+        assert_eq!(s.mla[1].as_ref().unwrap().latent.len(), depth * rank);
+        assert!(s.repeat_context(depth - 1).is_err());
+        assert!(session(0, rank, rope).repeat_context(4).is_err());
     }
 }
