@@ -379,3 +379,41 @@ fn two_heads_at_once_on_avx512_have_each_heads_bits() {
         assert_eq!(bits(&second), bits(&plain[1]), "rank {rank}, head 1");
     }
 }
+
+/// `softmax_heads` (sums of several heads side by side, the max over lanes) gives each head
+/// the bits of the straightforward loops: the max in order, `e^(s - max)`, the sum in position
+/// order, each divided — for head counts that fill the side-by-side groups and leave a tail,
+/// and positions that fill the 16 lanes and leave a tail, with scores of mixed magnitude
+/// (signed zeros among them).
+#[test]
+fn softmax_of_heads_side_by_side_has_each_heads_straightforward_bits() {
+    let mut rng = fastrand::Rng::with_seed(21);
+    for (heads, positions) in [(1usize, 1usize), (3, 16), (11, 37), (16, 100), (9, 5)] {
+        let scores: Vec<f32> = (0..heads * positions)
+            .map(|i| match i % 13 {
+                0 => 0.0,
+                1 => -0.0,
+                _ => (rng.f32() - 0.5) * 2f32.powi(rng.i32(-6..7)),
+            })
+            .collect();
+        let mut want = scores.clone();
+        for row in want.chunks_exact_mut(positions) {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            for s in row.iter_mut() {
+                *s = mxfp4_kernels::vmath::exp(*s - max);
+            }
+            let total = row.iter().fold(0.0f32, |a, &e| a + e);
+            for s in row.iter_mut() {
+                *s /= total;
+            }
+        }
+        let mut got = scores;
+        softmax_heads(&mut got, heads, positions);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&got),
+            bits(&want),
+            "{heads} heads, {positions} positions"
+        );
+    }
+}
