@@ -32,10 +32,24 @@ pub fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32, out: &mut [f32]) {
     }
 }
 
-/// `Σ a_i b_i` in the canonical f32 order (module docs).
+/// `Σ a_i b_i` in the canonical f32 order (module docs), each product fused into its lane's
+/// sum: `lane = a_i.mul_add(b_i, lane)`, one rounding per term (an FMA instruction where the
+/// code is compiled for FMA, as the MLA attention that calls this is; the correctly rounded
+/// library function elsewhere, so the bits are the same on every CPU).
 #[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    lane_sum(a, b, |x, y| x * y)
+    let mut lanes = [0.0f32; 16];
+    let (a16, a_tail) = a.split_at(a.len() / 16 * 16);
+    let (b16, b_tail) = b.split_at(a16.len());
+    for (x, y) in a16.chunks_exact(16).zip(b16.chunks_exact(16)) {
+        for i in 0..16 {
+            lanes[i] = x[i].mul_add(y[i], lanes[i]);
+        }
+    }
+    for (i, (&x, &y)) in a_tail.iter().zip(b_tail).enumerate() {
+        lanes[i] = x.mul_add(y, lanes[i]);
+    }
+    tree_sum(lanes)
 }
 
 /// `Σ term(a_i, b_i)` in 16 interleaved f32 partial sums and a fixed tree (module docs). Tails

@@ -55,8 +55,8 @@ const SCORE_BLOCK: usize = 8;
 const LATENT_BLOCK: usize = 32;
 
 /// `ctx[j] += Σ_p weights[p] · latent[p][j]` over the rows of `latent` (`ctx.len()` values
-/// each), each sum continuing in position order from the value `ctx[j]` holds (a multiply,
-/// then an add). From `ctx` zeroed, a call per block of positions in order gives the bits of
+/// each), each sum continuing in position order from the value `ctx[j]` holds (`w ·
+/// latent[p][j]` fused into it: `mul_add`, one rounding per position). From `ctx` zeroed, a call per block of positions in order gives the bits of
 /// one call over them all. On AVX2 ([`x86::weighted_rows_stripes`]) 64 sums at a time (32
 /// where the width is not a multiple of 64) stay in registers while the block's positions
 /// stream past; as an `[f32; 32]` array the compiler kept them in memory, each position's
@@ -88,7 +88,7 @@ fn weighted_rows(weights: &[f32], latent: &[f32], ctx: &mut [f32], avx2: bool) {
         for (p, &w) in weights.iter().enumerate() {
             let row = &latent[p * width + start..p * width + start + STRIPE];
             for j in 0..STRIPE {
-                acc[j] += w * row[j];
+                acc[j] = w.mul_add(row[j], acc[j]);
             }
         }
         ctx[start..start + STRIPE].copy_from_slice(&acc);
@@ -97,7 +97,7 @@ fn weighted_rows(weights: &[f32], latent: &[f32], ctx: &mut [f32], avx2: bool) {
     for (j, c) in ctx.iter_mut().enumerate().skip(start) {
         let mut acc = *c;
         for (p, &w) in weights.iter().enumerate() {
-            acc += w * latent[p * width + j];
+            acc = w.mul_add(latent[p * width + j], acc);
         }
         *c = acc;
     }

@@ -28,17 +28,19 @@ fn dot_is_within_the_summation_bound_and_fixed_in_order() {
             .zip(&b)
             .map(|(&x, &y)| (x as f64 * y as f64).abs())
             .sum();
-        // Each product rounds once and each term passes through at most n/16 + 4 additions.
+        // Each term passes through at most n/16 + 4 roundings (the lane's fused multiply-adds,
+        // then the tree's additions).
         let bound = ((n / 16 + 5) as f64) * f32::EPSILON as f64 * magnitude;
         let got = dot(&a, &b);
         assert!(
             (got as f64 - exact).abs() <= bound,
             "n {n}: {got} vs {exact}"
         );
-        // The order is lane-interleaved: the same bits as a sum written out that way.
+        // The order is lane-interleaved, each product fused into its lane: the same bits as a
+        // sum written out that way.
         let mut lanes = [0.0f32; 16];
         for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-            lanes[i % 16] += x * y;
+            lanes[i % 16] = x.mul_add(*y, lanes[i % 16]);
         }
         for width in [8, 4, 2, 1] {
             for i in 0..width {

@@ -5,7 +5,7 @@ use super::*;
 
 /// One head's context by the straightforward loops the module docs name: `dot` for each
 /// score, the softmax in position order, the weighted latents summed position by position
-/// from 0.0, `dot` for the value rows.
+/// from 0.0 (each product fused into its sum), `dot` for the value rows.
 fn one_head(d: &Dims, cache: &MlaCache, positions: usize, q: &[f32], rows: &[f32]) -> Vec<f32> {
     let (nope, rope, rank) = (d.nope, d.rope, d.rank);
     let mut q_abs = vec![0.0f32; rank];
@@ -33,7 +33,7 @@ fn one_head(d: &Dims, cache: &MlaCache, positions: usize, q: &[f32], rows: &[f32
             .iter_mut()
             .zip(&cache.latent[p * rank..(p + 1) * rank])
         {
-            *a += weight * v;
+            *a = weight.mul_add(v, *a);
         }
     }
     let v_rows = &rows[nope * rank..];
@@ -220,7 +220,7 @@ fn weighted_rows_keep_the_position_order() {
             let mut plain = vec![0.0f32; width];
             for (p, &w) in weights.iter().enumerate() {
                 for (a, &v) in plain.iter_mut().zip(&latent[p * width..(p + 1) * width]) {
-                    *a += w * v;
+                    *a = w.mul_add(v, *a);
                 }
             }
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();

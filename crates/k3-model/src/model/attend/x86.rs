@@ -6,13 +6,13 @@ use core::arch::x86_64::*;
 
 /// `(dot(q, latent[l]) + dot(q_pe, pe[l])) * scale` for 4 rows `l` on AVX2: each row's 16
 /// lanes are two 8-lane halves (lanes 0..7 and 8..15), summed as `ops::dot` sums them (lane
-/// `i` the products of values `i, i + 16, …` from 0.0, a multiply, then an add: no fused
-/// multiply-add), then its tree: the halves added (lanes 8 apart), then 4, 2 and 1 apart. Four rows
+/// `i` the products of values `i, i + 16, …` from 0.0, each fused into the sum by an FMA),
+/// then its tree: the halves added (lanes 8 apart), then 4, 2 and 1 apart. Four rows
 /// share each load of `q`: 8 accumulators, independent chains.
 ///
 /// # Safety
-/// The CPU must have avx2.
-#[target_feature(enable = "avx2")]
+/// The CPU must have avx2 and fma (the `avx2` tier has both).
+#[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn scores4(
     q: &[f32],
     q_pe: &[f32],
@@ -27,7 +27,7 @@ pub(super) unsafe fn scores4(
 
 /// Each of the 4 rows' 16 partial sums of `a · row` as two halves (rows of `a.len()`
 /// values, a multiple of 16).
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 #[inline]
 fn lanes4(a: &[f32], rows: &[f32]) -> [[__m256; 2]; 4] {
     let width = a.len();
@@ -45,7 +45,7 @@ fn lanes4(a: &[f32], rows: &[f32]) -> [[__m256; 2]; 4] {
             for (h, sum) in sums.iter_mut().enumerate() {
                 // SAFETY: l * width + k + 8h + 8 <= 4 * width = rows.len() (asserted).
                 let y = unsafe { _mm256_loadu_ps(rows.as_ptr().add(l * width + k + 8 * h)) };
-                *sum = _mm256_add_ps(*sum, _mm256_mul_ps(x[h], y));
+                *sum = _mm256_fmadd_ps(x[h], y, *sum);
             }
         }
     }
@@ -59,8 +59,8 @@ fn lanes4(a: &[f32], rows: &[f32]) -> [[__m256; 2]; 4] {
 /// outgrows L1; this loads six per eight (PERFORMANCE.md phase 27).
 ///
 /// # Safety
-/// The CPU must have avx2.
-#[target_feature(enable = "avx2")]
+/// The CPU must have avx2 and fma (the `avx2` tier has both).
+#[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn scores2x4(
     q: [&[f32]; 2],
     q_pe: [&[f32]; 2],
@@ -79,7 +79,7 @@ pub(super) unsafe fn scores2x4(
 /// One half of the lanes at a time: 8 accumulators (2 heads × 4 rows) stay in registers
 /// beside the two heads' pieces and a row's piece, where both halves at once would need 16.
 /// The halves are independent chains of `ops::dot`, so their order between them is free.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 #[inline]
 fn lanes2x4(a: [&[f32]; 2], rows: &[f32]) -> [[[__m256; 2]; 4]; 2] {
     let width = a[0].len();
@@ -99,7 +99,7 @@ fn lanes2x4(a: [&[f32]; 2], rows: &[f32]) -> [[[__m256; 2]; 4]; 2] {
                 // SAFETY: l * width + k + 8 <= 4 * width = rows.len() (asserted).
                 let y = unsafe { _mm256_loadu_ps(rows.as_ptr().add(l * width + k)) };
                 for h in 0..2 {
-                    acc[h][l] = _mm256_add_ps(acc[h][l], _mm256_mul_ps(x[h], y));
+                    acc[h][l] = _mm256_fmadd_ps(x[h], y, acc[h][l]);
                 }
             }
         }
@@ -114,15 +114,15 @@ fn lanes2x4(a: [&[f32]; 2], rows: &[f32]) -> [[[__m256; 2]; 4]; 2] {
 
 /// `weighted_rows` on AVX2 for the first `ctx.len()` columns (a multiple of `8 * N`) of rows
 /// of `width` values: per stripe of `8 * N` columns, the sums in `N` registers, each
-/// position's `w · row` multiplied, then added, in position order. Each register's adds form
+/// position's `w · row` fused into the sums (FMA), in position order. Each register's adds form
 /// a chain a position long; with `N = 4` (32 columns) the chains' add latency bounded the
 /// loop, `N = 8` (64 columns) keeps both add pipes busy: 3-17% faster over 4096 and 65,536
 /// positions on Zen 3, alternated (PERFORMANCE.md phase 27).
 ///
 /// # Safety
-/// The CPU must have avx2; `latent` must hold `weights.len()` rows of `width >= ctx.len()`
+/// The CPU must have avx2 and fma (the `avx2` tier has both); `latent` must hold `weights.len()` rows of `width >= ctx.len()`
 /// values.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn weighted_rows_stripes<const N: usize>(
     weights: &[f32],
     latent: &[f32],
@@ -142,7 +142,7 @@ pub(super) unsafe fn weighted_rows_stripes<const N: usize>(
             for (k, sum) in acc.iter_mut().enumerate() {
                 // SAFETY: p * width + start + 8 * N <= latent.len() (asserted).
                 let v = unsafe { _mm256_loadu_ps(row.add(8 * k)) };
-                *sum = _mm256_add_ps(*sum, _mm256_mul_ps(w, v));
+                *sum = _mm256_fmadd_ps(w, v, *sum);
             }
         }
         for (k, sum) in acc.iter().enumerate() {
@@ -154,7 +154,7 @@ pub(super) unsafe fn weighted_rows_stripes<const N: usize>(
 
 /// `ops::dot`'s tree over 16 lanes held as two halves: lanes `i + (i + 8)`, then `i +
 /// (i + 4)`, `i + (i + 2)`, lane 0 + lane 1.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 #[inline]
 fn tree8x2(v: [__m256; 2]) -> f32 {
     let s = _mm256_add_ps(v[0], v[1]);
@@ -167,7 +167,7 @@ fn tree8x2(v: [__m256; 2]) -> f32 {
 /// `[tree(v[0]), …, tree(v[15])]`, where `tree` is `ops::dot`'s: lanes 8 apart added, then
 /// 4, 2, 1. Each level adds the same lane pairs as the tree, for two or four vectors in
 /// one add, and a last permutation puts row `l`'s sum in lane `l`.
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,fma")]
 #[inline]
 fn reduce16(v: [__m512; 16]) -> __m512 {
     // Lanes i + 8 onto i: [a.q0 a.q1 b.q0 b.q1] + [a.q2 a.q3 b.q2 b.q3].
@@ -208,7 +208,7 @@ fn reduce16(v: [__m512; 16]) -> __m512 {
 
 /// Two queries' scores against 8 rows: `[h][l]` has the bits of `(dot(q[h], latent[l]) +
 /// dot(q_pe[h], pe[l])) * scale`, each dot in `ops::dot`'s order (lane `i` sums the products
-/// of values `i, i + 16, …` from 0.0, a multiply, then an add; then the tree adds lanes 8
+/// of values `i, i + 16, …` from 0.0, each fused into the sum by an FMA; then the tree adds lanes 8
 /// apart, then 4, 2 and 1 apart). Each loaded row piece serves both queries, so a pair of
 /// heads loads 10 vectors per 16 multiplies, where a head at a time loads 17; the 8 rows
 /// (18 KiB at K3's widths) stay in a 32 KiB L1 while every pair of heads goes over them. The
@@ -216,8 +216,8 @@ fn reduce16(v: [__m512; 16]) -> __m512 {
 /// its query twice.
 ///
 /// # Safety
-/// The CPU must have avx512f.
-#[target_feature(enable = "avx512f")]
+/// The CPU must have avx512f (every such CPU has fma).
+#[target_feature(enable = "avx512f,fma")]
 pub(super) unsafe fn scores2x8(
     q: [&[f32]; 2],
     q_pe: [&[f32]; 2],
@@ -235,7 +235,7 @@ pub(super) unsafe fn scores2x8(
 }
 
 /// Two vectors' 16 partial sums against each of 8 rows, as `[8h + l]`.
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,fma")]
 #[inline]
 fn lanes2x8(a: [&[f32]; 2], rows: &[f32]) -> [__m512; 16] {
     let width = a[0].len();
@@ -253,7 +253,7 @@ fn lanes2x8(a: [&[f32]; 2], rows: &[f32]) -> [__m512; 16] {
             // SAFETY: l * width + k + 16 <= 8 * width = rows.len() (asserted).
             let y = unsafe { _mm512_loadu_ps(rows.as_ptr().add(l * width + k)) };
             for h in 0..2 {
-                acc[8 * h + l] = _mm512_add_ps(acc[8 * h + l], _mm512_mul_ps(x[h], y));
+                acc[8 * h + l] = _mm512_fmadd_ps(x[h], y, acc[8 * h + l]);
             }
         }
     }
@@ -263,15 +263,15 @@ fn lanes2x8(a: [&[f32]; 2], rows: &[f32]) -> [__m512; 16] {
 /// `weighted_rows` for two heads at once on AVX-512, for columns `start..start + 16 * N` of
 /// rows of `width` values: both heads' sums for those columns stay in `2 * N` registers while
 /// the block's positions stream past, each loaded row piece serving both (`w · row`
-/// multiplied, then added, in position order per head). The caller runs every pair of heads
+/// fused into the sums by FMAs, in position order per head). The caller runs every pair of heads
 /// over one stripe of the block before the next stripe, so the stripe's rows (16 KiB for 32
 /// positions of 128 columns) stay in L1 for all of them.
 ///
 /// # Safety
-/// The CPU must have avx512f; `latent` must hold `weights[h].len()` rows of `width` values,
+/// The CPU must have avx512f (every such CPU has fma); `latent` must hold `weights[h].len()` rows of `width` values,
 /// both heads the same count of weights, and `start + 16 * N` be at most `width` and the
 /// length of both `ctx` rows.
-#[target_feature(enable = "avx512f")]
+#[target_feature(enable = "avx512f,fma")]
 #[allow(clippy::needless_range_loop)] // k indexes the row's loads and the accumulators alike
 pub(super) unsafe fn weighted_stripe2<const N: usize>(
     weights: [&[f32]; 2],
@@ -298,7 +298,7 @@ pub(super) unsafe fn weighted_stripe2<const N: usize>(
             // SAFETY: p * width + start + 16 * N <= latent.len() (asserted).
             let v = unsafe { _mm512_loadu_ps(row.add(16 * k)) };
             for h in 0..2 {
-                acc[h][k] = _mm512_add_ps(acc[h][k], _mm512_mul_ps(w[h], v));
+                acc[h][k] = _mm512_fmadd_ps(w[h], v, acc[h][k]);
             }
         }
     }
