@@ -7,8 +7,10 @@
 //! the store's I/O buffers (free list and reads in flight), the MLA latent cache of
 //! `max_batch` sequences at `ctx` tokens, their KDA states and conv windows, and the f32
 //! copies the model makes at load (MLA `kv_b`, norms and other vectors). Not counted: pages of
-//! the file mappings (page cache, which the kernel reclaims) and per-step activations (a few
-//! MB at most).
+//! the file mappings (page cache, which the kernel reclaims) and per-step buffers, left to the
+//! safety margin ([`crate::plan::safety_margin`]): a few MB for a decode step, but k3-serve's
+//! 32k-token prompt on the k3-wide slice (128-token prefill steps) held 0.37 GB above the
+//! counted classes, flat with the depth (PERFORMANCE.md phase 32).
 
 use expert_store::io::MemoryBudget;
 use expert_store::{Checkpoint, CheckpointError};
