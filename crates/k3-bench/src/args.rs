@@ -84,9 +84,9 @@ pub(crate) fn bench_flags() -> Vec<Flag> {
             Whole,
             "0",
             BENCH,
-            "prefill only the first N tokens of --depth (0: all of them), then repeat their MLA cache rows up to the \
-             depth: the attention's work at depth as after a real prefill, in seconds, but logits \
-             of no real context (timing only)",
+            "prefill only the first N tokens of --depth (0: all of them), then repeat their MLA \
+             cache rows up to the depth: the attention's work at depth as after a real prefill, \
+             in seconds, but logits of no real context (timing only)",
         ),
         Flag::value(
             "depth-chunk",

@@ -38,34 +38,24 @@ pub fn rms_norm(x: &[f32], weight: Option<&[f32]>, eps: f32, out: &mut [f32]) {
 /// library function elsewhere, so the bits are the same on every CPU).
 #[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 16];
-    let (a16, a_tail) = a.split_at(a.len() / 16 * 16);
-    let (b16, b_tail) = b.split_at(a16.len());
-    for (x, y) in a16.chunks_exact(16).zip(b16.chunks_exact(16)) {
-        for i in 0..16 {
-            lanes[i] = x[i].mul_add(y[i], lanes[i]);
-        }
-    }
-    for (i, (&x, &y)) in a_tail.iter().zip(b_tail).enumerate() {
-        lanes[i] = x.mul_add(y, lanes[i]);
-    }
-    tree_sum(lanes)
+    lane_sum(a, b, |lane, x, y| x.mul_add(y, lane))
 }
 
-/// `Σ term(a_i, b_i)` in 16 interleaved f32 partial sums and a fixed tree (module docs). Tails
-/// past a multiple of 16 go to their lane like the rest.
+/// `Σ a_i b_i`-style sums in 16 interleaved f32 partial sums and a fixed tree (module docs):
+/// element `i` goes into lane `i % 16` as `lane = step(lane, a_i, b_i)`. Tails past a
+/// multiple of 16 go to their lane like the rest.
 #[inline(always)]
-fn lane_sum(a: &[f32], b: &[f32], term: impl Fn(f32, f32) -> f32) -> f32 {
+fn lane_sum(a: &[f32], b: &[f32], step: impl Fn(f32, f32, f32) -> f32) -> f32 {
     let mut lanes = [0.0f32; 16];
     let (a16, a_tail) = a.split_at(a.len() / 16 * 16);
     let (b16, b_tail) = b.split_at(a16.len());
     for (x, y) in a16.chunks_exact(16).zip(b16.chunks_exact(16)) {
         for i in 0..16 {
-            lanes[i] += term(x[i], y[i]);
+            lanes[i] = step(lanes[i], x[i], y[i]);
         }
     }
     for (i, (&x, &y)) in a_tail.iter().zip(b_tail).enumerate() {
-        lanes[i] += term(x, y);
+        lanes[i] = step(lanes[i], x, y);
     }
     tree_sum(lanes)
 }
@@ -129,7 +119,7 @@ pub fn attn_res_mix(candidates: &[&[f32]], score: &[f32], eps: f32, out: &mut [f
         .iter()
         .map(|v| {
             let inv = inv_rms(v, eps);
-            lane_sum(v, score, |a, s| (a * inv) * s)
+            lane_sum(v, score, |lane, a, s| lane + (a * inv) * s)
         })
         .collect();
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);

@@ -56,11 +56,12 @@ const LATENT_BLOCK: usize = 32;
 
 /// `ctx[j] += Σ_p weights[p] · latent[p][j]` over the rows of `latent` (`ctx.len()` values
 /// each), each sum continuing in position order from the value `ctx[j]` holds (`w ·
-/// latent[p][j]` fused into it: `mul_add`, one rounding per position). From `ctx` zeroed, a call per block of positions in order gives the bits of
-/// one call over them all. On AVX2 ([`x86::weighted_rows_stripes`]) 64 sums at a time (32
-/// where the width is not a multiple of 64) stay in registers while the block's positions
-/// stream past; as an `[f32; 32]` array the compiler kept them in memory, each position's
-/// add waiting on the last one's store (10 GMAC/s on a Zen 3 core, PERFORMANCE.md phase 25).
+/// latent[p][j]` fused into it: `mul_add`, one rounding per position). From `ctx` zeroed, a
+/// call per block of positions in order gives the bits of one call over them all. On AVX2
+/// ([`x86::weighted_rows_stripes`]) 64 sums at a time (32 where the width is not a multiple
+/// of 64) stay in registers while the block's positions stream past; as an `[f32; 32]` array
+/// the compiler kept them in memory, each position's add waiting on the last one's store (10
+/// GMAC/s on a Zen 3 core, PERFORMANCE.md phase 25).
 #[inline(always)]
 fn weighted_rows(weights: &[f32], latent: &[f32], ctx: &mut [f32], avx2: bool) {
     const STRIPE: usize = 32;
@@ -127,9 +128,9 @@ pub(super) struct HeadQueries<'a> {
 /// each `kv_b` row, so a row is read once for the group; the cache is read in blocks of
 /// [`SCORE_BLOCK`] positions for the scores and [`LATENT_BLOCK`] for the weighted latents
 /// (with the SIMD kernels; [`POSITION_BLOCK`] without), each block for every head before the
-/// next, so it is read once per token and task instead of once per
-/// head; the scores (AVX2, AVX-512) and the weighted latents (AVX-512) go two heads at a
-/// time, each loaded row piece serving both.
+/// next, so it is read once per token and task instead of once per head; the scores (AVX2,
+/// AVX-512) and the weighted latents (AVX-512) go two heads at a time, each loaded row piece
+/// serving both.
 /// Inlined into `wide`'s function, with plain loops and reused buffers: as a closure with
 /// iterator `collect`s it was compiled outside it at baseline width, and `exp`'s `mul_add`
 /// and rounding became libm calls (PERFORMANCE.md, phase 20).

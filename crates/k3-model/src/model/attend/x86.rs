@@ -114,14 +114,14 @@ fn lanes2x4(a: [&[f32]; 2], rows: &[f32]) -> [[[__m256; 2]; 4]; 2] {
 
 /// `weighted_rows` on AVX2 for the first `ctx.len()` columns (a multiple of `8 * N`) of rows
 /// of `width` values: per stripe of `8 * N` columns, the sums in `N` registers, each
-/// position's `w · row` fused into the sums (FMA), in position order. Each register's adds form
-/// a chain a position long; with `N = 4` (32 columns) the chains' add latency bounded the
+/// position's `w · row` fused into the sums (FMA), in position order. Each register's adds
+/// form a chain a position long; with `N = 4` (32 columns) the chains' add latency bounded the
 /// loop, `N = 8` (64 columns) keeps both add pipes busy: 3-17% faster over 4096 and 65,536
 /// positions on Zen 3, alternated (PERFORMANCE.md phase 27).
 ///
 /// # Safety
-/// The CPU must have avx2 and fma (the `avx2` tier has both); `latent` must hold `weights.len()` rows of `width >= ctx.len()`
-/// values.
+/// The CPU must have avx2 and fma (the `avx2` tier has both); `latent` must hold
+/// `weights.len()` rows of `width >= ctx.len()` values.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn weighted_rows_stripes<const N: usize>(
     weights: &[f32],
@@ -208,8 +208,8 @@ fn reduce16(v: [__m512; 16]) -> __m512 {
 
 /// Two queries' scores against 8 rows: `[h][l]` has the bits of `(dot(q[h], latent[l]) +
 /// dot(q_pe[h], pe[l])) * scale`, each dot in `ops::dot`'s order (lane `i` sums the products
-/// of values `i, i + 16, …` from 0.0, each fused into the sum by an FMA; then the tree adds lanes 8
-/// apart, then 4, 2 and 1 apart). Each loaded row piece serves both queries, so a pair of
+/// of values `i, i + 16, …` from 0.0, each fused into the sum by an FMA; then the tree adds
+/// lanes 8 apart, then 4, 2 and 1 apart). Each loaded row piece serves both queries, so a pair of
 /// heads loads 10 vectors per 16 multiplies, where a head at a time loads 17; the 8 rows
 /// (18 KiB at K3's widths) stay in a 32 KiB L1 while every pair of heads goes over them. The
 /// 16 accumulators (independent chains) go through [`reduce16`] together. A lone head passes
@@ -268,9 +268,9 @@ fn lanes2x8(a: [&[f32]; 2], rows: &[f32]) -> [__m512; 16] {
 /// positions of 128 columns) stay in L1 for all of them.
 ///
 /// # Safety
-/// The CPU must have avx512f (every such CPU has fma); `latent` must hold `weights[h].len()` rows of `width` values,
-/// both heads the same count of weights, and `start + 16 * N` be at most `width` and the
-/// length of both `ctx` rows.
+/// The CPU must have avx512f (every such CPU has fma); `latent` must hold `weights[h].len()`
+/// rows of `width` values, both heads the same count of weights, and `start + 16 * N` be at
+/// most `width` and the length of both `ctx` rows.
 #[target_feature(enable = "avx512f,fma")]
 #[allow(clippy::needless_range_loop)] // k indexes the row's loads and the accumulators alike
 pub(super) unsafe fn weighted_stripe2<const N: usize>(
