@@ -222,7 +222,14 @@ fn token_latents(
         let mut h = 0;
         #[cfg(target_arch = "x86_64")]
         if (d.avx512 || avx2_scores) && rank.is_multiple_of(16) && rope.is_multiple_of(16) {
+            // The next block's rows, a share before each pair of heads (from memory once the
+            // cache outgrows L3; PERFORMANCE.md phase 33).
+            let next = block_end..(block_end + score_block_len).min(positions);
+            let (next_latent, next_pe) = rows(cache, next, d);
+            let pairs = heads / 2;
             while h + 2 <= heads {
+                x86::prefetch_share(next_latent, h / 2, pairs);
+                x86::prefetch_share(next_pe, h / 2, pairs);
                 let q_abs = [
                     &q_abs[h * rank..(h + 1) * rank],
                     &q_abs[(h + 1) * rank..(h + 2) * rank],
@@ -267,8 +274,12 @@ fn token_latents(
         #[cfg(target_arch = "x86_64")]
         if avx512_latents {
             let stripe = if rank.is_multiple_of(128) { 128 } else { 64 };
-            for start in (0..rank).step_by(stripe) {
+            let next_end = (block_end + latent_block_len).min(positions);
+            let next = &cache.latent[block_end * rank..next_end * rank];
+            let shares = rank / stripe * (heads / 2);
+            for (s, start) in (0..rank).step_by(stripe).enumerate() {
                 for pair in 0..heads / 2 {
+                    x86::prefetch_share(next, s * (heads / 2) + pair, shares);
                     let h = 2 * pair;
                     let weights = [
                         &scores[h * positions + block_start..h * positions + block_end],
