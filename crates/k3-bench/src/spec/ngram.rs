@@ -1,6 +1,6 @@
 //! The real drafter on a code-editing prompt: a chat turn that gives a block of code and asks
 //! for it back with an edit, decoded greedily without drafts and with the n-gram drafter over
-//! prompt and output (`k3_model::speculate::NgramIndex`), alternated in pairs. A model that
+//! prompt and output (`k3_model::speculate::NgramIndex`), in pairs run pass by pass. A model that
 //! quotes its input gets long drafts accepted; a synthetic checkpoint's random weights never
 //! quote it, which the report says rather than hides.
 
@@ -8,7 +8,7 @@ use anyhow::{Result, ensure};
 use k3_model::model::Model;
 use k3_model::speculate::{MAX_N, MIN_N, NgramIndex};
 
-use crate::generate::{Decoded, Drafter, Mode, decode};
+use crate::generate::{Decoded, Decoder, Drafter, Mode, decode_pair};
 use crate::oracle::first_difference;
 use crate::stats::median;
 
@@ -52,20 +52,21 @@ pub(crate) fn run(
             found: 0,
         };
         drafter.index.extend(prompt);
-        let on = |drafter: &mut Ngram| {
+        let plain = Decoder::new(model, prompt, count, Mode::Off)?;
+        let (off, on) = {
             let mode = Mode::On {
-                drafter,
+                drafter: &mut drafter,
                 curve,
                 max_draft,
             };
-            decode(model, prompt, count, mode)
-        };
-        let (off, on) = if pair % 2 == 0 {
-            let off = decode(model, prompt, count, Mode::Off)?;
-            (off, on(&mut drafter)?)
-        } else {
-            let on = on(&mut drafter)?;
-            (decode(model, prompt, count, Mode::Off)?, on)
+            let on = Decoder::new(model, prompt, count, mode)?;
+            // Pass by pass (`decode_pair`), off or on first by turns on a tie.
+            if pair % 2 == 0 {
+                decode_pair(plain, on)?
+            } else {
+                let (on, off) = decode_pair(on, plain)?;
+                (off, on)
+            }
         };
         ensure!(
             on.tokens == off.tokens,

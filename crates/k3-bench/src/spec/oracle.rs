@@ -1,13 +1,13 @@
 //! The oracle runs: at each acceptance rate p, plain greedy decoding and speculative greedy
-//! decoding with the oracle drafter, alternated in pairs (off on, then on off), each run's
-//! tokens checked against the plain reference, and the tokens/s of the two compared within
-//! each pair.
+//! decoding with the oracle drafter in pairs, the two decodes of a pair run pass by pass
+//! ([`decode_pair`]), each run's tokens checked against the plain reference, and the tokens/s
+//! of the two compared within each pair.
 
 use anyhow::{Result, ensure};
 use k3_model::model::Model;
 
 use crate::draw::Oracle;
-use crate::generate::{Decoded, Mode, decode};
+use crate::generate::{Decoded, Decoder, Mode, decode_pair};
 use crate::projection::expected_tokens;
 use crate::stats::median;
 
@@ -55,21 +55,24 @@ pub(crate) fn run(model: &Model<'_>, setup: &Setup<'_>, rates: &[f64]) -> Result
         for pair in 0..setup.pairs {
             let seed = setup.seed ^ ((r as u64) << 32 | pair as u64);
             let mut oracle = Oracle::new(setup.truth.to_vec(), p, setup.vocab, seed);
-            let mut on = || {
-                let mode = Mode::On {
+            let on = Decoder::new(
+                model,
+                setup.prompt,
+                count,
+                Mode::On {
                     drafter: &mut oracle,
                     curve: setup.curve,
                     max_draft: setup.max_draft,
-                };
-                decode(model, setup.prompt, count, mode)
-            };
-            // A B, then B A: neither goes first every time.
+                },
+            )?;
+            let off = Decoder::new(model, setup.prompt, count, Mode::Off)?;
+            // Pass by pass (`decode_pair`); on a tie off goes first, then on: neither leads
+            // every time.
             let (off, on) = if pair % 2 == 0 {
-                let off = decode(model, setup.prompt, count, Mode::Off)?;
-                (off, on()?)
+                decode_pair(off, on)?
             } else {
-                let on = on()?;
-                (decode(model, setup.prompt, count, Mode::Off)?, on)
+                let (on, off) = decode_pair(on, off)?;
+                (off, on)
             };
             for (name, run) in [("off", &off), ("on", &on)] {
                 ensure!(
@@ -89,6 +92,13 @@ pub(crate) fn run(model: &Model<'_>, setup: &Setup<'_>, rates: &[f64]) -> Result
                 on.accepted,
                 on.drafted,
                 on.tokens_per_second() / off.tokens_per_second(),
+            );
+            println!(
+                "  forward passes: off {} ({:.1}% of its run), on {} ({:.1}% of its run)",
+                off.passes_by_size(),
+                100.0 * off.forward_seconds() / off.seconds,
+                on.passes_by_size(),
+                100.0 * on.forward_seconds() / on.seconds,
             );
             pairs.push((off, on));
         }
@@ -207,6 +217,7 @@ mod tests {
             passes,
             drafted,
             accepted,
+            forward: vec![(passes, seconds)],
         };
         let result = RateResult {
             p: 0.5,
@@ -218,6 +229,9 @@ mod tests {
         let cells = |line: &str| line.matches('|').count();
         let line = row(&result, 1.25);
         assert_eq!(cells(&line), cells(HEADER), "{line}");
+        // Each run's passes by size: 8 passes of one token in 4 s.
+        assert_eq!(result.pairs[0].0.passes_by_size(), "1×8 (500.0 ms)");
+        assert_eq!(result.pairs[0].0.forward_seconds(), 4.0);
         // The ratios 2 and 1: their median is 1.5, not the upper one.
         assert_eq!(result.ratio(), 1.5);
         assert!(
