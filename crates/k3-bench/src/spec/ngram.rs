@@ -33,7 +33,7 @@ impl Drafter for Ngram {
     }
 }
 
-/// Decodes `count` tokens after `prompt` off and on in `pairs` alternated pairs; prints each
+/// Decodes `count` tokens after `prompt` off and on in `pairs` pairs, each run pass by pass; prints each
 /// pair, the median speedup, the acceptance and whether the output quotes the prompt at all.
 pub(crate) fn run(
     model: &Model<'_>,
