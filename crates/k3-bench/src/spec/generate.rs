@@ -43,8 +43,6 @@ pub(crate) struct Decoded {
     /// Wall time of the passes after the prompt (drafting, rollbacks and sampling included),
     /// summed pass by pass: what the `tokens.len() - 1` decoded tokens took.
     pub(crate) seconds: f64,
-    /// Forward passes after the prompt.
-    pub(crate) passes: usize,
     /// Drafted tokens fed to the passes, and how many of them were accepted.
     pub(crate) drafted: usize,
     pub(crate) accepted: usize,
@@ -55,6 +53,11 @@ pub(crate) struct Decoded {
 }
 
 impl Decoded {
+    /// Forward passes after the prompt, all sizes together.
+    pub(crate) fn passes(&self) -> usize {
+        self.forward.iter().map(|&(count, _)| count).sum()
+    }
+
     /// Decoded tokens per second (the prompt's token left out).
     pub(crate) fn tokens_per_second(&self) -> f64 {
         (self.tokens.len() - 1) as f64 / self.seconds
@@ -62,7 +65,7 @@ impl Decoded {
 
     /// Tokens emitted per pass.
     pub(crate) fn tokens_per_pass(&self) -> f64 {
-        (self.tokens.len() - 1) as f64 / self.passes as f64
+        (self.tokens.len() - 1) as f64 / self.passes() as f64
     }
 
     /// Seconds inside the forward passes, all sizes together.
@@ -94,7 +97,7 @@ impl Decoded {
 }
 
 /// One greedy decode in progress: its session, sampler and tokens, and what its passes took.
-/// [`decode`] runs one alone; [`decode_pair`] runs two pass by pass.
+/// [`decode`] runs one alone; [`decode_pair`] runs a plain and a speculative one pass by pass.
 pub(crate) struct Decoder<'m, 'd> {
     model: &'m Model<'m>,
     session: Session,
@@ -145,7 +148,6 @@ impl<'m, 'd> Decoder<'m, 'd> {
             done: Decoded {
                 tokens: Vec::new(),
                 seconds: 0.0,
-                passes: 0,
                 drafted: 0,
                 accepted: 0,
                 forward: Vec::new(),
@@ -205,7 +207,6 @@ impl<'m, 'd> Decoder<'m, 'd> {
         }
         d.forward[feed.len() - 1].0 += 1;
         d.forward[feed.len() - 1].1 += took;
-        d.passes += 1;
         let mut kept = 0;
         let before = tokens.len();
         for (i, row) in rows.iter().enumerate() {
@@ -259,14 +260,18 @@ pub(crate) fn decode(
     Ok(decoder.finish())
 }
 
-/// Two decodes run pass by pass, the one whose fraction of its tokens is behind going next
-/// (the first on a tie), so both spread over the same seconds: on this shared host the read
-/// rate moves by 20% from one minute to the next, and a decode run after the other (12 s
-/// each) took that drift into their ratio. Each decode's time is the sum of its own passes.
-pub(crate) fn decode_pair(
-    mut a: Decoder<'_, '_>,
-    mut b: Decoder<'_, '_>,
+/// A plain and a speculative decode run pass by pass, the one whose fraction of its tokens is
+/// behind going next (on a tie the plain one where `off_leads`, else the speculative one:
+/// callers take turns, so neither leads every pair), so both spread over the same seconds: on
+/// this shared host the read rate moves by 20% from one minute to the next, and a decode run
+/// after the other (12 s each) took that drift into their ratio. Each decode's time is the sum
+/// of its own passes. Returns (off, on).
+pub(crate) fn decode_pair<'m, 'd>(
+    off: Decoder<'m, 'd>,
+    on: Decoder<'m, 'd>,
+    off_leads: bool,
 ) -> Result<(Decoded, Decoded)> {
+    let (mut a, mut b) = if off_leads { (off, on) } else { (on, off) };
     while !(a.finished() && b.finished()) {
         let first = (a.finished(), a.progress());
         match first_goes_next(first, (b.finished(), b.progress())) {
@@ -274,7 +279,8 @@ pub(crate) fn decode_pair(
             false => b.pass()?,
         }
     }
-    Ok((a.finish(), b.finish()))
+    let (a, b) = (a.finish(), b.finish());
+    Ok(if off_leads { (a, b) } else { (b, a) })
 }
 
 /// Whether the first of two decodes, each `(finished, progress)`, runs the next pass: the one

@@ -8,7 +8,8 @@
 //! 2. the oracle drafter: plain greedy against speculative greedy decoding whose drafts are
 //!    the true continuation with probability p each, k chosen by the policy
 //!    (`k3_model::speculate::choose` with the sequence's acceptance and a cost model seeded
-//!    from the curve), each off/on pair run pass by pass; every run's tokens checked against the plain ones;
+//!    from the curve), each off/on pair run pass by pass; every run's tokens checked against
+//!    the plain ones;
 //! 3. the n-gram drafter on a code-editing prompt, off against on;
 //! 4. the release projection: K3's byte plan, the bytes of a verify pass of n tokens (the
 //!    routed experts' union under uniform routing), its time at a stated bandwidth and the

@@ -1,8 +1,8 @@
 //! The real drafter on a code-editing prompt: a chat turn that gives a block of code and asks
 //! for it back with an edit, decoded greedily without drafts and with the n-gram drafter over
-//! prompt and output (`k3_model::speculate::NgramIndex`), in pairs run pass by pass. A model that
-//! quotes its input gets long drafts accepted; a synthetic checkpoint's random weights never
-//! quote it, which the report says rather than hides.
+//! prompt and output (`k3_model::speculate::NgramIndex`), in pairs run pass by pass. A model
+//! that quotes its input gets long drafts accepted; a synthetic checkpoint's random weights
+//! never quote it, which the report says rather than hides.
 
 use anyhow::{Result, ensure};
 use k3_model::model::Model;
@@ -33,8 +33,9 @@ impl Drafter for Ngram {
     }
 }
 
-/// Decodes `count` tokens after `prompt` off and on in `pairs` pairs, each run pass by pass; prints each
-/// pair, the median speedup, the acceptance and whether the output quotes the prompt at all.
+/// Decodes `count` tokens after `prompt` off and on in `pairs` pairs, each run pass by pass;
+/// prints each pair, the median speedup, the acceptance and whether the output quotes the
+/// prompt at all.
 pub(crate) fn run(
     model: &Model<'_>,
     prompt: &[u32],
@@ -60,13 +61,8 @@ pub(crate) fn run(
                 max_draft,
             };
             let on = Decoder::new(model, prompt, count, mode)?;
-            // Pass by pass (`decode_pair`), off or on first by turns on a tie.
-            if pair % 2 == 0 {
-                decode_pair(plain, on)?
-            } else {
-                let (on, off) = decode_pair(on, plain)?;
-                (off, on)
-            }
+            // Pass by pass; off or on first on a tie by turns.
+            decode_pair(plain, on, pair % 2 == 0)?
         };
         ensure!(
             on.tokens == off.tokens,
@@ -78,7 +74,7 @@ pub(crate) fn run(
             "n-gram pair {pair}: off {:.3} tokens/s, on {:.3} tokens/s ({} passes, {:.2} tokens per pass, a draft found at {} of {} passes, {} of {} drafts accepted): {ratio:.3}×; tokens identical: yes",
             off.tokens_per_second(),
             on.tokens_per_second(),
-            on.passes,
+            on.passes(),
             on.tokens_per_pass(),
             drafter.found,
             drafter.asked,

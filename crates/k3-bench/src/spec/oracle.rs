@@ -66,14 +66,8 @@ pub(crate) fn run(model: &Model<'_>, setup: &Setup<'_>, rates: &[f64]) -> Result
                 },
             )?;
             let off = Decoder::new(model, setup.prompt, count, Mode::Off)?;
-            // Pass by pass (`decode_pair`); on a tie off goes first, then on: neither leads
-            // every time.
-            let (off, on) = if pair % 2 == 0 {
-                decode_pair(off, on)?
-            } else {
-                let (on, off) = decode_pair(on, off)?;
-                (off, on)
-            };
+            // Pass by pass; off or on first on a tie by turns.
+            let (off, on) = decode_pair(off, on, pair % 2 == 0)?;
             for (name, run) in [("off", &off), ("on", &on)] {
                 ensure!(
                     run.tokens == setup.truth,
@@ -85,9 +79,9 @@ pub(crate) fn run(model: &Model<'_>, setup: &Setup<'_>, rates: &[f64]) -> Result
             println!(
                 "p = {p}, pair {pair}: off {:.3} tokens/s ({} passes), on {:.3} tokens/s ({} passes, {:.2} tokens per pass, {} of {} drafts accepted): {:.3}×; tokens identical to the plain decode: yes",
                 off.tokens_per_second(),
-                off.passes,
+                off.passes(),
                 on.tokens_per_second(),
-                on.passes,
+                on.passes(),
                 on.tokens_per_pass(),
                 on.accepted,
                 on.drafted,
@@ -155,7 +149,7 @@ fn row(result: &RateResult, bound: f64) -> String {
         ratios.join(", "),
         of_ons(Decoded::tokens_per_pass),
         of_ons(Decoded::acceptance),
-        of_ons(|on| on.drafted as f64 / on.passes as f64),
+        of_ons(|on| on.drafted as f64 / on.passes() as f64),
     )
 }
 
@@ -214,7 +208,6 @@ mod tests {
         let run = |passes, drafted, accepted, seconds| Decoded {
             tokens: vec![1; 9],
             seconds,
-            passes,
             drafted,
             accepted,
             forward: vec![(passes, seconds)],

@@ -130,8 +130,8 @@ impl Session {
     /// as after a real prefill of `depth` tokens — the same work and the same memory — but the
     /// state is that of no token sequence, so its logits mean nothing. Seconds instead of the
     /// hours a real prefill of 64k tokens takes on a small machine (`teacher_forced_decode_bench
-    /// --depth N --depth-fill M`). Under several ranks the mirrors get the whole caches at the next
-    /// step. Refused for an empty session or a `depth` below the position.
+    /// --depth N --depth-fill M`). Under several ranks the mirrors get the whole caches at the
+    /// next step. Refused for an empty session or a `depth` below the position.
     pub fn repeat_context(&mut self, depth: usize) -> Result<(), super::error::ModelError> {
         let filled = self.position;
         if filled == 0 || depth < filled {
