@@ -206,8 +206,9 @@ impl Kernels {
 
     /// As [`Kernels::matmul_bf16`] on the BF16 matrix that `matrix` packs, with its bits in
     /// every tier. `avx2` and `avx512` decode each block in registers and run their BF16
-    /// kernel's FMAs on it; the other tiers decode a few rows at a time into an L2-sized
-    /// buffer and run their BF16 kernel over it (no row's result depends on how rows are
+    /// kernel's FMAs on it, the approximate tiers their `vdpbf16ps`; `scalar`, and GEMMs of
+    /// more than `PACKED_IN_REGISTERS` tokens, decode a few rows at a time into an L2-sized
+    /// buffer and run the tier's BF16 kernel over it (no row's result depends on how rows are
     /// blocked).
     pub fn matmul_packed_bf16(
         &self,
@@ -232,13 +233,22 @@ impl Kernels {
             TierToken::Avx512(token) if act.tokens() <= PACKED_IN_REGISTERS => unsafe {
                 x86::packed::matmul_packed_bf16(token, matrix, act, rows, out)
             },
+            // The approximate tiers likewise, with their BF16 kernel's `vdpbf16ps`.
+            #[cfg(target_arch = "x86_64")]
+            TierToken::Avx512Bf16(token) | TierToken::Avx512Vnni(token)
+                if act.tokens() <= PACKED_IN_REGISTERS =>
+            {
+                // SAFETY: the tokens prove avx512f/bw/vl and avx512bf16; `check_matmul` proved
+                // the shapes, and this tier prepared `act` (its BF16 activations).
+                unsafe { x86::packed::matmul_packed_bf16_dot(token, matrix, act, rows, out) }
+            }
             _ => self.packed_via_bf16(matrix, act, rows, out)?,
         }
         Ok(())
     }
 
-    /// `matmul_packed_bf16` for the tiers without a packed kernel, and `avx512`'s GEMMs of more
-    /// than `PACKED_IN_REGISTERS` tokens: rows decoded into a buffer of about 512 KiB (in L2;
+    /// `matmul_packed_bf16` for `scalar`, and the AVX-512 tiers' GEMMs of more than
+    /// `PACKED_IN_REGISTERS` tokens: rows decoded into a buffer of about 512 KiB (in L2;
     /// whole 16-row blocks), that buffer's rows through the tier's BF16 kernel, each token's
     /// results put at their place; decoded with `vpermb` where the CPU has avx512vbmi.
     /// k3-wide, a 64-token prefill with the trunk packed (0.9x plan), 2 threads, alternating

@@ -1,7 +1,10 @@
 //! Packed BF16 matrices (`crate::packed`) in the exact `avx512` tier: each block decoded in
 //! registers to the 32 BF16 words a BF16 row holds, widened as `exact::Bf16::block` widens a
 //! BF16 row's 64 bytes, then its FMAs in its order, so every result has `matmul_bf16`'s bits.
-//! An exception block (base 0) is read from the matrix's kept BF16 blocks instead.
+//! An exception block (base 0) is read from the matrix's kept BF16 blocks instead. The
+//! approximate tiers (`avx512-bf16`, `avx512-vnni`) run the same decode and then their BF16
+//! kernel's `vdpbf16ps` on the words (`x86::bf16::Bf16`), so their results have their tiers'
+//! `matmul_bf16` bits.
 //!
 //! Two decodes, picked once per CPU: with avx512vbmi (`vpermb`; Ice Lake, Zen 4 and later)
 //! [`decode_words_vbmi`], else the `avx2` decode's two 16-word halves, joined. Without any
@@ -75,8 +78,12 @@ pub(crate) fn has_vbmi() -> bool {
 /// words of the block at `$at` whose base byte `$b` is not 0. GEMVs run 4 rows at a time: on
 /// k3-wide in a cgroup of 0.9x the model (the whole trunk packed and resident), 2 threads,
 /// alternating, 4 rows 131-151 ms/token (mean of 8 steps), 8 rows 138-157, 16 rows 157-167.
+///
+/// `$mode` is what follows the decode: `exact` widens the words and runs the exact BF16
+/// kernel's two FMAs per token on `perm32`; `dot` runs the approximate tiers' BF16 kernel's one
+/// `vdpbf16ps` per token on `bf16_natural` (`x86::bf16::Bf16`), so each gives its tier's bits.
 macro_rules! packed_kernel {
-    ($(#[$attr:meta])* $name:ident, $features:literal, $tables:ident = $setup:expr, |$at:ident, $b:ident, $whole:ident| $decode:expr) => {
+    ($(#[$attr:meta])* $name:ident, $features:literal, $mode:ident, $tables:ident = $setup:expr, |$at:ident, $b:ident, $whole:ident| $decode:expr) => {
         $(#[$attr])*
         pub(crate) struct $name;
 
@@ -104,7 +111,7 @@ macro_rules! packed_kernel {
                 // Whether a whole 64-byte load from any of the tile's blocks stays inside the
                 // body (every tile but the matrix's last): then no block needs the mask.
                 let $whole = m.body().len() >= (row0 + R) * row_bytes + (64 - PACKED_BLOCK_BYTES);
-                let x = tile.tokens::<T, _>(&act.perm32, stride);
+                let x = packed_kernel!(@tokens $mode, tile, act, stride, T);
                 let mut next: [usize; R] = std::array::from_fn(|r| m.first_exception(row0 + r));
                 let mut acc = [[_mm512_setzero_ps(); T]; R];
                 let high_half = _mm512_set1_epi32(HIGH_HALF as i32);
@@ -113,16 +120,7 @@ macro_rules! packed_kernel {
                     let pos = block * PACKED_BLOCK_BYTES;
                     let ahead = packed_prefetch_offset(R, row_bytes, pos);
                     let far = packed_l2_prefetch_offset(R, row_bytes, pos);
-                    let mut even = [_mm512_setzero_ps(); T];
-                    let mut odd = [_mm512_setzero_ps(); T];
-                    for t in 0..T {
-                        // SAFETY: t < T and 32 * block + 32 <= cols <= stride, inside the tile's
-                        // tokens of `perm32` (`Tile::tokens`).
-                        unsafe {
-                            even[t] = _mm512_loadu_ps(x.add(t * stride + 32 * block));
-                            odd[t] = _mm512_loadu_ps(x.add(t * stride + 32 * block + 16));
-                        }
-                    }
+                    let xs = packed_kernel!(@loads $mode, x, stride, block, T);
                     for r in 0..R {
                         let at = r * row_bytes + block * PACKED_BLOCK_BYTES;
                         // Prefetch hint only: it never faults, so an address past the matrix
@@ -141,24 +139,67 @@ macro_rules! packed_kernel {
                             // SAFETY: `raw` is 64 bytes, 32 BF16 values.
                             unsafe { _mm512_loadu_si512(raw.as_ptr().cast()) }
                         };
-                        let w_even = _mm512_castsi512_ps(_mm512_slli_epi32::<HALF_BITS>(v));
-                        let w_odd = _mm512_castsi512_ps(_mm512_and_si512(v, high_half));
-                        for t in 0..T {
-                            acc[r][t] = _mm512_fmadd_ps(w_even, even[t], acc[r][t]);
-                            acc[r][t] = _mm512_fmadd_ps(w_odd, odd[t], acc[r][t]);
-                        }
+                        packed_kernel!(@mac $mode, v, xs, acc[r], high_half, T);
                     }
                 }
                 store_sums(&acc, tile, out);
             }
         }
     };
+    // The tile's tokens: f32 as [even 16, odd 16] per 32 columns, or BF16 in column order.
+    (@tokens exact, $tile:ident, $act:ident, $stride:ident, $t:ident) => {
+        $tile.tokens::<$t, _>(&$act.perm32, $stride)
+    };
+    (@tokens dot, $tile:ident, $act:ident, $stride:ident, $t:ident) => {
+        $tile.tokens::<$t, _>(&$act.bf16_natural, $stride)
+    };
+    // Each token's activations for the block: (even, odd) f32, or 32 BF16 words.
+    (@loads exact, $x:ident, $stride:ident, $block:ident, $t:ident) => {{
+        let mut even = [_mm512_setzero_ps(); $t];
+        let mut odd = [_mm512_setzero_ps(); $t];
+        for t in 0..$t {
+            // SAFETY: t < T and 32 * block + 32 <= cols <= stride, inside the tile's tokens
+            // of `perm32` (`Tile::tokens`).
+            unsafe {
+                even[t] = _mm512_loadu_ps($x.add(t * $stride + 32 * $block));
+                odd[t] = _mm512_loadu_ps($x.add(t * $stride + 32 * $block + 16));
+            }
+        }
+        (even, odd)
+    }};
+    (@loads dot, $x:ident, $stride:ident, $block:ident, $t:ident) => {{
+        let mut words = [_mm512_setzero_si512(); $t];
+        for (t, w) in words.iter_mut().enumerate() {
+            // SAFETY: t < T and 32 * block + 32 <= cols <= stride, inside the tile's tokens
+            // of `bf16_natural` (`Tile::tokens`).
+            *w = unsafe { _mm512_loadu_si512($x.add(t * $stride + 32 * $block).cast()) };
+        }
+        words
+    }};
+    // The row's accumulators over the block: `exact::Bf16`'s widening and FMAs, or
+    // `bf16::Bf16`'s `vdpbf16ps` (the same words and operand order).
+    (@mac exact, $v:ident, $xs:ident, $acc:expr, $high_half:ident, $t:ident) => {{
+        let (even, odd) = &$xs;
+        let w_even = _mm512_castsi512_ps(_mm512_slli_epi32::<HALF_BITS>($v));
+        let w_odd = _mm512_castsi512_ps(_mm512_and_si512($v, $high_half));
+        for t in 0..$t {
+            $acc[t] = _mm512_fmadd_ps(w_even, even[t], $acc[t]);
+            $acc[t] = _mm512_fmadd_ps(w_odd, odd[t], $acc[t]);
+        }
+    }};
+    (@mac dot, $v:ident, $xs:ident, $acc:expr, $high_half:ident, $t:ident) => {{
+        let _ = $high_half;
+        for t in 0..$t {
+            $acc[t] = _mm512_dpbf16_ps($acc[t], as_bh($v), as_bh($xs[t]));
+        }
+    }};
 }
 
 packed_kernel!(
     /// The packed row kernel with the `avx2` decode.
     Packed,
     "avx512f,avx512bw,avx512vl,avx2,fma,f16c",
+    exact,
     offsets = tables(),
     |at, _b, _whole| {
         // SAFETY: `at` is a whole block (above).
@@ -171,6 +212,7 @@ packed_kernel!(
     /// The packed row kernel with the `vpermb` decode.
     PackedVbmi,
     "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c",
+    exact,
     t = vbmi_tables(),
     |at, b, whole| {
         // SAFETY: `at` is a whole block and `b` its base, not 0 (above); where `whole`, 64
@@ -178,6 +220,80 @@ packed_kernel!(
         unsafe { decode_words_vbmi(at, b, whole, t) }
     }
 );
+
+packed_kernel!(
+    /// The approximate tiers' packed row kernel with the `avx2` decode: `vdpbf16ps`.
+    PackedDot,
+    "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c",
+    dot,
+    offsets = tables(),
+    |at, _b, _whole| {
+        // SAFETY: `at` is a whole block (above).
+        let (first, second) = unsafe { decode_words(at, offsets.0, offsets.1) };
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(first), second)
+    }
+);
+
+packed_kernel!(
+    /// The approximate tiers' packed row kernel with the `vpermb` decode: `vdpbf16ps`.
+    PackedDotVbmi,
+    "avx512f,avx512bw,avx512vl,avx512vbmi,avx512bf16,avx2,fma,f16c",
+    dot,
+    t = vbmi_tables(),
+    |at, b, whole| {
+        // SAFETY: `at` is a whole block and `b` its base, not 0 (above); where `whole`, 64
+        // bytes from `at` lie in the body.
+        unsafe { decode_words_vbmi(at, b, whole, t) }
+    }
+);
+
+/// Packed BF16 rows in the approximate tiers (`avx512-bf16`, `avx512-vnni`), decoded in
+/// registers as in `avx512` and multiplied as those tiers multiply BF16 rows (`vdpbf16ps` on
+/// the activations rounded to BF16): `matmul_bf16`'s bits in those tiers. Before, their packed
+/// rows were decoded into a buffer and read again (`Kernels::packed_via_bf16`).
+///
+/// # Safety
+/// The CPU must have avx512f/bw/vl and avx512bf16 (the approximate tiers' tokens say it has);
+/// `rows` must lie inside `matrix` and `out` hold `rows.len() * tokens` f32 (checked by
+/// `Kernels`); `act` prepared by an approximate tier (its `bf16_natural`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
+pub(crate) unsafe fn matmul_packed_bf16_dot(
+    _: Avx512,
+    matrix: &PackedBf16Matrix<'_>,
+    act: &Activations,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    if has_vbmi() {
+        // SAFETY: avx512vbmi detected; the rest by this function's contract.
+        unsafe { matmul_packed_bf16_dot_vbmi(matrix, act, rows, out) };
+        return;
+    }
+    // SAFETY: this function has `PackedDot`'s target features.
+    unsafe { drive::<_, PackedDot>(matrix, act, rows, out) }
+}
+
+/// [`matmul_packed_bf16_dot`] with the `vpermb` decode.
+///
+/// # Safety
+/// As [`matmul_packed_bf16_dot`], and the CPU must have avx512vbmi.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512bf16,avx2,fma,f16c")]
+unsafe fn matmul_packed_bf16_dot_vbmi(
+    matrix: &PackedBf16Matrix<'_>,
+    act: &Activations,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    // SAFETY: this function has `PackedDotVbmi`'s target features.
+    unsafe { drive::<_, PackedDotVbmi>(matrix, act, rows, out) }
+}
+
+/// `__m512i` as the BF16 pairs `vdpbf16ps` takes.
+#[inline]
+fn as_bh(v: __m512i) -> __m512bh {
+    // SAFETY: both are 64-byte plain vector types; every bit pattern is valid for each.
+    unsafe { core::mem::transmute::<__m512i, __m512bh>(v) }
+}
 
 /// Rows `rows` of `m` as little-endian BF16 bytes (`rows.len() * cols * 2`), exactly, with
 /// the `vpermb` decode: what `avx2::packed::decode_rows_bf16` gives, for the GEMMs of many
@@ -344,149 +460,4 @@ unsafe fn decode_words_vbmi(at: *const u8, base: u8, whole: bool, t: VbmiTables)
 }
 
 #[cfg(test)]
-mod tests {
-    use k3_testkit::Rng;
-
-    use super::*;
-    use crate::packed::PackedBf16;
-    use crate::view::Bf16Matrix;
-    use crate::{Kernels, Tier};
-
-    fn avx512() -> bool {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vl")
-    }
-
-    /// `vpermb`'s decode gives the `avx2` decode's 32 words for every base byte and random
-    /// sign/mantissa and code bytes (every code, the high exponents that reach 255 included).
-    #[test]
-    fn vbmi_decode_gives_the_avx2_decodes_words() {
-        if !(avx512() && has_vbmi()) {
-            eprintln!("note: no avx512vbmi here; its decode is not tested");
-            return;
-        }
-        let mut rng = Rng::new(7);
-        let mut block = [0u8; 64];
-        for base in 1..=255u8 {
-            for _ in 0..64 {
-                for b in &mut block {
-                    *b = rng.next_u64() as u8;
-                }
-                block[BASE_AT] = base;
-                // SAFETY: avx512f/bw/vl and vbmi were detected (which imply avx2, fma and
-                // f16c); `block` is 49 readable bytes.
-                let (got, want) = unsafe {
-                    let (offsets, not_first) = tables();
-                    let (first, second) = decode_words(block.as_ptr(), offsets, not_first);
-                    (
-                        [false, true].map(|whole| {
-                            std::mem::transmute::<__m512i, [u16; 32]>(decode_words_vbmi(
-                                block.as_ptr(),
-                                base,
-                                whole,
-                                vbmi_tables(),
-                            ))
-                        }),
-                        std::mem::transmute::<[__m256i; 2], [u16; 32]>([first, second]),
-                    )
-                };
-                // A whole 64-byte load sees the 15 bytes after the block, which never count.
-                assert_eq!(got, [want; 2], "base {base}, block {block:?}");
-            }
-        }
-    }
-
-    /// Runs the `avx2` decode's or the `vpermb` decode's kernel over `rows` of `m` for `act`'s tokens.
-    ///
-    /// # Safety
-    /// avx512f/bw/vl, and avx512vbmi where `vbmi`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    unsafe fn run(
-        vbmi: bool,
-        m: &PackedBf16Matrix<'_>,
-        act: &Activations,
-        rows: Range<usize>,
-        out: &mut [f32],
-    ) {
-        if vbmi {
-            // SAFETY: by this function's contract.
-            unsafe { matmul_packed_bf16_vbmi(m, act, rows, out) };
-        } else {
-            // SAFETY: by this function's contract.
-            unsafe { drive::<_, Packed>(m, act, rows, out) };
-        }
-    }
-
-    /// Both decodes' kernels give the exact BF16 kernel's bits: compiled widths and others,
-    /// 1-6 tokens, row ranges with tails, exception blocks (every seventh block spans 40
-    /// exponents), zeros, subnormals, and in every third row blocks of exponents up to 254
-    /// (sums that overflow).
-    /// Not exponent 255: which NaN payload an FMA of two NaNs keeps depends on the operand
-    /// order the compiler picks for each kernel, not on the decode; the decode test above
-    /// covers those words.
-    #[test]
-    fn both_decodes_have_the_bf16_kernels_bits() {
-        if !avx512() {
-            eprintln!("note: no avx512 here; its packed kernels are not tested");
-            return;
-        }
-        let k = Kernels::new(Tier::Avx512).unwrap();
-        let mut rng = Rng::new(11);
-        for (rows, cols) in [(13, 512), (9, 1536), (6, 320), (5, 7168)] {
-            let bf16: Vec<u8> = (0..rows * cols)
-                .flat_map(|i| {
-                    let r = rng.next_u64() as u16;
-                    let e = match ((i / 32) % 7, r % 53) {
-                        (6, _) => 90 + (r >> 10) % 40,
-                        (5, _) if (i / cols) % 3 == 0 => 240 + (r >> 10) % 15,
-                        (_, 0) => 0,
-                        _ => 115 + (r >> 10) % 9,
-                    };
-                    ((r & 0x807F) | (e << 7)).to_le_bytes()
-                })
-                .collect();
-            let packed = PackedBf16::pack(&bf16, rows, cols).unwrap();
-            assert!(packed.exception_count() > 0, "the test has exceptions");
-            let (m, b) = (packed.view(), Bf16Matrix::new(&bf16, rows, cols).unwrap());
-            for tokens in 1..=6 {
-                let x: Vec<f32> = (0..tokens * cols)
-                    .map(|_| rng.below(2001) as f32 / 1000.0 - 1.0)
-                    .collect();
-                let act = k.prepare(&x, cols).unwrap();
-                for range in [0..rows, 1..rows, rows - 1..rows] {
-                    let mut want = vec![0f32; range.len() * tokens];
-                    k.matmul_bf16(&b, &act, range.clone(), &mut want).unwrap();
-                    for vbmi in [false, true] {
-                        if vbmi && !has_vbmi() {
-                            continue;
-                        }
-                        let mut got = vec![f32::NAN; range.len() * tokens];
-                        // SAFETY: avx512f/bw/vl detected, vbmi where asked; the range lies in
-                        // the matrix and `got` holds its rows for every token.
-                        unsafe { run(vbmi, &m, &act, range.clone(), &mut got) };
-                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                        assert_eq!(
-                            bits(&got),
-                            bits(&want),
-                            "vbmi {vbmi}, [{rows}x{cols}] rows {range:?}, {tokens} tokens"
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    /// The `vpermb` row decode gives the portable decode's bytes (`check_row_decode`).
-    #[test]
-    fn vbmi_row_decode_gives_the_bf16_bytes() {
-        if !(avx512() && has_vbmi()) {
-            eprintln!("note: no avx512vbmi here; its row decode is not tested");
-            return;
-        }
-        // SAFETY: avx512f/bw/vl and avx512vbmi were detected above.
-        crate::x86::avx2::packed::tests::check_row_decode(|m, rows, out| unsafe {
-            decode_rows_bf16_vbmi(m, rows, out)
-        });
-    }
-}
+mod tests;
