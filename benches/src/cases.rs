@@ -237,6 +237,43 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
         ));
     }
 
+    // The gate shape's GEMM of 3 tokens (a verify pass's routed expert: 2-3 of its tokens
+    // pick the same expert), out of cache: what the weights' bytes cost when each block's
+    // decode serves several tokens.
+    {
+        let z3: Vec<f32> = (0..3)
+            .flat_map(|t| w.z.iter().map(move |v| v * (1.0 + 0.25 * t as f32)))
+            .collect();
+        let z3a: &'a Activations = Box::leak(Box::new(prepare(&z3, EXPERT_LATENT)));
+        let bytes = w.views[0].gate.weight_bytes();
+        let outs: Vec<Mutex<Vec<f32>>> = (0..threads)
+            .map(|_| Mutex::new(vec![0.0; 3 * EXPERT_INTER]))
+            .collect();
+        let mut next = 0;
+        let run = Box::new(move || {
+            pool.broadcast(|worker| {
+                let range = split_rows(EXPERT_INTER, threads, worker);
+                let mut y = outs[worker].lock().expect("no poisoning in benches");
+                for i in 0..BATCH {
+                    let m = w.views[(next + i) % RING].gate;
+                    k.matmul_mxfp4(&m, z3a, range.clone(), &mut y[..3 * range.len()])
+                        .expect("checked shapes");
+                }
+            });
+            next += BATCH;
+        }) as Box<dyn FnMut() + 'a>;
+        out.push(Case {
+            op: "mxfp4_gemm3",
+            shape: "gate_3072x3584",
+            cache: Cache::OutOfCache,
+            threads,
+            variant,
+            bytes: BATCH * bytes,
+            weights: BATCH * bytes * 32 / 17,
+            run,
+        });
+    }
+
     // Fused expert FFN: experts split across workers, as a decode step's 16 experts are.
     let per_call = BATCH / threads * threads;
     let expert_bytes = w.ring[0].bytes();
