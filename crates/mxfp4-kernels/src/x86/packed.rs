@@ -33,41 +33,61 @@ use crate::packed::{
     BASE_AT, CODES_AT, PACKED_BLOCK, PACKED_BLOCK_BYTES, PackedBf16Matrix, SLOT_COLUMN,
 };
 
-/// # Safety
-/// The CPU must have avx512f/bw/vl (the token says it has; they imply avx2, fma and f16c);
-/// `rows` must lie inside `matrix` and `out` hold `rows.len() * tokens` f32 (checked by
-/// `Kernels`).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-pub(crate) unsafe fn matmul_packed_bf16(
-    _: Avx512,
-    matrix: &PackedBf16Matrix<'_>,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    if has_vbmi() {
-        // SAFETY: avx512vbmi detected; the rest by this function's contract.
-        unsafe { matmul_packed_bf16_vbmi(matrix, act, rows, out) };
-        return;
-    }
-    // SAFETY: this function has `Packed`'s target features.
-    unsafe { drive::<_, Packed>(matrix, act, rows, out) }
+/// An entry over a packed matrix, `$name`: the `vpermb` decode's kernel (through
+/// `$vbmi_name`) where the CPU has avx512vbmi, else the `avx2` decode's.
+///
+/// Each function's safety contract: the CPU must have its target features (the token and
+/// the detection say it has); `rows` must lie inside `matrix` and `out` hold `rows.len() *
+/// tokens` f32 (checked by `Kernels`); `act` prepared by the caller's tier.
+macro_rules! packed_entry {
+    ($(#[$attr:meta])* $name:ident, $vbmi_name:ident, $features:literal, $vbmi_features:literal,
+     $kernel:ident, $vbmi_kernel:ident) => {
+        $(#[$attr])*
+        /// # Safety
+        /// As `packed_entry!` says.
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn $name(
+            _: Avx512,
+            matrix: &PackedBf16Matrix<'_>,
+            act: &Activations,
+            rows: Range<usize>,
+            out: &mut [f32],
+        ) {
+            if has_vbmi() {
+                // SAFETY: avx512vbmi detected; the rest by this function's contract.
+                unsafe { $vbmi_name(matrix, act, rows, out) };
+                return;
+            }
+            // SAFETY: this function has the kernel's target features.
+            unsafe { drive::<_, $kernel>(matrix, act, rows, out) }
+        }
+
+        #[doc = concat!("[`", stringify!($name), "`] with the `vpermb` decode.")]
+        ///
+        /// # Safety
+        /// As `packed_entry!` says, and the CPU must have avx512vbmi.
+        #[target_feature(enable = $vbmi_features)]
+        unsafe fn $vbmi_name(
+            matrix: &PackedBf16Matrix<'_>,
+            act: &Activations,
+            rows: Range<usize>,
+            out: &mut [f32],
+        ) {
+            // SAFETY: this function has the kernel's target features.
+            unsafe { drive::<_, $vbmi_kernel>(matrix, act, rows, out) }
+        }
+    };
 }
 
-/// [`matmul_packed_bf16`] with the `vpermb` decode.
-///
-/// # Safety
-/// As [`matmul_packed_bf16`], and the CPU must have avx512vbmi.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
-unsafe fn matmul_packed_bf16_vbmi(
-    matrix: &PackedBf16Matrix<'_>,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    // SAFETY: this function has `PackedVbmi`'s target features.
-    unsafe { drive::<_, PackedVbmi>(matrix, act, rows, out) }
-}
+packed_entry!(
+    /// Packed BF16 rows in the exact `avx512` tier.
+    matmul_packed_bf16,
+    matmul_packed_bf16_vbmi,
+    "avx512f,avx512bw,avx512vl,avx2,fma,f16c",
+    "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c",
+    Packed,
+    PackedVbmi
+);
 
 /// Whether this CPU has avx512vbmi (`is_x86_feature_detected!` caches what it detects).
 pub(crate) fn has_vbmi() -> bool {
@@ -195,6 +215,19 @@ macro_rules! packed_kernel {
     }};
 }
 
+/// The `avx2` decode's two 16-word halves of the block at `at`, joined: its 32 words in
+/// column order.
+///
+/// # Safety
+/// The block's 49 bytes from `at` must be readable (a whole block, its base not 0).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+#[inline]
+unsafe fn decode_joined(at: *const u8, offsets: (__m256i, __m256i)) -> __m512i {
+    // SAFETY: by this function's contract.
+    let (first, second) = unsafe { decode_words(at, offsets.0, offsets.1) };
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(first), second)
+}
+
 packed_kernel!(
     /// The packed row kernel with the `avx2` decode.
     Packed,
@@ -203,8 +236,7 @@ packed_kernel!(
     offsets = tables(),
     |at, _b, _whole| {
         // SAFETY: `at` is a whole block (above).
-        let (first, second) = unsafe { decode_words(at, offsets.0, offsets.1) };
-        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(first), second)
+        unsafe { decode_joined(at, offsets) }
     }
 );
 
@@ -229,8 +261,7 @@ packed_kernel!(
     offsets = tables(),
     |at, _b, _whole| {
         // SAFETY: `at` is a whole block (above).
-        let (first, second) = unsafe { decode_words(at, offsets.0, offsets.1) };
-        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(first), second)
+        unsafe { decode_joined(at, offsets) }
     }
 );
 
@@ -247,46 +278,19 @@ packed_kernel!(
     }
 );
 
-/// Packed BF16 rows in the approximate tiers (`avx512-bf16`, `avx512-vnni`), decoded in
-/// registers as in `avx512` and multiplied as those tiers multiply BF16 rows (`vdpbf16ps` on
-/// the activations rounded to BF16): `matmul_bf16`'s bits in those tiers. Before, their packed
-/// rows were decoded into a buffer and read again (`Kernels::packed_via_bf16`).
-///
-/// # Safety
-/// The CPU must have avx512f/bw/vl and avx512bf16 (the approximate tiers' tokens say it has);
-/// `rows` must lie inside `matrix` and `out` hold `rows.len() * tokens` f32 (checked by
-/// `Kernels`); `act` prepared by an approximate tier (its `bf16_natural`).
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")]
-pub(crate) unsafe fn matmul_packed_bf16_dot(
-    _: Avx512,
-    matrix: &PackedBf16Matrix<'_>,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    if has_vbmi() {
-        // SAFETY: avx512vbmi detected; the rest by this function's contract.
-        unsafe { matmul_packed_bf16_dot_vbmi(matrix, act, rows, out) };
-        return;
-    }
-    // SAFETY: this function has `PackedDot`'s target features.
-    unsafe { drive::<_, PackedDot>(matrix, act, rows, out) }
-}
-
-/// [`matmul_packed_bf16_dot`] with the `vpermb` decode.
-///
-/// # Safety
-/// As [`matmul_packed_bf16_dot`], and the CPU must have avx512vbmi.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512bf16,avx2,fma,f16c")]
-unsafe fn matmul_packed_bf16_dot_vbmi(
-    matrix: &PackedBf16Matrix<'_>,
-    act: &Activations,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    // SAFETY: this function has `PackedDotVbmi`'s target features.
-    unsafe { drive::<_, PackedDotVbmi>(matrix, act, rows, out) }
-}
+packed_entry!(
+    /// Packed BF16 rows in the approximate tiers (`avx512-bf16`, `avx512-vnni`), decoded in
+    /// registers as in `avx512` and multiplied as those tiers multiply BF16 rows (`vdpbf16ps` on
+    /// the activations rounded to BF16, `bf16_natural`): `matmul_bf16`'s bits in those tiers.
+    /// Before, their packed rows were decoded into a buffer and read again
+    /// (`Kernels::packed_via_bf16`).
+    matmul_packed_bf16_dot,
+    matmul_packed_bf16_dot_vbmi,
+    "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c",
+    "avx512f,avx512bw,avx512vl,avx512vbmi,avx512bf16,avx2,fma,f16c",
+    PackedDot,
+    PackedDotVbmi
+);
 
 /// `__m512i` as the BF16 pairs `vdpbf16ps` takes.
 #[inline]
