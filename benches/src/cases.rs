@@ -188,16 +188,27 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
     sanity(k, w, za, xa);
     let mut out = Vec::new();
 
-    // MXFP4 GEMV on the gate/up shape and the down shape; rows split across the pool.
-    for (shape, is_gate, act, rows) in [
-        ("gate_3072x3584", true, za, EXPERT_INTER),
-        ("down_3584x3072", false, ha, EXPERT_LATENT),
+    // The gate shape's GEMM of 3 tokens (a verify pass's routed expert: 2-3 of its tokens pick
+    // the same expert): what the weights' bytes cost when each block's decode serves several
+    // tokens. Out of cache only.
+    let t3: &'a Activations = Box::leak(Box::new(prepare(
+        &w.tokens16[..3 * EXPERT_LATENT],
+        EXPERT_LATENT,
+    )));
+    // MXFP4 GEMV on the gate/up shape and the down shape, and that GEMM; rows split across
+    // the pool.
+    for (op, shape, is_gate, act, rows) in [
+        ("mxfp4_gemv", "gate_3072x3584", true, za, EXPERT_INTER),
+        ("mxfp4_gemv", "down_3584x3072", false, ha, EXPERT_LATENT),
+        ("mxfp4_gemm3", "gate_3072x3584", true, t3, EXPERT_INTER),
     ] {
         let pick = move |e: &ExpertViews<'static>| if is_gate { e.gate } else { e.down };
         let bytes = pick(&w.views[0]).weight_bytes();
+        let tokens = act.tokens();
         let gemv = move |first: usize, count: usize, step: usize, rows_used: usize| {
-            let outs: Vec<Mutex<Vec<f32>>> =
-                (0..threads).map(|_| Mutex::new(vec![0.0; rows])).collect();
+            let outs: Vec<Mutex<Vec<f32>>> = (0..threads)
+                .map(|_| Mutex::new(vec![0.0; tokens * rows]))
+                .collect();
             let mut next = first;
             Box::new(move || {
                 pool.broadcast(|worker| {
@@ -205,7 +216,8 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
                     let mut y = outs[worker].lock().expect("no poisoning in benches");
                     for i in 0..count {
                         let m = pick(&w.views[(next + i * step) % RING]);
-                        k.matmul_mxfp4(&m, act, range.clone(), &mut y[..range.len()])
+                        let y = &mut y[..tokens * range.len()];
+                        k.matmul_mxfp4(&m, act, range.clone(), y)
                             .expect("checked shapes");
                     }
                 });
@@ -213,7 +225,7 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
             }) as Box<dyn FnMut() + 'a>
         };
         let case = |cache, bytes, run| Case {
-            op: "mxfp4_gemv",
+            op,
             shape,
             cache,
             threads,
@@ -222,7 +234,7 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
             weights: bytes * 32 / 17,
             run,
         };
-        if fast {
+        if fast && tokens == 1 {
             out.push(case(
                 Cache::L2,
                 L2_REPEATS * L2_ROWS * bytes / rows,
@@ -235,43 +247,6 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
             BATCH * bytes,
             gemv(0, BATCH, 1, rows),
         ));
-    }
-
-    // The gate shape's GEMM of 3 tokens (a verify pass's routed expert: 2-3 of its tokens
-    // pick the same expert), out of cache: what the weights' bytes cost when each block's
-    // decode serves several tokens.
-    {
-        let z3: Vec<f32> = (0..3)
-            .flat_map(|t| w.z.iter().map(move |v| v * (1.0 + 0.25 * t as f32)))
-            .collect();
-        let z3a: &'a Activations = Box::leak(Box::new(prepare(&z3, EXPERT_LATENT)));
-        let bytes = w.views[0].gate.weight_bytes();
-        let outs: Vec<Mutex<Vec<f32>>> = (0..threads)
-            .map(|_| Mutex::new(vec![0.0; 3 * EXPERT_INTER]))
-            .collect();
-        let mut next = 0;
-        let run = Box::new(move || {
-            pool.broadcast(|worker| {
-                let range = split_rows(EXPERT_INTER, threads, worker);
-                let mut y = outs[worker].lock().expect("no poisoning in benches");
-                for i in 0..BATCH {
-                    let m = w.views[(next + i) % RING].gate;
-                    k.matmul_mxfp4(&m, z3a, range.clone(), &mut y[..3 * range.len()])
-                        .expect("checked shapes");
-                }
-            });
-            next += BATCH;
-        }) as Box<dyn FnMut() + 'a>;
-        out.push(Case {
-            op: "mxfp4_gemm3",
-            shape: "gate_3072x3584",
-            cache: Cache::OutOfCache,
-            threads,
-            variant,
-            bytes: BATCH * bytes,
-            weights: BATCH * bytes * 32 / 17,
-            run,
-        });
     }
 
     // Fused expert FFN: experts split across workers, as a decode step's 16 experts are.

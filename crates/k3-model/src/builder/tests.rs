@@ -116,8 +116,9 @@ fn a_budget_that_everything_fits_warms_the_mapping() {
 }
 
 /// Under a limit that everything fits, a tier whose packed GEMV runs at the memory's rate
-/// (`avx512` and the approximate tiers) holds the whole trunk resident and packed and every expert cached, with the
-/// mapped run's logits; the other tiers read through the mapping as without a limit.
+/// (`avx512` and the approximate tiers) holds the whole trunk resident and packed and every
+/// expert cached, with the mapped run's logits; the other tiers read through the mapping as
+/// without a limit.
 #[test]
 fn a_limit_that_everything_fits_holds_the_trunk_packed() {
     let tiny = Tiny::new("limit");

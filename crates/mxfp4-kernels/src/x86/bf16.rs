@@ -33,8 +33,9 @@ static E2M1_BF16_X2: [u16; 32] = {
 /// Lane patterns selecting the scales of groups (2p, 2p+1) out of 16: lanes 0..7, 8..15.
 static PAIR_LANES: [[i32; 16]; 8] = group_lanes::<8>(8);
 
+/// `__m512i` as the BF16 pairs `vdpbf16ps` takes (also the packed rows' `dot` kernels).
 #[inline]
-fn as_bh(v: __m512i) -> __m512bh {
+pub(super) fn as_bh(v: __m512i) -> __m512bh {
     // SAFETY: both are 64-byte plain vector types; every bit pattern is valid for each.
     unsafe { core::mem::transmute::<__m512i, __m512bh>(v) }
 }

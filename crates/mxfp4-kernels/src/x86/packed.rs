@@ -23,6 +23,7 @@ use core::arch::x86_64::*;
 use std::ops::Range;
 
 use super::avx2::packed::{decode_rows_with, decode_words, tables};
+use super::bf16::as_bh;
 use super::driver::{PackedGemv, RowKernel, Tile, WideGemm, drive, width};
 use super::lanes::{HALF_BITS, HIGH_HALF};
 use super::prefetch::{packed_l2_prefetch_offset, packed_prefetch_offset};
@@ -103,7 +104,8 @@ pub(crate) fn has_vbmi() -> bool {
 /// kernel's two FMAs per token on `perm32`; `dot` runs the approximate tiers' BF16 kernel's one
 /// `vdpbf16ps` per token on `bf16_natural` (`x86::bf16::Bf16`), so each gives its tier's bits.
 macro_rules! packed_kernel {
-    ($(#[$attr:meta])* $name:ident, $features:literal, $mode:ident, $tables:ident = $setup:expr, |$at:ident, $b:ident, $whole:ident| $decode:expr) => {
+    ($(#[$attr:meta])* $name:ident, $features:literal, $mode:ident,
+     $tables:ident = $setup:expr, |$at:ident, $b:ident, $whole:ident| $decode:expr) => {
         $(#[$attr])*
         pub(crate) struct $name;
 
@@ -291,13 +293,6 @@ packed_entry!(
     PackedDot,
     PackedDotVbmi
 );
-
-/// `__m512i` as the BF16 pairs `vdpbf16ps` takes.
-#[inline]
-fn as_bh(v: __m512i) -> __m512bh {
-    // SAFETY: both are 64-byte plain vector types; every bit pattern is valid for each.
-    unsafe { core::mem::transmute::<__m512i, __m512bh>(v) }
-}
 
 /// Rows `rows` of `m` as little-endian BF16 bytes (`rows.len() * cols * 2`), exactly, with
 /// the `vpermb` decode: what `avx2::packed::decode_rows_bf16` gives, for the GEMMs of many
