@@ -224,10 +224,10 @@ impl Kernels {
             TierToken::Avx2(token) => unsafe {
                 x86::entry::avx2::<_, x86::avx2::packed::Packed>(token, matrix, act, rows, out)
             },
-            // A GEMV or a GEMM of up to `PACKED_IN_REGISTERS` tokens (a verify pass) decodes
-            // in registers, in groups of at most 8 tokens; more tokens would decode every block
-            // once per group, so their rows are decoded once into a buffer and run through the
-            // BF16 GEMM (`packed_via_bf16`).
+            // A GEMV or a GEMM of up to `PACKED_IN_REGISTERS` tokens (a verify pass, a few
+            // sequences' step) decodes in registers, in groups of at most 6 tokens (exact) or 8
+            // (`vdpbf16ps`); more tokens would decode every block once per group, so their rows
+            // are decoded once into a buffer and run through the BF16 GEMM (`packed_via_bf16`).
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the token proves avx512f/bw/vl; `check_matmul` proved the shapes.
             TierToken::Avx512(token) if act.tokens() <= PACKED_IN_REGISTERS => unsafe {

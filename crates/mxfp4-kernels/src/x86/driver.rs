@@ -426,13 +426,20 @@ impl<const R2: usize, const R3: usize, const R4: usize> GemmPlan for Gemm<R2, R3
     }
 }
 
-/// The packed kernel's GEMM (`avx512`): groups of up to 8 tokens (its cost is the decode each
+/// The packed kernels' GEMM: groups of up to `MAX` tokens (their cost is the decode each
 /// group repeats), 4 rows per block for 2-3 tokens, 3 for 4-5, 2 for 6-8. Zen 4, a verify pass
 /// of 4 tokens: 1.3x a 1-token step, 1.6x with 4 rows (PERFORMANCE.md, phases 30-31).
-pub(crate) struct WideGemm;
+///
+/// `MAX` is 6 for the exact kernel and 8 for the `vdpbf16ps` one. Past 6 tokens the exact
+/// kernel's 2 x T activation vectors and 2 x T accumulators leave no registers for its decode
+/// (spilled): one core of a Zen 4, 96x7168 in L2, 7 and 8 tokens in one group ran at 34 and
+/// 30 G multiply-adds/s, split 3 + 4 and 4 + 4 (each group decoding the rows again, from L2)
+/// at 40 and 41; the `vdpbf16ps` kernel holds T activation vectors and ran 72 and 78 in one
+/// group against 59 and 62 split (PERFORMANCE.md, phase 35).
+pub(crate) struct WideGemm<const MAX: usize>;
 
-impl GemmPlan for WideGemm {
-    const MAX_GROUP: usize = 8;
+impl<const MAX: usize> GemmPlan for WideGemm<MAX> {
+    const MAX_GROUP: usize = MAX;
 
     #[inline(always)]
     unsafe fn run<M: Rows, K: RowKernel<M>>(

@@ -111,7 +111,7 @@ macro_rules! packed_kernel {
 
         impl RowKernel<PackedBf16Matrix<'_>> for $name {
             type Gemv = PackedGemv;
-            type Gemm = WideGemm;
+            type Gemm = WideGemm<{ packed_kernel!(@group $mode) }>;
 
             #[target_feature(enable = $features)]
             #[inline]
@@ -167,6 +167,13 @@ macro_rules! packed_kernel {
                 store_sums(&acc, tile, out);
             }
         }
+    };
+    // The most tokens a group runs (`WideGemm`).
+    (@group exact) => {
+        6
+    };
+    (@group dot) => {
+        8
     };
     // The tile's tokens: f32 as [even 16, odd 16] per 32 columns, or BF16 in column order.
     (@tokens exact, $tile:ident, $act:ident, $stride:ident, $t:ident) => {

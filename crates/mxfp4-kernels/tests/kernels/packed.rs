@@ -80,9 +80,10 @@ proptest! {
 }
 
 /// K3's widths, where the GEMV runs 4-row blocks over long rows with exceptions scattered,
-/// and GEMMs of 4, 5 and 8 tokens (one group in registers on `avx512`: 3 and 2 rows per
-/// block), 9 and 12 (two groups), 13 and 16 (decoded rows through the BF16 GEMM on `avx512`,
-/// several buffers of rows at the widest).
+/// and GEMMs of 4 and 5 tokens (one group in registers: 3 rows per block), 8 (one group of 2
+/// rows per block in the approximate tiers, two groups of 4 in `avx512`), 9 and 12 (two
+/// groups), 13 and 16 (decoded rows through the BF16 GEMM, several buffers of rows at the
+/// widest).
 #[test]
 fn packed_gemv_at_model_widths() {
     for (seed, cols) in [(1u64, 7168usize), (2, 2048)] {
