@@ -60,6 +60,8 @@ pub struct Workloads {
     pub x_040b: Vec<f32>,
     /// Sixteen latent-width inputs (a batch of tokens).
     pub tokens16: Vec<f32>,
+    /// Eight hidden-width inputs (a verify pass, or a few sequences' step, over the trunk).
+    pub tokens8_hidden: Vec<f32>,
 }
 
 impl Workloads {
@@ -88,6 +90,7 @@ impl Workloads {
             x: activations(HIDDEN, 5),
             x_040b: activations(HIDDEN_040B, 10),
             tokens16: activations(16 * EXPERT_LATENT, 6),
+            tokens8_hidden: activations(8 * HIDDEN, 11),
         }
     }
 }
@@ -386,6 +389,35 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
                         let mut y = y.lock().expect("no poisoning in benches");
                         for _ in 0..BATCH {
                             k.matmul(&m, xa, 0..1024, &mut y).expect("checked shapes");
+                        }
+                    })
+                }),
+            });
+        }
+        // The packed trunk's GEMMs of 5 and 8 tokens on the slice (a verify pass of 4 drafts;
+        // 8 sequences' step): the decode each block's words serve several tokens with.
+        // Weights per second; times the tokens for multiply-adds.
+        let packed = WeightMatrix::from(w.kda_packed_slice.view());
+        for (op, tokens) in [("bf16_packed_gemm5", 5), ("bf16_packed_gemm8", 8)] {
+            let act: &'a Activations = Box::leak(Box::new(prepare(
+                &w.tokens8_hidden[..tokens * HIDDEN],
+                HIDDEN,
+            )));
+            let y = Mutex::new(vec![0.0; tokens * 1024]);
+            out.push(Case {
+                op,
+                shape: "kda_slice_1024x7168",
+                cache: Cache::L3,
+                threads,
+                variant,
+                bytes: BATCH * packed.weight_bytes(),
+                weights: BATCH * packed.rows() * packed.cols(),
+                run: Box::new(move || {
+                    pool.broadcast(|_| {
+                        let mut y = y.lock().expect("no poisoning in benches");
+                        for _ in 0..BATCH {
+                            k.matmul(&packed, act, 0..1024, &mut y)
+                                .expect("checked shapes");
                         }
                     })
                 }),
