@@ -15,10 +15,12 @@ use crate::weight::WeightMatrix;
 #[cfg(target_arch = "x86_64")]
 use crate::x86;
 
-/// The most tokens an `avx512` packed GEMM decodes in registers (groups of up to 8); more run
-/// through `packed_via_bf16`, which decodes each row once. k3-wide slice, Zen 4, 2 threads,
-/// passes of n tokens with both paths (PERFORMANCE.md, phase 30): n = 9 543 ms against 704,
-/// 12 734 against 831, 14 890 against 925, 15 1002 against 974, 16 1121 against 1031.
+/// The most tokens an AVX-512 packed GEMM decodes in registers (groups of up to 6 in `avx512`,
+/// 8 in the approximate tiers); more run through `packed_via_bf16`, which decodes each row
+/// once. k3-wide slice, Zen 4, 2 threads, passes of n tokens with both paths (PERFORMANCE.md,
+/// phase 30): n = 9 543 ms against 704, 12 734 against 831, 14 890 against 925, 15 1002
+/// against 974, 16 1121 against 1031 (9-12 tokens split into the same two groups with at most
+/// 6 a group as with 8).
 #[cfg(target_arch = "x86_64")]
 const PACKED_IN_REGISTERS: usize = 12;
 
