@@ -364,18 +364,27 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
     }
     if fast && threads == 1 {
         // The first 1024 KDA rows (15 MB as BF16, 11 MB packed, 7.8 MB Q8_0) fit in the L3:
-        // each GEMV's compute ceiling.
+        // each GEMV's compute ceiling; then the packed trunk's GEMMs of 5 and 8 tokens on them
+        // (a verify pass of 4 drafts; 8 sequences' step), the decode each block's words serve
+        // several tokens with (weights per second; times the tokens for multiply-adds).
         let q8_slice = 1024 * HIDDEN / 32 * 34;
-        let small: [(&'static str, WeightMatrix<'a>); 3] = [
+        let tokens = |n: usize| -> &'a Activations {
+            Box::leak(Box::new(prepare(&w.tokens8_hidden[..n * HIDDEN], HIDDEN)))
+        };
+        let packed: WeightMatrix<'a> = w.kda_packed_slice.view().into();
+        let small: [(&'static str, WeightMatrix<'a>, &'a Activations); 5] = [
             (
                 "bf16_gemv",
                 bf16_view(&w.kda[..1024 * HIDDEN * 2], 1024, HIDDEN).into(),
+                xa,
             ),
-            ("bf16_packed_gemv", w.kda_packed_slice.view().into()),
-            ("q8_0_gemv", q8(&w.kda_q8_0[..q8_slice], 1024, HIDDEN)),
+            ("bf16_packed_gemv", packed, xa),
+            ("q8_0_gemv", q8(&w.kda_q8_0[..q8_slice], 1024, HIDDEN), xa),
+            ("bf16_packed_gemm5", packed, tokens(5)),
+            ("bf16_packed_gemm8", packed, tokens(8)),
         ];
-        for (op, m) in small {
-            let y = Mutex::new(vec![0.0; 1024]);
+        for (op, m, act) in small {
+            let y = Mutex::new(vec![0.0; act.tokens() * 1024]);
             out.push(Case {
                 op,
                 shape: "kda_slice_1024x7168",
@@ -388,36 +397,7 @@ pub fn cases<'a>(w: &'a Workloads, pool: &'a Pool, k: Kernels) -> Vec<Case<'a>> 
                     pool.broadcast(|_| {
                         let mut y = y.lock().expect("no poisoning in benches");
                         for _ in 0..BATCH {
-                            k.matmul(&m, xa, 0..1024, &mut y).expect("checked shapes");
-                        }
-                    })
-                }),
-            });
-        }
-        // The packed trunk's GEMMs of 5 and 8 tokens on the slice (a verify pass of 4 drafts;
-        // 8 sequences' step): the decode each block's words serve several tokens with.
-        // Weights per second; times the tokens for multiply-adds.
-        let packed = WeightMatrix::from(w.kda_packed_slice.view());
-        for (op, tokens) in [("bf16_packed_gemm5", 5), ("bf16_packed_gemm8", 8)] {
-            let act: &'a Activations = Box::leak(Box::new(prepare(
-                &w.tokens8_hidden[..tokens * HIDDEN],
-                HIDDEN,
-            )));
-            let y = Mutex::new(vec![0.0; tokens * 1024]);
-            out.push(Case {
-                op,
-                shape: "kda_slice_1024x7168",
-                cache: Cache::L3,
-                threads,
-                variant,
-                bytes: BATCH * packed.weight_bytes(),
-                weights: BATCH * packed.rows() * packed.cols(),
-                run: Box::new(move || {
-                    pool.broadcast(|_| {
-                        let mut y = y.lock().expect("no poisoning in benches");
-                        for _ in 0..BATCH {
-                            k.matmul(&packed, act, 0..1024, &mut y)
-                                .expect("checked shapes");
+                            k.matmul(&m, act, 0..1024, &mut y).expect("checked shapes");
                         }
                     })
                 }),
