@@ -426,16 +426,9 @@ impl<const R2: usize, const R3: usize, const R4: usize> GemmPlan for Gemm<R2, R3
     }
 }
 
-/// The packed kernels' GEMM: groups of up to `MAX` tokens (their cost is the decode each
-/// group repeats), 4 rows per block for 2-3 tokens, 3 for 4-5, 2 for 6-8. Zen 4, a verify pass
-/// of 4 tokens: 1.3x a 1-token step, 1.6x with 4 rows (PERFORMANCE.md, phases 30-31).
-///
-/// `MAX` is 6 for the exact kernel and 8 for the `vdpbf16ps` one. Past 6 tokens the exact
-/// kernel's 2 x T activation vectors and 2 x T accumulators leave no registers for its decode
-/// (spilled): one core of a Zen 4, 96x7168 in L2, 7 and 8 tokens in one group ran at 34 and
-/// 30 G multiply-adds/s, split 3 + 4 and 4 + 4 (each group decoding the rows again, from L2)
-/// at 40 and 41; the `vdpbf16ps` kernel holds T activation vectors and ran 72 and 78 in one
-/// group against 59 and 62 split (PERFORMANCE.md, phase 35).
+/// The packed kernels' GEMM: groups of up to `MAX` tokens (6 exact: 7-8 in one group spilled,
+/// 34/30 G multiply-adds/s a Zen 4 core against 40/41 split; 8 `vdpbf16ps`: 72/78 against
+/// 59/62; PERFORMANCE.md phase 35); 4 rows a block for 2-3 tokens, 3 for 4-5, 2 for 6-8.
 pub(crate) struct WideGemm<const MAX: usize>;
 
 impl<const MAX: usize> GemmPlan for WideGemm<MAX> {
