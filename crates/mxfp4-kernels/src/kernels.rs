@@ -92,8 +92,8 @@ impl Kernels {
     /// (k3-wide's packed trunk decodes 1.6x faster than its mapped BF16 on Zen 5), and the
     /// approximate tiers, which decode in registers as `avx512` does and run `vdpbf16ps` (on
     /// Zen 4, from memory, 1.49-1.67x the BF16 GEMV's weights per second per core;
-    /// PERFORMANCE.md, phase 34). Not `avx2`: its 15 decode operations per block ran at 0.65-0.8x the BF16
-    /// GEMV's weights per second on Zen 3, no faster per token.
+    /// PERFORMANCE.md, phase 34). Not `avx2`: its 15 decode operations per block ran at
+    /// 0.65-0.8x the BF16 GEMV's weights per second on Zen 3, no faster per token.
     pub fn packed_at_memory_rate(&self) -> bool {
         matches!(
             self.tier(),
