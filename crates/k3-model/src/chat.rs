@@ -19,7 +19,7 @@ mod render;
 mod types;
 
 pub use markup::{END_OF_MSG, escape, tool_declaration};
-pub use parser::{Delta, OutputParser};
+pub use parser::{Delta, OutputParser, take_text};
 pub use render::{encode, render, render_assistant, render_split};
 pub use types::{
     ChatError, ChatOptions, Message, ResponseFormat, Segment, ThinkingEffort, ToolCall, ToolChoice,

@@ -126,16 +126,10 @@ impl OutputParser {
     }
 
     fn flush(&mut self, out: &mut Vec<Delta>, all: bool) {
-        let valid = match std::str::from_utf8(&self.pending) {
-            Ok(_) => self.pending.len(),
-            Err(e) if !all && e.error_len().is_none() => e.valid_up_to(),
-            Err(_) => self.pending.len(),
-        };
-        if valid == 0 {
+        let text = take_text(&mut self.pending, all);
+        if text.is_empty() {
             return;
         }
-        let text = String::from_utf8_lossy(&self.pending[..valid]).into_owned();
-        self.pending.drain(..valid);
         match self.place {
             Place::Think => out.push(Delta::Reasoning(text)),
             Place::Response | Place::ToolsText => out.push(Delta::Content(text)),
@@ -269,4 +263,24 @@ fn attribute(attributes: &[(String, String)], key: &str) -> String {
         .find(|(k, _)| k == key)
         .map(|(_, v)| v.clone())
         .unwrap_or_default()
+}
+
+/// The text of `pending`'s bytes (generated output, a token's bytes at a time), taken from it:
+/// each invalid sequence as U+FFFD, and, unless `all`, a character the bytes end inside of left
+/// for the next token to complete.
+pub fn take_text(pending: &mut Vec<u8>, all: bool) -> String {
+    // Only an incomplete last character waits: an invalid sequence can never become valid, and
+    // holding it would hold back all the text after it.
+    let wait = match pending.utf8_chunks().last() {
+        Some(chunk) if !all && pending.ends_with(chunk.invalid()) => {
+            let incomplete =
+                std::str::from_utf8(chunk.invalid()).is_err_and(|e| e.error_len().is_none());
+            if incomplete { chunk.invalid().len() } else { 0 }
+        }
+        _ => 0,
+    };
+    let whole = pending.len() - wait;
+    let text = String::from_utf8_lossy(&pending[..whole]).into_owned();
+    pending.drain(..whole);
+    text
 }

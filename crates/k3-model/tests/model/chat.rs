@@ -5,7 +5,7 @@
 
 use k3_model::chat::{
     ChatError, ChatOptions, Delta, Message, OutputParser, ResponseFormat, Segment, ThinkingEffort,
-    ToolCall, ToolChoice, encode, render, render_assistant,
+    ToolCall, ToolChoice, encode, render, render_assistant, take_text,
 };
 use k3_model::tokenizer::Tokenizer;
 use serde_json::{Value, json};
@@ -382,4 +382,46 @@ fn reasoning_ends_at_the_response_opener_or_the_think_closer_alone() {
     let bare = "Plan.<|close|>think<|sep|>Done.<|close|>message<|sep|>";
     let (reasoning, content, _, _) = parse(&tokenizer, &generated_ids(&tokenizer, bare), true);
     assert_eq!((reasoning.as_str(), content.as_str()), ("Plan.", "Done."));
+}
+
+/// Output bytes become text as they complete: an incomplete last character waits for the next
+/// token, an invalid sequence is U+FFFD at once (never held, or all later text would be), and
+/// at the end (`all`) a character cut short is U+FFFD too.
+#[test]
+fn output_bytes_become_text_a_character_at_a_time() {
+    let mut pending = Vec::new();
+    let mut text = String::new();
+    for piece in [
+        &b"a\xC3"[..],
+        b"\xA9",
+        b"\xFF\x80",
+        b"b\xF0\x9F",
+        b"\x98",
+        b"\x80\xE2\x82",
+    ] {
+        pending.extend_from_slice(piece);
+        text.push_str(&take_text(&mut pending, false));
+    }
+    assert_eq!(text, "a\u{e9}\u{FFFD}\u{FFFD}b\u{1F600}");
+    assert_eq!(pending, b"\xE2\x82", "the incomplete euro sign waits");
+    // An invalid byte before an incomplete tail: the byte goes, the tail still waits.
+    let mut pending = b"x\xFFy\xE2\x82".to_vec();
+    assert_eq!(take_text(&mut pending, false), "x\u{FFFD}y");
+    assert_eq!(pending, b"\xE2\x82");
+    assert_eq!(take_text(&mut pending, true), "\u{FFFD}");
+    assert!(pending.is_empty());
+
+    // Through the parser: a character cut by the last token comes out at `finish`.
+    let tokenizer = Tokenizer::from_dir(&data_dir("tiktoken")).unwrap();
+    let mut parser = OutputParser::new(&tokenizer, false).unwrap();
+    let mut content = String::new();
+    for bytes in [&b"ok \xC3"[..], b"\xA9 \xE2\x82"] {
+        for d in parser.push(u32::MAX, bytes) {
+            if let Delta::Content(t) = d {
+                content.push_str(&t);
+            }
+        }
+    }
+    assert_eq!(content, "ok \u{e9} ");
+    assert_eq!(parser.finish(), vec![Delta::Content("\u{FFFD}".into())]);
 }

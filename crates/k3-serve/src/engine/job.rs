@@ -13,12 +13,37 @@ use crate::prompt_cache::Namespace;
 /// A chosen token's text and log-probability, with the top alternatives'.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenLogprob {
-    /// The token's text.
+    /// The token's text (a token that ends inside a character shows U+FFFD for it).
     pub token: String,
+    /// The token's bytes as the tokenizer has them: joined, the tokens' bytes are the output's
+    /// UTF-8, characters split over tokens included (OpenAI's `bytes`).
+    pub bytes: Vec<u8>,
     /// Its log-probability under the sampled distribution.
     pub logprob: f32,
-    /// The most likely tokens' texts and log-probabilities, most likely first.
-    pub top: Vec<(String, f32)>,
+    /// The most likely tokens, most likely first.
+    pub top: Vec<TopLogprob>,
+}
+
+/// One of the most likely tokens at a position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TopLogprob {
+    /// Its text.
+    pub token: String,
+    /// Its bytes ([`TokenLogprob::bytes`]).
+    pub bytes: Vec<u8>,
+    /// Its log-probability.
+    pub logprob: f32,
+}
+
+impl TopLogprob {
+    /// Token `id` of `tokenizer`, at `logprob`.
+    pub fn of(tokenizer: &k3_model::tokenizer::Tokenizer, id: u32, logprob: f32) -> Self {
+        Self {
+            token: tokenizer.decode(&[id]),
+            bytes: tokenizer.decode_bytes(&[id]),
+            logprob,
+        }
+    }
 }
 
 /// What a job sends back.

@@ -39,7 +39,7 @@ pub(crate) mod state;
 pub use cache::PromptCacheOptions;
 pub use config::EngineConfig;
 pub use handle::{EngineHandle, spawn, wait_ready};
-pub use job::{Event, Job, TokenLogprob};
+pub use job::{Event, Job, TokenLogprob, TopLogprob};
 pub use metrics::{BUCKETS, Histogram, Metrics};
 pub use prompt::{
     encode_prompt, encode_segments, encode_split, prompt_ids, prompt_segments, system_segments,

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use k3_model::chat::{Delta, OutputParser};
+use k3_model::chat::{Delta, OutputParser, take_text};
 use k3_model::model::{Model, Session};
 use k3_model::sampling::{Sampler, StopStrings};
 use k3_model::tokenizer::Tokenizer;
@@ -13,7 +13,7 @@ use k3_structured::{ANSWER_TRAILER, JsonCloser, Spec};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::constrain::Constrained;
-use super::job::{Event, Job, TokenLogprob};
+use super::job::{Event, Job, TokenLogprob, TopLogprob};
 use super::metrics::Metrics;
 use super::speculate::Drafting;
 use super::state::StateFiles;
@@ -333,18 +333,26 @@ impl Sequence {
             drafting.push(sampled.token);
         }
         metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
-        let text = |id: u32| tokenizer.decode(&[id]);
         let logprobs = if self.logprobs {
+            let top = sampled.top.iter();
             vec![TokenLogprob {
-                token: text(sampled.token),
+                token: tokenizer.decode(&[sampled.token]),
+                bytes: tokenizer.decode_bytes(&[sampled.token]),
                 logprob: sampled.logprob,
-                top: sampled.top.iter().map(|&(id, lp)| (text(id), lp)).collect(),
+                top: top
+                    .map(|&(id, logprob)| TopLogprob::of(tokenizer, id, logprob))
+                    .collect(),
             }]
         } else {
             Vec::new()
         };
         if self.ends.contains(&sampled.token) {
-            self.flush_held(logprobs);
+            // Text held back for whole characters ends here: what is left of it goes out
+            // (an incomplete character as U+FFFD) before the end.
+            let tail = self.text_tail();
+            if !self.emit(tail, logprobs) {
+                self.flush_held(Vec::new());
+            }
             return self.finish("stop");
         }
         let bytes = tokenizer.decode_bytes(&[sampled.token]);
@@ -352,15 +360,33 @@ impl Sequence {
             Some(parser) => parser.push(sampled.token, &bytes),
             None => {
                 self.pending.extend_from_slice(&bytes);
-                let valid = match std::str::from_utf8(&self.pending) {
-                    Ok(_) => self.pending.len(),
-                    Err(e) => e.valid_up_to(),
-                };
-                let content = String::from_utf8_lossy(&self.pending[..valid]).into_owned();
-                self.pending.drain(..valid);
-                vec![Delta::Content(content)]
+                vec![Delta::Content(take_text(&mut self.pending, false))]
             }
         };
+        if self.emit(deltas, logprobs) {
+            self.finish("stop");
+        } else if self.generated >= self.max_tokens {
+            let tail = self.text_tail();
+            if !self.emit(tail, Vec::new()) {
+                self.flush_held(Vec::new());
+            }
+            self.finish("length");
+        }
+    }
+
+    /// What the output parser (or, without one, the plain text) still holds when generation
+    /// ends: a character cut by the last token as U+FFFD, a marker's text left open.
+    fn text_tail(&mut self) -> Vec<Delta> {
+        match &mut self.parser {
+            Some(parser) => parser.finish(),
+            None if self.pending.is_empty() => Vec::new(),
+            None => vec![Delta::Content(take_text(&mut self.pending, true))],
+        }
+    }
+
+    /// Sends `deltas` (with `logprobs`) through the stop strings as one event; true when a
+    /// stop string ended the output.
+    fn emit(&mut self, deltas: Vec<Delta>, logprobs: Vec<TokenLogprob>) -> bool {
         // Stop strings apply to reasoning and content alike, each on its own (a stop does not
         // span the switch from one to the other): cut at the first, hold back a possible start.
         let (mut reasoning, mut content, mut tool_calls) =
@@ -400,12 +426,7 @@ impl Sequence {
                 logprobs,
             });
         }
-        if stop {
-            self.finish("stop");
-        } else if self.generated >= self.max_tokens {
-            self.flush_held(Vec::new());
-            self.finish("length");
-        }
+        stop
     }
 
     fn flush_held(&mut self, logprobs: Vec<TokenLogprob>) {

@@ -33,6 +33,17 @@ pub(super) async fn collect(mut events: UnboundedReceiver<Event>) -> Result<Coll
     Ok(collected)
 }
 
+/// The `finish_reason` of an answer that ended for `reason` (the engine's `stop` or `length`):
+/// `tool_calls` where it ended on its own (`stop`) with tool calls made (`called`), streamed
+/// or not alike.
+fn with_calls(reason: &'static str, called: bool) -> &'static str {
+    if called && reason == "stop" {
+        "tool_calls"
+    } else {
+        reason
+    }
+}
+
 /// Why a request ended without its finish.
 const ENGINE_GONE: &str = "the engine stopped before finishing this request";
 
@@ -48,12 +59,14 @@ pub(super) struct Chunks {
     logprobs: bool,
     include_usage: bool,
     first: bool,
-    /// Characters of the completion's token texts so far (completions' `text_offset`).
-    text_offset: usize,
+    /// Where the next token's text begins (completions' `text_offset`).
+    text_offset: TextOffset,
     /// A finish or an error was sent.
     ended: bool,
     /// `[DONE]` was queued.
     done: bool,
+    /// A tool call was sent: the finish then says `tool_calls`, as the whole answer's does.
+    called: bool,
 }
 
 impl Chunks {
@@ -76,9 +89,10 @@ impl Chunks {
             logprobs,
             include_usage,
             first: true,
-            text_offset: 0,
+            text_offset: TextOffset::default(),
             ended: false,
             done: false,
+            called: false,
         }
     }
 
@@ -96,6 +110,14 @@ impl Chunks {
             self.done = true;
             return;
         };
+        let mut event = event;
+        match &mut event {
+            Event::Delta { tool_calls, .. } => self.called |= !tool_calls.is_empty(),
+            Event::Done { finish_reason, .. } => {
+                *finish_reason = with_calls(finish_reason, self.called);
+            }
+            Event::Error(_) => {}
+        }
         let logprobs = match &event {
             Event::Delta { logprobs, .. } if self.logprobs => {
                 Some(logprobs_json(logprobs, self.chat, &mut self.text_offset))
@@ -184,17 +206,37 @@ fn tool_calls_json(calls: &[k3_model::chat::ToolCall], first_index: usize) -> Va
     )
 }
 
+/// The characters of a completion's text before its next token, from the tokens' bytes as
+/// the text is made of them (`take_text`): a character split over several tokens is counted
+/// once, where it ends, so each of its tokens begins at the character before it; an invalid
+/// byte is one U+FFFD.
+#[derive(Debug, Default)]
+pub(super) struct TextOffset {
+    chars: usize,
+    /// Bytes of a character not yet complete.
+    tail: Vec<u8>,
+}
+
+impl TextOffset {
+    fn advance(&mut self, bytes: &[u8]) {
+        self.tail.extend_from_slice(bytes);
+        self.chars += k3_model::chat::take_text(&mut self.tail, false)
+            .chars()
+            .count();
+    }
+}
+
 /// Log-probabilities in the endpoint's shape: chat's `{"content": [{token, logprob, bytes,
 /// top_logprobs: [...]}]}`, or the completions API's `{tokens, token_logprobs, top_logprobs,
 /// text_offset}`, whose `top_logprobs` are maps from token text to log-probability (the
 /// alternatives, highest first, and the chosen token, so up to N + 1 entries) and whose
-/// `text_offset`s count characters from the completion's start (`offset`: the characters
-/// before these tokens; advanced past them).
-fn logprobs_json(entries: &[TokenLogprob], chat: bool, offset: &mut usize) -> Value {
+/// `text_offset`s count characters from the completion's start (`offset`: where these tokens
+/// begin; advanced past them).
+fn logprobs_json(entries: &[TokenLogprob], chat: bool, offset: &mut TextOffset) -> Value {
     if chat {
         return json!({"content": entries.iter().map(|e| json!({
-            "token": e.token, "logprob": e.logprob, "bytes": e.token.as_bytes(),
-            "top_logprobs": e.top.iter().map(|(t, l)| json!({"token": t, "logprob": l, "bytes": t.as_bytes()})).collect::<Vec<_>>(),
+            "token": e.token, "logprob": e.logprob, "bytes": e.bytes,
+            "top_logprobs": e.top.iter().map(|t| json!({"token": t.token, "logprob": t.logprob, "bytes": t.bytes})).collect::<Vec<_>>(),
         })).collect::<Vec<_>>()});
     }
     let mut tokens = Vec::with_capacity(entries.len());
@@ -207,13 +249,14 @@ fn logprobs_json(entries: &[TokenLogprob], chat: bool, offset: &mut usize) -> Va
         // Two ids may decode to the same text: the most likely keeps the key, except that
         // the chosen token's text always maps to its own log-probability.
         let mut top = serde_json::Map::new();
-        for (text, logprob) in &e.top {
-            top.entry(text.clone()).or_insert_with(|| json!(logprob));
+        for t in &e.top {
+            top.entry(t.token.clone())
+                .or_insert_with(|| json!(t.logprob));
         }
         top.insert(e.token.clone(), json!(e.logprob));
         top_logprobs.push(Value::Object(top));
-        text_offset.push(json!(*offset));
-        *offset += e.token.chars().count();
+        text_offset.push(json!(offset.chars));
+        offset.advance(&e.bytes);
     }
     json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
            "text_offset": text_offset})
@@ -329,13 +372,9 @@ impl Collected {
         logprobs: bool,
     ) -> Value {
         let (finish, prompt, completion, cached) = self.finish.unwrap_or(("stop", 0, 0, 0));
-        let finish = if !self.tool_calls.is_empty() && finish == "stop" {
-            "tool_calls"
-        } else {
-            finish
-        };
+        let finish = with_calls(finish, !self.tool_calls.is_empty());
         let lp = if logprobs {
-            logprobs_json(&self.logprobs, chat, &mut 0)
+            logprobs_json(&self.logprobs, chat, &mut TextOffset::default())
         } else {
             Value::Null
         };

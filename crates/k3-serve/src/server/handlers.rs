@@ -7,7 +7,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::header::{ACCEPT_ENCODING, CONTENT_ENCODING};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -88,11 +89,38 @@ async fn tokenize(
     })?
 }
 
+/// A body sent compressed (`Content-Encoding` other than `identity`) is refused with 415, as
+/// RFC 9110 asks of a server that does not decode that coding: read as JSON it would be a
+/// misleading "invalid JSON" (or, were it plain text labelled gzip, accepted by mistake).
+fn coding_refused(headers: &HeaderMap) -> Option<Response> {
+    let codings: Vec<&str> = headers
+        .get_all(CONTENT_ENCODING)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+        .map(str::trim)
+        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"))
+        .collect();
+    let coding = codings.first()?;
+    let mut refusal = ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        format!("Content-Encoding {coding} is not supported: send the JSON body uncompressed"),
+    )
+    .into_response();
+    refusal
+        .headers_mut()
+        .insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    Some(refusal)
+}
+
 pub(super) async fn chat(
     State(state): State<AppState>,
     tenant: Option<Extension<Tenant>>,
+    headers: HeaderMap,
     parsed: Result<Json<Value>, JsonRejection>,
 ) -> Response {
+    if let Some(refusal) = coding_refused(&headers) {
+        return refusal;
+    }
     let id = format!("chatcmpl-{:x}", unique());
     let (request, ignored) = read(parsed, ChatRequest::from_json, |r| {
         (r.ignored().to_vec(), r.validate(&state.limits))
@@ -103,8 +131,12 @@ pub(super) async fn chat(
 pub(super) async fn completions(
     State(state): State<AppState>,
     tenant: Option<Extension<Tenant>>,
+    headers: HeaderMap,
     parsed: Result<Json<Value>, JsonRejection>,
 ) -> Response {
+    if let Some(refusal) = coding_refused(&headers) {
+        return refusal;
+    }
     let id = format!("cmpl-{:x}", unique());
     let (request, ignored) = read(parsed, CompletionRequest::from_json, |r| {
         (r.ignored().to_vec(), r.validate(&state.limits))

@@ -7,6 +7,7 @@ mod docs;
 mod e2e;
 mod fuzz;
 mod http_layer;
+mod output_text;
 mod prompt_cache_files;
 mod prompt_cache_log;
 mod queue;
