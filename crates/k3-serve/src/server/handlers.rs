@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
-use axum::http::header::{ACCEPT_ENCODING, CONTENT_ENCODING};
+use axum::http::header::{ACCEPT_ENCODING, CONTENT_ENCODING, HeaderName, TRANSFER_ENCODING};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -89,18 +89,34 @@ async fn tokenize(
     })?
 }
 
-/// A body sent compressed (`Content-Encoding` other than `identity`) is refused with 415, as
-/// RFC 9110 asks of a server that does not decode that coding: read as JSON it would be a
-/// misleading "invalid JSON" (or, were it plain text labelled gzip, accepted by mistake).
-fn coding_refused(headers: &HeaderMap) -> Option<Response> {
-    let codings: Vec<&str> = headers
-        .get_all(CONTENT_ENCODING)
+/// The codings `headers` list under `name`, but those that change nothing (`keep`).
+fn codings<'h>(headers: &'h HeaderMap, name: HeaderName, keep: &str) -> Vec<&'h str> {
+    headers
+        .get_all(name)
         .iter()
         .flat_map(|v| v.to_str().unwrap_or("?").split(','))
         .map(str::trim)
-        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"))
-        .collect();
-    let coding = codings.first()?;
+        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case(keep))
+        .collect()
+}
+
+/// A body sent compressed (`Content-Encoding` other than `identity`) is refused with 415, as
+/// RFC 9110 asks of a server that does not decode that coding: read as JSON it would be a
+/// misleading "invalid JSON" (or, were it plain text labelled gzip, accepted by mistake). A
+/// transfer coding other than `chunked` (which the HTTP layer decodes) is a 501, as RFC 9112
+/// asks.
+fn coding_refused(headers: &HeaderMap) -> Option<Response> {
+    if let Some(coding) = codings(headers, TRANSFER_ENCODING, "chunked").first() {
+        return Some(
+            ApiError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                format!("Transfer-Encoding {coding} is not supported: only chunked is"),
+            )
+            .into_response(),
+        );
+    }
+    let content = codings(headers, CONTENT_ENCODING, "identity");
+    let coding = content.first()?;
     let mut refusal = ApiError::new(
         StatusCode::UNSUPPORTED_MEDIA_TYPE,
         format!("Content-Encoding {coding} is not supported: send the JSON body uncompressed"),

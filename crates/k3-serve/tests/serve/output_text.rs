@@ -110,15 +110,17 @@ async fn split_invalid_and_cut_characters_come_out_as_their_bytes_say() {
 
 /// A body sent compressed is refused with 415 (and `Accept-Encoding: identity`), not read as
 /// broken JSON, nor a plain body under a compressed label read as if it were plain; an
-/// `identity` coding is no coding.
+/// `identity` coding is no coding. A transfer coding other than chunked is a 501.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compressed_body_is_refused_as_an_unsupported_coding() {
     let s = state(8, 4, 512);
     let body = json!({"prompt": "x", "max_tokens": 1}).to_string();
     for (coding, expected) in [
-        (Some("gzip"), 415),
-        (Some("identity, br"), 415),
-        (Some("identity"), 200),
+        (Some(("content-encoding", "gzip")), 415),
+        (Some(("content-encoding", "identity, br")), 415),
+        (Some(("content-encoding", "identity")), 200),
+        (Some(("transfer-encoding", "gzip, chunked")), 501),
+        (Some(("transfer-encoding", "chunked")), 200),
         (None, 200),
     ] {
         for uri in ["/v1/completions", "/v1/chat/completions"] {
@@ -131,8 +133,8 @@ async fn a_compressed_body_is_refused_as_an_unsupported_coding() {
                 .method("POST")
                 .uri(uri)
                 .header("content-type", "application/json");
-            if let Some(coding) = coding {
-                request = request.header("content-encoding", coding);
+            if let Some((name, coding)) = coding {
+                request = request.header(name, coding);
             }
             let response = app(s.clone())
                 .oneshot(request.body(Body::from(body)).unwrap())
@@ -147,6 +149,9 @@ async fn a_compressed_body_is_refused_as_an_unsupported_coding() {
                 assert_eq!(error_of(status, &text).0, 415);
                 assert!(text.contains("Content-Encoding"), "{text}");
                 assert_eq!(accept.unwrap(), "identity");
+            } else if expected == 501 {
+                assert_eq!(error_of(status, &text).0, 501);
+                assert!(text.contains("Transfer-Encoding gzip"), "{text}");
             }
         }
     }
