@@ -13,6 +13,14 @@ use crate::mask::Mask;
 use crate::spec::{Options, Spec, top_level};
 use crate::vocab::Vocabulary;
 
+/// The stack of the threads that compile a constraint or compute its masks (reserved, not
+/// committed: only the pages a deep grammar touches are used). llguidance recurses once per
+/// level of a `$ref` or rule chain: a 2,000-rule chain overflowed the 8 MB main thread, and a
+/// 20,000-rule one compiled here with 175 MB more peak RSS (stack and heap), so at most ~9 KB a
+/// level. llguidance itself refuses grammars of 65,535 symbols or more and JSON schemas past
+/// its size limit, so no chain is deeper than that: ~0.6 GB at 9 KB, within 1 GiB.
+pub const CONSTRAINT_STACK: usize = 1 << 30;
+
 /// A compiled constraint, cheap to clone; each sequence follows it with its own
 /// [`crate::Matcher`].
 #[derive(Clone)]
@@ -44,7 +52,31 @@ impl std::fmt::Debug for Grammar {
 
 impl Grammar {
     /// Compiles `spec` for `vocab` and computes its first mask, within `options.limits`.
+    ///
+    /// It runs on a thread of its own with a stack of [`CONSTRAINT_STACK`] bytes: llguidance
+    /// builds the grammar recursively, so a schema whose `$ref`s chain a few hundred
+    /// definitions deep (or a Lark grammar of a few thousand chained rules) overflowed a 2 MB
+    /// thread's stack, which aborts the whole process (a server taken down by one request).
     pub fn compile(vocab: &Arc<Vocabulary>, spec: &Spec, options: &Options) -> Result<Self, Error> {
+        std::thread::scope(|scope| {
+            let compiling = std::thread::Builder::new()
+                .name("k3-compile".into())
+                .stack_size(CONSTRAINT_STACK)
+                .spawn_scoped(scope, || Self::compile_here(vocab, spec, options))
+                .map_err(|e| {
+                    Error::Invalid(format!("no thread to compile the constraint on: {e}"))
+                })?;
+            compiling
+                .join()
+                .unwrap_or_else(|_| Err(Error::Invalid("compiling the constraint failed".into())))
+        })
+    }
+
+    fn compile_here(
+        vocab: &Arc<Vocabulary>,
+        spec: &Spec,
+        options: &Options,
+    ) -> Result<Self, Error> {
         let limits = &options.limits;
         let started = Instant::now();
         let parser = vocab.factory().create_parser_from_init_ext(

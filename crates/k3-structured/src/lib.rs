@@ -36,7 +36,7 @@ mod vocab;
 
 pub use closer::JsonCloser;
 pub use error::Error;
-pub use grammar::Grammar;
+pub use grammar::{CONSTRAINT_STACK, Grammar};
 pub use mask::Mask;
 pub use matcher::Matcher;
 pub use spec::{ANSWER_TRAILER, Limits, Options, Spec};

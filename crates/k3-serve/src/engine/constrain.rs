@@ -90,8 +90,10 @@ impl Constrained {
             unreachable!("matched above")
         };
         let (tx, rx) = channel();
+        // The compile's stack (see `CONSTRAINT_STACK`): a mask walks the same grammar.
         let spawned = std::thread::Builder::new()
             .name("k3-mask".into())
+            .stack_size(k3_structured::CONSTRAINT_STACK)
             .spawn(move || {
                 let outcome = matcher.mask().map(|_| ());
                 // The sequence may have ended meanwhile: then nobody waits.

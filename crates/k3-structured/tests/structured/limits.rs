@@ -99,3 +99,49 @@ fn mask_time_per_token_on_the_tiny_tokenizer() {
         total / tokens as u32
     );
 }
+
+/// A schema whose `$ref`s chain 3,000 definitions deep, and a Lark grammar of 5,000 chained
+/// rules, compiled from a thread with a 256 KB stack: llguidance recurses per level (the
+/// grammar used to overflow the 8 MB main thread and abort the process; the schema, at 400
+/// levels, a server's 2 MB worker), so the compile runs on a thread of its own with a large
+/// stack and answers (a grammar, or a clean error), whatever the caller's stack.
+#[test]
+fn deeply_chained_constraints_compile_on_a_stack_of_their_own() {
+    let n = 3000;
+    let mut defs = serde_json::Map::new();
+    for i in 0..n {
+        let next = format!("#/$defs/d{}", i + 1);
+        defs.insert(
+            format!("d{i}"),
+            serde_json::json!({"anyOf": [{"$ref": next}, {"type": "null"}]}),
+        );
+    }
+    defs.insert(format!("d{n}"), serde_json::json!({"type": "integer"}));
+    let schema = Spec::JsonSchema(serde_json::json!({"$ref": "#/$defs/d0", "$defs": defs}));
+    let mut rules = vec!["start: r0".to_owned()];
+    rules.extend((0..5000).map(|i| format!("r{i}: r{} | \"x{i}\"", i + 1)));
+    rules.push("r5000: \"z\"".into());
+    let lark = Spec::Lark(rules.join("\n"));
+    let options = Options {
+        limits: Limits {
+            compile: Duration::from_secs(120),
+            ..Limits::default()
+        },
+        ..Options::default()
+    };
+    for spec in [schema, lark] {
+        let outcome = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn({
+                let options = options.clone();
+                move || Grammar::compile(&vocab(), &spec, &options).map(|_| ())
+            })
+            .unwrap()
+            .join()
+            .expect("the compile returns, it does not take the caller's thread down");
+        // Compiled; or refused by llguidance's own limits, with its words.
+        if let Err(e) = outcome {
+            assert!(matches!(e, Error::Invalid(_)), "{e:?}");
+        }
+    }
+}
