@@ -133,7 +133,17 @@ fn main() -> Result<()> {
         created,
     };
     if !args.serve {
-        return one_shot(&engine, &limits, &args);
+        let outcome = one_shot(&engine, &limits, &args);
+        // The queue closes with the last handle: the engine then saves the expert usage
+        // counts (the next start's preload order) and stops. Returning at once let the
+        // process end before the file was written (none, or a partial `.tmp`). As the server
+        // does, a model that never loaded is not waited for: it holds nothing to save.
+        let loaded = engine.ready.load(std::sync::atomic::Ordering::Acquire);
+        drop(engine);
+        if loaded {
+            let _ = engine_thread.join();
+        }
+        return outcome;
     }
     serving::serve_http(args, engine, engine_thread, limits)
 }

@@ -715,3 +715,33 @@ fn one_shot_json_schema_and_grammar() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A one-shot run with an expert cache saves the expert usage counts (the next start's
+/// preload order) before it exits: it used to end while the engine thread was still writing
+/// them, leaving no file or a partial `.tmp` most of the time.
+#[test]
+fn one_shot_saves_the_expert_usage_before_it_exits() {
+    let dir = std::env::temp_dir().join(format!("k3-usage-one-shot-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for round in 0..3 {
+        let usage = dir.join(format!("usage-{round}.json"));
+        let args = [
+            "--prompt",
+            "Hello",
+            "--max-tokens",
+            "4",
+            "--expert-cache",
+            "2",
+            "--usage-file",
+            usage.to_str().unwrap(),
+        ];
+        let (code, _, stderr) = run(&on_tiny(&args), &[]);
+        assert_eq!(code, Some(0), "{stderr}");
+        let text = std::fs::read_to_string(&usage)
+            .unwrap_or_else(|e| panic!("round {round}: no usage file ({e}): {stderr}"));
+        serde_json::from_str::<Value>(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert!(stderr.contains("expert usage saved to"), "{stderr}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
