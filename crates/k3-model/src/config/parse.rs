@@ -89,6 +89,18 @@ impl K3Config {
         }
         let gate = match linear.optional_float("gate_lower_bound")? {
             None => KdaGate::Softplus,
+            // The gate is `bound · sigmoid(..)`, a log-decay in (bound, 0): a bound of 0 or
+            // above would make every decay exp(g) ≥ 1, so the KDA state grows without end and
+            // the logits turn NaN a few tokens in, with no error (docs/MODEL.md §6.3).
+            Some(bound) if !(bound.is_finite() && bound < 0.0) => {
+                return Err(invalid(
+                    "linear_attn_config.gate_lower_bound",
+                    format!(
+                        "{bound}: it bounds the log-decay from below, so it must be a negative \
+                         number (K3's is -5.0)"
+                    ),
+                ));
+            }
             Some(bound) => KdaGate::LowerBound(bound),
         };
         let kda = KdaConfig {

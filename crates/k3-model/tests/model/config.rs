@@ -284,6 +284,21 @@ fn bad_layer_lists_and_values_are_rejected_with_reasons() {
             "non-negative integer",
         ),
         (edited("rms_norm_eps", serde_json::json!(0.0)), "positive"),
+        // A log-decay bound of 0 or above makes every decay ≥ 1: the state blows up to NaN.
+        (
+            edited(
+                "linear_attn_config.gate_lower_bound",
+                serde_json::json!(5.0),
+            ),
+            "gate_lower_bound is invalid: 5: it bounds the log-decay from below",
+        ),
+        (
+            edited(
+                "linear_attn_config.gate_lower_bound",
+                serde_json::json!(0.0),
+            ),
+            "must be a negative number",
+        ),
         (
             edited("rms_norm_eps", serde_json::json!(1e30)),
             "not below 1",

@@ -300,6 +300,15 @@ impl Sequence {
         if self.panic_at == Some(self.generated) {
             panic!("injected fault after {} tokens", self.generated);
         }
+        // NaN logits sample as token 0, silently, token after token: broken weights or a
+        // config that does not fit them. The request fails instead, saying so.
+        if let Some(id) = logits.iter().position(|l| l.is_nan()) {
+            return self.fail(&format!(
+                "the model's logits are NaN (token {id} after {} output tokens): the weights \
+                 or the config are broken (`--scan` reads every weight at startup)",
+                self.generated
+            ));
+        }
         let mask = match self.constraint.as_mut().map(Constrained::mask).transpose() {
             Ok(mask) => mask,
             Err(e) => return self.fail(&e),

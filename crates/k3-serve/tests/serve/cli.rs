@@ -745,3 +745,44 @@ fn one_shot_saves_the_expert_usage_before_it_exits() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A NaN in a weight (here the final norm's first value) turns every logit NaN: without
+/// `--scan` the run used to print token 0 after token 0 and exit 0. The request now fails,
+/// saying the logits are NaN and pointing at `--scan`.
+#[test]
+fn nan_logits_fail_the_request_instead_of_sampling_token_0() {
+    let dir = std::env::temp_dir().join(format!("k3-serve-nan-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let options = k3_model::synth::SynthOptions::new(k3_model::synth::Preset::Tiny);
+    k3_model::synth::generate(&dir, &options).unwrap();
+    let (path, offset) = {
+        let ckpt = expert_store::Checkpoint::open(&dir).unwrap();
+        let t = ckpt.require("model.norm.weight").unwrap();
+        (t.path.to_owned(), t.offset)
+    };
+    // BF16 quiet NaN, little-endian.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .write_all_at(&[0xc0, 0x7f], offset as u64)
+        .unwrap();
+    let mut args = vec![OsString::from("--model"), dir.clone().into()];
+    args.extend(os(&[
+        "--prompt",
+        "Hi",
+        "--max-tokens",
+        "4",
+        "--raw",
+        "-t",
+        "2",
+    ]));
+    let (code, stdout, stderr) = run(&args, &[]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(code, Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("logits are NaN") && stderr.contains("--scan"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains('\0'), "{stdout:?}");
+}
