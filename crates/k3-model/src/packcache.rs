@@ -4,11 +4,20 @@
 //! identity, so a memory plan's trunk stream reads 0.77x the bytes it would read as stored.
 //!
 //! The file: a header page (magic, version, the checkpoint identity, where the manifest lies
-//! and its checksum); each matrix's body at a 4 KiB boundary, in checkpoint order (rows of a
-//! fixed stride, so a row block is one range); then the manifest: the source files' sizes and
-//! modification times, and per matrix its name, source, shape, body offset, exception blocks
-//! and row index. The exception blocks and row indexes (0.2% of the bodies on k3-wide) are
-//! held in memory; the stream reads the bodies with `O_DIRECT`.
+//! and its checksum, the file's length, the header's own checksum); each matrix's body at a
+//! 4 KiB boundary, in checkpoint order (rows of a fixed stride, so a row block is one range);
+//! then the manifest: the source files' sizes and modification times, and per matrix its name,
+//! source, shape, body offset and checksum, exception blocks and row index. The exception
+//! blocks and row indexes (0.2% of the bodies on k3-wide) are held in memory; the stream reads
+//! the bodies with `O_DIRECT`.
+//!
+//! Opening checks the header, the file's length and the manifest before anything the file
+//! states is allocated or used; the bodies are checked against their checksums as the build
+//! first reads them (a resident load as it goes, [`PackCache::verify`] the rest), and a file
+//! found damaged is written again: a corrupt file changes no logits. Anything but a regular
+//! file in its place (a FIFO, a device) is not read, and not replaced.
+//!
+//! [`PackCache::verify`]: types::PackCache::verify
 //!
 //! The file is written under a temporary name with `O_DIRECT` (no page-cache copy against the
 //! memory budget) and renamed into place once complete and synced, so a reader sees a whole
@@ -23,4 +32,5 @@ mod read;
 #[cfg(test)]
 mod tests;
 pub(crate) mod types;
+mod verify;
 mod write;

@@ -19,7 +19,8 @@ use super::warm::warm_mapping;
 use crate::config::K3Config;
 use crate::knob::Knob;
 use crate::model::{DecodeClock, ExpertPlacement, Model, ModelError, ResidentTrunk};
-use crate::packcache::types::PackCache;
+use crate::packcache::place::PackCachePlace;
+use crate::packcache::types::{PackCache, PackCacheError};
 use crate::plan::{Plan, safety_margin};
 
 /// One-token steps a run decodes (after its first) before [`Engine::decode_rates`] trusts
@@ -122,7 +123,7 @@ impl Engine {
         margin: u64,
         sink: &mut dyn BuildSink,
     ) -> Result<Self, BuildError> {
-        let mut planned = plan(dir, &config, options, budget, margin, sink)?;
+        let mut planned = plan(dir, &config, options, budget.clone(), margin, sink)?;
         let memory_plan = format!("memory plan: {}", planned.plan.describe());
         match options.memory_bytes {
             // The budget is the caller's: the binary names the option that gave it.
@@ -146,7 +147,33 @@ impl Engine {
             .iter()
             .map(|d| d.node)
             .collect();
-        let (resident, overrun) = load_trunk(&mut planned, &config, options, &nodes, sink)?;
+        let (resident, overrun) = match load_trunk(&mut planned, &config, options, &nodes, sink) {
+            // A damaged body shows only as the trunk is first read: the file is stale, removed
+            // and written again by a second plan (without the cache where it cannot be
+            // removed); a second damage is an error.
+            Err(BuildError::Model(ModelError::PackCache(PackCacheError::Damaged {
+                path,
+                tensor,
+            }))) => {
+                let mut again = options.clone();
+                let removed = std::fs::remove_file(&path);
+                sink.line(&format!(
+                    "pack cache: {} is damaged (the body of {tensor} does not match its \
+                     checksum); {}",
+                    path.display(),
+                    match &removed {
+                        Ok(()) => "written again".to_owned(),
+                        Err(e) => format!("not used (it cannot be removed: {e})"),
+                    }
+                ));
+                if removed.is_err() {
+                    again.pack_cache = PackCachePlace::Off;
+                }
+                planned = plan(dir, &config, &again, budget, margin, sink)?;
+                load_trunk(&mut planned, &config, &again, &nodes, sink)?
+            }
+            loaded => loaded?,
+        };
         let (store, experts) = open_store(&planned, &config, options, overrun, nodes, sink)?;
         warm_mapping(&planned, &config, options, store.as_deref(), sink);
         let requantised = planned.sizes.requantised_bytes();

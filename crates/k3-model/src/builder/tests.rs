@@ -726,3 +726,89 @@ fn a_resident_trunk_held_packed_is_not_also_copied_as_stored() {
     );
     assert_eq!(fingerprints(&engine), expected);
 }
+
+/// A pack cache damaged in a body (a bit flipped on disk) is found as the trunk is first read,
+/// whether the resident load reads it (checked as it lands) or the stream does (checked once
+/// at the start under `--scan`), removed and written again: the logits keep the bits of a
+/// start without it.
+#[test]
+fn a_pack_cache_damaged_in_a_body_is_written_again_and_changes_no_logits() {
+    use crate::packcache::place::PackCachePlace;
+    use crate::plan::TrunkFormat;
+    let tiny = Tiny::new("damaged-cache");
+    let caches = Scratch::new("builder-damaged-cache");
+    let mut options = options(2);
+    options.pack_cache = PackCachePlace::Dir(caches.path().to_owned());
+    // Resident and read whole from the cache: a requantised trunk.
+    let mut resident = options.clone();
+    resident.trunk_format = TrunkFormat::Q8_0 { all: false };
+    // Streamed: a budget of the stored plan's minimum plus half the layers.
+    let minimum = match Engine::build_within(
+        tiny.0.path(),
+        tiny.1.clone(),
+        &options,
+        Some(MemoryBudget {
+            bytes: 1,
+            source: "a test budget".into(),
+            limit: false,
+        }),
+        &mut |_: &str| {},
+    ) {
+        Err(BuildError::Plan(PlanError::BelowMinimum { minimum, .. })) => minimum.total(),
+        other => panic!("{other:?}"),
+    };
+    let sizes = WeightSizes::new(&Checkpoint::open(tiny.0.path()).unwrap(), &tiny.1).unwrap();
+    let layers: u64 = sizes
+        .layers
+        .iter()
+        .flatten()
+        .map(crate::plan::StoredTensor::resident_bytes)
+        .sum();
+    // The streamed bodies are read at the start only under `--scan`.
+    let mut scanned = options.clone();
+    scanned.scan = true;
+    let streamed = |lines: &mut Vec<String>| {
+        Engine::build_within(
+            tiny.0.path(),
+            tiny.1.clone(),
+            &scanned,
+            Some(MemoryBudget {
+                bytes: minimum + layers / 2,
+                source: "a test budget".into(),
+                limit: false,
+            }),
+            &mut |line: &str| lines.push(line.to_owned()),
+        )
+        .unwrap()
+    };
+    let resident_build = |lines: &mut Vec<String>| {
+        let (engine, got) = tiny.build(&resident);
+        lines.extend(got);
+        engine
+    };
+    for build in [
+        &resident_build as &dyn Fn(&mut Vec<String>) -> Engine,
+        &streamed,
+    ] {
+        let engine = build(&mut Vec::new());
+        let expected = fingerprints(&engine);
+        let cache = engine.pack.as_ref().expect("a pack cache");
+        let path = cache.path().to_owned();
+        let body = cache.at(0).body + cache.at(0).body_bytes() / 3;
+        drop(engine);
+        let good = std::fs::read(&path).unwrap();
+        let mut bytes = good.clone();
+        bytes[body] ^= 0x04;
+        std::fs::write(&path, &bytes).unwrap();
+        let mut lines = Vec::new();
+        let engine = build(&mut lines);
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("is damaged") && l.ends_with("written again")),
+            "{lines:?}"
+        );
+        assert_eq!(fingerprints(&engine), expected);
+        assert_eq!(std::fs::read(&path).unwrap(), good, "written again whole");
+    }
+}

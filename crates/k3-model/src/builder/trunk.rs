@@ -14,7 +14,7 @@ use super::plan::Planned;
 use crate::checks::validate::trunk_tensor_names;
 use crate::config::K3Config;
 use crate::knob::Knob;
-use crate::model::ResidentTrunk;
+use crate::model::{ModelError, ResidentTrunk};
 use crate::plan::{StoredTensor, TrunkPlan, WeightSizes};
 
 /// The trunk resident where the options or the plan keep it, and the bytes a packed trunk
@@ -130,6 +130,18 @@ pub(super) fn load_trunk(
             ));
         }
         resident = Some(Arc::new(loaded));
+    }
+    // The bodies the load read whole were checked as they landed. The others (a streamed
+    // trunk's, whose row blocks are too small a unit to check as they are read, and a rank's
+    // part of a matrix) would cost a read of them at every start: for the release under a
+    // memory limit most of its ~85 GB cache, and every rank the whole file. So they are
+    // checked where `--scan` asks for every weight to be read at startup, as the checkpoint's
+    // own tensors are; the header, the file's length and the manifest are checked always.
+    if let Some(cache) = pack.as_ref().filter(|_| options.scan) {
+        let checked = resident.as_ref().map_or(&[][..], |r| &r.cache_checked[..]);
+        cache
+            .verify(checked, &pool.topology().domains[0].cpus)
+            .map_err(ModelError::from)?;
     }
     Ok((resident, overrun))
 }

@@ -19,6 +19,10 @@ pub enum ModelError {
     /// A memory plan that does not match the checkpoint it is applied to.
     #[error("memory plan: {0}")]
     Plan(String),
+    /// The pack cache a resident load read from is damaged (a body unlike its checksum), or
+    /// could not be read.
+    #[error(transparent)]
+    PackCache(#[from] crate::packcache::types::PackCacheError),
     /// A token id given to the model is not below `vocab_size`.
     #[error("token {token} is outside the vocabulary of {vocab}")]
     Token {

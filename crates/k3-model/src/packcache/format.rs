@@ -1,5 +1,5 @@
-//! The pack cache file's format: its magic and version, the layout of the bodies, the manifest
-//! written and parsed, and the source files it was packed from.
+//! The pack cache file's format: its magic and version, the header, the layout of the bodies,
+//! the manifest written and parsed, and the source files it was packed from.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -15,8 +15,111 @@ use super::types::{PackCacheError, PackedTensor, io};
 /// The file's first bytes.
 pub(super) const MAGIC: &[u8; 8] = b"K3PACKED";
 /// Bumped whenever the layout of the file or of a packed block changes (2: a format per
-/// matrix, requantised trunks).
-pub(super) const PACK_CACHE_VERSION: u32 = 2;
+/// matrix, requantised trunks; 3: the file's length and a checksum in the header, each body's
+/// checksum in the manifest).
+pub(super) const PACK_CACHE_VERSION: u32 = 3;
+
+/// The header's fields, at the start of the file's first page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Header {
+    pub(super) identity: u64,
+    /// Where the manifest starts (a 4 KiB boundary past the last body).
+    pub(super) manifest_at: u64,
+    pub(super) manifest_len: u64,
+    pub(super) manifest_sum: u64,
+    /// The whole file's length: a file cut short or extended is refused before any of it is
+    /// used.
+    pub(super) file_len: u64,
+}
+
+/// Bytes of the header: magic, version, five fields and its own checksum.
+pub(super) const HEADER_BYTES: usize = 8 + 4 + 5 * 8 + 8;
+
+impl Header {
+    pub(super) fn to_bytes(self) -> Vec<u8> {
+        let mut h = Vec::with_capacity(HEADER_BYTES);
+        h.extend_from_slice(MAGIC);
+        put_u32(&mut h, PACK_CACHE_VERSION);
+        for x in [
+            self.identity,
+            self.manifest_at,
+            self.manifest_len,
+            self.manifest_sum,
+            self.file_len,
+        ] {
+            put_u64(&mut h, x);
+        }
+        let sum = checksum(&h);
+        put_u64(&mut h, sum);
+        h
+    }
+
+    /// The header at the front of `bytes` for a checkpoint of `identity`, or why it is not a
+    /// usable one.
+    pub(super) fn parse(bytes: &[u8], identity: u64) -> Result<Self, String> {
+        let mut r = Reader(bytes);
+        if r.take(8) != Some(MAGIC) {
+            return Err("it is not a pack cache".into());
+        }
+        let version = r.u32();
+        if version != Some(PACK_CACHE_VERSION) {
+            return Err(format!(
+                "it is version {version:?}, this build writes {PACK_CACHE_VERSION}"
+            ));
+        }
+        let fields: Option<Vec<u64>> = (0..6).map(|_| r.u64()).collect();
+        let Some([id, manifest_at, manifest_len, manifest_sum, file_len, sum]) =
+            fields.and_then(|f| <[u64; 6]>::try_from(f).ok())
+        else {
+            return Err("its header is cut short".into());
+        };
+        if checksum(&bytes[..HEADER_BYTES - 8]) != sum {
+            return Err("its header is damaged".into());
+        }
+        if id != identity {
+            return Err("it is of another checkpoint or trunk format".into());
+        }
+        Ok(Self {
+            identity: id,
+            manifest_at,
+            manifest_len,
+            manifest_sum,
+            file_len,
+        })
+    }
+
+    /// Where the manifest lies (offset, length), if the header places it where a writer
+    /// would in a file of `size` bytes: from a 4 KiB boundary past the header page, padded to
+    /// the file's end, which is where the header says. Checked before anything is allocated
+    /// for it.
+    pub(super) fn manifest(&self, size: u64) -> Result<(usize, usize), String> {
+        if self.file_len != size {
+            return Err(format!(
+                "it is {size} bytes, its header says {} (cut short or extended)",
+                self.file_len
+            ));
+        }
+        let align = IO_ALIGN as u64;
+        let padded = self
+            .manifest_len
+            .checked_next_multiple_of(align)
+            .map(|p| p.max(align));
+        let fits = self.manifest_at >= align
+            && self.manifest_at.is_multiple_of(align)
+            && padded.and_then(|p| p.checked_add(self.manifest_at)) == Some(size);
+        match (
+            fits,
+            usize::try_from(self.manifest_at),
+            usize::try_from(self.manifest_len),
+        ) {
+            (true, Ok(at), Ok(len)) => Ok((at, len)),
+            _ => Err(format!(
+                "its header places the manifest ({} bytes at {}) outside its {size} bytes",
+                self.manifest_len, self.manifest_at
+            )),
+        }
+    }
+}
 
 /// A source file as the manifest records it: its name in the checkpoint directory, size and
 /// modification time.
@@ -123,9 +226,13 @@ impl<'b> Reader<'b> {
     }
 }
 
-/// The manifest's sources and matrices (each with its source index and offset in it).
+/// The manifest's sources and matrices (each with its source index and offset in it); every
+/// body within the file's bodies (`IO_ALIGN..bodies_end`).
 #[allow(clippy::type_complexity)]
-pub(super) fn parse(manifest: &[u8]) -> Option<(Vec<Source>, Vec<(PackedTensor, usize, usize)>)> {
+pub(super) fn parse(
+    manifest: &[u8],
+    bodies_end: usize,
+) -> Option<(Vec<Source>, Vec<(PackedTensor, usize, usize)>)> {
     let mut r = Reader(manifest);
     let n = r.u32()? as usize;
     let mut sources = Vec::with_capacity(n.min(1 << 16));
@@ -146,6 +253,7 @@ pub(super) fn parse(manifest: &[u8]) -> Option<(Vec<Source>, Vec<(PackedTensor, 
         let cols = r.usize()?;
         let format = r.u32()?;
         let body = r.usize()?;
+        let sum = r.u64()?;
         let blocks = r.usize()?;
         let exceptions = r.take(blocks.checked_mul(EXCEPTION_BYTES)?)?.to_vec();
         let index = r.take(rows.checked_add(1)?.checked_mul(4)?)?;
@@ -159,22 +267,26 @@ pub(super) fn parse(manifest: &[u8]) -> Option<(Vec<Source>, Vec<(PackedTensor, 
             || source >= sources.len()
             || format > 2
             || (format != 0 && blocks != 0)
+            || !cols.is_multiple_of(32)
         {
             return None;
         }
-        tensors.push((
-            PackedTensor {
-                name,
-                rows,
-                cols,
-                format,
-                body,
-                exceptions,
-                row_exceptions,
-            },
-            source,
-            offset,
-        ));
+        let t = PackedTensor {
+            name,
+            rows,
+            cols,
+            format,
+            body,
+            sum,
+            exceptions,
+            row_exceptions,
+        };
+        // Every format takes under 2 bytes a weight: with this bound its size cannot overflow.
+        rows.checked_mul(cols)?.checked_mul(2)?;
+        if body < IO_ALIGN || body.checked_add(t.body_bytes())? > bodies_end {
+            return None;
+        }
+        tensors.push((t, source, offset));
     }
     r.0.is_empty().then_some((sources, tensors))
 }

@@ -2,7 +2,7 @@
 //! that matches; lookups of the matrices it holds.
 
 use std::collections::HashMap;
-use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use expert_store::io::{drop_page_cache, read_full};
@@ -10,7 +10,7 @@ use numa_sched::Pool;
 
 use crate::plan::{HeldPacked, StoredTensor, WeightSizes};
 
-use super::format::{MAGIC, PACK_CACHE_VERSION, Reader, Source, checksum, layout, parse};
+use super::format::{HEADER_BYTES, Header, Source, checksum, layout, parse};
 use super::place::{Outcome, file_name};
 use super::types::{PackCache, PackCacheError, PackedTensor, io};
 
@@ -95,44 +95,53 @@ impl PackCache {
     }
 
     /// The cache at `path` if it holds `want` for `identity` as the sources now are;
-    /// `Ok(Err(why))` where there is none or it is stale.
+    /// `Ok(Err(why))` where there is none or it is stale: not a regular file, a header or
+    /// manifest that is damaged or does not fit the file's length. The bodies are checked
+    /// against their checksums as they are first read ([`Self::verify`]), not here: that would
+    /// read the whole file once more at every start.
     pub fn open(
         path: &Path,
         identity: u64,
         want: &[&StoredTensor],
     ) -> Result<Result<Self, String>, PackCacheError> {
-        let file = match File::open(path) {
+        // Non-blocking: a FIFO in its place must not hang the start (its open waits for a
+        // writer otherwise); only a regular file is read.
+        let file = match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+        {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Ok(Err("none was there".into()));
             }
             Err(e) => return Err(io(path)(e)),
         };
-        let mut header = [0u8; 64];
-        let got = read_full(&file, &mut header, 0).map_err(io(path))?;
-        let mut r = Reader(&header[..got]);
-        if r.take(8) != Some(MAGIC) {
-            return Ok(Err("it is not a pack cache".into()));
-        }
-        let version = r.u32();
-        if version != Some(PACK_CACHE_VERSION) {
+        let meta = file.metadata().map_err(io(path))?;
+        if !meta.is_file() {
             return Ok(Err(format!(
-                "it is version {version:?}, this build writes {PACK_CACHE_VERSION}"
+                "it is not a regular file ({:?})",
+                meta.file_type()
             )));
         }
-        if r.u64() != Some(identity) {
-            return Ok(Err("it is of another checkpoint or trunk format".into()));
-        }
-        let (Some(at), Some(len), Some(sum)) = (r.u64(), r.u64(), r.u64()) else {
-            return Ok(Err("its header is cut short".into()));
+        let mut header = [0u8; HEADER_BYTES];
+        let got = read_full(&file, &mut header, 0).map_err(io(path))?;
+        let header = match Header::parse(&header[..got], identity) {
+            Ok(h) => h,
+            Err(why) => return Ok(Err(why)),
         };
-        let mut manifest = vec![0u8; len as usize];
-        let got = read_full(&file, &mut manifest, at as usize).map_err(io(path))?;
+        // Bounded by the file's size before its buffer is allocated.
+        let (at, len) = match header.manifest(meta.len()) {
+            Ok(placed) => placed,
+            Err(why) => return Ok(Err(why)),
+        };
+        let mut manifest = vec![0u8; len];
+        let got = read_full(&file, &mut manifest, at).map_err(io(path))?;
         let _ = drop_page_cache(&file, 0, 0);
-        if got as u64 != len || checksum(&manifest) != sum {
+        if got != len || checksum(&manifest) != header.manifest_sum {
             return Ok(Err("its manifest is damaged".into()));
         }
-        let Some((sources, tensors)) = parse(&manifest) else {
+        let Some((sources, tensors)) = parse(&manifest, at) else {
             return Ok(Err("its manifest is damaged".into()));
         };
         // Every wanted matrix there, from the same file and place, its source unchanged.

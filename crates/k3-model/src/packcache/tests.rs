@@ -3,6 +3,7 @@
 //! another checkpoint, a changed source or a damaged manifest is stale and written again; a
 //! place that cannot take the file reports why.
 
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 use expert_store::Checkpoint;
@@ -187,4 +188,182 @@ fn the_places_tried_follow_the_option() {
     );
     assert_eq!(PackCachePlace::Dir(user.clone()).dirs(ckpt), [user]);
     assert!(PackCachePlace::Off.dirs(ckpt).is_empty());
+}
+
+/// A written cache of `identity` for the tiny checkpoint: the file and the matrices it holds.
+fn written(tiny: &Tiny, identity: u64) -> (PathBuf, Vec<crate::plan::StoredTensor>) {
+    let (_ckpt, sizes) = tiny.sizes();
+    let want: Vec<_> = sizes.packable().into_iter().cloned().collect();
+    let path = tiny.0.path().join("cache").join(file_name(identity));
+    PackCache::write(
+        &path,
+        identity,
+        &want.iter().collect::<Vec<_>>(),
+        &pool(),
+        &[],
+    )
+    .unwrap();
+    (path, want)
+}
+
+/// Why `open` finds the file at `path` stale (it must be).
+fn stale(path: &Path, identity: u64, want: &[crate::plan::StoredTensor]) -> String {
+    let want: Vec<_> = want.iter().collect();
+    PackCache::open(path, identity, &want).unwrap().unwrap_err()
+}
+
+#[test]
+fn a_header_that_does_not_fit_the_file_is_stale_and_nothing_is_allocated_for_it() {
+    use super::format::{HEADER_BYTES, Header};
+    let tiny = Tiny::new("header");
+    let (path, want) = written(&tiny, 5);
+    let good = std::fs::read(&path).unwrap();
+    let header = Header::parse(&good, 5).unwrap();
+    // One bit of the manifest's length flipped (the fuzzer's 4 TB allocation): the header's
+    // checksum no longer matches.
+    let mut bytes = good.clone();
+    bytes[33] ^= 4;
+    std::fs::write(&path, &bytes).unwrap();
+    assert_eq!(stale(&path, 5, &want), "its header is damaged");
+    // Headers whose checksum matches but whose fields do not fit the file: refused before
+    // the manifest's buffer is allocated (a length of 2^62 would abort the process).
+    let size = good.len() as u64;
+    for bad in [
+        Header {
+            manifest_len: 1 << 62,
+            ..header
+        },
+        Header {
+            manifest_len: u64::MAX,
+            ..header
+        },
+        Header {
+            manifest_at: u64::MAX - 4095,
+            ..header
+        },
+        Header {
+            manifest_at: 0,
+            manifest_len: size - 4096,
+            ..header
+        },
+        Header {
+            manifest_at: header.manifest_at + 1,
+            ..header
+        },
+    ] {
+        let mut bytes = good.clone();
+        bytes[..HEADER_BYTES].copy_from_slice(&bad.to_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let why = stale(&path, 5, &want);
+        assert!(why.contains("outside its"), "{bad:?}: {why}");
+    }
+    // Treated as absent: written again, and then whole.
+    let dirs = [path.parent().unwrap().to_owned()];
+    let want_refs: Vec<_> = want.iter().collect();
+    let (_, outcome) = PackCache::open_or_write(&dirs, 5, &want_refs, &pool(), &[]).unwrap();
+    assert!(
+        matches!(&outcome, Outcome::Written { why, .. } if why.contains("outside its")),
+        "{outcome:?}"
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), good);
+}
+
+#[test]
+fn a_file_cut_short_or_extended_is_stale() {
+    let tiny = Tiny::new("length");
+    let (path, want) = written(&tiny, 6);
+    let good = std::fs::read(&path).unwrap();
+    for bytes in [
+        &good[..good.len() - 1],
+        &good[..good.len() - IO_ALIGN],
+        &[&good[..], &[0u8; IO_ALIGN]].concat()[..],
+        &[&good[..], &[0u8; 1]].concat()[..],
+    ] {
+        std::fs::write(&path, bytes).unwrap();
+        let why = stale(&path, 6, &want);
+        assert!(
+            why.contains("cut short or extended"),
+            "{} bytes: {why}",
+            bytes.len()
+        );
+    }
+    std::fs::write(&path, &good[..40]).unwrap();
+    assert_eq!(stale(&path, 6, &want), "its header is cut short");
+}
+
+#[test]
+fn a_flipped_byte_in_a_body_is_found_before_it_is_used() {
+    let tiny = Tiny::new("body");
+    let (path, want) = written(&tiny, 8);
+    let want_refs: Vec<_> = want.iter().collect();
+    let cache = PackCache::open(&path, 8, &want_refs).unwrap().unwrap();
+    cache.verify(&[], &[]).unwrap();
+    let good = std::fs::read(&path).unwrap();
+    // A byte of each matrix's body in turn: the open is cheap and does not see it, the check
+    // names the matrix (and skips it where a resident load checked it already).
+    for (k, t) in want.iter().enumerate() {
+        let held = cache.get(&t.name).unwrap();
+        let mut bytes = good.clone();
+        bytes[held.body + held.body_bytes() / 2] ^= 0x04;
+        std::fs::write(&path, &bytes).unwrap();
+        let reopened = PackCache::open(&path, 8, &want_refs).unwrap().unwrap();
+        let error = reopened.verify(&[], &[]).unwrap_err();
+        assert!(
+            matches!(&error, PackCacheError::Damaged { tensor, .. } if *tensor == t.name),
+            "{error}"
+        );
+        let k = reopened.position(&t.name).unwrap_or(k);
+        reopened.verify(&[k], &[]).unwrap();
+    }
+    // The exception blocks and row indexes are in the manifest, under its checksum.
+    let mut bytes = good.clone();
+    let at = u64::from_le_bytes(good[20..28].try_into().unwrap()) as usize;
+    bytes[at + 200] ^= 0x01;
+    std::fs::write(&path, &bytes).unwrap();
+    assert_eq!(stale(&path, 8, &want), "its manifest is damaged");
+}
+
+#[test]
+fn a_fifo_in_the_files_place_is_neither_waited_on_nor_replaced() {
+    use std::os::unix::ffi::OsStrExt;
+    let tiny = Tiny::new("fifo");
+    let (_ckpt, sizes) = tiny.sizes();
+    let want: Vec<_> = sizes.packable().into_iter().cloned().collect();
+    let dir = tiny.0.path().join("cache");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(file_name(4));
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    // On a thread: a blocking open of a FIFO with no writer would never return.
+    let (done, result) = std::sync::mpsc::channel();
+    let (p, w) = (path.clone(), want.clone());
+    std::thread::spawn(move || {
+        let w: Vec<_> = w.iter().collect();
+        let opened = PackCache::open(&p, 4, &w).map(|r| r.map(|_| ()));
+        let written = PackCache::open_or_write(
+            std::slice::from_ref(&p.parent().unwrap().to_owned()),
+            4,
+            &w,
+            &pool(),
+            &[],
+        );
+        let _ = done.send((opened, written.map(|_| ())));
+    });
+    let (opened, written) = result
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("the open of a FIFO returns at once");
+    let why = opened.unwrap().unwrap_err();
+    assert!(why.contains("not a regular file"), "{why}");
+    let errors = written.unwrap_err();
+    assert!(
+        errors[0].to_string().contains("left as it is"),
+        "{errors:?}"
+    );
+    assert!(
+        std::fs::symlink_metadata(&path)
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
 }

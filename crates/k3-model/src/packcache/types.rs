@@ -19,6 +19,9 @@ pub struct PackedTensor {
     pub format: u32,
     /// Where its body starts in the file.
     pub body: usize,
+    /// The checksum of its body's bytes ([`crate::io::checksum`]), checked as it is first
+    /// read ([`PackCache::verify`]).
+    pub sum: u64,
     /// Its exception blocks (BF16, [`EXCEPTION_BYTES`] each), and per row the index of its
     /// first one (`rows + 1` entries).
     ///
@@ -78,6 +81,15 @@ pub enum PackCacheError {
         free: u64,
         /// Bytes the file needs: its bodies, a bound on its manifest, and some slack.
         needed: u64,
+    },
+    /// A matrix's body does not match its checksum: the file is damaged (and must not be
+    /// used; the build writes it again).
+    #[error("{}: the body of {tensor} does not match its checksum (the file is damaged)", path.display())]
+    Damaged {
+        /// The cache file.
+        path: PathBuf,
+        /// The matrix whose body was found changed.
+        tensor: String,
     },
     /// Reading the checkpoint's rows, or packing them on the pool, failed.
     #[error(transparent)]

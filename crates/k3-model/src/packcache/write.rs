@@ -11,10 +11,9 @@ use numa_sched::Pool;
 use crate::io::atomic::AtomicFile;
 use crate::plan::{PackAs, QuantFormat, StoredTensor};
 
-use super::format::{
-    MAGIC, PACK_CACHE_VERSION, Source, checksum, layout, put_str, put_u32, put_u64,
-};
+use super::format::{Header, Source, checksum, layout, put_str, put_u32, put_u64};
 use super::types::{PackCache, PackCacheError, io};
+use crate::io::checksum::Checksum;
 
 impl PackCache {
     /// Writes the cache of `want` to `path` (see the module) and opens it.
@@ -27,6 +26,19 @@ impl PackCache {
     ) -> Result<Self, PackCacheError> {
         let dir = path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).map_err(io(dir))?;
+        // A FIFO or a device in the file's place is someone's: left as it is (the rename
+        // would replace it), and the caller goes on without the cache.
+        if let Ok(meta) = std::fs::metadata(path)
+            && !meta.is_file()
+        {
+            return Err(PackCacheError::Io {
+                path: path.to_owned(),
+                source: std::io::Error::other(format!(
+                    "not a regular file ({:?}); left as it is",
+                    meta.file_type()
+                )),
+            });
+        }
         remove_abandoned(path);
         let (bodies, end) = layout(want);
         // The manifest: about the side bytes plus names; bounded by a 2% share of exceptions.
@@ -128,6 +140,8 @@ fn write_file(
     let mut exceptions: Vec<Vec<u8>> = vec![Vec::new(); want.len()];
     let mut row_exceptions: Vec<Vec<u32>> = vec![Vec::new(); want.len()];
     let mut scales = Vec::new();
+    // Each body's checksum, over its bytes in file order as they are made.
+    let mut sums: Vec<Checksum> = vec![Checksum::new(); want.len()];
     let mut write_error = None;
     crate::io::chunks::read_chunks(pieces, &chunks, io_cpus, |i, first, last, stored| {
         let t = want[i];
@@ -184,6 +198,7 @@ fn write_file(
                 }
             }
         }
+        sums[i].update(&out[carry..carry + n]);
         let total = carry + n;
         let whole = if last == t.rows {
             out[total..total.next_multiple_of(IO_ALIGN)].fill(0);
@@ -232,25 +247,28 @@ fn write_file(
         put_u64(&mut m, how.cols() as u64);
         put_u32(&mut m, how.code());
         put_u64(&mut m, bodies[i] as u64);
+        put_u64(&mut m, sums[i].finish());
         put_u64(&mut m, blocks as u64);
         m.extend_from_slice(&exceptions[i]);
         for &r in &row_exceptions[i] {
             put_u32(&mut m, r);
         }
     }
-    let mut header = Vec::with_capacity(64);
-    header.extend_from_slice(MAGIC);
-    put_u32(&mut header, PACK_CACHE_VERSION);
-    put_u64(&mut header, identity);
-    put_u64(&mut header, end as u64);
-    put_u64(&mut header, m.len() as u64);
-    put_u64(&mut header, checksum(&m));
+    let page = |bytes: usize| bytes.next_multiple_of(IO_ALIGN).max(IO_ALIGN);
+    let header = Header {
+        identity,
+        manifest_at: end as u64,
+        manifest_len: m.len() as u64,
+        manifest_sum: checksum(&m),
+        file_len: (end + page(m.len())) as u64,
+    }
+    .to_bytes();
     let mut len = 0;
     for (at, bytes) in [(end, &m), (0, &header)] {
-        let mut page = AlignedBuf::zeroed(bytes.len().next_multiple_of(IO_ALIGN).max(IO_ALIGN));
-        page[..bytes.len()].copy_from_slice(bytes);
-        file.write_at(&page, at as u64).map_err(io(tmp))?;
-        len = len.max(at as u64 + page.len() as u64);
+        let mut padded = AlignedBuf::zeroed(page(bytes.len()));
+        padded[..bytes.len()].copy_from_slice(bytes);
+        file.write_at(&padded, at as u64).map_err(io(tmp))?;
+        len = len.max(at as u64 + padded.len() as u64);
     }
     Ok(len)
 }

@@ -9,10 +9,11 @@ use expert_store::io::{AlignedBuf, ShardReader, drop_page_cache, read_full, read
 use mxfp4_kernels::{MxFp4Matrix, PackedBf16Matrix, WeightMatrix};
 use numa_sched::Pool;
 
+use crate::io::checksum::Checksum;
 use crate::io::chunks::{pack_on, quantise_on, read_chunks, reader};
 use crate::io::error::checkpoint_io;
 use crate::model::error::{ModelError, Result};
-use crate::packcache::types::PackCache;
+use crate::packcache::types::{PackCache, PackCacheError};
 use crate::plan::{PackAs, QuantFormat, StoredTensor};
 
 /// The trunk tensors the plan keeps resident, read once with `O_DIRECT` (no copy of them
@@ -29,6 +30,9 @@ pub struct ResidentTrunk {
     pub(super) bodies: AlignedBuf,
     /// The packed matrices (or leading row blocks), by address.
     pub(super) packed: Vec<PackedPiece>,
+    /// The indices of the pack cache's matrices read whole, each found matching its checksum
+    /// as it landed (the build checks the others: [`PackCache::verify`]).
+    pub(crate) cache_checked: Vec<usize>,
 }
 
 /// A resident matrix (or row block) held packed (BF16, lossless) or requantised.
@@ -112,7 +116,8 @@ impl ResidentTrunk {
     ///
     /// Packing runs on `pool`'s workers, the reads on an I/O thread on `io_cpus`, a chunk
     /// ahead. The packed matrices `cache` holds are read packed from it instead (0.77x the
-    /// bytes, nothing to pack), with its exception blocks and row index.
+    /// bytes, nothing to pack), with its exception blocks and row index; those read whole are
+    /// checked against their checksums (a damaged file: [`PackCacheError::Damaged`]).
     ///
     /// [`TrunkPlan`]: crate::plan::TrunkPlan
     pub fn load(
@@ -194,6 +199,9 @@ impl ResidentTrunk {
         let mut chunks = Vec::new();
         // Requantised bodies the pack cache holds: (piece, the cache file, where it starts).
         let mut whole = Vec::new();
+        // Per piece: the cache's index of its matrix and its body's running checksum, where
+        // the piece is the whole matrix read from the cache.
+        let mut checks: Vec<Option<(usize, Checksum)>> = Vec::with_capacity(to_pack.len());
         let mut at = 0;
         for &(path, offset, address, len, how, name, within) in &to_pack {
             let how = how.expect("partitioned on it");
@@ -209,7 +217,8 @@ impl ResidentTrunk {
             let (rows, first_row) = (len / row, within / row);
             let packed_row = how.body_bytes(1);
             let held = cache.and_then(|c| {
-                let t = c.at(c.position(name)?);
+                let k = c.position(name)?;
+                let t = c.at(k);
                 let same = t.cols == cols && t.format == how.code();
                 match how {
                     // A rank's rows of a matrix are a row range of the cached one.
@@ -217,11 +226,15 @@ impl ResidentTrunk {
                         same && first_row + rows <= t.rows
                     }
                 }
-                .then_some((c, t))
+                .then_some((c, t, k))
             });
+            checks.push(
+                held.filter(|&(_, t, _)| first_row == 0 && rows == t.rows)
+                    .map(|(_, _, k)| (k, Checksum::new())),
+            );
             let (unit, exceptions, row_exceptions) = match held {
                 // Read whole below, not in chunks: its body is not rows of one size.
-                Some((c, t)) if matches!(how, PackAs::Quant { .. }) => {
+                Some((c, t, _)) if matches!(how, PackAs::Quant { .. }) => {
                     sources.push((reader(&mut readers, c.path())?, t.body, row));
                     whole.push((
                         packed.len(),
@@ -230,7 +243,7 @@ impl ResidentTrunk {
                     ));
                     (0, Vec::new(), Vec::new())
                 }
-                Some((c, t)) => {
+                Some((c, t, _)) => {
                     sources.push((
                         reader(&mut readers, c.path())?,
                         t.body + first_row * packed_row,
@@ -314,6 +327,9 @@ impl ResidentTrunk {
             let body = &mut bodies[p.body_at + first * packed_row..p.body_at + last * packed_row];
             if p.cached {
                 body.copy_from_slice(bytes);
+                if let Some((_, sum)) = &mut checks[piece] {
+                    sum.update(bytes);
+                }
                 return Ok(());
             }
             pack_on(
@@ -340,6 +356,24 @@ impl ResidentTrunk {
                 }
             }
             let _ = drop_page_cache(&file, 0, 0);
+            // A whole body is the file's: codes then scales.
+            if let Some((_, sum)) = &mut checks[piece] {
+                sum.update(body);
+            }
+        }
+        let mut cache_checked = Vec::new();
+        for (k, sum) in checks.into_iter().flatten() {
+            let (c, t) = cache
+                .map(|c| (c, c.at(k)))
+                .expect("checked pieces are cached");
+            if sum.finish() != t.sum {
+                return Err(PackCacheError::Damaged {
+                    path: c.path().to_owned(),
+                    tensor: t.name.clone(),
+                }
+                .into());
+            }
+            cache_checked.push(k);
         }
         for p in packed
             .iter_mut()
@@ -356,6 +390,7 @@ impl ResidentTrunk {
             tensors,
             bodies,
             packed,
+            cache_checked,
         })
     }
 
