@@ -166,6 +166,25 @@ const THREAD_ALLOW: &[Allowed] = &[
                  their output constraints, touches no weights",
     },
     Allowed {
+        path: "crates/k3-testkit/src/special.rs",
+        pattern: "thread::spawn(",
+        reason: "test support (`promptly`): runs a call that might block for ever (an open of a \
+                 FIFO) on a thread of its own, so the test fails after its bound instead of \
+                 hanging; touches no weights",
+    },
+    Allowed {
+        path: "crates/k3-structured/src/grammar.rs",
+        pattern: "thread::scope(",
+        reason: "an output constraint's compile, on a thread of its own for its 1 GiB stack \
+                 (llguidance recurses per level of a schema's or grammar's chain): it touches \
+                 no weights, and the caller waits for it",
+    },
+    Allowed {
+        path: "crates/k3-structured/src/grammar.rs",
+        pattern: "thread::Builder::new(",
+        reason: "the same compile thread (`thread::scope` above), built with its stack size",
+    },
+    Allowed {
         path: "crates/k3-serve/src/engine/constrain.rs",
         pattern: "thread::Builder::new(",
         reason: "a constrained sequence's next token mask (llguidance over the token trie), \

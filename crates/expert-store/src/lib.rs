@@ -8,10 +8,13 @@
 //!   experts from their shards; [`usage`] keeps use counts across runs.
 //! - [`scan`]: every weight read once for NaN/Inf and 0xFF E8M0 scales.
 //! - [`writer`]: safetensors files in the release's layout, and re-sharding.
+//! - [`file`]: opening the files a checkpoint and the command line name: regular files only,
+//!   never a wait, small ones read whole up to a cap.
 
 #![warn(missing_docs)]
 
 pub mod checkpoint;
+pub mod file;
 pub mod io;
 pub mod layout;
 pub mod scan;

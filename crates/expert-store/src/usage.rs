@@ -6,15 +6,26 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::file::{ReadFileError, read_regular_text};
+
 /// The file's `format` field; a file with another is refused.
 pub(crate) const USAGE_FORMAT: &str = "k3-expert-usage/1";
 
 /// The default file name, placed in the checkpoint directory.
 pub const USAGE_FILE: &str = "k3-expert-usage.json";
 
+/// The most bytes a usage file may hold. One count per (layer, expert) at up to 21 bytes
+/// each: the release's 61 x 384 take under 0.5 MB, so this is generous for any model, and a
+/// file that is no usage file is not read whole.
+pub const MAX_USAGE_BYTES: u64 = 64 << 20;
+
 /// Errors reading or writing a usage file.
 #[derive(Debug, thiserror::Error)]
 pub enum UsageError {
+    /// The file is not a regular file (a FIFO, a device, ...), is over [`MAX_USAGE_BYTES`],
+    /// or cannot be read.
+    #[error("usage file {0}")]
+    Read(#[from] ReadFileError),
     /// The file could not be read, parsed or written.
     #[error("{path}: {reason}")]
     File {
@@ -94,16 +105,18 @@ impl UsageHistory {
         self.counts.values().flatten().sum()
     }
 
-    /// Reads `path`; `Ok(None)` when there is no such file (a first run).
+    /// Reads `path`; `Ok(None)` when there is no such file (a first run). Anything but a
+    /// regular file (a FIFO, `/dev/zero`) is an error like a corrupt file, found without
+    /// blocking and without reading it.
     pub fn load(path: &Path) -> Result<Option<Self>, UsageError> {
         let fail = |reason: String| UsageError::File {
             path: path.to_owned(),
             reason,
         };
-        let text = match std::fs::read_to_string(path) {
+        let text = match read_regular_text(path, MAX_USAGE_BYTES) {
             Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(fail(e.to_string())),
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e.into()),
         };
         let json: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| fail(format!("not JSON: {e}")))?;
@@ -230,5 +243,28 @@ mod tests {
         let err = UsageHistory::load(&path).unwrap_err().to_string();
         assert!(err.contains("format") && err.contains(USAGE_FILE), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A FIFO or a link to `/dev/zero` in the usage file's place is an error at once, like a
+    /// corrupt file, naming the path and what it is.
+    #[test]
+    fn a_fifo_or_a_device_is_refused_at_once() {
+        let dir = k3_testkit::Scratch::new("usage-specials");
+        let fifo = dir.path().join("fifo.json");
+        k3_testkit::make_fifo(&fifo);
+        let zero = dir.path().join("zero.json");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        for (path, kind) in [(fifo, "a FIFO"), (zero, "a character device")] {
+            let shown = path.display().to_string();
+            let loaded = k3_testkit::promptly(&shown, std::time::Duration::from_secs(5), {
+                let path = path.clone();
+                move || UsageHistory::load(&path).map(|_| ())
+            });
+            let err = loaded.expect_err(&shown).to_string();
+            assert_eq!(
+                err,
+                format!("usage file {shown} is {kind}, not a regular file")
+            );
+        }
     }
 }

@@ -154,8 +154,7 @@ fn main() -> Result<()> {
             scratch.0.clone()
         }
     };
-    let config_text =
-        std::fs::read_to_string(model_dir.join("config.json")).context("reading config.json")?;
+    let config_text = k3_model::config::read_config_text(&model_dir)?;
     let config = K3Config::from_json(&config_text)?;
     // The KV cache the memory plan counts: one sequence of every token consumed.
     let options = EngineOptions {

@@ -5,6 +5,8 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use expert_store::file::{ReadFileError, read_regular_text};
+
 /// The Kimi pre-tokenizer split pattern, alternatives in order (docs/MODEL.md §10.1; the `(?!\S)`
 /// lookahead is why this is `fancy_regex`).
 pub const KIMI_PATTERN: &str = concat!(
@@ -23,9 +25,22 @@ const MAX_CHARS: usize = 400_000;
 /// ... and runs of whitespace or of non-whitespace longer than this are cut.
 const MAX_RUN: usize = 25_000;
 
+/// The most bytes `tiktoken.model` may hold. The release's 163,840 ranks take about 2 MB
+/// (base64 token, space, rank: a dozen bytes a line); this leaves room for a vocabulary many
+/// times larger, and a file that is no vocabulary is not read whole.
+pub const MAX_TIKTOKEN_BYTES: u64 = 64 << 20;
+
+/// The most bytes `tokenizer_config.json` may hold: the release's is tens of KB (special
+/// tokens and a chat template), so 16 MiB is generous.
+pub const MAX_TOKENIZER_CONFIG_BYTES: u64 = 16 << 20;
+
 /// Errors loading a tokenizer.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
+    /// A file is not a regular file (a FIFO, a device, ...), is over its cap, or cannot be
+    /// read.
+    #[error(transparent)]
+    Read(#[from] ReadFileError),
     /// A file cannot be read, or is wrong as a whole (`tokenizer_config.json` not JSON or
     /// without `added_tokens_decoder`, two tokens of `tiktoken.model` sharing a rank).
     #[error("{path}: {reason}")]
@@ -64,18 +79,19 @@ pub struct Tokenizer {
 }
 
 impl Tokenizer {
-    /// Loads `tiktoken.model` and `tokenizer_config.json` from a checkpoint directory.
+    /// Loads `tiktoken.model` and `tokenizer_config.json` from a checkpoint directory; a
+    /// FIFO, a device or a file over its cap ([`MAX_TIKTOKEN_BYTES`],
+    /// [`MAX_TOKENIZER_CONFIG_BYTES`]) in their place is refused without reading it.
     pub fn from_dir(dir: &Path) -> Result<Self, TokenizerError> {
         let model = dir.join("tiktoken.model");
         let config = dir.join("tokenizer_config.json");
-        let read = |path: &Path| {
-            std::fs::read_to_string(path).map_err(|e| TokenizerError::File {
-                path: path.to_owned(),
-                reason: e.to_string(),
-            })
-        };
-        let specials = parse_specials(&config, &read(&config)?)?;
-        Self::new(&model, &read(&model)?, specials)
+        let config_text = read_regular_text(&config, MAX_TOKENIZER_CONFIG_BYTES)?;
+        let specials = parse_specials(&config, &config_text)?;
+        Self::new(
+            &model,
+            &read_regular_text(&model, MAX_TIKTOKEN_BYTES)?,
+            specials,
+        )
     }
 
     /// From the text of a `tiktoken.model` (`path` names it in errors) and special tokens.
@@ -107,11 +123,32 @@ impl Tokenizer {
             }
         }
         let decoder: HashMap<u32, Vec<u8>> = ranks.iter().map(|(b, &r)| (r, b.clone())).collect();
-        if decoder.len() != ranks.len() {
-            return Err(TokenizerError::File {
+        let refuse = |reason: String| {
+            Err(TokenizerError::File {
                 path: path.to_owned(),
-                reason: "two tokens share a rank".into(),
-            });
+                reason,
+            })
+        };
+        if decoder.len() != ranks.len() {
+            return refuse("two tokens share a rank".into());
+        }
+        // An empty file loaded, and every prompt's text then encoded to nothing: the model
+        // answered a prompt it never saw.
+        if ranks.is_empty() {
+            return refuse("no tokens: the file lists no `base64 rank` line".into());
+        }
+        // A special token's id that is also a text token's rank decodes two ways.
+        let mut shared: Vec<(&String, u32)> = specials
+            .iter()
+            .filter(|&(_, id)| decoder.contains_key(id))
+            .map(|(name, &id)| (name, id))
+            .collect();
+        shared.sort_unstable_by_key(|&(_, id)| id);
+        if let Some(&(name, id)) = shared.first() {
+            return refuse(format!(
+                "the special token {name} (tokenizer_config.json) has id {id}, which is also a \
+                 text token's rank here"
+            ));
         }
         let mut special_order: Vec<String> = specials.keys().cloned().collect();
         special_order.sort_by(|a, b| b.len().cmp(&a.len()).then(a.cmp(b)));
@@ -370,6 +407,60 @@ mod tests {
     use k3_testkit::Rng;
 
     use super::*;
+
+    /// A FIFO or a link to `/dev/zero` in place of either file: refused at once, naming the
+    /// file and what it is, never read.
+    #[test]
+    fn a_fifo_or_a_device_in_place_of_a_file_is_refused_at_once() {
+        for file in ["tiktoken.model", "tokenizer_config.json"] {
+            for special in ["fifo", "/dev/zero"] {
+                let dir = k3_testkit::Scratch::new("tokenizer-specials");
+                let tokenizer_config = r#"{"added_tokens_decoder": {}}"#;
+                std::fs::write(dir.path().join("tokenizer_config.json"), tokenizer_config).unwrap();
+                std::fs::write(dir.path().join("tiktoken.model"), "YQ== 0\n").unwrap();
+                let path = dir.path().join(file);
+                std::fs::remove_file(&path).unwrap();
+                let kind = if special == "fifo" {
+                    k3_testkit::make_fifo(&path);
+                    "a FIFO"
+                } else {
+                    std::os::unix::fs::symlink(special, &path).unwrap();
+                    "a character device"
+                };
+                let case = format!("{file} as {special}");
+                let from = dir.path().to_owned();
+                let loaded =
+                    k3_testkit::promptly(&case, std::time::Duration::from_secs(5), move || {
+                        Tokenizer::from_dir(&from).map(|_| ())
+                    });
+                let e = loaded.expect_err(&case);
+                assert!(matches!(e, TokenizerError::Read(_)), "{case}: {e:?}");
+                assert_eq!(
+                    e.to_string(),
+                    format!("{} is {kind}, not a regular file", path.display())
+                );
+            }
+        }
+    }
+
+    /// An empty `tiktoken.model` is refused (it used to load, and every prompt's text then
+    /// encoded to nothing), and so is a special token whose id is a text token's rank.
+    #[test]
+    fn an_empty_vocabulary_or_a_special_id_on_a_rank_is_refused() {
+        let path = Path::new("tiktoken.model");
+        let specials: HashMap<String, u32> = [("<|end_of_msg|>".to_owned(), 2)].into();
+        for empty in ["", "\n\n"] {
+            let err = Tokenizer::new(path, empty, specials.clone()).unwrap_err();
+            assert!(err.to_string().contains("no tokens"), "{err}");
+        }
+        // "YQ==" is "a", "Yg==" "b": ranks 0 and 1; the special at 2 is clear of them.
+        assert!(Tokenizer::new(path, "YQ== 0\nYg== 1\n", specials.clone()).is_ok());
+        let err = Tokenizer::new(path, "YQ== 0\nYg== 2\n", specials).unwrap_err();
+        assert!(
+            err.to_string().contains("<|end_of_msg|>") && err.to_string().contains("id 2"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn base64_decodes_with_and_without_padding() {

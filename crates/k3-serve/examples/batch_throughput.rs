@@ -74,6 +74,7 @@ fn main() -> Result<()> {
         queue: 64,
         panic_on_prompt: None,
         scripted_answers: Vec::new(),
+        hold_load: false,
         max_mask: Duration::from_millis(200),
         spec: Default::default(),
         step_tokens: 8,

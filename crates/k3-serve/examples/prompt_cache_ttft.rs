@@ -121,6 +121,7 @@ fn main() -> Result<()> {
             },
             panic_on_prompt: None,
             scripted_answers: Vec::new(),
+            hold_load: false,
             max_mask: Duration::from_millis(200),
             spec: Default::default(),
         })?;

@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use expert_store::file::read_regular_text;
 use k3_model::builder::EngineOptions;
 use k3_model::builder::PackCachePlace;
 use k3_model::chat::ThinkingEffort;
@@ -16,6 +17,14 @@ use k3_serve::model_dir::check_model_dir;
 use k3_structured::Spec;
 
 use crate::startup::user_cache_dir;
+
+/// The most bytes `--api-key-file` may hold: a thousand keys of a hundred bytes are 100 KB,
+/// and a path that names something else by mistake is not read whole.
+const MAX_API_KEY_FILE_BYTES: u64 = 1 << 20;
+/// The most bytes `--json-schema` or `--grammar` may hold: real schemas and grammars are KBs
+/// (llguidance's own compile limits stop far smaller ones), so this only stops a wrong path
+/// from being read whole.
+const MAX_CONSTRAINT_FILE_BYTES: u64 = 16 << 20;
 
 /// The binary's name in `--help`, `--version` and usage errors.
 const BINARY: &str = "k3-serve";
@@ -147,13 +156,13 @@ pub(crate) fn parse(
 }
 
 /// Every `--api-key` (or `K3_API_KEY`), then the keys in `--api-key-file` (one per line,
-/// trimmed; blank lines skipped). A file that cannot be read, or holds no key, is a usage
-/// error.
+/// trimmed; blank lines skipped). A file that cannot be read, is not a regular file (a FIFO,
+/// a device) or is over [`MAX_API_KEY_FILE_BYTES`], or holds no key, is a usage error.
 fn api_keys(p: &Parsed) -> Result<Vec<String>, UsageError> {
     let mut keys: Vec<String> = p.all("api-key").into_iter().map(str::to_owned).collect();
     if let Some(path) = p.get_str("api-key-file") {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| UsageError::Other(format!("--api-key-file {path}: {e}")))?;
+        let text = read_regular_text(Path::new(path), MAX_API_KEY_FILE_BYTES)
+            .map_err(|e| UsageError::Other(format!("--api-key-file {e}")))?;
         let before = keys.len();
         keys.extend(
             text.lines()
@@ -171,12 +180,13 @@ fn api_keys(p: &Parsed) -> Result<Vec<String>, UsageError> {
 }
 
 /// `--json-schema FILE` (a JSON Schema) or `--grammar FILE` (llguidance's Lark), read: the
-/// one-shot answer's constraint. A file that cannot be read, or a schema that is not JSON, is
-/// a usage error; what the library makes of it is checked when it compiles.
+/// one-shot answer's constraint. A file that cannot be read, is not a regular file or is over
+/// [`MAX_CONSTRAINT_FILE_BYTES`], or a schema that is not JSON, is a usage error; what the
+/// library makes of it is checked when it compiles.
 fn one_shot_constraint(p: &Parsed) -> Result<Option<(Spec, &'static str)>, UsageError> {
     let read = |flag: &str, path: &str| {
-        std::fs::read_to_string(path)
-            .map_err(|e| UsageError::Other(format!("--{flag} {path}: {e}")))
+        read_regular_text(Path::new(path), MAX_CONSTRAINT_FILE_BYTES)
+            .map_err(|e| UsageError::Other(format!("--{flag} {e}")))
     };
     match (p.get_str("json-schema"), p.get_str("grammar")) {
         (Some(_), Some(_)) => Err(UsageError::Other(

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use k3_model::builder::{Engine, EngineOptions};
 use k3_model::config::K3Config;
 
@@ -20,8 +20,7 @@ pub(crate) fn follow(model_dir: &Path, options: &EngineOptions) -> Result<()> {
         // process sets these dispositions.
         unsafe { libc::signal(signal, libc::SIG_IGN) };
     }
-    let text = std::fs::read_to_string(model_dir.join("config.json"))
-        .with_context(|| format!("reading {}/config.json", model_dir.display()))?;
+    let text = k3_model::config::read_config_text(model_dir)?;
     let config = K3Config::from_json(&text)?;
     let engine = Engine::build(model_dir, config, options, &mut |_: &str| {})
         .map_err(|e| anyhow::anyhow!(k3_cli::with_flags(&e)))?;

@@ -90,6 +90,7 @@ fn main() -> Result<()> {
         prompt_cache,
         panic_on_prompt: None,
         scripted_answers: Vec::new(),
+        hold_load: std::env::var_os("K3_SERVE_TEST_HOLD_LOAD").is_some_and(|v| v == "1"),
         max_mask: args.max_mask,
         spec: args.spec,
     })?;
@@ -102,7 +103,7 @@ fn main() -> Result<()> {
         );
     }
     // The config's model id, a Hugging Face cache path's repo, or the directory's name.
-    let config_json: Value = std::fs::read_to_string(model_dir.join("config.json"))
+    let config_json: Value = k3_model::config::read_config_text(&model_dir)
         .ok()
         .and_then(|text| serde_json::from_str(&text).ok())
         .unwrap_or(Value::Null);

@@ -5,6 +5,8 @@
 use std::io::Read;
 use std::path::Path;
 
+use expert_store::file::{FileKind, kind_at};
+
 /// The layout k3 reads, said after every refusal but a missing path.
 const LAYOUT: &str = "k3 reads the Hugging Face release layout, a directory with config.json, \
      tiktoken.model, tokenizer_config.json and the *.safetensors shards with \
@@ -40,6 +42,17 @@ pub enum ModelDirError {
         /// The files missing, in the layout's order (`config.json, tiktoken.model`).
         missing: String,
     },
+    /// One of the checkpoint's files is (or its links lead to) a FIFO, a device, a
+    /// directory...: reading it would block, or never end.
+    #[error("--model {path}: {file} is {kind}, not a regular file")]
+    NotRegular {
+        /// The directory.
+        path: String,
+        /// The file's name in it.
+        file: &'static str,
+        /// What it is.
+        kind: FileKind,
+    },
     /// The path could not be looked at (permissions, a loop of links).
     #[error("--model {path}: {reason}")]
     Unreadable {
@@ -53,8 +66,9 @@ pub enum ModelDirError {
 /// Checks that `dir` is a checkpoint directory in the release layout: it exists, is a
 /// directory (a GGUF file is named as such), and holds `config.json`, the tokenizer's two
 /// files and the weights (`model.safetensors.index.json`, or a single `model.safetensors`).
-/// Only names are looked at (a file's first bytes when `dir` is a file), so a FIFO among them
-/// does not block the check.
+/// Each of those files must be (or its links lead to) a regular file. Only names and types are
+/// looked at (a file's first bytes when `dir` is a file), so a FIFO among them does not block
+/// the check, and it is refused here, before the readers behind it would wait on it.
 pub fn check_model_dir(dir: &Path) -> Result<(), ModelDirError> {
     use std::io::ErrorKind::{NotADirectory, NotFound};
     let shown = dir.display().to_string();
@@ -82,14 +96,26 @@ pub fn check_model_dir(dir: &Path) -> Result<(), ModelDirError> {
     if !WEIGHTS.into_iter().any(has) {
         missing.push(WEIGHTS[0]);
     }
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(ModelDirError::MissingFiles {
+    if !missing.is_empty() {
+        return Err(ModelDirError::MissingFiles {
             path: shown,
             missing: missing.join(", "),
-        })
+        });
     }
+    for file in REQUIRED
+        .into_iter()
+        .chain(WEIGHTS.into_iter().filter(|f| has(f)))
+    {
+        // A file removed or unreadable since `has` looked is left to its reader to report.
+        if let Ok(Some(kind)) = kind_at(&dir.join(file)) {
+            return Err(ModelDirError::NotRegular {
+                path: shown,
+                file,
+                kind,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Whether the file at `path` is a GGUF file: named `*.gguf`, or beginning with its magic.

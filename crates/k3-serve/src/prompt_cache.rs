@@ -21,8 +21,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use expert_store::file::FileKind;
 use k3_model::model::Snapshot;
-use k3_model::model::snapshot::file::{self, FileKind, Identity};
+use k3_model::model::snapshot::file::{self, Identity};
 
 /// Extension of spill files.
 const EXTENSION: &str = "k3state";

@@ -1,5 +1,6 @@
 //! What k3's tests and benches share instead of each writing its own: a seeded generator
-//! ([`Rng`]) and a scratch directory removed on drop ([`Scratch`]).
+//! ([`Rng`]), a scratch directory removed on drop ([`Scratch`]), and a FIFO to feed a reader
+//! that must refuse it ([`make_fifo`]) within a bound ([`promptly`]).
 //!
 //! A leaf crate with no dependency, so any crate of the workspace, the kernels at the bottom
 //! included, takes it as a dev-dependency without a cycle. Not published: `cargo package`
@@ -12,9 +13,11 @@
 
 mod rng;
 mod scratch;
+mod special;
 
 pub use rng::Rng;
 pub use scratch::Scratch;
+pub use special::{make_fifo, promptly};
 
 // The README's example is compiled and run as a doctest, so it cannot drift from the API.
 #[cfg(doctest)]

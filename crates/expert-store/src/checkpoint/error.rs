@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use crate::file::ReadFileError;
+
 /// What is wrong with a checkpoint, naming the file and the tensor.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -13,6 +15,10 @@ pub enum CheckpointError {
         /// What the system said.
         source: std::io::Error,
     },
+    /// The index or a shard is not a regular file (a FIFO, a device, ...), or the index is
+    /// over its cap or not text (a failure to open or read is [`CheckpointError::Io`]).
+    #[error(transparent)]
+    File(ReadFileError),
     /// The directory holds neither weight file.
     #[error("{path}: no model.safetensors and no model.safetensors.index.json")]
     NoWeights {
@@ -81,6 +87,15 @@ pub enum CheckpointError {
         /// The kernels' check that failed.
         source: mxfp4_kernels::Error,
     },
+}
+
+impl From<ReadFileError> for CheckpointError {
+    fn from(e: ReadFileError) -> Self {
+        match e {
+            ReadFileError::Io { path, source } => CheckpointError::Io { path, source },
+            other => CheckpointError::File(other),
+        }
+    }
 }
 
 /// The checkpoint's result.

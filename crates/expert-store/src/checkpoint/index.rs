@@ -5,6 +5,12 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::error::{CheckpointError, Result};
+use crate::file::read_regular_text;
+
+/// The most bytes an index may hold. The release's is a few MB (one line per tensor, about a
+/// hundred bytes each); this leaves room for a checkpoint of ten times its tensors, and stops
+/// a file that is no index from being read whole.
+pub(super) const MAX_INDEX_BYTES: u64 = 256 << 20;
 
 /// Prefixes of the vision tower's and projector's tensors in the release (docs/MODEL.md §3.2).
 const VISION_PREFIXES: [&str; 2] = ["vision_tower.", "mm_projector."];
@@ -29,10 +35,7 @@ pub(super) fn read_index(path: &Path) -> Result<Index> {
         path: path.to_owned(),
         reason,
     };
-    let text = std::fs::read_to_string(path).map_err(|source| CheckpointError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
+    let text = read_regular_text(path, MAX_INDEX_BYTES)?;
     let value: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| bad(format!("not JSON: {e}")))?;
     let map = value

@@ -2,7 +2,6 @@
 //! once) and looking its tensors up by name.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -11,6 +10,7 @@ use safetensors::SafeTensors;
 use super::error::{CheckpointError, Result};
 use super::index::{read_index, vision_only};
 use super::storage::{Entry, Resident, Shard, TensorRef};
+use crate::file::open_regular;
 
 /// Name prefix of text tensors in the release (absent in some repacks).
 pub const TEXT_PREFIX: &str = "language_model.";
@@ -51,23 +51,20 @@ impl Checkpoint {
         let mut skipped = Vec::new();
         for file in &files {
             let path = dir.join(file);
-            let handle = match File::open(&path) {
-                Ok(handle) => handle,
+            // A FIFO or a device in a shard's place is refused by kind, never opened in a
+            // way that waits, and never mapped.
+            let handle = match open_regular(&path) {
+                Ok((handle, _)) => handle,
                 // A text-only download may leave out the shards that hold nothing but the
                 // vision tower and projector: their tensors are never read.
                 Err(e)
-                    if e.kind() == std::io::ErrorKind::NotFound
+                    if e.is_not_found()
                         && weight_map.as_ref().is_some_and(|m| vision_only(m, file)) =>
                 {
                     skipped.push(file.clone());
                     continue;
                 }
-                Err(source) => {
-                    return Err(CheckpointError::Io {
-                        path: path.clone(),
-                        source,
-                    });
-                }
+                Err(e) => return Err(e.into()),
             };
             // SAFETY: the mapping is read-only and lives as long as `self`. The contract we
             // rely on — nobody truncates or rewrites a checkpoint while it is being served —

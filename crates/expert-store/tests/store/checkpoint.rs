@@ -528,3 +528,40 @@ fn absent_vision_only_shards_are_skipped_and_absent_text_shards_are_errors() {
         other => panic!("expected an error naming {vision}, got {other:?}"),
     }
 }
+
+/// A FIFO or a link to `/dev/zero` in place of the index or of a shard: refused at once,
+/// naming the file and what it is, neither opened in a way that waits nor read nor mapped.
+#[test]
+fn a_fifo_or_a_device_in_place_of_the_index_or_a_shard_is_refused_at_once() {
+    let shard = "model-00002-of-000002.safetensors";
+    for (file, special) in [
+        ("model.safetensors.index.json", "fifo"),
+        ("model.safetensors.index.json", "/dev/zero"),
+        (shard, "fifo"),
+        (shard, "/dev/zero"),
+    ] {
+        let scratch = Scratch::new("store-specials");
+        let dir = scratch.path().to_owned();
+        write_checkpoint(&dir, "");
+        let path = dir.join(file);
+        std::fs::remove_file(&path).unwrap();
+        let kind = if special == "fifo" {
+            k3_testkit::make_fifo(&path);
+            "a FIFO"
+        } else {
+            std::os::unix::fs::symlink(special, &path).unwrap();
+            "a character device"
+        };
+        let case = format!("{file} as {special}");
+        let opened = k3_testkit::promptly(&case, std::time::Duration::from_secs(5), move || {
+            Checkpoint::open(&dir).map(|_| ())
+        });
+        let e = opened.expect_err(&case);
+        assert!(matches!(e, CheckpointError::File(_)), "{case}: {e:?}");
+        assert_eq!(
+            e.to_string(),
+            format!("{} is {kind}, not a regular file", path.display()),
+            "{case}"
+        );
+    }
+}

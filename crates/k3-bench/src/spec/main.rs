@@ -68,8 +68,7 @@ fn main() -> Result<()> {
     let tokenizer = Tokenizer::from_dir(&args.model).context("loading the tokenizer")?;
     let question = prompts::question(&tokenizer)?;
     let code = prompts::code_edit(&tokenizer)?;
-    let config_text =
-        std::fs::read_to_string(args.model.join("config.json")).context("reading config.json")?;
+    let config_text = k3_model::config::read_config_text(&args.model)?;
     let config = K3Config::from_json(&config_text)?;
     // The longest sequence: the code prompt, its output, a pass's drafts past it.
     let options = EngineOptions {

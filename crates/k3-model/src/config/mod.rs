@@ -1,4 +1,5 @@
-//! The K3 `config.json`, parsed into a typed, validated [`K3Config`].
+//! The K3 `config.json`, read ([`read_config_text`]) and parsed into a typed, validated
+//! [`K3Config`].
 //!
 //! Fields are read from `text_config`, falling back to the root (the release nests them;
 //! some repacks do not); `quantization_config` likewise. A field the forward pass needs and the
@@ -12,9 +13,11 @@
 mod error;
 mod fields;
 mod parse;
+mod read;
 mod types;
 
 pub use error::{ConfigError, MAX_DIM, MAX_VOCAB};
+pub use read::{CONFIG_FILE, MAX_CONFIG_BYTES, read_config_text};
 pub use types::{
     AttentionKind, FfnKind, K3Config, KdaConfig, KdaGate, LatentConfig, LayerSpec, MlaConfig,
     MoeConfig, QuantizationConfig, RouterConfig, SituBetas,

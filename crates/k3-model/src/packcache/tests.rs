@@ -325,34 +325,31 @@ fn a_flipped_byte_in_a_body_is_found_before_it_is_used() {
 
 #[test]
 fn a_fifo_in_the_files_place_is_neither_waited_on_nor_replaced() {
-    use std::os::unix::ffi::OsStrExt;
     let tiny = Tiny::new("fifo");
     let (_ckpt, sizes) = tiny.sizes();
     let want: Vec<_> = sizes.packable().into_iter().cloned().collect();
     let dir = tiny.0.path().join("cache");
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(file_name(4));
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    // On a thread: a blocking open of a FIFO with no writer would never return.
-    let (done, result) = std::sync::mpsc::channel();
+    k3_testkit::make_fifo(&path);
+    // A blocking open of a FIFO with no writer would never return: the test fails after 5 s.
     let (p, w) = (path.clone(), want.clone());
-    std::thread::spawn(move || {
-        let w: Vec<_> = w.iter().collect();
-        let opened = PackCache::open(&p, 4, &w).map(|r| r.map(|_| ()));
-        let written = PackCache::open_or_write(
-            std::slice::from_ref(&p.parent().unwrap().to_owned()),
-            4,
-            &w,
-            &pool(),
-            &[],
-        );
-        let _ = done.send((opened, written.map(|_| ())));
-    });
-    let (opened, written) = result
-        .recv_timeout(std::time::Duration::from_secs(5))
-        .expect("the open of a FIFO returns at once");
+    let (opened, written) = k3_testkit::promptly(
+        "the open of a FIFO in the pack cache's place",
+        std::time::Duration::from_secs(5),
+        move || {
+            let w: Vec<_> = w.iter().collect();
+            let opened = PackCache::open(&p, 4, &w).map(|r| r.map(|_| ()));
+            let written = PackCache::open_or_write(
+                std::slice::from_ref(&p.parent().unwrap().to_owned()),
+                4,
+                &w,
+                &pool(),
+                &[],
+            );
+            (opened, written.map(|_| ()))
+        },
+    );
     let why = opened.unwrap().unwrap_err();
     assert!(why.contains("not a regular file"), "{why}");
     let errors = written.unwrap_err();

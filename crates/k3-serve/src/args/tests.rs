@@ -34,3 +34,35 @@ fn a_model_that_is_no_checkpoint_directory_is_a_usage_error() {
         "--model /nonexistent/model: no such directory"
     );
 }
+
+/// A FIFO or a link to `/dev/zero` as `--api-key-file`, `--json-schema` or `--grammar`: a
+/// usage error at once, naming the flag, the path and what it is.
+#[test]
+fn a_fifo_or_a_device_as_a_flags_file_is_refused_at_once() {
+    let scratch = k3_testkit::Scratch::new("args-specials");
+    let fifo = scratch.path().join("fifo");
+    k3_testkit::make_fifo(&fifo);
+    let zero = scratch.path().join("zero");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    for (path, kind) in [(&fifo, "a FIFO"), (&zero, "a character device")] {
+        let path = path.display().to_string();
+        for (mode, flag) in [
+            ("--serve", "--api-key-file"),
+            ("--prompt=hi", "--json-schema"),
+            ("--prompt=hi", "--grammar"),
+        ] {
+            let case = format!("{flag} {path}");
+            let parsed = k3_testkit::promptly(&case, std::time::Duration::from_secs(5), {
+                let (flag, path) = (flag.to_owned(), path.clone());
+                move || args(&[mode, &flag, &path]).map(|_| ())
+            });
+            let Err(error) = parsed else {
+                panic!("{case}: accepted");
+            };
+            assert_eq!(
+                error.to_string(),
+                format!("{flag} {path} is {kind}, not a regular file")
+            );
+        }
+    }
+}

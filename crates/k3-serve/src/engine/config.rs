@@ -41,4 +41,10 @@ pub struct EngineConfig {
     /// known answer on a random model. Empty in use.
     #[doc(hidden)]
     pub scripted_answers: Vec<(Vec<u32>, Vec<u32>)>,
+    /// Test hook: the engine thread waits for ever before it loads the model, a load that
+    /// never ends (the shutdown tests; no file can hold a load any more, since every input file
+    /// is checked to be a regular one before it is opened). The binary sets it from
+    /// `K3_SERVE_TEST_HOLD_LOAD=1`. False in use.
+    #[doc(hidden)]
+    pub hold_load: bool,
 }

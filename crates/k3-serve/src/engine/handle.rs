@@ -159,7 +159,8 @@ impl EngineHandle {
 pub fn spawn(config: EngineConfig) -> Result<(EngineHandle, std::thread::JoinHandle<()>)> {
     let tokenizer =
         Arc::new(Tokenizer::from_dir(&config.model_dir).context("loading the tokenizer")?);
-    let text = std::fs::read_to_string(config.model_dir.join("config.json"))
+    // A regular file under its cap (a FIFO or a device is refused, not waited on or read).
+    let text = k3_model::config::read_config_text(&config.model_dir)
         .with_context(|| format!("reading {}/config.json", config.model_dir.display()))?;
     let model_config = Arc::new(K3Config::from_json(&text)?);
     let max_positions = serde_json::from_str::<serde_json::Value>(&text)

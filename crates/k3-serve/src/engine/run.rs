@@ -36,6 +36,12 @@ pub(super) fn run(
     loaded: impl FnOnce(),
     metrics: &Metrics,
 ) -> Result<()> {
+    if config.hold_load {
+        log::warn!("the load is held for ever (K3_SERVE_TEST_HOLD_LOAD, a test hook)");
+        loop {
+            std::thread::park();
+        }
+    }
     // The build's lines about an option end with its flag; so does a failure's message.
     let engine = Engine::build(
         &config.model_dir,
@@ -56,7 +62,11 @@ pub(super) fn run(
         .collect();
     // The checkpoint's identity for state files, computed on first use (it hashes headers).
     let identity_cell = std::cell::OnceCell::new();
-    let identity = || identity_cell.get_or_init(|| Identity::of(engine.checkpoint(), model_config));
+    // Its numerics (the kernel tier's sums, a requantised trunk) are part of it: a state
+    // resumed under other numerics would not give the cold run's bits.
+    let (tier, trunk) = (engine.kernels().tier(), config.options.trunk_format);
+    let identify = || Identity::of(engine.checkpoint(), model_config).with_numerics(tier, trunk);
+    let identity = || identity_cell.get_or_init(identify);
     // `--save-state`: once a job's answer is complete, its session's state goes to the file;
     // a failure is the job's error (its answer has been sent; the one-shot run exits non-zero).
     let save_state = |sequence: &Sequence| {
@@ -70,9 +80,7 @@ pub(super) fn run(
             }
         }
     };
-    let mut cache = EngineCache::open(&config.prompt_cache, || {
-        Identity::of(engine.checkpoint(), model_config)
-    });
+    let mut cache = EngineCache::open(&config.prompt_cache, identify);
     *metrics
         .prompt_cache
         .lock()

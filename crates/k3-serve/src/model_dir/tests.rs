@@ -80,3 +80,48 @@ fn a_directory_says_which_files_it_lacks() {
     assert_eq!(check_model_dir(&dir), Ok(()));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A FIFO, a link to `/dev/zero` or a directory in place of any of the files: refused at
+/// once, naming the file and what it is.
+#[test]
+fn a_file_that_is_not_a_regular_file_is_named_with_its_kind() {
+    let files = [
+        "config.json",
+        "tiktoken.model",
+        "tokenizer_config.json",
+        "model.safetensors",
+    ];
+    for file in files {
+        for (special, kind) in [
+            ("fifo", FileKind::Fifo),
+            ("/dev/zero", FileKind::CharDevice),
+            ("dir", FileKind::Directory),
+        ] {
+            let scratch = k3_testkit::Scratch::new("model-dir-specials");
+            let dir = scratch.path().to_owned();
+            for name in files.iter().filter(|n| **n != file) {
+                std::fs::write(dir.join(name), b"{}").unwrap();
+            }
+            let path = dir.join(file);
+            match special {
+                "fifo" => k3_testkit::make_fifo(&path),
+                "dir" => std::fs::create_dir(&path).unwrap(),
+                _ => std::os::unix::fs::symlink(special, &path).unwrap(),
+            }
+            let case = format!("{file} as {special}");
+            let checked = k3_testkit::promptly(&case, std::time::Duration::from_secs(5), {
+                let dir = dir.clone();
+                move || check_model_dir(&dir)
+            });
+            let error = checked.expect_err(&case);
+            assert_eq!(
+                error.to_string(),
+                format!(
+                    "--model {}: {file} is {kind}, not a regular file",
+                    dir.display()
+                ),
+                "{case}"
+            );
+        }
+    }
+}

@@ -103,6 +103,7 @@ pub(crate) fn server_with(
         prompt_cache: cache,
         panic_on_prompt: None,
         scripted_answers,
+        hold_load: false,
         max_mask: Duration::from_millis(200),
         spec: Default::default(),
     };

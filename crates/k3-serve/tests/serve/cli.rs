@@ -602,6 +602,15 @@ fn a_saved_state_resumes_a_longer_prompt_as_a_cold_run() {
         stderr.contains("does not extend the saved tokens") && stderr.contains(state_arg),
         "{stderr}"
     );
+    // A state of the exact trunk under a requantised one is another model's state: resumed,
+    // it would not answer as the q8_0 run's cold start does, so it is refused, naming both.
+    let q8 = ["--load-state", state_arg, "--trunk-format", "q8_0"];
+    let (code, _, stderr) = one_shot(long, "2", &q8);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("q8_0 trunk") && stderr.contains(state_arg),
+        "{stderr}"
+    );
 
     let mut bytes = std::fs::read(&state).unwrap();
     let middle = bytes.len() / 2;

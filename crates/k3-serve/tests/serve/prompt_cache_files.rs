@@ -6,7 +6,7 @@
 
 use std::ffi::{CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -32,8 +32,14 @@ fn mkfifo(path: &Path) {
 /// k3-serve on `model` serving on a free port with `extra` flags, its stderr into `log`; not
 /// waited on.
 fn spawn(model: &Path, extra: &[&OsStr], log: &Path) -> Server {
+    spawn_with(model, extra, log, &[])
+}
+
+/// [`spawn`] with environment variables `env` set.
+fn spawn_with(model: &Path, extra: &[&OsStr], log: &Path, env: &[(&str, &str)]) -> Server {
     let port = free_port();
     let child = k3_serve()
+        .envs(env.iter().copied())
         .arg("--model")
         .arg(model)
         .args(["--serve", "--port", &port.to_string(), "--threads", "1"])
@@ -192,42 +198,21 @@ fn a_prompt_cache_dir_that_cannot_be_one_is_refused_before_the_model_loads() {
     assert!(fresh.is_dir(), "{} was not created", fresh.display());
 }
 
-/// A copy of `tiny` whose shard index is a FIFO: the engine thread's load waits on it for ever
-/// (the tokenizer and config, read before the engine starts, are plain files), a load that is
-/// still going when the SIGTERM comes.
-fn model_that_never_loads(scratch: &Path) -> PathBuf {
-    let tiny = crate::tiny();
-    let copy = scratch.join("model");
-    std::fs::create_dir(&copy).unwrap();
-    for entry in std::fs::read_dir(&tiny).unwrap() {
-        let entry = entry.unwrap();
-        let to = copy.join(entry.file_name());
-        if entry.file_name() == "model.safetensors.index.json" {
-            mkfifo(&to);
-        } else if entry.file_type().unwrap().is_file() {
-            std::fs::hard_link(entry.path(), &to)
-                .or_else(|_| std::fs::copy(entry.path(), &to).map(drop))
-                .unwrap();
-        }
-    }
-    assert!(copy.join("model.safetensors.index.json").exists());
-    copy
-}
-
 /// "Startup and SIGTERM can never wait on a file": a SIGTERM while the model loads (here, a
-/// load that never ends) ends the process cleanly within 5 s instead of waiting for the load;
-/// meanwhile `/health` says the model is loading.
+/// load that never ends: the binary's `K3_SERVE_TEST_HOLD_LOAD` hook, since no file can hold
+/// a load any more, a FIFO in place of the index included) ends the process cleanly within
+/// 5 s instead of waiting for the load; meanwhile `/health` says the model is loading.
 #[test]
 fn sigterm_while_the_model_loads_ends_the_process_at_once() {
     if ranks() > 1 {
-        // Every rank would wait on the FIFO, and only rank 0 takes the SIGTERM.
+        // Every rank would hold its load, and only rank 0 takes the SIGTERM.
         println!("skipped under mpirun: the check is of one process's shutdown");
         return;
     }
     let scratch = Scratch::new("serve-files-loading");
-    let model = model_that_never_loads(scratch.path());
     let log = scratch.path().join("stderr.log");
-    let mut server = spawn(&model, &[], &log);
+    let hold = [("K3_SERVE_TEST_HOLD_LOAD", "1")];
+    let mut server = spawn_with(&crate::tiny(), &[], &log, &hold);
     let start = Instant::now();
     let health = loop {
         if let Ok(answer) = request(server.port, "GET", "/health", None) {
@@ -238,7 +223,7 @@ fn sigterm_while_the_model_loads_ends_the_process_at_once() {
     };
     assert_eq!(health.0, 503, "{health:?}");
     assert!(health.1.contains("still loading"), "{health:?}");
-    // Time for the engine thread to reach the FIFO (it waits there whether or not it has).
+    // Time for the engine thread to reach the hold (it waits there whether or not it has).
     std::thread::sleep(Duration::from_millis(500));
     let again = request(server.port, "GET", "/health", None).unwrap();
     assert_eq!(again.0, 503, "{again:?}");

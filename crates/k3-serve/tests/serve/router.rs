@@ -65,6 +65,7 @@ pub(crate) fn config(
         prompt_cache: Default::default(),
         panic_on_prompt: None,
         scripted_answers: Vec::new(),
+        hold_load: false,
         max_mask: std::time::Duration::from_millis(200),
         spec: Default::default(),
     }

@@ -116,3 +116,36 @@ fn k3_040b_snapshots_round_trip_and_are_timed() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A state's numerics: the exact SIMD tiers share their bits (so their files), the scalar
+/// tier's sums, an approximate tier and a requantised trunk each make another identity.
+#[test]
+fn numerics_split_identities_where_the_bits_differ() {
+    use crate::plan::TrunkFormat;
+    use mxfp4_kernels::Tier;
+    let exact = TrunkFormat::Bf16;
+    assert_eq!(file::numerics(Tier::Avx2, exact), None);
+    assert_eq!(file::numerics(Tier::Avx512, exact), None);
+    let q8 = TrunkFormat::Q8_0 { all: false };
+    assert_eq!(
+        file::numerics(Tier::Avx512, q8).as_deref(),
+        Some("q8_0 trunk")
+    );
+    let all: Vec<Option<String>> = [Tier::Scalar, Tier::Avx512Bf16, Tier::Avx512Vnni]
+        .into_iter()
+        .flat_map(|t| [file::numerics(t, exact), file::numerics(t, q8)])
+        .collect();
+    for (i, a) in all.iter().enumerate() {
+        assert!(a.is_some());
+        assert!(all[i + 1..].iter().all(|b| b != a), "{all:?}");
+    }
+    let identity = Identity {
+        engine: file::ENGINE_VERSION.into(),
+        checkpoint: 7,
+    };
+    assert_eq!(identity.clone().with_numerics(Tier::Avx2, exact), identity);
+    assert_ne!(
+        identity.clone().with_numerics(Tier::Avx512Vnni, exact),
+        identity
+    );
+}

@@ -1,67 +1,10 @@
-//! Why a snapshot file was not written or not trusted, and what a path that is not a regular
-//! file is.
+//! Why a snapshot file was not written or not trusted.
 
-use std::fs::FileType;
-use std::os::unix::fs::FileTypeExt;
 use std::path::PathBuf;
 
+use expert_store::file::FileKind;
+
 use super::format::{FORMAT_VERSION, MAGIC};
-
-/// What a path that is not a regular file is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FileKind {
-    /// A named pipe: opening it to read would block until a writer comes.
-    Fifo,
-    /// A Unix domain socket.
-    Socket,
-    /// A directory.
-    Directory,
-    /// A symbolic link (not followed).
-    Symlink,
-    /// A character device.
-    CharDevice,
-    /// A block device.
-    BlockDevice,
-    /// A type none of the others names.
-    Other,
-}
-
-impl FileKind {
-    /// The kind of `file_type`; `None` for a regular file.
-    pub fn of(file_type: FileType) -> Option<Self> {
-        if file_type.is_file() {
-            None
-        } else if file_type.is_fifo() {
-            Some(FileKind::Fifo)
-        } else if file_type.is_socket() {
-            Some(FileKind::Socket)
-        } else if file_type.is_dir() {
-            Some(FileKind::Directory)
-        } else if file_type.is_symlink() {
-            Some(FileKind::Symlink)
-        } else if file_type.is_char_device() {
-            Some(FileKind::CharDevice)
-        } else if file_type.is_block_device() {
-            Some(FileKind::BlockDevice)
-        } else {
-            Some(FileKind::Other)
-        }
-    }
-}
-
-impl std::fmt::Display for FileKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            FileKind::Fifo => "a FIFO",
-            FileKind::Socket => "a socket",
-            FileKind::Directory => "a directory",
-            FileKind::Symlink => "a symbolic link",
-            FileKind::CharDevice => "a character device",
-            FileKind::BlockDevice => "a block device",
-            FileKind::Other => "of an unknown type",
-        })
-    }
-}
 
 /// Why a snapshot file was not written or not trusted.
 #[derive(Debug, thiserror::Error)]

@@ -5,7 +5,9 @@ use std::fs::File;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use super::error::{FileError, FileKind};
+use expert_store::file::FileKind;
+
+use super::error::FileError;
 
 /// `path` opened for reading, with its length, if it is a regular file; anything else is
 /// refused with [`FileError::NotRegular`], and nothing here can block: a path that names
