@@ -45,6 +45,14 @@ pub(super) fn plan(
     let limit = budget.as_ref().is_some_and(|b| b.limit);
     let checkpoint = Checkpoint::open(dir)?;
     validate(&checkpoint, config)?;
+    let unused = crate::checks::census::unused_layer_tensors(&checkpoint, config);
+    if let Some(first) = unused.first() {
+        sink.line(&format!(
+            "warning: {} tensors of the text layers are not used by this config (the first: \
+             {first}): does config.json match the weights?",
+            unused.len()
+        ));
+    }
     crate::shares::same_checkpoint(&checkpoint, config, &options.ranks)?;
     if options.scan {
         let started = Instant::now();

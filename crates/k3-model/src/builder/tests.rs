@@ -812,3 +812,33 @@ fn a_pack_cache_damaged_in_a_body_is_written_again_and_changes_no_logits() {
         assert_eq!(std::fs::read(&path).unwrap(), good, "written again whole");
     }
 }
+
+/// A config that leaves some of the text layers' tensors unused (here: no shared experts over
+/// a checkpoint that has them) builds, since it is a valid model, but says so in a warning;
+/// the checkpoint's own config leaves none unused.
+#[test]
+fn tensors_the_config_leaves_unused_are_reported() {
+    let tiny = Tiny::new("unused");
+    let (_, lines) = tiny.build(&options(2));
+    assert!(
+        !lines.iter().any(|l| l.contains("not used by this config")),
+        "{lines:?}"
+    );
+    let mut config = tiny.1.clone();
+    assert!(config.moe.num_shared_experts > 0);
+    config.moe.num_shared_experts = 0;
+    let mut lines = Vec::new();
+    let built = Engine::build_within(
+        tiny.0.path(),
+        config,
+        &options(2),
+        None,
+        &mut |line: &str| lines.push(line.to_owned()),
+    );
+    let warning = lines
+        .iter()
+        .find(|l| l.contains("not used by this config"))
+        .unwrap_or_else(|| panic!("{lines:?}"));
+    assert!(warning.contains("shared_experts"), "{warning}");
+    drop(built);
+}

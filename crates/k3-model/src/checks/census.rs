@@ -2,7 +2,7 @@
 //! headers, so a user sees at once what their checkpoint holds (an F32 trunk, MXFP4 beyond the
 //! experts, BF16 vectors) before anything runs.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use expert_store::{Checkpoint, Dtype};
 
@@ -76,6 +76,36 @@ pub struct Cell {
     pub bytes: u64,
     /// Tensors in the cell (an MXFP4 weight's codes and scales count as two).
     pub tensors: usize,
+}
+
+/// The stored tensors of the text layers (`model.layers.N.…`) that `config` does not imply:
+/// a config that disagrees with its weights (`num_shared_experts: 0` over shared experts'
+/// tensors, say) runs another model than the checkpoint's, so the builder says so. Tensors
+/// outside the layers (a vision tower) are not counted.
+pub(crate) fn unused_layer_tensors(ckpt: &Checkpoint, config: &K3Config) -> Vec<String> {
+    let implied: HashSet<String> = text_tensors(config).into_iter().map(|t| t.name).collect();
+    let experts = crate::inventory::expert_layout(config);
+    let mut unused: Vec<String> = ckpt
+        .tensor_names()
+        .map(|stored| {
+            stored
+                .strip_prefix(expert_store::checkpoint::TEXT_PREFIX)
+                .unwrap_or(stored)
+        })
+        .filter(|name| name.starts_with("model.layers."))
+        .filter(|name| {
+            let base = name
+                .strip_suffix(".weight_packed")
+                .or_else(|| name.strip_suffix(".weight_scale"))
+                .map(|b| format!("{b}.weight"));
+            !implied.contains(*name)
+                && base.is_none_or(|b| !implied.contains(&b))
+                && experts.parse(name).is_none()
+        })
+        .map(str::to_owned)
+        .collect();
+    unused.sort_unstable();
+    unused
 }
 
 /// Every stored tensor of `ckpt`, counted in its (format, class) cell.
