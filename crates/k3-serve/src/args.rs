@@ -176,6 +176,20 @@ fn api_keys(p: &Parsed) -> Result<Vec<String>, UsageError> {
             )));
         }
     }
+    // A key with a control character (a NUL, say) or a space inside can never arrive in an
+    // `Authorization: Bearer` header, so it would lock its tenant out for good: refused, named
+    // by its place (never echoed).
+    if let Some(at) = keys
+        .iter()
+        .position(|k| k.chars().any(|c| c.is_control() || c.is_whitespace()))
+    {
+        return Err(UsageError::Other(format!(
+            "API key {} of {} (--api-key, K3_API_KEY, then --api-key-file's lines) holds a \
+             control character or a space, which no Authorization header can carry",
+            at + 1,
+            keys.len()
+        )));
+    }
     Ok(keys)
 }
 

@@ -66,3 +66,32 @@ fn a_fifo_or_a_device_as_a_flags_file_is_refused_at_once() {
         }
     }
 }
+
+/// A key that no `Authorization` header can carry (a NUL or a space inside) is refused at
+/// startup, by its place and never echoed; keys are trimmed, so a padded line is its key.
+#[test]
+fn an_api_key_no_header_can_carry_is_refused() {
+    let scratch = k3_testkit::Scratch::new("args-keys");
+    let file = scratch.path().join("keys");
+    std::fs::write(&file, "  padded-key  \nsk-ok\n").unwrap();
+    let file = file.display().to_string();
+    let parsed = args(&["--serve", "--api-key", "first", "--api-key-file", &file]).unwrap();
+    assert_eq!(parsed.api_keys, ["first", "padded-key", "sk-ok"]);
+    let bad = scratch.path().join("bad");
+    std::fs::write(&bad, "sk-ok\nsk-with\0nul\n").unwrap();
+    let bad = bad.display().to_string();
+    for line in [
+        &["--serve", "--api-key-file", bad.as_str()][..],
+        &["--serve", "--api-key", "two words"],
+    ] {
+        let error = args(line).map(|_| ()).unwrap_err().to_string();
+        assert!(
+            error.contains("API key") && error.contains("control character or a space"),
+            "{error}"
+        );
+        assert!(
+            !error.contains("nul") && !error.contains("words"),
+            "never echoed: {error}"
+        );
+    }
+}
