@@ -419,14 +419,7 @@ mod tests {
                 std::fs::write(dir.path().join("tokenizer_config.json"), tokenizer_config).unwrap();
                 std::fs::write(dir.path().join("tiktoken.model"), "YQ== 0\n").unwrap();
                 let path = dir.path().join(file);
-                std::fs::remove_file(&path).unwrap();
-                let kind = if special == "fifo" {
-                    k3_testkit::make_fifo(&path);
-                    "a FIFO"
-                } else {
-                    std::os::unix::fs::symlink(special, &path).unwrap();
-                    "a character device"
-                };
+                let kind = k3_testkit::replace_with_special(&path, special);
                 let case = format!("{file} as {special}");
                 let from = dir.path().to_owned();
                 let loaded =

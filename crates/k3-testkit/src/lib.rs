@@ -17,7 +17,7 @@ mod special;
 
 pub use rng::Rng;
 pub use scratch::Scratch;
-pub use special::{make_fifo, promptly};
+pub use special::{make_fifo, promptly, replace_with_special};
 
 // The README's example is compiled and run as a doctest, so it cannot drift from the API.
 #[cfg(doctest)]

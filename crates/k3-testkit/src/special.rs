@@ -28,6 +28,20 @@ pub fn make_fifo(path: &Path) {
     );
 }
 
+/// Puts `special` where the file at `path` was (removed first): `"fifo"` makes a FIFO, any
+/// other value is what a symlink there points at (`/dev/zero`, say). Returns how the readers
+/// name what is there: `"a FIFO"` or `"a character device"`.
+pub fn replace_with_special(path: &Path, special: &str) -> &'static str {
+    let _ = std::fs::remove_file(path);
+    if special == "fifo" {
+        make_fifo(path);
+        "a FIFO"
+    } else {
+        std::os::unix::fs::symlink(special, path).expect("a symlink in the test's directory");
+        "a character device"
+    }
+}
+
 /// `f`'s result, computed on a thread of its own; panics, naming `what`, when it takes over
 /// `within` (the thread is then left behind, blocked where it was: a test process ends
 /// anyway).

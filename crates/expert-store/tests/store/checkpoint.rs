@@ -544,14 +544,7 @@ fn a_fifo_or_a_device_in_place_of_the_index_or_a_shard_is_refused_at_once() {
         let dir = scratch.path().to_owned();
         write_checkpoint(&dir, "");
         let path = dir.join(file);
-        std::fs::remove_file(&path).unwrap();
-        let kind = if special == "fifo" {
-            k3_testkit::make_fifo(&path);
-            "a FIFO"
-        } else {
-            std::os::unix::fs::symlink(special, &path).unwrap();
-            "a character device"
-        };
+        let kind = k3_testkit::replace_with_special(&path, special);
         let case = format!("{file} as {special}");
         let opened = k3_testkit::promptly(&case, std::time::Duration::from_secs(5), move || {
             Checkpoint::open(&dir).map(|_| ())

@@ -516,23 +516,8 @@ fn scan_refuses_a_checkpoint_with_an_infinity() {
         "{stderr}"
     );
 
-    let dir = std::env::temp_dir().join(format!("k3-serve-scan-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let options = k3_model::synth::SynthOptions::new(k3_model::synth::Preset::Tiny);
-    k3_model::synth::generate(&dir, &options).unwrap();
-    let tensor = "model.norm.weight";
-    let (path, offset) = {
-        let ckpt = expert_store::Checkpoint::open(&dir).unwrap();
-        let t = ckpt.require(tensor).unwrap();
-        (t.path.to_owned(), t.offset)
-    };
     // BF16 +Inf, little-endian.
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(path)
-        .unwrap()
-        .write_all_at(&[0x80, 0x7f], offset as u64)
-        .unwrap();
+    let dir = tiny_with_first_norm_value("scan", [0x80, 0x7f]);
     let mut args = vec![OsString::from("--model"), dir.clone().into()];
     args.extend(os(&[
         "--prompt",
@@ -760,22 +745,8 @@ fn one_shot_saves_the_expert_usage_before_it_exits() {
 /// saying the logits are NaN and pointing at `--scan`.
 #[test]
 fn nan_logits_fail_the_request_instead_of_sampling_token_0() {
-    let dir = std::env::temp_dir().join(format!("k3-serve-nan-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let options = k3_model::synth::SynthOptions::new(k3_model::synth::Preset::Tiny);
-    k3_model::synth::generate(&dir, &options).unwrap();
-    let (path, offset) = {
-        let ckpt = expert_store::Checkpoint::open(&dir).unwrap();
-        let t = ckpt.require("model.norm.weight").unwrap();
-        (t.path.to_owned(), t.offset)
-    };
     // BF16 quiet NaN, little-endian.
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(path)
-        .unwrap()
-        .write_all_at(&[0xc0, 0x7f], offset as u64)
-        .unwrap();
+    let dir = tiny_with_first_norm_value("nan", [0xc0, 0x7f]);
     let mut args = vec![OsString::from("--model"), dir.clone().into()];
     args.extend(os(&[
         "--prompt",
@@ -794,4 +765,25 @@ fn nan_logits_fail_the_request_instead_of_sampling_token_0() {
         "{stderr}"
     );
     assert!(!stdout.contains('\0'), "{stdout:?}");
+}
+
+/// A fresh `tiny` checkpoint (in a directory of its own, named by `what`) whose final norm's
+/// first value is the BF16 `bits` (little-endian).
+fn tiny_with_first_norm_value(what: &str, bits: [u8; 2]) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("k3-serve-{what}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let options = k3_model::synth::SynthOptions::new(k3_model::synth::Preset::Tiny);
+    k3_model::synth::generate(&dir, &options).unwrap();
+    let (path, offset) = {
+        let ckpt = expert_store::Checkpoint::open(&dir).unwrap();
+        let t = ckpt.require("model.norm.weight").unwrap();
+        (t.path.to_owned(), t.offset)
+    };
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .write_all_at(&bits, offset as u64)
+        .unwrap();
+    dir
 }
