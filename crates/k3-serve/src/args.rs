@@ -275,6 +275,11 @@ fn check_prompt_cache_dir(dir: &Path) -> Result<(), UsageError> {
             dir.display()
         )))
     };
+    // An empty value (an unset variable in a template, say) names no directory: taken as
+    // given it put every snapshot in the working directory.
+    if dir.as_os_str().is_empty() {
+        return refuse("an empty path names no directory".into());
+    }
     match std::fs::metadata(dir) {
         Ok(meta) if meta.is_dir() => return Ok(()),
         Ok(_) => return refuse("exists and is not a directory".into()),

@@ -95,3 +95,16 @@ fn an_api_key_no_header_can_carry_is_refused() {
         );
     }
 }
+
+/// `--prompt-cache-dir ""` is refused: it names no directory (it used to spill every
+/// snapshot into the working directory).
+#[test]
+fn an_empty_prompt_cache_dir_is_refused() {
+    let error = args(&["--serve", "--prompt-cache-dir", ""])
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "--prompt-cache-dir : an empty path names no directory"
+    );
+}

@@ -392,6 +392,7 @@ fn verify(
         return sequence.fail("internal error in a verify pass: no checkpoint");
     };
     sequence.count_pass();
+    sequence.begin_verify();
     let (mut used, mut accepted) = (0, 0);
     for (i, row) in rows.iter().enumerate() {
         let before = sequence.output.len();
@@ -424,6 +425,8 @@ fn verify(
     } else if let Err(e) = model.rollback(&mut sequence.session, start + used) {
         sequence.fail(&format!("internal error in a verify pass: {e}"));
     }
+    // An end during the pass goes out now, its log line counting the pass's drafts.
+    sequence.end_verify();
 }
 
 /// An error event's text for a panic in `stage` (the panic's own message included; the panic

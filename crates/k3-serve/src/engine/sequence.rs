@@ -82,6 +82,9 @@ pub(super) struct Sequence {
     pub(super) last: u32,
     /// Output bytes not yet whole characters (plain completions).
     pending: Vec<u8>,
+    /// In a verify pass ([`Sequence::begin_verify`]), and how it ended there if it did.
+    verifying: bool,
+    held_finish: Option<&'static str>,
     pub(super) finished: bool,
     log_id: Option<String>,
     submitted: Instant,
@@ -168,6 +171,8 @@ impl Sequence {
             generated: 0,
             last: 0,
             pending: Vec::new(),
+            verifying: false,
+            held_finish: None,
             finished: false,
             log_id,
             submitted,
@@ -190,6 +195,8 @@ impl Sequence {
     }
 
     pub(super) fn fail(&mut self, message: &str) {
+        // An error ends it, whatever end a verify pass held: not a complete answer.
+        (self.verifying, self.held_finish, self.completed) = (false, None, false);
         let _ = self.events.send(Event::Error(message.to_owned()));
         self.log_end("error");
         self.finished = true;
@@ -233,6 +240,19 @@ impl Sequence {
     }
 
     fn finish(&mut self, reason: &'static str) {
+        self.finished = true;
+        self.completed = true;
+        // Inside a verify pass the pass's drafts are not counted yet: the end (its log line
+        // and its `Done`) waits for [`Sequence::end_verify`], so both include them.
+        if self.verifying {
+            self.held_finish = Some(reason);
+        } else {
+            self.send_finish(reason);
+        }
+    }
+
+    /// The request's end: its log line, then its `Done` event.
+    fn send_finish(&mut self, reason: &'static str) {
         self.log_end(reason);
         let prefilled = self.prefilled.unwrap_or(self.admitted);
         let _ = self.events.send(Event::Done {
@@ -244,8 +264,19 @@ impl Sequence {
             decode: prefilled.elapsed(),
             passes: self.passes,
         });
-        self.finished = true;
-        self.completed = true;
+    }
+
+    /// A verify pass begins: an end inside it is held until [`Sequence::end_verify`].
+    pub(super) fn begin_verify(&mut self) {
+        self.verifying = true;
+    }
+
+    /// The verify pass's drafts are counted: an end held during it goes out now.
+    pub(super) fn end_verify(&mut self) {
+        self.verifying = false;
+        if let Some(reason) = self.held_finish.take() {
+            self.send_finish(reason);
+        }
     }
 
     /// Tokens it may still generate after its next one: drafts beyond would be wasted.

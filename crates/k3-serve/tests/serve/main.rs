@@ -12,6 +12,7 @@ mod prompt_cache_files;
 mod prompt_cache_log;
 mod queue;
 mod router;
+mod spec_log;
 mod speculative;
 mod status_counts;
 mod steps;
