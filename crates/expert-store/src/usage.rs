@@ -87,7 +87,9 @@ impl UsageHistory {
         if row.len() <= expert {
             row.resize(expert + 1, 0);
         }
-        row[expert] += n;
+        // Saturating: the file's counts are read as they are (a damaged or hand-made file may
+        // hold u64::MAX), and a count only orders experts.
+        row[expert] = row[expert].saturating_add(n);
     }
 
     /// The decode rates of the run that wrote the file, if it measured them.
@@ -232,6 +234,18 @@ mod tests {
         .unwrap();
         let old = UsageHistory::load(&path).unwrap().unwrap();
         assert_eq!((old.count(2, 0), old.rates()), (4, None));
+        // A count at u64::MAX (a damaged or hand-made file) saturates instead of overflowing.
+        std::fs::write(
+            &path,
+            format!(
+                r#"{{"format": "k3-expert-usage/1", "layers": {{"0": [{}]}}}}"#,
+                u64::MAX
+            ),
+        )
+        .unwrap();
+        let mut full = UsageHistory::load(&path).unwrap().unwrap();
+        full.add(0, 0, 5);
+        assert_eq!(full.count(0, 0), u64::MAX);
         std::fs::write(
             &path,
             r#"{"format": "k3-expert-usage/1", "layers": {}, "rates": {"read_mbps": -1}}"#,

@@ -30,7 +30,7 @@ impl ExpertStore {
                     let d = (0..domains)
                         .min_by_key(|&d| (load[d], d))
                         .expect("at least one domain");
-                    load[d] += weight(e);
+                    load[d] = load[d].saturating_add(weight(e));
                     homes[e] = d as u16;
                 }
                 homes

@@ -129,10 +129,12 @@ impl Shared {
     /// this run's.
     pub(super) fn uses_of(&self, layer: usize, expert: usize) -> u64 {
         let pos = self.layer_pos[&layer];
-        self.history.count(layer, expert)
-            + self.uses[pos]
+        // Saturating, as the file's counts may be anything (`UsageHistory::add`).
+        self.history.count(layer, expert).saturating_add(
+            self.uses[pos]
                 .get(expert)
-                .map_or(0, |u| u.load(Ordering::Relaxed))
+                .map_or(0, |u| u.load(Ordering::Relaxed)),
+        )
     }
 
     pub(super) fn busy_change(&self, start: bool) {

@@ -39,6 +39,14 @@ impl Tiny {
     }
 }
 
+/// The bytes of `tiny`'s layers as stored (what a budget between the minimum and everything
+/// streams some of).
+fn layer_bytes(tiny: &Tiny) -> u64 {
+    let sizes = WeightSizes::new(&Checkpoint::open(tiny.0.path()).unwrap(), &tiny.1).unwrap();
+    let layers = sizes.layers.iter().flatten();
+    layers.map(crate::plan::StoredTensor::resident_bytes).sum()
+}
+
 /// The fingerprints of the logits after each of a few teacher-forced tokens.
 fn fingerprints(engine: &Engine) -> Vec<u64> {
     let model = engine.model().unwrap();
@@ -272,16 +280,7 @@ fn a_budget_too_small_is_refused_with_numbers() {
     drop(engine);
     // Half the layers' trunk resident, the rest streamed, what is left to the expert
     // cache (preloaded): the same bits.
-    let sizes = {
-        let ckpt = Checkpoint::open(tiny.0.path()).unwrap();
-        WeightSizes::new(&ckpt, &tiny.1).unwrap()
-    };
-    let layers: u64 = sizes
-        .layers
-        .iter()
-        .flatten()
-        .map(crate::plan::StoredTensor::resident_bytes)
-        .sum();
+    let layers = layer_bytes(&tiny);
     let mut lines = Vec::new();
     let engine = build(minimum + layers / 2, &mut lines).unwrap();
     // The streamed BF16 matrices are read packed from the pack cache, written beside the
@@ -757,13 +756,7 @@ fn a_pack_cache_damaged_in_a_body_is_written_again_and_changes_no_logits() {
         Err(BuildError::Plan(PlanError::BelowMinimum { minimum, .. })) => minimum.total(),
         other => panic!("{other:?}"),
     };
-    let sizes = WeightSizes::new(&Checkpoint::open(tiny.0.path()).unwrap(), &tiny.1).unwrap();
-    let layers: u64 = sizes
-        .layers
-        .iter()
-        .flatten()
-        .map(crate::plan::StoredTensor::resident_bytes)
-        .sum();
+    let layers = layer_bytes(&tiny);
     // The streamed bodies are read at the start only under `--scan`.
     let mut scanned = options.clone();
     scanned.scan = true;
