@@ -574,9 +574,7 @@ fn a_saved_state_resumes_a_longer_prompt_as_a_cold_run() {
     let (code, linked, stderr) = one_shot(long, "8", &["--load-state", link.to_str().unwrap()]);
     assert_eq!((code, linked), (Some(0), cold.clone()), "{stderr}");
     let fifo = dir.join("fifo.k3state");
-    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: mkfifo(3) reads a NUL-terminated path that lives across the call.
-    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    k3_testkit::make_fifo(&fifo);
     let (code, _, stderr) = one_shot(long, "2", &["--load-state", fifo.to_str().unwrap()]);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("a FIFO"), "{stderr}");

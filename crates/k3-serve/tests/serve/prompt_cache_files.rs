@@ -4,8 +4,7 @@
 //! whose parent is missing, or that is not a directory, is refused before the model loads,
 //! creating nothing; a SIGTERM while the model is still loading ends the process at once.
 
-use std::ffi::{CString, OsStr};
-use std::os::unix::ffi::OsStrExt;
+use std::ffi::OsStr;
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -21,13 +20,6 @@ use crate::e2e::{
 const HEALTHY_WITHIN: Duration = Duration::from_secs(30);
 /// How long a server may take to exit after SIGTERM (the bound).
 const EXIT_WITHIN: Duration = Duration::from_secs(5);
-
-fn mkfifo(path: &Path) {
-    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
-    // SAFETY: mkfifo reads a NUL-terminated path that outlives the call.
-    let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
-    assert_eq!(rc, 0, "mkfifo: {}", std::io::Error::last_os_error());
-}
 
 /// k3-serve on `model` serving on a free port with `extra` flags, its stderr into `log`; not
 /// waited on.
@@ -101,7 +93,7 @@ fn special_files_in_the_prompt_cache_dir_are_skipped_and_sigterm_still_ends_the_
     std::fs::create_dir(&dir).unwrap();
     let name = |first: char| dir.join(format!("{first}123456789abcdef-10.k3state"));
     let fifo = name('0');
-    mkfifo(&fifo);
+    k3_testkit::make_fifo(&fifo);
     let to_zero = name('1');
     std::os::unix::fs::symlink("/dev/zero", &to_zero).unwrap();
     let subdir = name('2');

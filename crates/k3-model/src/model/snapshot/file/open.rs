@@ -55,8 +55,6 @@ fn open_descriptor(path: &Path) -> std::io::Result<(File, std::fs::Metadata)> {
 
 #[cfg(test)]
 mod tests {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
     use std::path::PathBuf;
     use std::time::Duration;
 
@@ -65,31 +63,13 @@ mod tests {
     use super::super::{Identity, load, read_header};
     use super::*;
 
-    /// `f`'s result, failing the test when it takes over 5 s (an open waiting for a FIFO's
-    /// writer would wait for ever; its thread is left behind).
-    fn promptly<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(f());
-        });
-        rx.recv_timeout(Duration::from_secs(5))
-            .unwrap_or_else(|_| panic!("{what}: still blocked after 5 s"))
-    }
-
-    fn mkfifo(path: &Path) {
-        let c = CString::new(path.as_os_str().as_bytes()).unwrap();
-        // SAFETY: mkfifo reads a NUL-terminated path that outlives the call.
-        let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
-        assert_eq!(rc, 0, "mkfifo: {}", std::io::Error::last_os_error());
-    }
-
     /// Each kind of thing that is not a regular file, made under `dir` (the socket's listener
     /// is returned to keep it bound).
     fn specials(dir: &Path) -> (Vec<(PathBuf, FileKind)>, std::os::unix::net::UnixListener) {
         let target = dir.join("regular");
         std::fs::write(&target, b"K3STATE\0 and more").unwrap();
         let fifo = dir.join("fifo");
-        mkfifo(&fifo);
+        k3_testkit::make_fifo(&fifo);
         let socket = dir.join("socket");
         let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
         let subdir = dir.join("subdir");
@@ -135,7 +115,7 @@ mod tests {
         let (made, _listener) = specials(dir.path());
         for (path, kind) in made {
             let shown = path.display().to_string();
-            let refused = promptly(&shown, {
+            let refused = k3_testkit::promptly(&shown, Duration::from_secs(5), {
                 let path = path.clone();
                 move || open_regular(&path).map(|_| ())
             });
@@ -168,7 +148,7 @@ mod tests {
         let (made, _listener) = specials(dir.path());
         for (path, kind) in made {
             let shown = path.display().to_string();
-            let opened = promptly(&shown, {
+            let opened = k3_testkit::promptly(&shown, Duration::from_secs(5), {
                 let path = path.clone();
                 move || open_descriptor(&path).map(|(_, meta)| FileKind::of(meta.file_type()))
             });
@@ -190,16 +170,16 @@ mod tests {
     fn read_header_and_load_refuse_a_fifo_at_once() {
         let dir = Scratch::new("open-fifo-read");
         let fifo = dir.path().join("0123456789abcdef-10.k3state");
-        mkfifo(&fifo);
+        k3_testkit::make_fifo(&fifo);
         let identity = Identity {
             engine: "k3-model test".into(),
             checkpoint: 1,
         };
-        let header = promptly("read_header", {
+        let header = k3_testkit::promptly("read_header", Duration::from_secs(5), {
             let fifo = fifo.clone();
             move || read_header(&fifo).map(|_| ())
         });
-        let loaded = promptly("load", {
+        let loaded = k3_testkit::promptly("load", Duration::from_secs(5), {
             let fifo = fifo.clone();
             move || load(&fifo, &identity).map(|_| ())
         });
