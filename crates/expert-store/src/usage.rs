@@ -264,11 +264,9 @@ mod tests {
     #[test]
     fn a_fifo_or_a_device_is_refused_at_once() {
         let dir = k3_testkit::Scratch::new("usage-specials");
-        let fifo = dir.path().join("fifo.json");
-        k3_testkit::make_fifo(&fifo);
-        let zero = dir.path().join("zero.json");
-        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
-        for (path, kind) in [(fifo, "a FIFO"), (zero, "a character device")] {
+        for special in ["fifo", "/dev/zero"] {
+            let path = dir.path().join("usage.json");
+            let kind = k3_testkit::replace_with_special(&path, special);
             let shown = path.display().to_string();
             let loaded = k3_testkit::promptly(&shown, std::time::Duration::from_secs(5), {
                 let path = path.clone();

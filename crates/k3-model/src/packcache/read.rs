@@ -2,9 +2,9 @@
 //! that matches; lookups of the matrices it holds.
 
 use std::collections::HashMap;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use expert_store::file::ReadFileError;
 use expert_store::io::{drop_page_cache, read_full};
 use numa_sched::Pool;
 
@@ -104,26 +104,17 @@ impl PackCache {
         identity: u64,
         want: &[&StoredTensor],
     ) -> Result<Result<Self, String>, PackCacheError> {
-        // Non-blocking: a FIFO in its place must not hang the start (its open waits for a
-        // writer otherwise); only a regular file is read.
-        let file = match std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(path)
-        {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(Err("none was there".into()));
+        // Only a regular file, opened without waiting: a FIFO in its place must not hang the
+        // start (its open waits for a writer otherwise).
+        let (file, file_len) = match expert_store::file::open_regular(path) {
+            Ok(opened) => opened,
+            Err(e) if e.is_not_found() => return Ok(Err("none was there".into())),
+            Err(ReadFileError::NotRegular { kind, .. }) => {
+                return Ok(Err(format!("it is {kind}, not a regular file")));
             }
-            Err(e) => return Err(io(path)(e)),
+            Err(ReadFileError::Io { source, .. }) => return Err(io(path)(source)),
+            Err(e) => unreachable!("an open reads nothing: {e}"),
         };
-        let meta = file.metadata().map_err(io(path))?;
-        if !meta.is_file() {
-            return Ok(Err(format!(
-                "it is not a regular file ({:?})",
-                meta.file_type()
-            )));
-        }
         let mut header = [0u8; HEADER_BYTES];
         let got = read_full(&file, &mut header, 0).map_err(io(path))?;
         let header = match Header::parse(&header[..got], identity) {
@@ -131,7 +122,7 @@ impl PackCache {
             Err(why) => return Ok(Err(why)),
         };
         // Bounded by the file's size before its buffer is allocated.
-        let (at, len) = match header.manifest(meta.len()) {
+        let (at, len) = match header.manifest(file_len) {
             Ok(placed) => placed,
             Err(why) => return Ok(Err(why)),
         };

@@ -28,15 +28,10 @@ impl PackCache {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
         // A FIFO or a device in the file's place is someone's: left as it is (the rename
         // would replace it), and the caller goes on without the cache.
-        if let Ok(meta) = std::fs::metadata(path)
-            && !meta.is_file()
-        {
+        if let Ok(Some(kind)) = expert_store::file::kind_at(path) {
             return Err(PackCacheError::Io {
                 path: path.to_owned(),
-                source: std::io::Error::other(format!(
-                    "not a regular file ({:?}); left as it is",
-                    meta.file_type()
-                )),
+                source: std::io::Error::other(format!("{kind}, not a regular file; left as it is")),
             });
         }
         remove_abandoned(path);

@@ -40,11 +40,9 @@ fn a_model_that_is_no_checkpoint_directory_is_a_usage_error() {
 #[test]
 fn a_fifo_or_a_device_as_a_flags_file_is_refused_at_once() {
     let scratch = k3_testkit::Scratch::new("args-specials");
-    let fifo = scratch.path().join("fifo");
-    k3_testkit::make_fifo(&fifo);
-    let zero = scratch.path().join("zero");
-    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
-    for (path, kind) in [(&fifo, "a FIFO"), (&zero, "a character device")] {
+    for special in ["fifo", "/dev/zero"] {
+        let path = scratch.path().join("flag-file");
+        let kind = k3_testkit::replace_with_special(&path, special);
         let path = path.display().to_string();
         for (mode, flag) in [
             ("--serve", "--api-key-file"),

@@ -374,25 +374,19 @@ impl Sequence {
         }
         metrics.generated_tokens.fetch_add(1, Ordering::Relaxed);
         let logprobs = if self.logprobs {
-            let top = sampled.top.iter();
+            let of = |&(id, logprob): &(u32, f32)| TopLogprob::of(tokenizer, id, logprob);
+            let chosen = of(&(sampled.token, sampled.logprob));
             vec![TokenLogprob {
-                token: tokenizer.decode(&[sampled.token]),
-                bytes: tokenizer.decode_bytes(&[sampled.token]),
-                logprob: sampled.logprob,
-                top: top
-                    .map(|&(id, logprob)| TopLogprob::of(tokenizer, id, logprob))
-                    .collect(),
+                token: chosen.token,
+                bytes: chosen.bytes,
+                logprob: chosen.logprob,
+                top: sampled.top.iter().map(of).collect(),
             }]
         } else {
             Vec::new()
         };
         if self.ends.contains(&sampled.token) {
-            // Text held back for whole characters ends here: what is left of it goes out
-            // (an incomplete character as U+FFFD) before the end.
-            let tail = self.text_tail();
-            if !self.emit(tail, logprobs) {
-                self.flush_held(Vec::new());
-            }
+            self.end_text(logprobs);
             return self.finish("stop");
         }
         let bytes = tokenizer.decode_bytes(&[sampled.token]);
@@ -406,11 +400,18 @@ impl Sequence {
         if self.emit(deltas, logprobs) {
             self.finish("stop");
         } else if self.generated >= self.max_tokens {
-            let tail = self.text_tail();
-            if !self.emit(tail, Vec::new()) {
-                self.flush_held(Vec::new());
-            }
+            self.end_text(Vec::new());
             self.finish("length");
+        }
+    }
+
+    /// The output ends (not by a stop string): the text held back for whole characters goes
+    /// out (an incomplete character as U+FFFD) with `logprobs` (the last token's), then the
+    /// text held for a stop string that can no longer complete.
+    fn end_text(&mut self, logprobs: Vec<TokenLogprob>) {
+        let tail = self.text_tail();
+        if !self.emit(tail, logprobs) {
+            self.flush_held();
         }
     }
 
@@ -469,16 +470,16 @@ impl Sequence {
         stop
     }
 
-    fn flush_held(&mut self, logprobs: Vec<TokenLogprob>) {
+    fn flush_held(&mut self) {
         let (mut reasoning, mut content) = (String::new(), String::new());
         self.reasoning.flush(&mut reasoning);
         self.content.flush(&mut content);
-        if !reasoning.is_empty() || !content.is_empty() || !logprobs.is_empty() {
+        if !reasoning.is_empty() || !content.is_empty() {
             let _ = self.events.send(Event::Delta {
                 reasoning,
                 content,
                 tool_calls: Vec::new(),
-                logprobs,
+                logprobs: Vec::new(),
             });
         }
     }
